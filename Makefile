@@ -1,0 +1,32 @@
+# Two commands for a newcomer:  `make demo`  and  `make test`  (see README.md).
+VENV ?= .venv
+PYTHON ?= python3
+# Used only when the environment has no torch yet. On Linux x86_64 PyPI's torch==2.13.0 is a CUDA
+# build; a machine that carries a local CPU wheel of it takes that. To choose a build yourself,
+# install torch into $(VENV) first (tuner keeps whatever torch it finds), or override TORCH_SPEC.
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.tuner-installed
+
+.PHONY: install demo test docs clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/tuner demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadgroup
+
+docs: $(STAMP)
+	$(PY) -m tuner.recipe.docs > docs/recipes.md
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,46 @@
+"""Shared fixtures: an isolated tuner home, the built demo model, and a CLI runner."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tuner_home(tmp_path_factory) -> Path:
+    """Every test session builds its own demo model once, away from the user's cache.
+
+    TUNER_TEST_HOME reuses a cache between sessions (the model is rebuilt if missing).
+    """
+    home = Path(os.environ.get("TUNER_TEST_HOME") or tmp_path_factory.getbasetemp().parent / "tuner-home")
+    os.environ["TUNER_HOME"] = str(home)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return home
+
+
+@pytest.fixture(scope="session")
+def demo_model_path(tuner_home) -> Path:
+    from tuner.builtin.model import builtin_model_path
+
+    return builtin_model_path("builtin:demo")
+
+
+def run_tuner(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None,
+              input: str | None = None) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout, input=input,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
+
+
+@pytest.fixture
+def tuner_cli():
+    return run_tuner

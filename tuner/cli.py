@@ -1,0 +1,70 @@
+"""The ``tuner`` command line: one subcommand module each under :mod:`tuner.commands`.
+
+With no subcommand it opens the TUI (imported lazily, so the CLI starts fast).
+Every user-facing failure ends as one message on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from tuner import __version__
+
+# Each module defines register(subparsers) and sets a ``run(args) -> int`` default.
+COMMANDS = ("validate", "recipes", "plan", "render", "run", "demo", "data", "merge", "infer", "chat", "doctor")
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tuner",
+        description="Declarative fine-tuning that plans GPU memory before it runs. Without a command, opens the TUI.",
+    )
+    parser.add_argument("--version", action="version", version=f"tuner {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"tuner.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"tuner.commands.{name}":
+                continue  # command not built yet
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """Exception types whose message is meant for the user as is."""
+    from tuner.data.sources import DataError
+    from tuner.loading.model import ModelLoadError
+    from tuner.recipe.io import RecipeError
+
+    return RecipeError, DataError, ModelLoadError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        try:
+            from tuner.tui.app import run_app
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.startswith("tuner.tui"):
+                parser.print_help()
+                return 0
+            raise
+        return run_app()
+    try:
+        return args.run(args)
+    except user_errors() as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

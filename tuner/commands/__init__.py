@@ -1,0 +1,1 @@
+"""One module per ``tuner`` subcommand; each has ``register(subparsers)``."""

@@ -1,0 +1,50 @@
+"""``tuner demo``: build the demo model, train it through ``accelerate launch``, show what it learned."""
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+
+from tuner.launch.session import launch_and_follow
+from tuner.recipe.io import load_recipe
+from tuner.recipe.registry import builtin_path
+from tuner.render.run_directory import write_run_directory
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("demo", help="train the built-in tiny model on word reversal, end to end on this machine")
+    parser.add_argument("--recipe", default="demo", help="built-in recipe or file to run (default: demo)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("-o", "--output", help="run directory (default: runs/demo-<time>)")
+    parser.set_defaults(run=run)
+
+
+def _print_examples(title: str, result) -> None:
+    print(f"{title}: held-out exact match {result.accuracy:.1%}")
+    for word, expected, answer in result.examples:
+        mark = "ok " if answer == expected else "   "
+        print(f"  {mark} reverse {word!r:10} -> {answer!r:12} (expected {expected!r})")
+
+
+def run(args) -> int:
+    from tuner.builtin.demo import exact_match, held_out_samples
+    from tuner.loading.model import resolve_model_path
+
+    start = time.monotonic()
+    path = Path(args.recipe) if Path(args.recipe).exists() else builtin_path(args.recipe)
+    recipe = load_recipe(path, args.overrides)
+    print(f"demo model: {resolve_model_path(recipe.model.id)}")
+    samples = held_out_samples(recipe)
+    before = exact_match(recipe, resolve_model_path(recipe.model.id), samples)
+    _print_examples("before training", before)
+
+    run_dir = Path(args.output or f"runs/demo-{datetime.now():%Y%m%d-%H%M%S}")
+    write_run_directory(recipe, run_dir)
+    print(f"training in {run_dir} ...")
+    code = launch_and_follow(run_dir)
+    if code != 0:
+        return code
+    after = exact_match(recipe, run_dir / "final", samples)
+    _print_examples("after training", after)
+    print(f"demo finished in {time.monotonic() - start:.0f} s: exact match {before.accuracy:.1%} -> {after.accuracy:.1%}")
+    return 0

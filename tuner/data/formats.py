@@ -1,0 +1,111 @@
+"""Sample layouts (text, instruction, chat) and how each becomes token ids and loss labels.
+
+A sample is rendered as a list of segments ``(text, trainable)``; tokenising the
+segments one by one gives exact label masks without searching for response markers.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+IGNORE_INDEX = -100
+
+# Alpaca's template, used when the tokenizer has no chat template.
+ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
+ALPACA_PROMPT_WITH_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+
+# Used for chat data when the tokenizer has none (documented in docs/data.md).
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
+FORMAT_COLUMNS = {
+    "chat": {"messages"},
+    "instruction": {"instruction", "output"},
+    "text": {"text"},
+}
+
+
+def detect_format(columns: Iterable[str]) -> str:
+    """Name the layout from a dataset's columns; raise ValueError when none matches."""
+    present = set(columns)
+    for name, required in FORMAT_COLUMNS.items():
+        if required <= present:
+            return name
+    raise ValueError(
+        f"cannot tell the data format from columns {sorted(present)}: expected 'messages' (chat), "
+        "'instruction' and 'output' (instruction) or 'text'; set data.format or rename the columns."
+    )
+
+
+def instruction_messages(sample: dict[str, Any]) -> list[dict[str, str]]:
+    """An instruction sample as a two-turn conversation (user: instruction + input, assistant: output)."""
+    user = sample["instruction"]
+    if sample.get("input"):
+        user = f"{user}\n{sample['input']}"
+    return [{"role": "user", "content": user}, {"role": "assistant", "content": sample["output"]}]
+
+
+def chat_segments(messages: list[dict[str, str]], tokenizer) -> list[tuple[str, bool]]:
+    """Render a conversation through the chat template; assistant turns are the trainable segments.
+
+    Each assistant turn is the text the template adds between the prompt for that turn
+    (``add_generation_prompt=True``) and the conversation including the turn.
+    """
+    template = tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE
+    render = lambda msgs, gen: tokenizer.apply_chat_template(  # noqa: E731
+        msgs, tokenize=False, add_generation_prompt=gen, chat_template=template)
+    segments: list[tuple[str, bool]] = []
+    done = ""
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = render(messages[:index], True)
+        full = render(messages[: index + 1], False)
+        if not prompt.startswith(done) or not full.startswith(prompt):
+            raise ValueError("the chat template does not render conversations as growing prefixes; "
+                             "set data.train_on_prompt: true to train on the whole text")
+        segments += [(prompt[len(done):], False), (full[len(prompt):], True)]
+        done = full
+    tail = render(messages, False)[len(done):]
+    if tail:
+        segments.append((tail, False))
+    return [segment for segment in segments if segment[0]]
+
+
+def sample_segments(sample: dict[str, Any], data_format: str, tokenizer) -> list[tuple[str, bool]]:
+    """The segments of one sample in the given layout."""
+    if data_format == "text":
+        return [(sample["text"] + (tokenizer.eos_token or ""), True)]
+    if data_format == "instruction":
+        if tokenizer.chat_template:
+            return chat_segments(instruction_messages(sample), tokenizer)
+        template = ALPACA_PROMPT_WITH_INPUT if sample.get("input") else ALPACA_PROMPT
+        return [(template.format(**sample), False), (sample["output"] + (tokenizer.eos_token or ""), True)]
+    if data_format == "chat":
+        return chat_segments(sample["messages"], tokenizer)
+    raise ValueError(f"unknown data format {data_format!r}")
+
+
+def prompt_text(sample: dict[str, Any], data_format: str, tokenizer) -> str:
+    """What a model is given at inference time to answer an instruction/chat sample."""
+    segments = sample_segments(sample, data_format, tokenizer)
+    first_trainable = next(i for i, (_, trainable) in enumerate(segments) if trainable)
+    return "".join(text for text, _ in segments[:first_trainable])
+
+
+def tokenize_segments(segments: list[tuple[str, bool]], tokenizer, max_length: int, train_on_prompt: bool) -> dict:
+    """Token ids and labels (-100 where no loss is computed), truncated to ``max_length``."""
+    input_ids: list[int] = []
+    labels: list[int] = []
+    for text, trainable in segments:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        input_ids += ids
+        labels += ids if (trainable or train_on_prompt) else [IGNORE_INDEX] * len(ids)
+    truncated = len(input_ids) > max_length
+    return {
+        "input_ids": input_ids[:max_length],
+        "labels": labels[:max_length],
+        "truncated": truncated,
+    }

@@ -1,0 +1,1 @@
+"""Inference: generation, batch answers and chat on a loaded model."""

@@ -1,0 +1,1 @@
+"""Launching: the exact ``accelerate launch`` argument list (pure) and the process runner."""

@@ -1,0 +1,30 @@
+"""Launch a rendered run directory and follow it to the end: the path shared by ``tuner run`` and ``tuner demo``."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tuner.launch.argv import launch_argv
+from tuner.launch.progress import ProgressView
+from tuner.launch.runner import Launch
+
+
+def launch_and_follow(run_dir: Path, quiet: bool = False) -> int:
+    """Run ``accelerate launch`` for ``run_dir`` showing progress; Ctrl-C stops every rank. Returns the exit code."""
+    launch = Launch(launch_argv(run_dir), run_dir)
+    view = ProgressView()
+    try:
+        with view:
+            code = launch.wait(on_events=None if quiet else view.update)
+    except KeyboardInterrupt:
+        print("stopping every rank ...", file=sys.stderr)
+        code = launch.stop()
+        checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: p.stat().st_mtime)
+        where = f"last checkpoint: {checkpoints[-1]}" if checkpoints else "no checkpoint was saved"
+        print(f"stopped; {where}. Continue with: tuner run {run_dir / 'recipe.lock.yaml'} --resume", file=sys.stderr)
+        return code or 130
+    if code != 0:
+        print(f"training failed with exit code {code}; last lines of {launch.log_path}:", file=sys.stderr)
+        for line in list(launch.tail)[-20:]:
+            print(f"  {line}", file=sys.stderr)
+    return code

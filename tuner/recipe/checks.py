@@ -1,0 +1,154 @@
+"""Cross-field rules of a recipe, grouped by topic.
+
+Each rule names the one field a user should change and says how, so a
+conflict is reported at that field's line rather than at the top of the file.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.catalog.gpus import known_gpu_names, lookup_gpu
+from tuner.recipe.schema import Recipe
+
+
+@dataclass(frozen=True)
+class Problem:
+    field: str
+    message: str
+
+
+def _topology(recipe: Recipe) -> list[Problem]:
+    hw = recipe.hardware
+    problems = []
+    if hw.gpus_per_machine and hw.num_processes != hw.machines * hw.gpus_per_machine:
+        problems.append(Problem(
+            "hardware.num_processes",
+            f"{hw.num_processes} processes do not match {hw.machines} machine(s) x {hw.gpus_per_machine} GPU(s) = "
+            f"{hw.machines * hw.gpus_per_machine}; remove num_processes or make it equal machines x gpus_per_machine.",
+        ))
+    if not hw.gpus_per_machine and hw.machines > 1:
+        problems.append(Problem(
+            "hardware.machines", "multi-node runs need GPUs: set hardware.gpus_per_machine, or use machines: 1 on the CPU."))
+    if hw.machines > 1 and not hw.main_process_ip:
+        problems.append(Problem(
+            "hardware.main_process_ip", f"{hw.machines} machines need the address of machine rank 0 in hardware.main_process_ip."))
+    if hw.gpus_per_machine and hw.gpu is None and hw.gpu_memory_gb is None:
+        problems.append(Problem(
+            "hardware.gpu", "say which GPU this is (e.g. gpu: A100-80GB or gpu: 24GB) or set hardware.gpu_memory_gb."))
+    if hw.gpu is not None:
+        try:
+            lookup_gpu(hw.gpu)
+        except KeyError:
+            problems.append(Problem(
+                "hardware.gpu",
+                f"unknown GPU {hw.gpu!r}; use one of {', '.join(known_gpu_names())} or a size such as '48GB'."))
+    if recipe.world_size > 1 and recipe.memory.distributed == "none":
+        problems.append(Problem(
+            "memory.distributed",
+            f"{recipe.world_size} processes need a way to share the work: set distributed to ddp, deepspeed or fsdp."))
+    return problems
+
+
+def _sharding(recipe: Recipe) -> list[Problem]:
+    mem, hw = recipe.memory, recipe.hardware
+    problems = []
+    if mem.distributed == "deepspeed" and mem.zero_stage is None:
+        problems.append(Problem("memory.zero_stage", "distributed: deepspeed needs a ZeRO stage: set zero_stage to 0, 1, 2 or 3."))
+    if mem.distributed != "deepspeed" and mem.zero_stage is not None:
+        if mem.distributed == "fsdp":
+            message = "deepspeed and fsdp cannot be used together: remove zero_stage, or set distributed: deepspeed."
+        else:
+            message = f"zero_stage is a DeepSpeed setting: set distributed: deepspeed, or remove zero_stage."
+        problems.append(Problem("memory.zero_stage", message))
+    if mem.distributed == "fsdp" and not hw.gpus_per_machine:
+        problems.append(Problem(
+            "memory.distributed", "FSDP needs GPUs (on the CPU Accelerate silently falls back to DDP); use ddp or deepspeed."))
+
+    sharded_optimizer = (mem.distributed == "deepspeed" and (mem.zero_stage or 0) >= 1) or mem.distributed == "fsdp"
+    if mem.offload_optimizer != "none" and not sharded_optimizer:
+        problems.append(Problem(
+            "memory.offload_optimizer",
+            "offload needs ZeRO or FSDP: set distributed: deepspeed with zero_stage 1-3 (or fsdp), or set offload_optimizer: none."))
+    params_shardable = (mem.distributed == "deepspeed" and mem.zero_stage == 3) or mem.distributed == "fsdp"
+    if mem.offload_params != "none" and not params_shardable:
+        problems.append(Problem(
+            "memory.offload_params",
+            "parameter offload needs ZeRO-3 or FSDP: set distributed: deepspeed with zero_stage: 3 (or fsdp), or offload_params: none."))
+    for field in ("offload_optimizer", "offload_params"):
+        value = getattr(mem, field)
+        if value == "nvme" and mem.distributed == "fsdp":
+            problems.append(Problem(f"memory.{field}", "FSDP can offload to cpu only; use cpu, or DeepSpeed ZeRO-3 for nvme."))
+        elif value == "nvme" and not hw.nvme_path:
+            problems.append(Problem(f"memory.{field}", "nvme offload needs a directory: set hardware.nvme_path."))
+        elif value == "nvme" and mem.zero_stage != 3:
+            problems.append(Problem(f"memory.{field}", "nvme offload (ZeRO-Infinity) needs zero_stage: 3."))
+    if mem.distributed == "fsdp" and mem.offload_optimizer != mem.offload_params and "nvme" not in (mem.offload_optimizer, mem.offload_params):
+        problems.append(Problem(
+            "memory.offload_params",
+            "FSDP offloads parameters, gradients and optimizer states together: set offload_params and offload_optimizer to the same value."))
+    return problems
+
+
+def _method(recipe: Recipe) -> list[Problem]:
+    method, mem = recipe.method, recipe.memory
+    problems = []
+    if method.kind == "qlora" and method.quantization is None:
+        problems.append(Problem(
+            "method.quantization", "qlora needs 4- or 8-bit settings: add quantization: {bits: 4} (or bits: 8)."))
+    if method.kind != "qlora" and method.quantization is not None:
+        problems.append(Problem(
+            "method.quantization",
+            f"quantised weights cannot be trained directly with {method.kind}: use kind: qlora, or remove quantization."))
+    if method.kind == "qlora" and mem.offload_params != "none":
+        problems.append(Problem(
+            "memory.offload_params", "quantised weights cannot be offloaded by ZeRO/FSDP; set offload_params: none."))
+    if method.kind == "qlora" and mem.distributed == "deepspeed" and mem.zero_stage == 3 and method.quantization and method.quantization.bits == 8:
+        problems.append(Problem(
+            "method.quantization.bits", "8-bit weights cannot be sharded by ZeRO-3; use bits: 4 or zero_stage 2."))
+    if mem.optimizer in ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit") and mem.distributed == "deepspeed":
+        problems.append(Problem(
+            "memory.optimizer", "DeepSpeed brings its own optimizer and ignores bitsandbytes ones: use adamw_torch."))
+    if mem.optimizer == "adamw_torch_fused" and not recipe.uses_gpu:
+        problems.append(Problem("memory.optimizer", "adamw_torch_fused needs a GPU; use adamw_torch on the CPU."))
+    return problems
+
+
+def _precision(recipe: Recipe) -> list[Problem]:
+    mem, model = recipe.memory, recipe.model
+    problems = []
+    if mem.mixed_precision == "fp16" and model.dtype == "bfloat16":
+        problems.append(Problem("model.dtype", "fp16 mixed precision with bfloat16 weights: set dtype: float16 or mixed_precision: bf16."))
+    if mem.mixed_precision == "fp16" and not recipe.uses_gpu:
+        problems.append(Problem("memory.mixed_precision", "fp16 mixed precision needs a GPU; use bf16 or no on the CPU."))
+    if mem.mixed_precision in ("fp16", "bf16") and model.dtype == "float16" and recipe.method.kind == "full":
+        problems.append(Problem(
+            "model.dtype", "full fine-tuning of float16 weights is unstable: load float32 or bfloat16 weights."))
+    if mem.mixed_precision == "bf16" and recipe.hardware.gpu is not None:
+        try:
+            spec = lookup_gpu(recipe.hardware.gpu)
+        except KeyError:
+            spec = None
+        if spec is not None and not spec.bf16:
+            problems.append(Problem(
+                "memory.mixed_precision", f"{spec.name} has no bf16 support: use fp16 (with dtype float16 or float32)."))
+    if mem.attention == "flash" and not recipe.uses_gpu:
+        problems.append(Problem("memory.attention", "flash attention needs a CUDA GPU; use sdpa or auto on the CPU."))
+    return problems
+
+
+def _training(recipe: Recipe) -> list[Problem]:
+    training, output, method = recipe.training, recipe.output, recipe.method
+    problems = []
+    if output.save in ("adapter", "merged") and method.kind == "full":
+        problems.append(Problem("output.save", f"save: {output.save} needs an adapter; full fine-tuning saves full weights."))
+    if training.eval_steps is not None and recipe.data.eval_fraction == 0:
+        problems.append(Problem("training.eval_steps", "eval_steps without evaluation data: set data.eval_fraction above 0 or remove eval_steps."))
+    return problems
+
+
+RULES = (_topology, _sharding, _method, _precision, _training)
+
+
+def find_problems(recipe: Recipe) -> list[Problem]:
+    """All cross-field conflicts of a type-valid recipe, in rule order."""
+    return [problem for rule in RULES for problem in rule(recipe)]

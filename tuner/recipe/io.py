@@ -1,0 +1,242 @@
+"""Reading and writing recipe files: safe YAML, key line numbers, overrides, clear errors.
+
+Only ``yaml.SafeLoader`` is used: a recipe is data, never code.  Every error is a
+:class:`RecipeError` that names the field and, when it came from a file, the line.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from tuner.recipe.checks import find_problems
+from tuner.recipe.schema import Recipe
+
+MAX_YAML_NODES = 20_000  # a recipe has ~100; anything near this is an alias bomb or not a recipe
+MAX_FILE_BYTES = 1_000_000
+
+
+class RecipeError(Exception):
+    """A recipe cannot be used; ``str()`` is the message for the user (exit code 2)."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+@dataclass
+class RecipeSource:
+    """Where recipe values came from, so an error can point at a file line or an override."""
+
+    path: str | None = None
+    key_lines: dict[tuple[str, ...], int] = field(default_factory=dict)
+    overridden: set[tuple[str, ...]] = field(default_factory=set)
+
+    def where(self, loc: tuple[str, ...]) -> str:
+        for depth in range(len(loc), 0, -1):
+            prefix = loc[:depth]
+            if prefix in self.overridden:
+                return f"--set {'.'.join(prefix)}"
+            if prefix in self.key_lines:
+                return f"{self.path}:{self.key_lines[prefix]}" if self.path else f"line {self.key_lines[prefix]}"
+        return self.path or "recipe"
+
+
+def _walk_mapping(node: yaml.Node, prefix: tuple[str, ...], lines: dict, budget: list[int], path: str | None) -> None:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise RecipeError([f"{path or 'recipe'}: the YAML expands to more than {MAX_YAML_NODES} nodes "
+                           "(anchors/aliases too deep?); a recipe is a small mapping of settings."])
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                dotted = ".".join(prefix + (key,))
+                raise RecipeError([f"{path or 'recipe'}:{line}: {dotted}: duplicate key (first set on line {seen[key]}); "
+                                   "keep one of them."])
+            seen[key] = line
+            lines[prefix + (key,)] = line
+            _walk_mapping(value_node, prefix + (key,), lines, budget, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            lines.setdefault(prefix + (str(index),), item.start_mark.line + 1)
+            _walk_mapping(item, prefix + (str(index),), lines, budget, path)
+
+
+def parse_yaml(text: str, path: str | None = None) -> tuple[dict[str, Any], RecipeSource]:
+    """Parse recipe YAML into a plain dict plus the line of every key."""
+    where = path or "recipe"
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        raise RecipeError([f"{where}{line}: not valid YAML: {exc.problem or exc.context}. Check indentation and quoting."]) from None
+    except yaml.YAMLError as exc:
+        raise RecipeError([f"{where}: not valid YAML: {exc}"]) from None
+    if node is None:
+        raise RecipeError([f"{where}: the recipe is empty; start from a built-in one: tuner recipes cp demo my.yaml"])
+    if not isinstance(node, yaml.MappingNode):
+        raise RecipeError([f"{where}:{node.start_mark.line + 1}: a recipe must be a mapping of sections "
+                           "(model:, hardware:, method:, ...), not a {0}.".format(node.tag.rsplit(':', 1)[-1])])
+    source = RecipeSource(path=path)
+    _walk_mapping(node, (), source.key_lines, [MAX_YAML_NODES], path)
+    try:
+        data = yaml.load(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, ValueError, OverflowError) as exc:  # e.g. a timestamp out of range
+        raise RecipeError([f"{where}: cannot read a value: {exc}"]) from None
+    _require_string_keys(data, (), source)
+    return data, source
+
+
+def _require_string_keys(value: Any, prefix: tuple[str, ...], source: RecipeSource) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise RecipeError([f"{source.where(prefix + (str(key),))}: {'.'.join(prefix + (str(key),))}: "
+                                   f"keys must be names, not {type(key).__name__} {key!r}."])
+            _require_string_keys(item, prefix + (key,), source)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _require_string_keys(item, prefix + (str(index),), source)
+
+
+def read_recipe_text(path: str | Path) -> str:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise RecipeError([f"{path}: no such file. List the built-in recipes with: tuner recipes ls"]) from None
+    except IsADirectoryError:
+        raise RecipeError([f"{path}: is a directory; give the recipe's .yaml file."]) from None
+    except OSError as exc:
+        raise RecipeError([f"{path}: cannot read: {exc.strerror}."]) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise RecipeError([f"{path}: {len(raw)} bytes is too large for a recipe (limit {MAX_FILE_BYTES})."])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise RecipeError([f"{path}:{line}: not UTF-8 text (byte {raw[exc.start]:#04x}); save the file as UTF-8."]) from None
+
+
+def parse_override(assignment: str) -> tuple[tuple[str, ...], Any]:
+    """Split ``dotted.key=value``; the value is read as YAML (so 3, true, [a, b] keep their types)."""
+    key, sep, raw_value = assignment.partition("=")
+    parts = tuple(key.strip().split("."))
+    if not sep or not key.strip() or any(not part for part in parts):
+        raise RecipeError([f"--set {assignment!r}: expected dotted.key=value, e.g. --set memory.micro_batch_size=4"])
+    try:
+        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
+    except yaml.YAMLError:
+        value = raw_value
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str], source: RecipeSource) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``dotted.key=value`` applied, recording them in ``source``."""
+    import copy
+
+    result = copy.deepcopy(data)
+    for assignment in overrides:
+        parts, value = parse_override(assignment)
+        target = result
+        for depth, part in enumerate(parts[:-1]):
+            child = target.get(part)
+            if child is None:
+                child = target[part] = {}
+            if not isinstance(child, dict):
+                raise RecipeError([f"--set {assignment}: {'.'.join(parts[: depth + 1])} is a value, not a section."])
+            target = child
+        target[parts[-1]] = value
+        source.overridden.add(parts)
+    return result
+
+
+def _suggest(loc: tuple[str, ...]) -> str:
+    """'did you mean' for an unknown key, from the fields of the section it sits in."""
+    model: type[BaseModel] = Recipe
+    for part in loc[:-1]:
+        info = model.model_fields.get(part)
+        annotation = getattr(info, "annotation", None) if info else None
+        nested = _model_in(annotation)
+        if nested is None:
+            return ""
+        model = nested
+    matches = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.6)
+    if matches:
+        return f" Did you mean '{matches[0]}'?"
+    return f" Known keys here: {', '.join(model.model_fields)}."
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found:
+            return found
+    return None
+
+
+def _format_validation_error(error: ValidationError, source: RecipeSource) -> list[str]:
+    lines = []
+    for item in error.errors():
+        loc = tuple(str(part) for part in item["loc"] if not str(part).startswith("function-"))
+        # pydantic adds the union member name ('list[str]', 'literal[...]') to locs; keep only real keys
+        loc = tuple(part for part in loc if "[" not in part)
+        dotted = ".".join(loc) or "recipe"
+        where = source.where(loc)
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{where}: {dotted}: unknown key.{_suggest(loc)}")
+            continue
+        message = item["msg"]
+        if item["type"] == "literal_error":
+            message = message.replace("Input should be", "must be")
+        given = item.get("input")
+        shown = repr(given) if not isinstance(given, (dict, list)) else type(given).__name__
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        lines.append(f"{where}: {dotted}: {message} (got {shown}).")
+    # the same field can fail several union members; keep each line once
+    return list(dict.fromkeys(lines))
+
+
+def validate_recipe(data: Any, source: RecipeSource | None = None) -> Recipe:
+    """Turn plain data into a checked :class:`Recipe`, or raise :class:`RecipeError`."""
+    source = source or RecipeSource()
+    if not isinstance(data, dict):
+        raise RecipeError([f"{source.where(())}: a recipe must be a mapping of sections, not {type(data).__name__}."])
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(_format_validation_error(exc, source)) from None
+    problems = find_problems(recipe)
+    if problems:
+        raise RecipeError([f"{source.where(tuple(p.field.split('.')))}: {p.field}: {p.message}" for p in problems])
+    return recipe
+
+
+def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
+    """Read, override and validate a recipe file."""
+    text = read_recipe_text(path)
+    data, source = parse_yaml(text, str(path))
+    return validate_recipe(apply_overrides(data, overrides, source), source)
+
+
+def recipe_to_yaml(recipe: Recipe) -> str:
+    """The fully resolved recipe as YAML: every default explicit, sections in schema order."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100)
+
+
+def recipe_from_yaml(text: str, path: str | None = None) -> Recipe:
+    data, source = parse_yaml(text, path)
+    return validate_recipe(data, source)

@@ -1,0 +1,276 @@
+"""The recipe schema: one pydantic model per concern, assembled in :class:`Recipe`.
+
+Every field carries a description; the same text generates ``docs/recipes.md``,
+the CLI help and the TUI's help.  Type checks live here; rules that relate several
+fields live in :mod:`tuner.recipe.checks` so each can name the field to change.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SCHEMA_VERSION = 1
+
+
+class Section(BaseModel):
+    """Base for every recipe section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(Section):
+    id: str = Field(
+        "builtin:demo",
+        min_length=1,
+        description="What to fine-tune: a Hugging Face hub id (org/name), a local directory "
+        "holding config.json, or builtin:demo for the tiny model tuner builds itself.",
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit) to load; ignored for local paths.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto",
+        description="Dtype the weights are loaded in. auto: bfloat16 with bf16 mixed precision, "
+        "float16 with fp16, float32 otherwise.",
+    )
+    trust_remote_code: bool = Field(
+        False,
+        description="Run Python code shipped with the model repository. Off unless you trust the author: "
+        "it executes arbitrary code on every rank.",
+    )
+
+
+class HardwareSection(Section):
+    machines: int = Field(1, ge=1, le=4096, description="Number of machines (nodes) taking part in the run.")
+    gpus_per_machine: int = Field(
+        0, ge=0, le=64, description="GPUs on each machine. 0 runs on the CPU (useful for tests and the demo)."
+    )
+    num_processes: int | None = Field(
+        None,
+        ge=1,
+        le=262144,
+        description="Total training processes. Resolved to machines x gpus_per_machine on GPUs; "
+        "on the CPU it sets how many gloo processes run (default 1).",
+    )
+    gpu: str | None = Field(
+        None,
+        description="GPU type from the catalog (e.g. A100-80GB, H100-80GB, RTX4090) or a custom size such as '48GB'. "
+        "Used by the planner; required when gpus_per_machine > 0 unless gpu_memory_gb is given.",
+    )
+    gpu_memory_gb: float | None = Field(
+        None, gt=0, le=4096, description="Memory of one GPU in GiB; overrides the catalog value of hardware.gpu."
+    )
+    host_ram_gb: float | None = Field(
+        None, gt=0, le=1048576, description="CPU RAM per machine in GiB; the planner checks CPU offload against it."
+    )
+    nvme_path: str | None = Field(None, description="Local NVMe directory for DeepSpeed ZeRO-Infinity offload.")
+    main_process_ip: str | None = Field(
+        None, description="Address of machine rank 0; required when machines > 1."
+    )
+    main_process_port: int = Field(29500, ge=1, le=65535, description="TCP port of the rendezvous on machine rank 0.")
+    rdzv_backend: Literal["static", "c10d"] = Field(
+        "static", description="Rendezvous backend for multi-node launches (c10d tolerates nodes joining late)."
+    )
+
+
+class LoraSection(Section):
+    r: int = Field(16, ge=1, le=4096, description="LoRA rank: width of the low-rank update matrices.")
+    alpha: float = Field(32, gt=0, description="LoRA scaling numerator; the update is scaled by alpha / r.")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout applied to the LoRA branch input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear",
+        description="Module names to adapt (e.g. [q_proj, v_proj]) or all-linear for every linear layer but the output head.",
+    )
+
+
+class QuantizationSection(Section):
+    bits: Literal[4, 8] = Field(4, description="Bits per frozen base weight with bitsandbytes: 4 (QLoRA) or 8.")
+    quant_type: Literal["nf4", "fp4"] = Field("nf4", description="4-bit data type: nf4 (NormalFloat, QLoRA's) or fp4.")
+    double_quant: bool = Field(True, description="Quantise the quantisation constants too (saves ~0.37 bits/parameter).")
+
+
+class MethodSection(Section):
+    kind: Literal["full", "lora", "qlora"] = Field(
+        "full",
+        description="full: train every weight. lora: train low-rank adapters on frozen weights. "
+        "qlora: LoRA on a 4/8-bit quantised base model.",
+    )
+    lora: LoraSection = Field(default_factory=LoraSection, description="Adapter settings for lora and qlora.")
+    quantization: QuantizationSection | None = Field(
+        None, description="bitsandbytes quantisation of the frozen base model; required by qlora, refused otherwise."
+    )
+    allow_method_change: bool = Field(
+        False, description="Let the advisor propose a cheaper method (LoRA, then QLoRA) when nothing else fits."
+    )
+
+
+class FsdpSection(Section):
+    sharding_strategy: Literal["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"] = Field(
+        "full_shard", description="What FSDP shards: full_shard = parameters, gradients and optimizer states (like ZeRO-3)."
+    )
+    state_dict_type: Literal["full", "sharded"] = Field(
+        "full", description="Checkpoint layout: full gathers one state dict on rank 0; sharded saves one file per rank."
+    )
+    cpu_ram_efficient_loading: bool = Field(
+        True, description="Load weights on rank 0 only and broadcast, so host RAM holds one copy instead of one per GPU."
+    )
+
+
+class MemorySection(Section):
+    distributed: Literal["none", "ddp", "deepspeed", "fsdp"] = Field(
+        "none",
+        description="How several processes share the work: none (one process), ddp (replicate), "
+        "deepspeed (ZeRO sharding, set zero_stage) or fsdp (PyTorch FSDP2 sharding).",
+    )
+    zero_stage: Literal[0, 1, 2, 3] | None = Field(
+        None,
+        description="DeepSpeed ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also parameters. "
+        "Only with distributed: deepspeed.",
+    )
+    offload_optimizer: Literal["none", "cpu", "nvme"] = Field(
+        "none", description="Move optimizer states (and the optimizer step) off the GPU. Needs ZeRO or FSDP."
+    )
+    offload_params: Literal["none", "cpu", "nvme"] = Field(
+        "none", description="Move parameters off the GPU between uses. Needs ZeRO-3 or FSDP."
+    )
+    fsdp: FsdpSection = Field(default_factory=FsdpSection, description="FSDP settings, used with distributed: fsdp.")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass instead of storing them (~30% slower, far less memory)."
+    )
+    attention: Literal["auto", "flash", "sdpa", "eager"] = Field(
+        "auto",
+        description="Attention kernel: flash (flash-attn 2, CUDA only), sdpa (PyTorch fused), eager (stores the "
+        "s x s score matrix) or auto (flash when installed and supported, else sdpa).",
+    )
+    liger: bool = Field(False, description="Use Liger fused kernels (RMSNorm, SwiGLU, fused linear cross-entropy) when installed.")
+    mixed_precision: Literal["bf16", "fp16", "no"] = Field(
+        "bf16", description="Autocast precision of the forward/backward pass; 'no' trains in the weights' dtype."
+    )
+    micro_batch_size: int = Field(1, ge=1, le=65536, description="Sequences per GPU per forward pass.")
+    gradient_accumulation_steps: int = Field(
+        1, ge=1, le=65536, description="Micro-batches accumulated before each optimizer step."
+    )
+    max_seq_length: int = Field(2048, ge=8, le=4_194_304, description="Tokens per sequence; longer samples are truncated.")
+    optimizer: Literal["adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"] = Field(
+        "adamw_torch",
+        description="Optimizer. 8-bit variants (bitsandbytes) store moments in one byte each; paged ones spill to CPU under pressure.",
+    )
+    torch_compile: bool = Field(False, description="Compile the model with torch.compile (faster steps after a slow first one).")
+
+    @field_validator("mixed_precision", mode="before")
+    @classmethod
+    def _yaml_no_is_a_word(cls, value):
+        """YAML 1.1 reads a bare ``no`` as false; here it means the precision named 'no'."""
+        return "no" if value is False else value
+
+
+class DataSection(Section):
+    source: str = Field(
+        "builtin:reverse",
+        min_length=1,
+        description="Training data: a local .json/.jsonl/.csv/.parquet file, a datasets name in the local cache, "
+        "or builtin:reverse (the demo's word-reversal task).",
+    )
+    format: Literal["auto", "text", "instruction", "chat"] = Field(
+        "auto",
+        description="Sample layout: text (a 'text' column), instruction (instruction/input/output), chat (messages with roles); "
+        "auto detects it from the columns.",
+    )
+    split: str = Field("train", min_length=1, description="Dataset split to train on.")
+    eval_fraction: float = Field(
+        0.1, ge=0, lt=1, description="Fraction of the samples held out for evaluation (0 disables evaluation)."
+    )
+    train_on_prompt: bool = Field(
+        False, description="Also compute loss on prompt/user tokens; by default only completions are learned."
+    )
+    packing: bool = Field(False, description="Concatenate short samples into full max_seq_length sequences.")
+    max_samples: int | None = Field(None, ge=1, description="Use at most this many samples (after shuffling with the seed).")
+
+
+class TrainingSection(Section):
+    learning_rate: float = Field(2e-4, gt=0, le=10, description="Peak learning rate.")
+    lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
+        "cosine", description="Learning-rate schedule after warmup."
+    )
+    epochs: float = Field(1.0, gt=0, le=10000, description="Passes over the training data (ignored when max_steps is set).")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps; overrides epochs.")
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear warmup.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, ge=0, description="Gradient clipping norm (0 disables).")
+    logging_steps: int = Field(10, ge=1, description="Log loss and speed every this many optimizer steps.")
+    save_steps: int | None = Field(None, ge=1, description="Save a checkpoint every this many steps; none saves only at the end.")
+    save_total_limit: int | None = Field(2, ge=1, description="Keep at most this many checkpoints (oldest are deleted).")
+    eval_steps: int | None = Field(None, ge=1, description="Evaluate every this many steps; none evaluates at the end of each epoch.")
+    seed: int = Field(42, ge=0, le=2**32 - 1, description="Random seed for data order, dropout and initialisation.")
+    resume: str = Field(
+        "never",
+        min_length=1,
+        description="never: start fresh. auto: continue from the newest complete checkpoint in the output directory. "
+        "Or a checkpoint directory to continue from.",
+    )
+
+
+class OutputSection(Section):
+    dir: str | None = Field(None, description="Run directory for configs, logs and checkpoints. Default: runs/<name>.")
+    save: Literal["auto", "adapter", "full", "merged"] = Field(
+        "auto",
+        description="What the final save holds: adapter (LoRA weights only), full (all weights), merged (adapter merged "
+        "into the base). auto: adapter for lora/qlora, full for full fine-tuning.",
+    )
+
+
+class InferenceSection(Section):
+    max_new_tokens: int = Field(128, ge=1, le=1_000_000, description="Tokens to generate per answer.")
+    greedy: bool = Field(False, description="Always pick the most likely token (deterministic); ignores temperature and top_p.")
+    temperature: float = Field(0.7, gt=0, le=100, description="Sampling temperature.")
+    top_p: float = Field(0.9, gt=0, le=1, description="Nucleus sampling: keep the smallest token set with this probability mass.")
+    gpu_headroom_gb: float = Field(
+        2.0, ge=0, description="GiB left free on each GPU when placing a model with device_map=auto (for activations and KV cache)."
+    )
+    offload_folder: str | None = Field(None, description="Directory for weights offloaded to disk. Default: <run dir>/offload.")
+
+
+class Recipe(Section):
+    version: Literal[1] = Field(SCHEMA_VERSION, description="Recipe schema version.")
+    name: str = Field(
+        "run",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Name of the run: letters, digits, '.', '_' and '-'. Names the default run directory.",
+    )
+    model: ModelSection = Field(default_factory=ModelSection, description="The model to train or run.")
+    hardware: HardwareSection = Field(default_factory=HardwareSection, description="Machines and accelerators.")
+    method: MethodSection = Field(default_factory=MethodSection, description="Full fine-tuning, LoRA or QLoRA.")
+    memory: MemorySection = Field(default_factory=MemorySection, description="Memory tactics: sharding, offload, batch, precision.")
+    data: DataSection = Field(default_factory=DataSection, description="Training data.")
+    training: TrainingSection = Field(default_factory=TrainingSection, description="Optimisation schedule and checkpoints.")
+    output: OutputSection = Field(default_factory=OutputSection, description="Where results go.")
+    inference: InferenceSection = Field(default_factory=InferenceSection, description="Generation settings for infer and chat.")
+
+    @model_validator(mode="after")
+    def _resolve_defaults(self) -> "Recipe":
+        """Fill in values derived from other fields so a dumped recipe states every default."""
+        hw, mem = self.hardware, self.memory
+        if hw.num_processes is None and (hw.gpus_per_machine == 0 or hw.machines * hw.gpus_per_machine >= 1):
+            derived = hw.machines * hw.gpus_per_machine if hw.gpus_per_machine else hw.machines
+            object.__setattr__(hw, "num_processes", derived)
+        if self.model.dtype == "auto":
+            dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(mem.mixed_precision, "float32")
+            object.__setattr__(self.model, "dtype", dtype)
+        if self.output.dir is None:
+            object.__setattr__(self.output, "dir", f"runs/{self.name}")
+        if self.output.save == "auto":
+            object.__setattr__(self.output, "save", "full" if self.method.kind == "full" else "adapter")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.hardware.num_processes or 1
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.hardware.gpus_per_machine > 0
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.memory.micro_batch_size * self.memory.gradient_accumulation_steps * self.world_size

@@ -1,0 +1,37 @@
+"""A run directory: every file a launch needs, rendered from one recipe and written atomically."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuner.fileio import atomic_write_text
+from tuner.launch.argv import ACCELERATE_CONFIG, LOCK_FILE
+from tuner.recipe.io import RecipeError, recipe_to_yaml
+from tuner.recipe.schema import Recipe
+from tuner.render.accelerate_config import render_accelerate_config
+from tuner.render.launch_script import render_launch_script
+
+LAUNCH_SCRIPT = "launch.sh"
+
+
+def render_run_files(recipe: Recipe, run_dir: str | Path | None = None) -> dict[str, str]:
+    """File name -> text for the run directory (what the Review screen shows and ``tuner render`` writes)."""
+    run_dir = Path(run_dir or recipe.output.dir)
+    return {
+        LOCK_FILE: recipe_to_yaml(recipe),
+        ACCELERATE_CONFIG: render_accelerate_config(recipe),
+        LAUNCH_SCRIPT: render_launch_script(run_dir),
+    }
+
+
+def write_run_directory(recipe: Recipe, run_dir: str | Path | None = None, *, force: bool = False,
+                        keep_existing: bool = False) -> Path:
+    """Write the run files; refuse to touch an existing run directory unless ``force`` or ``keep_existing``
+    (resume: the directory and its checkpoints are the point)."""
+    run_dir = Path(run_dir or recipe.output.dir)
+    if run_dir.exists() and any(run_dir.iterdir()) and not (force or keep_existing):
+        raise RecipeError([f"{run_dir}: the run directory already exists; pass --force to overwrite its files, "
+                           "--resume to continue it, or change output.dir."])
+    files = render_run_files(recipe, run_dir)
+    for name, text in files.items():
+        atomic_write_text(run_dir / name, text, mode=0o755 if name == LAUNCH_SCRIPT else None)
+    return run_dir
