@@ -18,6 +18,9 @@ from tuner.recipe.schema import Recipe
 
 MAX_YAML_NODES = 20_000  # a recipe has ~100; anything near this is an alias bomb or not a recipe
 MAX_FILE_BYTES = 1_000_000
+MAX_YAML_DEPTH = 32  # sections are two or three deep
+_STR_TAG = "tag:yaml.org,2002:str"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class RecipeError(Exception):
@@ -43,68 +46,95 @@ class RecipeSource:
                 return f"--set {'.'.join(prefix)}"
             if prefix in self.key_lines:
                 return f"{self.path}:{self.key_lines[prefix]}" if self.path else f"line {self.key_lines[prefix]}"
+        for assigned in sorted(self.overridden):  # a section that only an override created
+            if assigned[: len(loc)] == loc:
+                return f"--set {'.'.join(assigned)}"
         return self.path or "recipe"
 
 
-def _walk_mapping(node: yaml.Node, prefix: tuple[str, ...], lines: dict, budget: list[int], path: str | None) -> None:
+def _walk_mapping(node: yaml.Node, prefix: tuple[str, ...], lines: dict, budget: list[int], path: str | None,
+                  loader: yaml.SafeLoader) -> None:
+    """Record the line of every key; refuse duplicate and non-name keys, unreadable values, alias bombs, deep nesting."""
+    where = path or "recipe"
     budget[0] -= 1
     if budget[0] < 0:
-        raise RecipeError([f"{path or 'recipe'}: the YAML expands to more than {MAX_YAML_NODES} nodes "
+        raise RecipeError([f"{where}: the YAML expands to more than {MAX_YAML_NODES} nodes "
                            "(anchors/aliases too deep?); a recipe is a small mapping of settings."])
+    if len(prefix) > MAX_YAML_DEPTH:
+        raise RecipeError([f"{where}:{node.start_mark.line + 1}: {_dotted(prefix[:3])}...: nested more than "
+                           f"{MAX_YAML_DEPTH} levels deep (a recursive alias?); a recipe is a few sections deep."])
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
         for key_node, value_node in node.value:
-            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
             line = key_node.start_mark.line + 1
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag not in (_STR_TAG, _MERGE_TAG):
+                kind = key_node.tag.rsplit(":", 1)[-1]
+                if not isinstance(key_node, yaml.ScalarNode):
+                    raise RecipeError([f"{where}:{line}: {_dotted(prefix) or 'recipe'}: keys must be names, not a {kind}."])
+                raise RecipeError([f"{where}:{line}: {_dotted(prefix + (key_node.value,))}: keys must be names, not "
+                                   f"{kind} {key_node.value!r}; quote the key if you meant the text."])
+            key = key_node.value
             if key in seen:
-                dotted = ".".join(prefix + (key,))
-                raise RecipeError([f"{path or 'recipe'}:{line}: {dotted}: duplicate key (first set on line {seen[key]}); "
-                                   "keep one of them."])
+                raise RecipeError([f"{where}:{line}: {_dotted(prefix + (key,))}: duplicate key (first set on line "
+                                   f"{seen[key]}); keep one of them."])
             seen[key] = line
             lines[prefix + (key,)] = line
-            _walk_mapping(value_node, prefix + (key,), lines, budget, path)
+            _walk_mapping(value_node, prefix + (key,), lines, budget, path, loader)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             lines.setdefault(prefix + (str(index),), item.start_mark.line + 1)
-            _walk_mapping(item, prefix + (str(index),), lines, budget, path)
+            _walk_mapping(item, prefix + (str(index),), lines, budget, path, loader)
+    else:
+        try:  # a scalar YAML can tokenise but Python cannot hold: year 0, an integer of 5000 digits
+            loader.construct_object(node)
+        except (ValueError, OverflowError) as exc:
+            raise RecipeError([f"{where}:{node.start_mark.line + 1}: {_dotted(prefix) or 'recipe'}: "
+                               f"cannot read this value: {exc}."]) from None
+
+
+def _dotted(loc: Iterable[str]) -> str:
+    """A field path for a message; odd characters in user keys are escaped so the message stays one paragraph."""
+    text = ".".join(loc)
+    return text if text.isprintable() else ascii(text)[1:-1]
+
+
+def _yaml_problem(exc: yaml.YAMLError, where: str) -> RecipeError:
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        line = f":{mark.line + 1}" if mark else ""
+        problem = " ".join(filter(None, [exc.context, exc.problem]))
+        return RecipeError([f"{where}{line}: not valid YAML: {problem}. Check indentation and quoting."])
+    return RecipeError([f"{where}: not valid YAML: {exc}"])
 
 
 def parse_yaml(text: str, path: str | None = None) -> tuple[dict[str, Any], RecipeSource]:
     """Parse recipe YAML into a plain dict plus the line of every key."""
     where = path or "recipe"
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = f":{mark.line + 1}" if mark else ""
-        raise RecipeError([f"{where}{line}: not valid YAML: {exc.problem or exc.context}. Check indentation and quoting."]) from None
-    except yaml.YAMLError as exc:
-        raise RecipeError([f"{where}: not valid YAML: {exc}"]) from None
-    if node is None:
-        raise RecipeError([f"{where}: the recipe is empty; start from a built-in one: tuner recipes cp demo my.yaml"])
-    if not isinstance(node, yaml.MappingNode):
-        raise RecipeError([f"{where}:{node.start_mark.line + 1}: a recipe must be a mapping of sections "
-                           "(model:, hardware:, method:, ...), not a {0}.".format(node.tag.rsplit(':', 1)[-1])])
-    source = RecipeSource(path=path)
-    _walk_mapping(node, (), source.key_lines, [MAX_YAML_NODES], path)
+        loader = yaml.SafeLoader(text)  # the reader rejects control characters here
+    except yaml.reader.ReaderError as exc:
+        line = text[: exc.position].count("\n") + 1
+        raise RecipeError([f"{where}:{line}: the character {exc.character:#06x} is not allowed in YAML; "
+                           "remove it."]) from None
     try:
-        data = yaml.load(text, Loader=yaml.SafeLoader)
-    except (yaml.YAMLError, ValueError, OverflowError) as exc:  # e.g. a timestamp out of range
-        raise RecipeError([f"{where}: cannot read a value: {exc}"]) from None
-    _require_string_keys(data, (), source)
+        node = loader.get_single_node()
+        if node is None:
+            raise RecipeError([f"{where}: the recipe is empty; start from a built-in one: tuner recipes cp demo my.yaml"])
+        if not isinstance(node, yaml.MappingNode):
+            raise RecipeError([f"{where}:{node.start_mark.line + 1}: a recipe must be a mapping of sections "
+                               f"(model:, hardware:, method:, ...), not a {node.tag.rsplit(':', 1)[-1]}."])
+        source = RecipeSource(path=path)
+        _walk_mapping(node, (), source.key_lines, [MAX_YAML_NODES], path, loader)
+        data = loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise _yaml_problem(exc, where) from None
+    except RecursionError:
+        raise RecipeError([f"{where}: nested too deeply to be a recipe; a recipe is a few sections deep."]) from None
+    except (ValueError, OverflowError) as exc:  # e.g. a date out of range, an integer of 5000 digits
+        raise RecipeError([f"{where}: cannot read a value: {exc}."]) from None
+    finally:
+        loader.dispose()
     return data, source
-
-
-def _require_string_keys(value: Any, prefix: tuple[str, ...], source: RecipeSource) -> None:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise RecipeError([f"{source.where(prefix + (str(key),))}: {'.'.join(prefix + (str(key),))}: "
-                                   f"keys must be names, not {type(key).__name__} {key!r}."])
-            _require_string_keys(item, prefix + (key,), source)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _require_string_keys(item, prefix + (str(index),), source)
 
 
 def read_recipe_text(path: str | Path) -> str:
@@ -134,8 +164,8 @@ def parse_override(assignment: str) -> tuple[tuple[str, ...], Any]:
         raise RecipeError([f"--set {assignment!r}: expected dotted.key=value, e.g. --set memory.micro_batch_size=4"])
     try:
         value = yaml.safe_load(raw_value) if raw_value.strip() else ""
-    except yaml.YAMLError:
-        value = raw_value
+    except (yaml.YAMLError, ValueError, OverflowError, RecursionError):
+        value = raw_value  # not a YAML value (unclosed bracket, year 0, ...): keep the text as typed
     return parts, value
 
 
@@ -193,7 +223,7 @@ def _format_validation_error(error: ValidationError, source: RecipeSource) -> li
         loc = tuple(str(part) for part in item["loc"] if not str(part).startswith("function-"))
         # pydantic adds the union member name ('list[str]', 'literal[...]') to locs; keep only real keys
         loc = tuple(part for part in loc if "[" not in part)
-        dotted = ".".join(loc) or "recipe"
+        dotted = _dotted(loc) or "recipe"
         where = source.where(loc)
         if item["type"] == "extra_forbidden":
             lines.append(f"{where}: {dotted}: unknown key.{_suggest(loc)}")
@@ -201,6 +231,8 @@ def _format_validation_error(error: ValidationError, source: RecipeSource) -> li
         message = item["msg"]
         if item["type"] == "literal_error":
             message = message.replace("Input should be", "must be")
+        elif item["type"] == "model_type":
+            message = "must be a section of key: value lines"
         given = item.get("input")
         shown = repr(given) if not isinstance(given, (dict, list)) else type(given).__name__
         if len(shown) > 60:

@@ -1,0 +1,257 @@
+"""Property-based fuzzing of recipe files and ``--set`` overrides through the real CLI.
+
+Every case must end in exit code 0 (a valid recipe) or 2 with one paragraph on stderr that
+starts at the file (and line) or the ``--set`` that caused it; never a traceback, and
+``tuner render`` never leaves a run directory behind for a bad recipe.
+
+The number of cases scales with ``TUNER_FUZZ_EXAMPLES`` (examples per property, default 150);
+the total tried is printed at the end and kept in pytest's cache (``pytest --cache-show tuner/fuzz``).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from tuner.cli import main
+from tuner.recipe.io import load_recipe, recipe_to_yaml
+from tuner.recipe.registry import builtin_path
+from tuner.recipe.schema import Recipe
+
+pytestmark = pytest.mark.xdist_group("fuzz")  # one worker, in order: the last test reports the count
+
+EXAMPLES = int(os.environ.get("TUNER_FUZZ_EXAMPLES", "150"))
+settings.register_profile(
+    "tuner-fuzz", max_examples=EXAMPLES, deadline=None, database=None, print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+)
+FUZZ = settings.get_profile("tuner-fuzz")
+CASES: Counter[str] = Counter()
+SECTIONS = tuple(Recipe.model_fields)
+
+
+def _field_paths(model: type[BaseModel] = Recipe, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every leaf field of the schema as a key path, e.g. ('memory', 'fsdp', 'sharding_strategy')."""
+    import typing
+
+    paths = []
+    for name, info in model.model_fields.items():
+        nested = [arg for arg in (info.annotation, *typing.get_args(info.annotation))
+                  if isinstance(arg, type) and issubclass(arg, BaseModel)]
+        paths.extend(_field_paths(nested[0], prefix + (name,)) if nested else [prefix + (name,)])
+    return paths
+
+
+FIELD_PATHS = _field_paths()
+# The fully resolved demo recipe: every field sits on its own line, so every error has a line to point at.
+RESOLVED_DEMO = load_recipe(builtin_path("demo")).model_dump(mode="json")
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    """``tuner ARGS`` in this process (fast); argparse's SystemExit becomes the exit code."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 2
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_clean(code: int, err: str, where: str | None = None) -> None:
+    """Exit 0, or exit 2 with one paragraph that starts at ``where`` (a regex); never a traceback."""
+    assert code in (0, 2), f"exit code {code}: {err}"
+    if code == 0:
+        return
+    assert "Traceback" not in err, err
+    assert err.startswith("error: "), err
+    assert err.strip() and "\n\n" not in err.strip(), f"not one paragraph: {err!r}"
+    if where is not None:
+        assert re.match(rf"error: {where}", err), f"message does not start at {where}: {err!r}"
+
+
+# -- strategies ---------------------------------------------------------------------------------------------
+
+NASTY_TEXT = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["", " ", "~", "null", "no", "yes", "on", "0x1F", "0o17", "1_000", "1e400", "-1e400", ".nan",
+                     ".inf", "-.inf", "2001-01-01", "0000-01-01", "9" * 5000, "$(rm -rf ~)", "a;b", "'", '"',
+                     "\u202e", "\x00", "\ud800", "\n", "- a", "{a: 1}", "[1, 2", "&a [*a]", "!!python/object:os.system",
+                     "all-linear", "builtin:demo", "deepspeed", "A100-80GB", "48GB", "auto", "bf16", "fp16"]),
+)
+SCALARS = st.one_of(
+    st.none(), st.booleans(),
+    st.integers(), st.integers(min_value=-2**70, max_value=2**70), st.sampled_from([0, -1, 1, 2**31, 2**63, 10**30]),
+    st.floats(allow_nan=True, allow_infinity=True), NASTY_TEXT,
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda children: st.one_of(st.lists(children, max_size=4),
+                               st.dictionaries(st.one_of(st.sampled_from(SECTIONS), st.text(max_size=8)), children, max_size=4)),
+    max_leaves=12,
+)
+
+
+def _set_path(data: dict, path: tuple[str, ...], value) -> dict:
+    target = data
+    for part in path[:-1]:
+        if not isinstance(target.get(part), dict):
+            target[part] = {}
+        target = target[part]
+    target[path[-1]] = value
+    return data
+
+
+@st.composite
+def mutated_recipes(draw) -> tuple[dict, list[tuple[str, ...]]]:
+    """The resolved demo recipe with one to three fields given random values (the most realistic mistakes)."""
+    import copy
+
+    data = copy.deepcopy(RESOLVED_DEMO)
+    paths = draw(st.lists(st.sampled_from(FIELD_PATHS), min_size=1, max_size=3, unique=True))
+    for path in paths:
+        _set_path(data, path, draw(VALUES))
+    return data, paths
+
+
+def _anchor_bomb(depth: int, width: int) -> str:
+    lines = ['a0: &a0 ["lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * width)}]" for i in range(1, depth)]
+    return "\n".join(lines) + "\n"
+
+
+YAML_TRICKS = st.one_of(
+    st.builds(_anchor_bomb, st.integers(1, 12), st.integers(1, 12)),
+    st.sampled_from([
+        "a: &a [*a]\n", "model: &m {id: x, more: *m}\n", "model: {id: x}\nmodel: {id: y}\n",
+        "memory:\n  micro_batch_size: 1\n  micro_batch_size: 2\n", "? [1, 2]\n: 3\n", "? {a: 1}\n: 2\n",
+        "1: 2\n", "null: 1\n", "yes: 1\n", "2001-01-01: x\n", "model: !!python/object/apply:os.system [ls]\n",
+        "name: !!binary aGVsbG8=\n", "name: !!set {a, b}\n", "model: !!omap [id: x]\n", "name: !!float 1\n",
+        "base: &b {micro_batch_size: 4}\nmemory:\n  <<: *b\n", "<<: {name: merged}\n", "memory: {<<: [1, 2]}\n",
+        "name: a\n---\nname: b\n", "%YAML 1.1\n---\nname: a\n", "%TAG ! tag:x.org,2002:\n---\nname: !foo x\n",
+        "\ufeffname: bom\n", "name: '\\x00'\n", 'name: "\\ud800"\n', "name: \"\\x00\"\n", "\t name: tab\n",
+        "a: " + "[" * 3000 + "]" * 3000 + "\n", "a:" + "\n".join(" " * i + f"k{i}:" for i in range(1, 60)) + "\n",
+        "training: {seed: " + "1" * 5000 + "}\n", "model: {revision: 0000-01-01}\n", "- model\n- hardware\n", "42\n",
+        "''\n", "...\n", "---\n", "# only a comment\n", "name: [unclosed\n", "name: 'unclosed\n", "model:\n\tid: x\n",
+    ]),
+)
+
+
+# -- properties ---------------------------------------------------------------------------------------------
+
+def _validate_text(body: bytes | str, tmp: Path) -> tuple[int, str, Path]:
+    path = tmp / "recipe.yaml"
+    path.write_bytes(body if isinstance(body, bytes) else body.encode("utf-8", "surrogatepass"))
+    code, _, err = run_cli("validate", "-q", str(path))
+    return code, err, path
+
+
+@FUZZ
+@given(data=mutated_recipes())
+def test_mutated_fields_name_the_field_and_line(data) -> None:
+    recipe, _ = data
+    CASES["mutated fields"] += 1
+    with tempfile.TemporaryDirectory() as tmp:
+        text = yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True)
+        code, err, path = _validate_text(text, Path(tmp))
+        # a cross-field rule may blame a partner field, but always a field of the recipe, at its line
+        assert_clean(code, err, rf"{re.escape(str(path))}:\d+: ({'|'.join(SECTIONS)})\b")
+
+
+@FUZZ
+@given(document=VALUES)
+def test_random_structures(document) -> None:
+    CASES["random structures"] += 1
+    with tempfile.TemporaryDirectory() as tmp:
+        code, err, path = _validate_text(yaml.safe_dump(document, allow_unicode=True), Path(tmp))
+        assert_clean(code, err, re.escape(str(path)))
+
+
+@FUZZ
+@given(body=st.one_of(st.binary(max_size=200), st.text(max_size=200), YAML_TRICKS,
+                      st.builds(lambda tail: recipe_to_yaml(Recipe()).encode() + tail, st.binary(max_size=20))))
+def test_raw_files_and_yaml_tricks(body) -> None:
+    CASES["raw bytes and YAML tricks"] += 1
+    with tempfile.TemporaryDirectory() as tmp:
+        code, err, path = _validate_text(body if isinstance(body, bytes) else body, Path(tmp))
+        assert_clean(code, err, re.escape(str(path)))
+
+
+OVERRIDE_KEYS = st.one_of(
+    st.sampled_from([".".join(path) for path in FIELD_PATHS]),
+    st.sampled_from(SECTIONS),
+    st.text(max_size=20),
+    st.builds(lambda path, extra: ".".join(path) + "." + extra, st.sampled_from(FIELD_PATHS), st.text(max_size=5)),
+)
+
+
+@FUZZ
+@given(overrides=st.lists(st.builds(lambda key, value: f"{key}={value}", OVERRIDE_KEYS, NASTY_TEXT), min_size=1, max_size=3))
+def test_set_overrides(overrides) -> None:
+    CASES["--set overrides"] += 1
+    args = [arg for override in overrides for arg in ("--set", override)]
+    code, _, err = run_cli("validate", "-q", "demo", *args)
+    demo = re.escape(str(builtin_path("demo")))
+    assert_clean(code, err, rf"(--set \S|{demo}:\d+: )")
+
+
+@FUZZ
+@given(data=mutated_recipes())
+def test_render_leaves_no_run_directory_for_a_bad_recipe(data) -> None:
+    recipe, _ = data
+    CASES["render"] += 1
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "recipe.yaml"
+        path.write_text(yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True), encoding="utf-8")
+        run_dir = Path(tmp) / "run"
+        code, _, err = run_cli("render", str(path), "-o", str(run_dir))
+        assert_clean(code, err)
+        if code == 2:
+            assert not run_dir.exists(), f"a rejected recipe left {sorted(run_dir.iterdir())}"
+        else:
+            assert sorted(p.name for p in run_dir.iterdir()) == ["accelerate.yaml", "launch.sh", "recipe.lock.yaml"]
+
+
+# -- the real process, for a handful of the worst ---------------------------------------------------------------
+
+SUBPROCESS_CASES = {
+    "alias bomb": _anchor_bomb(12, 12).encode(),
+    "recursive alias": b"a: &a [*a]\n",
+    "deep nesting": b"a: " + b"[" * 3000 + b"]" * 3000 + b"\n",
+    "not utf-8": b"name: \xff\xfe\n",
+    "python tag": b"model: !!python/object/apply:os.system [touch pwned]\n",
+    "duplicate key": b"model:\n  id: a\n  id: b\n",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SUBPROCESS_CASES)
+def test_worst_files_in_a_real_process(name, tmp_path, tuner_cli) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_bytes(SUBPROCESS_CASES[name])
+    result = tuner_cli("validate", str(path), cwd=tmp_path, timeout=60)
+    CASES["subprocess"] += 1
+    assert result.returncode == 2, result.stderr
+    assert_clean(result.returncode, result.stderr, rf"{re.escape(str(path))}(:\d+)?: ")
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_zz_report_case_count(request, capsys) -> None:
+    """Runs last in its group: how many cases the properties above tried."""
+    total = sum(CASES.values())
+    if not total:
+        pytest.skip("run with the fuzz tests to count their cases")
+    request.config.cache.set("tuner/fuzz", {"total": total, **CASES})
+    with capsys.disabled():
+        print(f"\nfuzz cases tried: {total} ({', '.join(f'{k}: {v}' for k, v in CASES.items())})")
+    assert total >= 4 * EXAMPLES
