@@ -74,6 +74,9 @@ def assert_clean(code: int, err: str, where: str | None = None) -> None:
     if code == 0:
         return
     assert "Traceback" not in err, err
+    if err.startswith("usage: "):  # argparse's own report, e.g. --set followed by a value starting with '-'
+        assert re.search(r"^tuner( \w+)?: error: argument ", err, re.M), err
+        return
     assert err.startswith("error: "), err
     assert err.strip() and "\n\n" not in err.strip(), f"not one paragraph: {err!r}"
     if where is not None:

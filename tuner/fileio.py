@@ -5,8 +5,37 @@ A crash between the two leaves the old file (or nothing), never half a file.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
+
+
+def _umask() -> int:
+    umask = os.umask(0)  # the only way to read it; set straight back
+    os.umask(umask)
+    return umask
+
+
+def _default_mode(path: Path) -> int:
+    """Keep an existing file's permissions; a new file gets what open() would give it (0666 less the umask)."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _sync_directory(directory: Path) -> None:
+    """Make the rename itself durable (best effort: not every filesystem allows opening a directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> Path:
@@ -18,10 +47,33 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = Non
             stream.write(text)
             stream.flush()
             os.fsync(stream.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, _default_mode(path) if mode is None else mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _sync_directory(path.parent)
     return path
+
+
+def atomic_write_directory(directory: str | os.PathLike, files: dict[str, str],
+                           modes: dict[str, int] | None = None) -> Path:
+    """Create ``directory`` holding ``files`` (name -> text) all at once, or not at all.
+
+    The files are written into a hidden sibling directory that is then renamed into place, so a
+    crash or a full disk half-way leaves no directory that looks like a run.  ``directory`` must
+    not exist yet (an existing one is rewritten file by file with :func:`atomic_write_text`).
+    """
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
+    try:
+        os.chmod(staging, 0o777 & ~_umask())
+        for name, text in files.items():
+            atomic_write_text(staging / name, text, mode=(modes or {}).get(name))
+        os.rename(staging, directory)  # fails if directory appeared meanwhile: never merges into it
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _sync_directory(directory.parent)
+    return directory

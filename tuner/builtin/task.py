@@ -9,6 +9,8 @@ import random
 import string
 from pathlib import Path
 
+from tuner.fileio import atomic_write_text
+
 INSTRUCTION = "reverse"
 ALPHABET = string.ascii_lowercase
 
@@ -41,8 +43,5 @@ def builtin_dataset_path(source: str, directory: Path) -> Path:
         raise ValueError(f"unknown built-in data source {source!r}; known: {', '.join(BUILTIN_DATASETS)}")
     path = directory / f"{source.removeprefix('builtin:')}.jsonl"
     if not path.exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(sample) + "\n" for sample in reverse_samples(BUILTIN_DATASETS[source])))
-        tmp.replace(path)
+        atomic_write_text(path, "".join(json.dumps(sample) + "\n" for sample in reverse_samples(BUILTIN_DATASETS[source])))
     return path

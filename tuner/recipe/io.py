@@ -40,15 +40,16 @@ class RecipeSource:
     overridden: set[tuple[str, ...]] = field(default_factory=set)
 
     def where(self, loc: tuple[str, ...]) -> str:
-        for depth in range(len(loc), 0, -1):
-            prefix = loc[:depth]
-            if prefix in self.overridden:
-                return f"--set {'.'.join(prefix)}"
-            if prefix in self.key_lines:
-                return f"{self.path}:{self.key_lines[prefix]}" if self.path else f"line {self.key_lines[prefix]}"
-        for assigned in sorted(self.overridden):  # a section that only an override created
-            if assigned[: len(loc)] == loc:
+        for assigned in sorted(self.overridden):  # the value at loc was set, or created, by an override
+            if loc and assigned[: len(loc)] == loc:
                 return f"--set {'.'.join(assigned)}"
+        for depth in range(len(loc) - 1, 0, -1):
+            if loc[:depth] in self.overridden:
+                return f"--set {'.'.join(loc[:depth])}"
+        for depth in range(len(loc), 0, -1):
+            if loc[:depth] in self.key_lines:
+                line = self.key_lines[loc[:depth]]
+                return f"{self.path}:{line}" if self.path else f"line {line}"
         return self.path or "recipe"
 
 
@@ -217,12 +218,26 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _format_validation_error(error: ValidationError, source: RecipeSource) -> list[str]:
+def _input_loc(loc: tuple, data: Any) -> tuple[str, ...]:
+    """The keys of ``loc`` that exist in the input: pydantic adds union members ('list[str]') and validators."""
+    keys = []
+    for part in loc:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+            data = data[part]
+        elif isinstance(part, str) and ("[" in part or part.startswith("function-")):
+            continue  # a union member or validator name, not a key of the recipe
+        else:
+            data = None
+        keys.append(str(part))
+    return tuple(keys)
+
+
+def _format_validation_error(error: ValidationError, data: dict, source: RecipeSource) -> list[str]:
     lines = []
     for item in error.errors():
-        loc = tuple(str(part) for part in item["loc"] if not str(part).startswith("function-"))
-        # pydantic adds the union member name ('list[str]', 'literal[...]') to locs; keep only real keys
-        loc = tuple(part for part in loc if "[" not in part)
+        loc = _input_loc(item["loc"], data)
         dotted = _dotted(loc) or "recipe"
         where = source.where(loc)
         if item["type"] == "extra_forbidden":
@@ -250,7 +265,7 @@ def validate_recipe(data: Any, source: RecipeSource | None = None) -> Recipe:
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(_format_validation_error(exc, source)) from None
+        raise RecipeError(_format_validation_error(exc, data, source)) from None
     problems = find_problems(recipe)
     if problems:
         raise RecipeError([f"{source.where(tuple(p.field.split('.')))}: {p.field}: {p.message}" for p in problems])

@@ -1,0 +1,165 @@
+"""Nothing lost, nothing clobbered: crashes between write and rename, and --force.
+
+Every file tuner writes goes through :mod:`tuner.fileio`; a grep over the source keeps it so.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tuner.cli import main
+from tuner.fileio import atomic_write_directory, atomic_write_text
+
+REPO = Path(__file__).resolve().parents[1]
+OLD = "version: 1\nname: precious\n"
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_crash_between_write_and_rename_keeps_the_old_file(tmp_path, monkeypatch) -> None:
+    target = tmp_path / "recipe.yaml"
+    target.write_text(OLD)
+
+    def crash(*_):
+        raise OSError(errno.EIO, "simulated crash before rename")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="simulated crash"):
+        atomic_write_text(target, "name: half-written\n")
+    assert target.read_text() == OLD
+    assert leftovers(tmp_path) == []
+
+
+def test_disk_full_while_writing_keeps_the_old_file(tmp_path, monkeypatch) -> None:
+    target = tmp_path / "recipe.yaml"
+    target.write_text(OLD)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space"):
+        atomic_write_text(target, "x" * 10_000)
+    assert target.read_text() == OLD
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_process_killed_between_write_and_rename_keeps_the_old_file(tmp_path) -> None:
+    """SIGKILL cannot be cleaned up after: the old file must still be whole, and the next write must work."""
+    target = tmp_path / "recipe.yaml"
+    target.write_text(OLD)
+    child = textwrap.dedent(f"""
+        import os, signal
+        from tuner.fileio import atomic_write_text
+        os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)
+        atomic_write_text({str(target)!r}, "name: never-renamed\\n")
+    """)
+    result = subprocess.run([sys.executable, "-c", child], env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert result.returncode == -signal.SIGKILL
+    assert target.read_text() == OLD
+    # what a kill leaves is a hidden temporary file with the complete new text, never read by tuner
+    stale = leftovers(tmp_path)
+    assert len(stale) == 1 and stale[0].startswith(".recipe.yaml.")
+    assert atomic_write_text(target, "name: next\n").read_text() == "name: next\n"
+
+
+def test_permissions_follow_the_umask_and_survive_a_rewrite(tmp_path) -> None:
+    fresh = atomic_write_text(tmp_path / "new.yaml", "a: 1\n")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert fresh.stat().st_mode & 0o777 == 0o666 & ~umask  # not mkstemp's 0600
+    kept = tmp_path / "script.sh"
+    kept.write_text("old")
+    kept.chmod(0o750)
+    atomic_write_text(kept, "new")
+    assert kept.stat().st_mode & 0o777 == 0o750
+
+
+def test_directory_appears_whole_or_not_at_all(tmp_path, monkeypatch) -> None:
+    real_replace = os.replace
+    calls = []
+
+    def fail_on_second(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", fail_on_second)
+    with pytest.raises(OSError):
+        atomic_write_directory(tmp_path / "run", {"a.yaml": "a", "b.yaml": "b", "c.sh": "c"})
+    assert list(tmp_path.iterdir()) == []  # neither the run directory nor its staging copy
+    monkeypatch.setattr(os, "replace", real_replace)
+    run = atomic_write_directory(tmp_path / "run", {"a.yaml": "a", "launch.sh": "#!"}, modes={"launch.sh": 0o755})
+    assert sorted(p.name for p in run.iterdir()) == ["a.yaml", "launch.sh"]
+    assert os.access(run / "launch.sh", os.X_OK)
+    with pytest.raises(OSError):  # never merged into a directory that appeared meanwhile
+        atomic_write_directory(tmp_path / "run", {"z": "z"})
+    assert not (run / "z").exists()
+
+
+# -- the CLI never overwrites without --force ----------------------------------------------------------------
+
+def cli(*args: str, capsys) -> tuple[int, str]:
+    code = main(list(args))
+    return code, capsys.readouterr().err
+
+
+def test_recipes_cp_refuses_to_overwrite_without_force(tmp_path, capsys) -> None:
+    dest = tmp_path / "mine.yaml"
+    dest.write_text(OLD)
+    code, err = cli("recipes", "cp", "demo", str(dest), capsys=capsys)
+    assert code == 2 and "--force" in err and str(dest) in err
+    assert dest.read_text() == OLD
+    code, _ = cli("recipes", "cp", "demo", str(dest), "--force", capsys=capsys)
+    assert code == 0 and "name: demo" in dest.read_text()
+    assert leftovers(tmp_path) == []
+
+
+def test_render_refuses_to_overwrite_without_force(tmp_path, capsys) -> None:
+    run_dir = tmp_path / "run"
+    assert cli("render", "demo", "-o", str(run_dir), capsys=capsys)[0] == 0
+    lock = run_dir / "recipe.lock.yaml"
+    lock.write_text(OLD)  # the user's edit
+    code, err = cli("render", "demo", "-o", str(run_dir), "--set", "training.seed=7", capsys=capsys)
+    assert code == 2 and "--force" in err and str(run_dir) in err
+    assert lock.read_text() == OLD
+    assert cli("render", "demo", "-o", str(run_dir), "--set", "training.seed=7", "--force", capsys=capsys)[0] == 0
+    assert "seed: 7" in lock.read_text()
+    assert leftovers(run_dir) == []
+
+
+# -- the rule itself -------------------------------------------------------------------------------------------
+
+# Append-only streams are safe without a rename: readers skip a partly written last line.
+APPEND_ONLY = {"tuner/events.py", "tuner/launch/runner.py"}
+# The training entrypoint is being rewritten on another branch; its copy of the lock file moves to
+# atomic_write_text with it.  Remove this entry then.
+PENDING = {'(final / "recipe.lock.yaml").write_text('}
+WRITES = re.compile(r"\.write_(text|bytes)\(|\bopen\([^)]*[\"'][wax]b?\+?[\"']|json\.dump\(|yaml\.(safe_)?dump\([^)]*,\s*\w")
+
+
+def test_every_file_tuner_writes_goes_through_fileio() -> None:
+    offenders = []
+    for path in sorted((REPO / "tuner").rglob("*.py")):
+        relative = path.relative_to(REPO).as_posix()
+        if relative == "tuner/fileio.py":
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if any(pending in code for pending in PENDING):
+                continue
+            if WRITES.search(code) and not (relative in APPEND_ONLY and re.search(r"[\"']a[\"']", code)):
+                offenders.append(f"{relative}:{number}: {line.strip()}")
+    assert offenders == [], "write these with tuner.fileio.atomic_write_text:\n" + "\n".join(offenders)
