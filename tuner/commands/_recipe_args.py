@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import resolve_recipe_argument
 from tuner.recipe.schema import Recipe
+from tuner.recipe.warnings import recipe_warnings
 
 
 def add_recipe_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -16,4 +18,8 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, required: bool = True)
 
 
 def recipe_from_args(args: argparse.Namespace) -> Recipe:
-    return load_recipe(resolve_recipe_argument(args.recipe), args.overrides)
+    """The checked recipe; its warnings (e.g. trust_remote_code) go to stderr, so every command shows them."""
+    recipe = load_recipe(resolve_recipe_argument(args.recipe), args.overrides)
+    for warning in recipe_warnings(recipe):
+        print(f"warning: {warning}", file=sys.stderr)
+    return recipe

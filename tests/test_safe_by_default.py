@@ -1,0 +1,150 @@
+"""Safe by default: hostile names pass through launches literally, remote code needs consent, recipes are data."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tuner.cli import main
+from tuner.launch.argv import launch_argv, shell_command
+from tuner.recipe.io import load_recipe
+from tuner.recipe.registry import builtin_path
+from tuner.recipe.schema import Recipe
+from tuner.recipe.warnings import recipe_warnings
+
+REPO = Path(__file__).resolve().parents[1]
+HOSTILE = [
+    "with space", "it's", 'say "hi"', "$(touch pwned)", "a;touch pwned", "`touch pwned`", "line\nbreak",
+    "tab\there", "*", "-rf", "$HOME", "back\\slash", "ünï ✓", "a|b&c>d",
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_the_launch_command_quotes_every_name(name) -> None:
+    argv = launch_argv(Path("runs") / name)
+    assert str(Path("runs") / name / "recipe.lock.yaml") in argv
+    assert shlex.split(shell_command(argv)) == argv
+
+
+FAKE_ACCELERATE = """#!/usr/bin/env python3
+import json, os, sys
+with open(os.environ["ARGV_DUMP"], "w") as out:
+    json.dump({"argv": sys.argv[1:], "cwd": os.getcwd()}, out)
+"""
+
+
+@pytest.fixture
+def fake_accelerate(tmp_path) -> dict[str, str]:
+    """An ``accelerate`` first on PATH that records the argv it receives, byte for byte."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "accelerate"
+    script.write_text(FAKE_ACCELERATE)
+    script.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "ARGV_DUMP": str(tmp_path / "argv.json")}
+
+
+@pytest.mark.slow
+def test_launch_sh_passes_hostile_run_directories_byte_for_byte(tmp_path, monkeypatch, fake_accelerate, capsys) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    extra = ["--extra", "arg with space", "$(touch pwned)"]
+    for name in HOSTILE:
+        run_dir = Path("runs") / name
+        assert main(["render", "demo", "-o", str(run_dir)]) == 0, capsys.readouterr().err
+        script = run_dir / "launch.sh"
+        assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+        if shutil.which("shellcheck"):
+            # info-level SC2016 ("expressions don't expand in single quotes") is the point of the quoting
+            check = subprocess.run(["shellcheck", "--severity=warning", str(script)], capture_output=True, text=True)
+            assert check.returncode == 0, check.stdout
+        # run from elsewhere: the script must return to the project directory by itself
+        subprocess.run(["bash", str(project / script), *extra], cwd=tmp_path, env={**os.environ, **fake_accelerate},
+                       check=True, timeout=30)
+        seen = json.loads(Path(fake_accelerate["ARGV_DUMP"]).read_text())
+        assert seen["argv"] == launch_argv(run_dir)[1:] + extra, name
+        assert Path(seen["cwd"]) == project
+    assert not list(tmp_path.rglob("pwned")), "a name was executed by the shell"
+
+
+@pytest.mark.slow
+def test_absolute_run_directory_needs_no_cd(tmp_path, fake_accelerate, capsys) -> None:
+    run_dir = tmp_path / "runs" / "it's $(touch pwned); x"
+    assert main(["render", "demo", "-o", str(run_dir)]) == 0, capsys.readouterr().err
+    assert "cd " not in (run_dir / "launch.sh").read_text()
+    subprocess.run(["bash", str(run_dir / "launch.sh")], cwd="/", env={**os.environ, **fake_accelerate}, check=True, timeout=30)
+    assert json.loads(Path(fake_accelerate["ARGV_DUMP"]).read_text())["argv"] == launch_argv(run_dir)[1:]
+    assert not list(tmp_path.rglob("pwned"))
+
+
+@pytest.mark.parametrize("model_id", [name for name in HOSTILE if name.strip()])
+def test_model_names_travel_in_the_lock_file_never_on_the_command_line(model_id, tmp_path, capsys) -> None:
+    recipe = yaml.safe_load(builtin_path("demo").read_text())
+    recipe["model"]["id"] = model_id
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe, allow_unicode=True))
+    run_dir = tmp_path / "run"
+    assert main(["render", str(path), "-o", str(run_dir)]) == 0, capsys.readouterr().err
+    assert load_recipe(run_dir / "recipe.lock.yaml").model.id == model_id
+    assert model_id not in (run_dir / "launch.sh").read_text()
+
+
+# -- trust_remote_code -----------------------------------------------------------------------------------------
+
+def test_remote_code_is_off_unless_the_recipe_sets_it(capsys) -> None:
+    assert Recipe().model.trust_remote_code is False
+    assert load_recipe(builtin_path("demo")).model.trust_remote_code is False
+    assert recipe_warnings(load_recipe(builtin_path("demo"))) == []
+    assert main(["validate", "-q", "demo"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_remote_code_warns_naming_the_model(capsys) -> None:
+    code = main(["validate", "-q", "demo", "--set", "model.trust_remote_code=true", "--set", "model.id=acme/sneaky-7b"])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert err.startswith("warning: model.trust_remote_code:") and "'acme/sneaky-7b'" in err
+    assert "pin model.revision" in err
+    pinned = Recipe.model_validate({"model": {"id": "acme/x", "trust_remote_code": True, "revision": "a" * 40}})
+    assert "pinned to a commit" in recipe_warnings(pinned)[0]
+
+
+# -- recipes are data, launches are argument lists -------------------------------------------------------------
+
+FORBIDDEN = {
+    r"(?<![.\w])eval\(": "eval of text",
+    r"(?<![.\w])exec\(": "exec of text",
+    r"\b__import__\(": "import by name",
+    r"yaml\.(unsafe_load|full_load|load_all)\(|FullLoader|UnsafeLoader|yaml\.Loader\b": "an unsafe YAML loader",
+    r"yaml\.load\((?![^)]*SafeLoader)": "yaml.load without SafeLoader",
+    r"_component_|_target_": "Hydra/torchtune-style object construction from config text",
+    r"\bpickle\.loads?\(|\bmarshal\.loads?\(": "unpickling",
+    r"shell\s*=\s*True": "a shell",
+    r"\bos\.(system|popen)\(": "a shell",
+    r"torch\.load\((?![^)]*weights_only\s*=\s*True)": "torch.load without weights_only=True",
+}
+# Importing by name is allowed only for tuner's own fixed list of subcommands.
+ALLOWED_IMPORTS = {("tuner/cli.py", 'importlib.import_module(f"tuner.commands.{name}")')}
+
+
+def test_recipes_are_data_and_launches_use_argument_lists() -> None:
+    offenders = []
+    for path in sorted((REPO / "tuner").rglob("*.py")):
+        relative = path.relative_to(REPO).as_posix()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            code = re.sub(r"#.*$", "", line)
+            for pattern, why in FORBIDDEN.items():
+                if re.search(pattern, code):
+                    offenders.append(f"{relative}:{number}: {why}: {line.strip()}")
+            if re.search(r"\bimport_module\(|\bimportlib\.util\.spec_from|\brunpy\.", code):
+                if not any(relative == file and snippet in code for file, snippet in ALLOWED_IMPORTS):
+                    offenders.append(f"{relative}:{number}: import by name: {line.strip()}")
+    assert offenders == [], "\n".join(offenders)
