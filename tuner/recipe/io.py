@@ -257,6 +257,13 @@ def _format_validation_error(error: ValidationError, data: dict, source: RecipeS
     return list(dict.fromkeys(lines))
 
 
+def _problem_location(problem, source: RecipeSource) -> str:
+    loc = tuple(problem.field.split("."))
+    if problem.anchor and loc not in source.key_lines and loc not in source.overridden:
+        loc = tuple(problem.anchor.split("."))
+    return source.where(loc)
+
+
 def validate_recipe(data: Any, source: RecipeSource | None = None) -> Recipe:
     """Turn plain data into a checked :class:`Recipe`, or raise :class:`RecipeError`."""
     source = source or RecipeSource()
@@ -268,7 +275,7 @@ def validate_recipe(data: Any, source: RecipeSource | None = None) -> Recipe:
         raise RecipeError(_format_validation_error(exc, data, source)) from None
     problems = find_problems(recipe)
     if problems:
-        raise RecipeError([f"{source.where(tuple(p.field.split('.')))}: {p.field}: {p.message}" for p in problems])
+        raise RecipeError([f"{_problem_location(p, source)}: {p.field}: {p.message}" for p in problems])
     return recipe
 
 
