@@ -1,0 +1,368 @@
+"""Environment checks before a run burns GPU hours: one function per check, each returning a :class:`Check`.
+
+A check is ``fail`` only when the given recipe needs what is missing (or when tuner cannot work at all);
+without a recipe, missing optional pieces are ``warn``.  Heavy libraries are imported inside the checks,
+and a check that crashes is reported as a failed check, never as a traceback.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import io
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Literal
+
+from tuner.recipe.schema import Recipe
+
+Status = Literal["ok", "warn", "fail"]
+MIN_FREE_DISK_GIB = 10.0  # a few checkpoints of a small model; below this a long run will likely stop
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        """One line for the terminal: status, name, what was found, and what to do."""
+        mark = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}[self.status]
+        fix = f"  -> {self.fix}" if self.fix and self.status != "ok" else ""
+        return f"{mark}  {self.name:<18} {self.detail}{fix}"
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Some libraries print banners while importing (DeepSpeed's accelerator guess, bitsandbytes' kernels
+    notice); doctor's output is its lines only."""
+    sink = io.StringIO()
+    with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+        yield
+
+
+def _needs_gpu(recipe: Recipe | None) -> bool:
+    return recipe is not None and recipe.uses_gpu
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cuda_gpus() -> list[tuple[str, float, tuple[int, int]]]:
+    """(name, memory GiB, compute capability) of every visible CUDA GPU; empty without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    return [(torch.cuda.get_device_name(i), torch.cuda.get_device_properties(i).total_memory / GIB,
+             torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())]
+
+
+# -- the checks ------------------------------------------------------------------------------------------------
+
+def check_torch(recipe: Recipe | None) -> Check:
+    try:
+        import torch
+    except ImportError as exc:
+        return Check("torch", "fail", f"cannot import torch: {exc}", "install torch: make install (see README)")
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else ("ROCm " + torch.version.hip if torch.version.hip else "CPU build")
+    if _needs_gpu(recipe) and not (torch.version.cuda or torch.version.hip):
+        return Check("torch", "fail", f"torch {torch.__version__} is a CPU build; the recipe needs GPUs",
+                     "install a CUDA build of torch (pip install torch --index-url https://download.pytorch.org/whl/cu126)")
+    return Check("torch", "ok", f"torch {torch.__version__} ({build})")
+
+
+def check_gpus(recipe: Recipe | None) -> Check:
+    gpus = _cuda_gpus()
+    if not gpus:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        hint = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+        fix = "check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES" if _needs_gpu(recipe) else \
+            "none needed for CPU recipes; for GPU training check nvidia-smi and the driver"
+        return Check("gpus", "fail" if _needs_gpu(recipe) else "warn", f"no CUDA GPU{hint}", fix)
+    names = ", ".join(f"{name} {memory:.0f} GiB" for name, memory, _ in gpus)
+    detail = f"{len(gpus)} GPU(s): {names}"
+    if recipe is not None and recipe.uses_gpu:
+        wanted = recipe.hardware.gpus_per_machine
+        if len(gpus) < wanted:
+            return Check("gpus", "fail", f"{detail}; the recipe wants {wanted} per machine",
+                         f"set hardware.gpus_per_machine: {len(gpus)}, or run where {wanted} are visible")
+        planned = _planned_gpu_memory_gib(recipe)
+        smallest = min(memory for _, memory, _ in gpus)
+        if planned is not None and smallest < planned - 0.5:
+            return Check("gpus", "fail", f"{detail}; the plan assumes {planned:.0f} GiB per GPU",
+                         f"set hardware.gpu_memory_gb: {smallest:.0f} (or the matching hardware.gpu) and re-plan")
+    return Check("gpus", "ok", detail)
+
+
+def _planned_gpu_memory_gib(recipe: Recipe) -> float | None:
+    from tuner.catalog.gpus import lookup_gpu
+
+    if recipe.hardware.gpu_memory_gb is not None:
+        return recipe.hardware.gpu_memory_gb
+    if recipe.hardware.gpu is not None:
+        try:
+            return lookup_gpu(recipe.hardware.gpu).memory_gib
+        except KeyError:
+            return None
+    return None
+
+
+def check_bf16(recipe: Recipe | None) -> Check:
+    import torch
+
+    wants_bf16 = recipe is not None and recipe.memory.mixed_precision == "bf16"
+    if not torch.cuda.is_available():
+        return Check("bf16", "ok", "CPU autocast supports bf16" + (" (slow without AMX/AVX512-BF16)" if wants_bf16 else ""))
+    if torch.cuda.is_bf16_supported():
+        return Check("bf16", "ok", "supported by the GPU")
+    status: Status = "fail" if wants_bf16 and recipe.uses_gpu else "warn"
+    return Check("bf16", status, "this GPU has no bf16 (pre-Ampere)",
+                 "set memory.mixed_precision: fp16 and model.dtype: float16 (or float32)")
+
+
+def check_bitsandbytes(recipe: Recipe | None) -> Check:
+    needed = recipe is not None and (recipe.method.kind == "qlora" or "8bit" in recipe.memory.optimizer
+                                     or "paged" in recipe.memory.optimizer)
+    missing: Status = "fail" if needed else "warn"
+    try:
+        with _quiet():
+            import bitsandbytes
+            from bitsandbytes import cextension
+    except Exception as exc:  # a broken native library raises all sorts of errors at import
+        return Check("bitsandbytes", missing, f"cannot import: {exc}".splitlines()[0],
+                     "pip install -U bitsandbytes (needed for qlora and 8-bit optimizers)")
+    backend = getattr(cextension, "BNB_BACKEND", "unknown")
+    if isinstance(getattr(cextension, "lib", None), getattr(cextension, "ErrorHandlerMockBNBNativeLibrary", ())):
+        return Check("bitsandbytes", missing, f"{bitsandbytes.__version__}: the {backend} native library did not load",
+                     "reinstall bitsandbytes for this torch/CUDA: pip install --force-reinstall bitsandbytes")
+    if needed and recipe.uses_gpu and backend == "CPU":
+        return Check("bitsandbytes", "fail", f"{bitsandbytes.__version__} with the CPU backend; the recipe quantises on GPUs",
+                     "install a CUDA build of torch, then reinstall bitsandbytes")
+    return Check("bitsandbytes", "ok", f"{bitsandbytes.__version__} ({backend} backend)")
+
+
+def _import_check(name: str, module: str, distribution: str, needed: bool, purpose: str, install: str) -> Check:
+    """An optional CUDA extension: absent is fine unless needed; present but broken is always worth a line."""
+    if importlib.util.find_spec(module) is None:
+        status: Status = "fail" if needed else "warn"
+        return Check(name, status, f"not installed ({purpose})", install)
+    try:
+        with _quiet():
+            importlib.import_module(module)
+    except Exception as exc:  # undefined symbols: built for another torch or CUDA
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return Check(name, "fail", f"{_version(distribution) or 'installed'} but cannot import: {first}",
+                     f"rebuild it for this torch: pip install --force-reinstall --no-build-isolation {distribution}")
+    return Check(name, "ok", f"{_version(distribution) or 'installed'} imports with this torch")
+
+
+def check_flash_attn(recipe: Recipe | None) -> Check:
+    needed = recipe is not None and recipe.memory.attention == "flash" and recipe.uses_gpu
+    return _import_check("flash-attn", "flash_attn", "flash-attn", needed, "attention falls back to sdpa",
+                         "pip install flash-attn --no-build-isolation (CUDA GPUs only), or set memory.attention: sdpa")
+
+
+def check_liger(recipe: Recipe | None) -> Check:
+    needed = recipe is not None and recipe.memory.liger
+    return _import_check("liger-kernel", "liger_kernel", "liger-kernel", needed, "fused kernels unavailable",
+                         "pip install liger-kernel, or set memory.liger: false")
+
+
+def _deepspeed_ops_needed(recipe: Recipe | None) -> set[str]:
+    if recipe is None or recipe.memory.distributed != "deepspeed":
+        return set()
+    mem = recipe.memory
+    ops = set()
+    if "cpu" in (mem.offload_optimizer, mem.offload_params):
+        ops.add("cpu_adam")
+    if "nvme" in (mem.offload_optimizer, mem.offload_params):
+        ops |= {"cpu_adam", "async_io"}
+    if recipe.uses_gpu and mem.offload_optimizer == "none":
+        ops.add("fused_adam")
+    return ops
+
+
+def check_deepspeed(recipe: Recipe | None) -> Check:
+    """ds_report in one line: which ops this machine can build, and whether the recipe's ones are among them."""
+    needs_deepspeed = recipe is not None and recipe.memory.distributed == "deepspeed"
+    try:
+        with _quiet():
+            import deepspeed
+            from deepspeed.git_version_info import installed_ops
+            from deepspeed.ops.op_builder.all_ops import ALL_OPS
+            compatible = {name for name, builder in ALL_OPS.items() if builder.is_compatible(verbose=False)}
+    except Exception as exc:
+        return Check("deepspeed", "fail" if needs_deepspeed else "warn", f"cannot import: {exc}".splitlines()[0],
+                     "pip install deepspeed (needed for distributed: deepspeed)")
+    prebuilt = {name for name, built in installed_ops.items() if built}
+    needed = _deepspeed_ops_needed(recipe)
+    detail = f"{deepspeed.__version__}: {len(compatible)}/{len(ALL_OPS)} ops compatible, {len(prebuilt)} prebuilt"
+    unavailable = sorted(needed - compatible)
+    if unavailable:
+        return Check("deepspeed", "fail", f"{detail}; the recipe needs {', '.join(unavailable)}, which cannot build here",
+                     "run ds_report for the reason (usually a missing CUDA toolkit or libaio-dev for async_io)")
+    jit = sorted(needed - prebuilt)
+    if jit and not (shutil.which("ninja") or importlib.util.find_spec("ninja")):
+        return Check("deepspeed", "fail", f"{detail}; {', '.join(jit)} must be compiled at first use and ninja is missing",
+                     "pip install ninja (and have a C++ compiler), or prebuild: DS_BUILD_OPS=1 pip install deepspeed")
+    incompatible = sorted(set(ALL_OPS) - compatible)
+    if incompatible:
+        detail += f" (not here: {', '.join(incompatible)})"
+    return Check("deepspeed", "ok", detail)
+
+
+def check_nccl(recipe: Recipe | None) -> Check:
+    import torch
+    import torch.distributed as dist
+
+    multi_gpu = recipe is not None and recipe.uses_gpu and recipe.world_size > 1
+    if not torch.cuda.is_available() or not dist.is_available() or not dist.is_nccl_available():
+        status: Status = "fail" if multi_gpu else "warn"
+        return Check("nccl", status, "NCCL not available (multi-GPU runs need it; CPU runs use gloo)",
+                     "install a CUDA build of torch on a machine with NVIDIA GPUs")
+    version = ".".join(map(str, torch.cuda.nccl.version()))
+    return Check("nccl", "ok", f"NCCL {version}")
+
+
+def accelerate_default_config() -> Path | None:
+    """The config plain ``accelerate launch`` reads when given none (``accelerate config`` writes it).
+
+    Accelerate resolves this once at import (accelerate/commands/config/config_args.py); it is
+    resolved here from the environment at call time so the answer matches what a launch would see.
+    """
+    cache = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    directory = Path(cache).expanduser() / "accelerate"
+    for name in ("default_config.yaml", "default_config.json"):
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
+def check_accelerate_config(recipe: Recipe | None) -> Check:
+    leftovers = accelerate_default_config()
+    env = sorted(name for name in os.environ if name.startswith("ACCELERATE_"))
+    if env:
+        return Check("accelerate", "warn", f"environment sets {', '.join(env)}, which can change how ranks start",
+                     f"unset {' '.join(env)} unless you mean it")
+    if leftovers:
+        return Check("accelerate", "warn",
+                     f"a default config exists at {leftovers}; tuner passes --config_file, but any plain "
+                     "`accelerate launch` (and tools that call it) will silently use it",
+                     f"remove it if it is a leftover: rm {leftovers}")
+    return Check("accelerate", "ok", "no default config or ACCELERATE_* variables to interfere")
+
+
+def _existing_parent(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _writable(directory: Path) -> str | None:
+    """None when a file can be created in ``directory`` (root ignores mode bits, so try it); else why not."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".tuner-doctor-"):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def _disk_paths(recipe: Recipe | None) -> dict[str, Path]:
+    if recipe is None:
+        return {"output": Path("runs")}
+    paths = {"output": Path(recipe.output.dir)}
+    if recipe.hardware.nvme_path and "nvme" in (recipe.memory.offload_optimizer, recipe.memory.offload_params):
+        paths["nvme offload"] = Path(recipe.hardware.nvme_path)
+    if recipe.inference.offload_folder:
+        paths["inference offload"] = Path(recipe.inference.offload_folder)
+    return paths
+
+
+def check_disk(recipe: Recipe | None) -> Check:
+    problems, fixes, found = [], [], []
+    for role, path in _disk_paths(recipe).items():
+        where = _existing_parent(path)
+        why = _writable(where)
+        if why:
+            problems.append(f"{role} {path}: cannot write in {where} ({why})")
+            fixes.append(f"choose a writable {role} directory")
+            continue
+        free = shutil.disk_usage(where).free / GIB
+        found.append(f"{role} {path}: {free:.0f} GiB free")
+        if free < MIN_FREE_DISK_GIB:
+            problems.append(f"{role} {path}: only {free:.1f} GiB free")
+            fixes.append(f"free space or move {role} (checkpoints need room)")
+    if problems:
+        status: Status = "fail" if recipe is not None else "warn"
+        return Check("disk", status, "; ".join(problems), "; ".join(fixes))
+    return Check("disk", "ok", "; ".join(found))
+
+
+def planned_host_ram_gib(recipe: Recipe) -> float | None:
+    """Host RAM the memory plan needs (offload, loading), or None while the planner is not available."""
+    try:
+        from tuner.planner import plan
+    except ImportError:
+        return None
+    return float(plan(recipe).host_ram_gib)
+
+
+def check_host_ram(recipe: Recipe | None) -> Check:
+    import psutil
+
+    memory = psutil.virtual_memory()
+    total, available = memory.total / GIB, memory.available / GIB
+    detail = f"{total:.0f} GiB total, {available:.0f} GiB available"
+    if recipe is None:
+        return Check("host RAM", "ok", detail)
+    declared = recipe.hardware.host_ram_gb
+    try:
+        needed = planned_host_ram_gib(recipe)
+    except Exception as exc:  # the planner refuses a recipe that cannot fit: `tuner plan` explains why
+        return Check("host RAM", "warn", f"{detail}; no memory plan: {exc}".splitlines()[0], "run tuner plan RECIPE")
+    if needed is None:
+        detail += " (no memory plan to compare with yet)"
+    elif needed > total:
+        return Check("host RAM", "fail", f"{detail}; the plan needs {needed:.0f} GiB",
+                     "offload less (memory.offload_optimizer/offload_params), or use nvme offload")
+    elif needed > available:
+        return Check("host RAM", "warn", f"{detail}; the plan needs {needed:.0f} GiB",
+                     "stop other processes using memory before the run")
+    else:
+        detail += f"; the plan needs {needed:.0f} GiB"
+    if declared is not None and declared > total + 1:
+        return Check("host RAM", "warn", f"{detail}; hardware.host_ram_gb says {declared:g} GiB",
+                     f"set hardware.host_ram_gb: {total:.0f} so the plan is made for this machine")
+    return Check("host RAM", "ok", detail)
+
+
+CHECKS: tuple[Callable[[Recipe | None], Check], ...] = (
+    check_torch, check_gpus, check_bf16, check_bitsandbytes, check_flash_attn, check_liger,
+    check_deepspeed, check_nccl, check_accelerate_config, check_disk, check_host_ram,
+)
+
+
+def run_checks(recipe: Recipe | None = None,
+               checks: tuple[Callable[[Recipe | None], Check], ...] = CHECKS) -> list[Check]:
+    """Every check, in order; a check that raises is itself a failed check naming the error."""
+    results = []
+    for check in checks:
+        name = check.__name__.removeprefix("check_").replace("_", " ")
+        try:
+            results.append(check(recipe))
+        except Exception as exc:
+            results.append(Check(name, "fail", f"the check itself failed: {type(exc).__name__}: {exc}".splitlines()[0],
+                                 "report this with the output of `tuner doctor`"))
+    return results
