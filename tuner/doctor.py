@@ -348,9 +348,38 @@ def check_host_ram(recipe: Recipe | None) -> Check:
     return Check("host RAM", "ok", detail)
 
 
+def check_model(recipe: Recipe | None) -> Check:
+    """The recipe's model is on disk (or in the hub cache) before any process starts loading it."""
+    if recipe is None:
+        return Check("model", "ok", "no recipe given")
+    from tuner.builtin.model import is_builtin
+    from tuner.loading.model import ModelLoadError, resolve_model_path
+
+    model_id = recipe.model.id
+    try:
+        source = resolve_model_path(model_id) if not is_builtin(model_id) else None
+    except ModelLoadError as exc:
+        return Check("model", "fail", str(exc), "fix model.id")
+    if is_builtin(model_id):
+        return Check("model", "ok", f"{model_id} (built locally on first use)")
+    if Path(source).is_dir():
+        return Check("model", "ok", f"{model_id}: local directory with config.json")
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(model_id, "config.json", revision=recipe.model.revision)
+    if isinstance(cached, str):
+        return Check("model", "ok", f"{model_id}: in the local Hugging Face cache")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if offline:
+        return Check("model", "fail", f"{model_id}: not in the local cache and HF_HUB_OFFLINE is set",
+                     f"hf download {model_id} where there is network, or point model.id at a local directory")
+    return Check("model", "warn", f"{model_id}: not cached yet; every machine will download it at start",
+                 f"hf download {model_id} first, so a slow download does not hold the GPUs")
+
+
 CHECKS: tuple[Callable[[Recipe | None], Check], ...] = (
     check_torch, check_gpus, check_bf16, check_bitsandbytes, check_flash_attn, check_liger,
-    check_deepspeed, check_nccl, check_accelerate_config, check_disk, check_host_ram,
+    check_deepspeed, check_nccl, check_accelerate_config, check_model, check_disk, check_host_ram,
 )
 
 

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 from pathlib import Path
 
 from tuner.builtin.model import builtin_model_path, is_builtin
 from tuner.recipe.schema import Recipe
 
 log = logging.getLogger("tuner")
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # 'name' or 'org/name'
 
 
 class ModelLoadError(Exception):
@@ -29,7 +33,25 @@ def resolve_model_path(model_id: str) -> str:
             raise ModelLoadError(f"model.id: {model_id}: the directory has no config.json; point at a saved "
                                  "Hugging Face model (the folder save_pretrained wrote).")
         return str(path)
+    if not HUB_ID.match(model_id):
+        raise ModelLoadError(f"model.id: {model_id}: no such directory, and not a hub id (org/name); give the folder "
+                             "save_pretrained wrote, or a hub id such as Qwen/Qwen2.5-0.5B.")
     return model_id
+
+
+def cannot_load(model_id: str, exc: Exception) -> ModelLoadError:
+    """One paragraph for a model that did not load: offline and not cached is the common case on GPU nodes."""
+    import os
+
+    reason = " ".join(str(exc).split())  # transformers' messages span lines
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return ModelLoadError(
+            f"model.id: {model_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so it cannot "
+            f"be downloaded. Download it where there is network (hf download {model_id}) into this "
+            f"machine's cache, or point model.id at a local directory. ({reason})")
+    return ModelLoadError(
+        f"model.id: cannot load {model_id!r}: {reason} Check the id (org/name) and model.revision, log in for "
+        "gated models (hf auth login), or point model.id at a local directory.")
 
 
 def torch_dtype(name: str):
@@ -60,8 +82,11 @@ def load_tokenizer(recipe: Recipe, path: str | None = None):
     from transformers import AutoTokenizer
 
     source = path or resolve_model_path(recipe.model.id)
-    tokenizer = AutoTokenizer.from_pretrained(
-        source, revision=recipe.model.revision, trust_remote_code=recipe.model.trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            source, revision=recipe.model.revision, trust_remote_code=recipe.model.trust_remote_code)
+    except OSError as exc:
+        raise cannot_load(recipe.model.id, exc) from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -106,10 +131,7 @@ def load_model(recipe: Recipe, path: str | None = None, **kwargs):
             **kwargs,
         )
     except OSError as exc:
-        raise ModelLoadError(
-            f"model.id: cannot load {recipe.model.id!r}: {exc}. Offline, a hub model loads only from the local "
-            "cache; download it first or point model.id at a local directory."
-        ) from None
+        raise cannot_load(recipe.model.id, exc) from None
 
 
 def apply_lora(model, recipe: Recipe):
