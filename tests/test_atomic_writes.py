@@ -163,3 +163,24 @@ def test_every_file_tuner_writes_goes_through_fileio() -> None:
             if WRITES.search(code) and not (relative in APPEND_ONLY and re.search(r"[\"']a[\"']", code)):
                 offenders.append(f"{relative}:{number}: {line.strip()}")
     assert offenders == [], "write these with tuner.fileio.atomic_write_text:\n" + "\n".join(offenders)
+
+
+# -- a full or foreign disk is a message, not a traceback ------------------------------------------------------
+
+def test_disk_full_during_render_is_one_line_with_advice(tmp_path, monkeypatch, capsys) -> None:
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    code, err = cli("render", "demo", "-o", str(tmp_path / "run"), capsys=capsys)
+    assert code == 1
+    assert re.fullmatch(rf"error: {re.escape(str(tmp_path / 'run'))}/\S+: No space left on device; free some space, "
+                        r"or point output.dir at a disk with room\.\n", err), err
+    assert not list((tmp_path / "run").glob(".*.tmp")) if (tmp_path / "run").exists() else True
+
+
+def test_unwritable_destination_names_the_file_not_its_temporary(capsys) -> None:
+    code, err = cli("recipes", "cp", "demo", "/proc/tuner-test.yaml", capsys=capsys)  # /proc refuses even root
+    assert code == 1 and err.startswith("error: /proc/tuner-test.yaml: ") and ".tmp" not in err
+    code, err = cli("render", "demo", "-o", "/proc/tuner-test/run", capsys=capsys)
+    assert code == 1 and err.startswith("error: /proc/tuner-test") and "Traceback" not in err

@@ -15,6 +15,7 @@ from tuner import __version__
 COMMANDS = ("validate", "recipes", "plan", "render", "run", "demo", "data", "merge", "infer", "chat", "doctor")
 
 EXIT_USAGE = 2
+EXIT_ENVIRONMENT = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     except user_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:  # disk full, read-only or foreign directory: the machine, not the recipe
+        from tuner.fileio import os_error_message
+
+        print(f"error: {os_error_message(exc)}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -4,6 +4,7 @@ A crash between the two leaves the old file (or nothing), never half a file.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -40,6 +41,16 @@ def _sync_directory(directory: Path) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> Path:
     path = Path(path)
+    try:
+        return _write_then_rename(path, text, mode)
+    except OSError as exc:
+        if exc.filename and Path(exc.filename).name.startswith(f".{path.name}."):
+            # name the file the user asked for, not the temporary one
+            raise type(exc)(exc.errno, exc.strerror, str(path)) from exc
+        raise
+
+
+def _write_then_rename(path: Path, text: str, mode: int | None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -77,3 +88,19 @@ def atomic_write_directory(directory: str | os.PathLike, files: dict[str, str],
         raise
     _sync_directory(directory.parent)
     return directory
+
+
+_OS_ERROR_ADVICE = {
+    errno.ENOSPC: "free some space, or point output.dir at a disk with room",
+    errno.EDQUOT: "your disk quota is full: free some space, or point output.dir elsewhere",
+    errno.EROFS: "the filesystem is read-only: point output.dir at a writable directory",
+    errno.EACCES: "you may not write there: point output.dir at a directory you own",
+    errno.EPERM: "you may not write there: point output.dir at a directory you own",
+}
+
+
+def os_error_message(exc: OSError) -> str:
+    """A filesystem failure (disk full, read-only, no permission) as one line that says what to do."""
+    where = f"{exc.filename}: " if exc.filename else ""
+    advice = _OS_ERROR_ADVICE.get(exc.errno or 0)
+    return f"{where}{exc.strerror or exc}" + (f"; {advice}." if advice else ".")
