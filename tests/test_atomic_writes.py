@@ -176,7 +176,7 @@ def test_disk_full_during_render_is_one_line_with_advice(tmp_path, monkeypatch, 
     assert code == 1
     assert re.fullmatch(rf"error: {re.escape(str(tmp_path / 'run'))}/\S+: No space left on device; free some space, "
                         r"or point output.dir at a disk with room\.\n", err), err
-    assert not list((tmp_path / "run").glob(".*.tmp")) if (tmp_path / "run").exists() else True
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob(".*.tmp"))
 
 
 def test_unwritable_destination_names_the_file_not_its_temporary(capsys) -> None:

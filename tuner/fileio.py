@@ -44,8 +44,8 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = Non
     try:
         return _write_then_rename(path, text, mode)
     except OSError as exc:
-        if exc.filename and Path(exc.filename).name.startswith(f".{path.name}."):
-            # name the file the user asked for, not the temporary one
+        if exc.errno and (not exc.filename or Path(exc.filename).name.startswith(f".{path.name}.")):
+            # name the file the user asked for, not the temporary one (write and fsync name none)
             raise type(exc)(exc.errno, exc.strerror, str(path)) from exc
         raise
 
