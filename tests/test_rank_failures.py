@@ -1,0 +1,79 @@
+"""A rank that dies is named, with how it died and the last lines it printed."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tuner.launch.failures import describe_failure, lines_of_rank, rank_failures
+
+DYING_RANK = textwrap.dedent("""
+    import os, signal, time
+    rank = int(os.environ["RANK"])
+    print(f"rank {rank} step 1 loss 2.0", flush=True)
+    if rank == 1:
+        print("rank 1 last words", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+""")
+
+
+@pytest.mark.slow
+def test_a_rank_killed_with_sigkill_is_named_with_its_last_lines(tmp_path) -> None:
+    """Real torchrun (what accelerate launch runs for several processes), two CPU ranks, rank 1 killed."""
+    script = tmp_path / "train.py"
+    script.write_text(DYING_RANK)
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--tee", "3", str(script)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert result.returncode != 0
+    lines = (result.stdout + result.stderr).splitlines()
+    root = rank_failures(lines)[0]
+    assert (root.rank, root.exit_code, root.signal_name, root.root_cause) == (1, -9, "SIGKILL", True)
+    message = describe_failure(lines, result.returncode)
+    assert message[0].startswith("rank 1 (local rank 1") and "killed by SIGKILL" in message[0]
+    assert "out-of-memory killer" in message[0]
+    assert message[-1] == "  rank 1 last words"
+    assert not any("rank 0" in line for line in message[message.index("last lines of rank 1:"):])
+
+
+SUMMARY = """\
+[default0]:Traceback (most recent call last):
+[default0]:ValueError: bad batch
+[default1]:step 3
+E1130 00:07:18.727000 1 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0
+=======================================================
+train.py FAILED
+-------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+-------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_00:07:18
+  host      : node-a
+  rank      : 8 (local_rank: 0)
+  exitcode  : 1 (pid: 22371)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+=======================================================
+"""
+
+
+def test_a_python_error_on_another_node_names_global_rank_and_host() -> None:
+    lines = SUMMARY.splitlines()
+    failures = rank_failures(lines)
+    assert len(failures) == 1 and failures[0].rank == 8 and failures[0].root_cause
+    message = describe_failure(lines, 1)
+    assert message[0] == "rank 8 (local rank 0 on node-a) exited with code 1."
+    assert message[1:] == ["last lines of rank 8:", "  Traceback (most recent call last):", "  ValueError: bad batch"]
+    assert lines_of_rank(lines, 1) == ["step 3"]
+
+
+def test_a_single_process_killed_without_a_launcher_summary() -> None:
+    message = describe_failure(["loading model", "step 10 loss 1.2"], -9)
+    assert message[0].startswith("training was killed by SIGKILL")
+    assert message[-2:] == ["  loading model", "  step 10 loss 1.2"]

@@ -1,0 +1,125 @@
+"""Why a launch failed: which rank died, how, and its last log lines, read from the launch's own output.
+
+torchrun (under ``accelerate launch``) ends a failed run with a ChildFailedError summary naming each
+rank's exit code and the "Root Cause (first observed failure)"; with ``--tee 3`` every line a rank
+prints is prefixed ``[<role><local rank>]:``.  Pure: text in, lines for the user out.
+"""
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+from typing import Iterable
+
+_ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
+_FIELD = re.compile(r"^\s*(\w+)\s*:\s*(.*)$")
+_RANK = re.compile(r"^(\d+) \(local_rank: (\d+)\)")
+_EXIT = re.compile(r"^(-?\d+)")
+_RANK_PREFIX = re.compile(r"^\[[A-Za-z_]+(\d+)\]:")
+_LAUNCHER = re.compile(r"torch/distributed/elastic/|ChildFailedError|^Traceback \(most recent call last\)")
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int
+    local_rank: int
+    exit_code: int
+    host: str = ""
+    root_cause: bool = False
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.exit_code >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exit_code).name
+        except ValueError:
+            return f"signal {-self.exit_code}"
+
+    def how(self) -> str:
+        """What happened to the rank, and the usual reason."""
+        name = self.signal_name
+        if name is None:
+            return f"exited with code {self.exit_code}"
+        reason = {
+            "SIGKILL": "usually the kernel's out-of-memory killer (check host RAM and `dmesg`) or a job scheduler",
+            "SIGSEGV": "a crash in native code, often a kernel built for another torch/CUDA (run `tuner doctor`)",
+            "SIGBUS": "shared memory ran out (a container's /dev/shm is often too small)",
+            "SIGABRT": "an abort in native code (NCCL or CUDA errors usually print above)",
+            "SIGTERM": "stopped from outside, or by the launcher after another rank failed",
+        }.get(name, "")
+        return f"was killed by {name}" + (f": {reason}" if reason else "")
+
+
+def rank_failures(lines: Iterable[str]) -> list[RankFailure]:
+    """Every failed rank in torchrun's summary, the root cause first."""
+    failures: list[RankFailure] = []
+    section: str | None = None  # "failures" or "root" while inside those parts of the summary
+    entry: dict[str, str] | None = None
+
+    def close() -> None:
+        if entry and section:
+            rank, exit_code = _RANK.match(entry.get("rank", "")), _EXIT.match(entry.get("exitcode", ""))
+            if rank and exit_code:
+                failures.append(RankFailure(int(rank[1]), int(rank[2]), int(exit_code[1]), entry.get("host", ""),
+                                            root_cause=section == "root"))
+
+    for line in lines:
+        text = line.strip()
+        if text.startswith(("Failures:", "Root Cause")) or (text and set(text) <= set("=-")):
+            close()
+            entry = None
+            if text.startswith("Failures:"):
+                section = "failures"
+            elif text.startswith("Root Cause"):
+                section = "root"
+            elif text.startswith("="):
+                section = None
+        elif section and _ENTRY.match(line):
+            close()
+            entry = {}
+        elif entry is not None and (match := _FIELD.match(line)):
+            entry[match[1]] = match[2].strip()
+    close()
+    return sorted(failures, key=lambda failure: (not failure.root_cause, failure.rank))
+
+
+def lines_of_rank(lines: Iterable[str], local_rank: int) -> list[str]:
+    """What one rank printed, from a log whose lines carry torchrun's ``[role<N>]:`` prefix."""
+    found = []
+    for line in lines:
+        match = _RANK_PREFIX.match(line)
+        if match and int(match[1]) == local_rank and line[match.end():].strip():
+            found.append(line[match.end():].rstrip("\n"))
+    return found
+
+
+def _before_launcher(lines: list[str]) -> list[str]:
+    """The ranks' own output: everything before the launcher starts reporting the failure."""
+    for index, line in enumerate(lines):
+        if _LAUNCHER.search(line):
+            return lines[:index]
+    return lines
+
+
+def describe_failure(lines: list[str], exit_code: int, last: int = 15) -> list[str]:
+    """Lines for the user: the rank that died first, how, and the last lines it printed."""
+    failures = rank_failures(lines)
+    if not failures:
+        how = RankFailure(0, 0, exit_code).how() if exit_code < 0 else f"exited with code {exit_code}"
+        tail = [line.rstrip("\n") for line in lines[-last:]]
+        return [f"training {how}; last lines of the log:", *(f"  {line}" for line in tail)]
+    first = failures[0]
+    where = f" on {first.host}" if first.host else ""
+    message = [f"rank {first.rank} (local rank {first.local_rank}{where}) {first.how()}."]
+    others = [f"rank {f.rank}" for f in failures[1:]]
+    if others:
+        message.append(f"then the launcher stopped {', '.join(others)}.")
+    own = lines_of_rank(lines, first.local_rank)
+    if own:
+        message.append(f"last lines of rank {first.rank}:")
+    else:
+        own = [line.rstrip("\n") for line in _before_launcher(lines) if line.strip()]
+        message.append("last lines of the log (ranks not told apart: launch with --tee 3 to prefix them):")
+    message.extend(f"  {line}" for line in own[-last:])
+    return message
