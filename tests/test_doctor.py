@@ -118,3 +118,22 @@ def test_json_output_is_one_object_per_check(capsys) -> None:
 def test_gpu_machine_reports_its_gpus() -> None:
     result = check_gpus(validate_recipe({"hardware": {"gpus_per_machine": 1, "gpu": "24GB"}}))
     assert result.status == "ok" and "GiB" in result.detail
+
+
+def test_host_ram_is_checked_against_the_plans_offload() -> None:
+    pytest.importorskip("tuner.planner")
+    import psutil
+
+    from tuner.doctor import check_host_ram
+    from tuner.planner import plan
+
+    offloaded = validate_recipe({
+        "model": {"id": "meta-llama/Llama-3.1-70B"},
+        "hardware": {"gpus_per_machine": 8, "gpu": "A100-80GB"},
+        "memory": {"distributed": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu"},
+    })
+    needed = plan(offloaded).host_ram_gib
+    result = check_host_ram(offloaded)
+    if needed > psutil.virtual_memory().total / 2**30:
+        assert result.status == "fail" and f"the plan needs {needed:.0f} GiB" in result.detail and "offload" in result.fix
+    assert check_host_ram(validate_recipe({})).status == "ok"
