@@ -36,7 +36,8 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
 )
 FUZZ = settings.get_profile("tuner-fuzz")
-CASES: Counter[str] = Counter()
+CASES: Counter[str] = Counter()  # cases tried, per property
+REACHED: Counter[str] = Counter()  # how deep the well-typed ones got
 SECTIONS = tuple(Recipe.model_fields)
 
 
@@ -125,6 +126,56 @@ def mutated_recipes(draw) -> tuple[dict, list[tuple[str, ...]]]:
     for path in paths:
         _set_path(data, path, draw(VALUES))
     return data, paths
+
+
+def _typed_values(annotation, metadata) -> st.SearchStrategy:
+    """Values a field's type accepts (bounds included), so recipes get past type checks into the cross-field
+    rules, the planner and the renderers."""
+    import types
+    import typing
+
+    bounds = {name: getattr(item, name) for item in metadata for name in ("ge", "gt", "le", "lt") if hasattr(item, name)}
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return st.one_of(*(_typed_values(arg, metadata) for arg in typing.get_args(annotation)))
+    if origin is typing.Literal:
+        return st.sampled_from(typing.get_args(annotation))
+    if annotation is type(None):
+        return st.none()
+    if annotation is bool:
+        return st.booleans()
+    if annotation is int:
+        low = bounds.get("ge", bounds.get("gt", -1) + 1) if ("ge" in bounds or "gt" in bounds) else -(2**40)
+        high = bounds.get("le", 2**40)
+        return st.one_of(st.integers(low, min(high, low + 8)), st.integers(low, high))
+    if annotation is float:
+        low, high = bounds.get("ge", bounds.get("gt", -1e9)), bounds.get("le", bounds.get("lt", 1e9))
+        return st.floats(low, high, exclude_min="gt" in bounds, exclude_max="lt" in bounds, allow_nan=False)
+    if origin is list:
+        return st.lists(st.sampled_from(["q_proj", "v_proj", "o_proj", "gate_proj", "lm_head"]), min_size=1, max_size=3)
+    return NASTY_TEXT
+
+
+def _field_info(path: tuple[str, ...]):
+    import typing
+
+    model = Recipe
+    for part in path[:-1]:
+        annotation = model.model_fields[part].annotation
+        model = next(arg for arg in (annotation, *typing.get_args(annotation)) if isinstance(arg, type) and issubclass(arg, BaseModel))
+    return model.model_fields[path[-1]]
+
+
+@st.composite
+def well_typed_recipes(draw) -> dict:
+    """The resolved demo recipe with up to eight fields set to values of the right type and range."""
+    import copy
+
+    data = copy.deepcopy(RESOLVED_DEMO)
+    for path in draw(st.lists(st.sampled_from(FIELD_PATHS), min_size=1, max_size=8, unique=True)):
+        info = _field_info(path)
+        _set_path(data, path, draw(_typed_values(info.annotation, info.metadata)))
+    return data
 
 
 def _anchor_bomb(depth: int, width: int) -> str:
@@ -225,6 +276,34 @@ def test_render_leaves_no_run_directory_for_a_bad_recipe(data) -> None:
             assert sorted(p.name for p in run_dir.iterdir()) == ["accelerate.yaml", "launch.sh", "recipe.lock.yaml"]
 
 
+PLAN_MODELS = st.sampled_from(["builtin:demo", "meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-0.5B", "acme/unknown-7b"])
+
+
+@FUZZ
+@given(recipe=well_typed_recipes(), model=PLAN_MODELS, advise=st.sampled_from([False, False, False, True]))
+def test_well_typed_recipes_validate_plan_and_render_or_name_a_field(recipe, model, advise) -> None:
+    """Right types in random combinations reach the cross-field rules, the planner and the renderers:
+    each says no with a field and a line, or works (plan exit 1 = does not fit)."""
+    pytest.importorskip("tuner.planner")
+    CASES["well-typed: validate, plan, render"] += 1
+    recipe.setdefault("model", {})
+    if isinstance(recipe["model"], dict):
+        recipe["model"]["id"] = model
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "recipe.yaml"
+        path.write_text(yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True), encoding="utf-8")
+        code, _, err = run_cli("validate", "-q", str(path))
+        assert_clean(code, err, rf"{re.escape(str(path))}:\d+: ({'|'.join(SECTIONS)})\b")
+        if code != 0:
+            return
+        REACHED["valid, then planned and rendered"] += 1
+        code, _, err = run_cli("plan", str(path), "--json", *(["--advise"] if advise else []))
+        assert code in (0, 1, 2), err  # 2: a model without architecture facts offline, named by model.id
+        assert_clean(0 if code == 1 else code, err, "model.id: " if code == 2 else None)
+        code, _, err = run_cli("render", str(path), "-o", str(Path(tmp) / "run"))
+        assert code == 0, err
+
+
 # -- the real process, for a handful of the worst ---------------------------------------------------------------
 
 SUBPROCESS_CASES = {
@@ -254,7 +333,7 @@ def test_zz_report_case_count(request, capsys) -> None:
     total = sum(CASES.values())
     if not total:
         pytest.skip("run with the fuzz tests to count their cases")
-    request.config.cache.set("tuner/fuzz", {"total": total, **CASES})
+    request.config.cache.set("tuner/fuzz", {"total": total, **CASES, **REACHED})
     with capsys.disabled():
-        print(f"\nfuzz cases tried: {total} ({', '.join(f'{k}: {v}' for k, v in CASES.items())})")
-    assert total >= 4 * EXAMPLES
+        print(f"\nfuzz cases tried: {total} ({', '.join(f'{k}: {v}' for k, v in (CASES + REACHED).items())})")
+    assert total >= 5 * EXAMPLES
