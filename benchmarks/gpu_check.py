@@ -151,9 +151,11 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
         step_s = statistics.median(timer.seconds[1:])
         tokens_per_s = cell.tokens_per_step / step_s
         mfu = 100 * 6 * params * tokens_per_s / (gpu.peak_bf16_tflops * 1e12) if gpu.peak_bf16_tflops else None
+        free, total = torch.cuda.mem_get_info()
         return Result(status=OK, step_s=step_s, tokens_per_s=tokens_per_s, mfu_pct=mfu,
                       max_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
-                      max_reserved_gib=torch.cuda.max_memory_reserved() / GIB, **measured)
+                      max_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
+                      context_gib=(total - free - torch.cuda.memory_reserved()) / GIB, **measured)
     except torch.OutOfMemoryError:
         return Result(status=OOM, **measured)
     except Exception as exc:  # one broken cell must not cost the others; the traceback goes to the log
@@ -200,6 +202,8 @@ class Run:
         return self.results
 
     def measure_model(self, model_id: str, cells: list[Cell]) -> None:
+        from tuner.loading.model import load_model
+
         if time.monotonic() > self.deadline:
             for cell in cells:
                 self.record(cell, "not run: time budget")
@@ -215,19 +219,17 @@ class Run:
             for cell in quantized:
                 self.record(cell, "skipped: bitsandbytes is not installed", params)
             return
-        model = self.reload_quantized(model, build_recipe(quantized[0], self.gpu.catalog, self.gpu.memory_gib))
-        self.run_cells(model, quantized, params)
-
-    def reload_quantized(self, model, recipe):
-        """Save the random weights and load them back 4-bit through tuner's own loader, as a QLoRA run does."""
-        from tuner.loading.model import load_model
-
-        self.log("saving the random weights to load them 4-bit")
-        with tempfile.TemporaryDirectory(dir=self.workdir) as saved:
+        if time.monotonic() > self.deadline:
+            for cell in quantized:
+                self.record(cell, "not run: time budget", params)
+            return
+        with tempfile.TemporaryDirectory(dir=self.workdir) as saved:  # QLoRA loads 4-bit through tuner's loader
+            self.log("saving the random weights to load them back 4-bit")
             model.save_pretrained(saved)
             del model
             free_memory()
-            return load_model(recipe, path=saved)
+            model = load_model(build_recipe(quantized[0], self.gpu.catalog, self.gpu.memory_gib), path=saved)
+        self.run_cells(model, quantized, params)
 
     def run_cells(self, model, cells: list[Cell], params: int) -> None:
         for cell in cells:
@@ -238,7 +240,8 @@ class Run:
             result = run_cell(model, cell, self.gpu, params, self.workdir)
             self.results.append(result)
             numbers = (f", {result.max_allocated_gib:.2f} GiB allocated, {result.max_reserved_gib:.2f} reserved, "
-                       f"{result.tokens_per_s:.0f} tokens/s" if result.max_reserved_gib is not None else "")
+                       f"{result.context_gib:.2f} context, {result.tokens_per_s:.0f} tokens/s"
+                       if result.max_reserved_gib is not None else "")
             self.log(f"{cell.label}: {result.status}{numbers} ({time.monotonic() - began:.1f}s)")
 
 

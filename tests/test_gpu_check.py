@@ -11,7 +11,7 @@ import pytest
 from benchmarks.gpu_check import free_stem, main
 from benchmarks.gpu_matrix import (METHODS, MODELS, Cell, build_recipe, catalog_gpu, estimate_seconds, full_matrix,
                                    quick_matrix)
-from benchmarks.gpu_report import (Prediction, add_predictions, read_results, results_csv, results_markdown,
+from benchmarks.gpu_report import (MARKDOWN_HEADER, Prediction, add_predictions, read_results, results_csv, results_markdown,
                                    results_stem, summarize, summary_text)
 from tuner.catalog.gpus import GPUS
 from tuner.recipe.checks import find_problems
@@ -91,20 +91,20 @@ def test_csv_round_trips_exactly():
 def test_summary_numbers_of_the_recorded_sample():
     summary = summarize(read_results(SAMPLE))
     assert (summary.cells, summary.ran, summary.oom, summary.compared) == (9, 6, 2, 6)
-    # |errors| 0.4 0.6 0.9 1.0 1.0 6.0 GiB; 2.381 3.974 4.444 4.500 5.882 11.765 %
+    # against reserved + 0.5 GiB context: |errors| 0.4 0.6 0.9 1.0 1.0 6.0 GiB; 2.353 3.846 4.390 4.428 5.714 10.256 %
     assert summary.median_abs_error_gib == pytest.approx(0.95)
-    assert summary.median_abs_error_pct == pytest.approx((6 / 135 * 100 + 4.5) / 2)
+    assert summary.median_abs_error_pct == pytest.approx((0.9 / 20.5 * 100 + 6 / 135.5 * 100) / 2)
     assert summary.worst_gib == ("Llama-3.1-8B full no-gc s2048 eager mb1", pytest.approx(6.0))
-    assert summary.worst_pct == ("Qwen2.5-0.5B lora gc s2048 sdpa mb4", pytest.approx(0.4 / 3.4 * 100))
+    assert summary.worst_pct == ("Qwen2.5-0.5B lora gc s2048 sdpa mb4", pytest.approx(0.4 / 3.9 * 100))
     assert summary.beyond_tolerance == ("Qwen2.5-0.5B lora gc s2048 sdpa mb4",)
     assert summary.predicted_fit_but_oom == ("Llama-3.1-8B full no-gc s2048 sdpa mb4",)
     assert summary.predicted_oom_but_ran == ("Llama-3.1-8B full no-gc s2048 eager mb1",)
     assert summary_text(summary, "torch 2.11") == "\n".join([
         "9 cells: 6 ran, 2 OOM, 1 not measured",
         "torch 2.11",
-        "prediction vs max_memory_reserved over 6 cells: median |error| 0.95 GiB (4.5%)",
+        "prediction vs device peak (max reserved + context) over 6 cells: median |error| 0.95 GiB (4.4%)",
         "worst in GiB: +6.00 GiB (Llama-3.1-8B full no-gc s2048 eager mb1)",
-        "worst in %: +11.8% (Qwen2.5-0.5B lora gc s2048 sdpa mb4)",
+        "worst in %: +10.3% (Qwen2.5-0.5B lora gc s2048 sdpa mb4)",
         "off by more than 10%: 1: Qwen2.5-0.5B lora gc s2048 sdpa mb4",
         "predicted to fit but OOM: 1: Llama-3.1-8B full no-gc s2048 sdpa mb4",
         "predicted not to fit but ran: 1: Llama-3.1-8B full no-gc s2048 eager mb1",
@@ -118,13 +118,13 @@ def test_markdown_table_rows():
     assert lines[6].startswith("| model | method | ckpt | seq | attn | mb | status | alloc GiB | reserved GiB |")
     rows = lines[8:]
     assert len(rows) == len(results)
-    assert rows[0] == ("| Llama-3.1-8B | full | no | 2048 | eager | 1 | ok | 128.40 | 135.00 | 141.00 | +6.00 | +4.4 "
-                       "| does_not_fit | 3346 | 16.3 |")
-    assert rows[2] == "| Llama-3.1-8B | full | no | 2048 | sdpa | 4 | OOM |  |  | 120.00 |  |  | fits |  |  |"
-    assert rows[4] == ("| Llama-3.1-8B | qlora | yes | 512 | sdpa | 1 | skipped: bitsandbytes is not installed |  |  "
+    assert rows[0] == ("| Llama-3.1-8B | full | no | 2048 | eager | 1 | ok | 128.40 | 135.00 | 135.50 | 141.50 | +6.00 "
+                       "| +4.4 | does not fit | 3346 | 16.3 |")
+    assert rows[2] == "| Llama-3.1-8B | full | no | 2048 | sdpa | 4 | OOM |  |  |  | 120.00 |  |  | fits |  |  |"
+    assert rows[4] == ("| Llama-3.1-8B | qlora | yes | 512 | sdpa | 1 | skipped: bitsandbytes is not installed |  |  |  "
                        "| 7.50 |  |  | fits |  |  |")
-    assert rows[6] == ("| Qwen2.5-0.5B | full | no | 2048 | sdpa | 4 | ok | 14.20 | 15.10 | 14.50 | -0.60 | -4.0 "
-                       "| fits | 62061 | 18.6 |")
+    assert rows[6] == ("| Qwen2.5-0.5B | full | no | 2048 | sdpa | 4 | ok | 14.20 | 15.10 | 15.60 | 15.00 | -0.60 "
+                       "| -3.8 | fits | 62061 | 18.6 |")
 
 
 def test_predictions_are_added_per_cell_and_a_missing_planner_is_a_note():
@@ -169,3 +169,7 @@ def test_result_files_are_named_by_date_and_gpu_and_never_overwritten(tmp_path):
     assert free_stem(tmp_path, stem) == stem
     (tmp_path / f"{stem}.csv").write_text("")
     assert free_stem(tmp_path, stem) == f"{stem}-2"
+
+
+def test_results_readme_shows_the_table_the_script_writes():
+    assert MARKDOWN_HEADER in (REPO / "benchmarks" / "results" / "README.md").read_text()
