@@ -126,8 +126,13 @@ def step_timer():
 
 
 def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
-    """Train ``cell`` for STEPS steps on ``base`` (left as found: no adapters, no checkpointing)."""
+    """Train ``cell`` for STEPS steps on ``base``, and leave it as found for the next cell.
+
+    As found: no adapters, no gradients (an OOM in the backward pass leaves some), no checkpointing, and
+    no mixed-precision wrapper around ``forward`` (each Trainer's Accelerator adds one).
+    """
     import torch
+    from accelerate.utils import extract_model_from_parallel
     from transformers import Trainer, default_data_collator
     from transformers.trainer_callback import PrinterCallback
 
@@ -139,10 +144,11 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
     base.set_attn_implementation(cell.attention)
     if cell.method == "full":
         base.requires_grad_(True)
-    model = base if cell.method == "full" else apply_lora(base, recipe)
     measured = dict(cell=cell, gpu=gpu.name, gpu_catalog=gpu.catalog, gpu_memory_gib=gpu.memory_gib, params_b=params / 1e9)
-    timer, trainer = step_timer(), None
+    model, timer, trainer = base, step_timer(), None
     try:
+        if cell.method != "full":
+            model = apply_lora(base, recipe)
         trainer = Trainer(model=model, args=training_arguments(recipe, workdir), data_collator=default_data_collator,
                           train_dataset=synthetic_samples(cell, base.config.vocab_size), callbacks=[timer])
         trainer.remove_callback(PrinterCallback)
@@ -163,8 +169,10 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
         return Result(status=f"error: {type(exc).__name__}: {exc}".replace("\n", " ")[:200], **measured)
     finally:
         del trainer
+        extract_model_from_parallel(model, keep_fp32_wrapper=False)
         if model is not base:
             model.unload()
+        base.zero_grad(set_to_none=True)
         base.gradient_checkpointing_disable()
         free_memory()
 
