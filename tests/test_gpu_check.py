@@ -23,6 +23,8 @@ H200_TFLOPS = GPUS["H200"].peak_bf16_tflops
 
 @pytest.mark.slow
 def test_refuses_cleanly_without_cuda():
+    results = REPO / "benchmarks" / "results"
+    before = set(results.iterdir())
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.gpu_check", "--quick"], cwd=REPO, capture_output=True, text=True,
         timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""},
@@ -30,7 +32,7 @@ def test_refuses_cleanly_without_cuda():
     assert result.returncode == 2
     assert "finds no CUDA device" in result.stderr
     assert "Traceback" not in result.stderr
-    assert not list((REPO / "benchmarks" / "results").glob("gpu-check_*"))
+    assert set(results.iterdir()) == before
 
 
 # ---- the matrix --------------------------------------------------------------------------------
