@@ -11,12 +11,12 @@ benchmarks/results/gpu-check_<date>_<gpu>.csv and .md (see benchmarks/results/RE
 What it imports: torch with CUDA, transformers, accelerate, peft, pydantic and PyYAML (tuner's recipe);
 bitsandbytes only for the QLoRA cells, which are recorded as skipped without it. Never deepspeed,
 datasets or textual. To bring a missing package to a machine without network, download its wheels
-where pip works (add the package's own dependencies: pydantic needs pydantic-core, annotated-types
-and typing-inspection):
+where pip works (add the package's own dependencies: pydantic needs pydantic-core, annotated-types,
+typing-inspection and typing-extensions >= 4.16 for pydantic 2.14):
 
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux2014_x86_64 --platform manylinux_2_24_x86_64 -d wheels \
-        pydantic pydantic-core annotated-types typing-inspection bitsandbytes
+        pydantic pydantic-core annotated-types typing-inspection typing-extensions bitsandbytes
 
 copy wheels/ over, then there: python3 -m pip install --no-index --no-deps --target /tmp/site wheels/*.whl
 and export PYTHONPATH=/tmp/site before running.

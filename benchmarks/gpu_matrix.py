@@ -8,10 +8,11 @@ sdpa/eager x micro-batch 1/4 = 144 cells) would take about 7 minutes on an H200 
 - eager attention is measured only without gradient checkpointing, at the long sequence: its extra
   memory is the s x s score matrix every layer keeps for the backward pass, which checkpointing drops
   and a short sequence hides; sdpa gets the whole grid of the other four factors;
-- every other combination is kept, for all three models: 90 cells, estimated at about 4.7 minutes.
+- every other combination is kept, for all three models: 90 cells, estimated at about 4.7 minutes
+  (measured on an H200, 2026-11-29: 282 s, model building and 4-bit reloads included).
 ``--quick`` (under 2 minutes) keeps, per model, each method at the long sequence, micro-batch 4,
 sdpa, with and without checkpointing, plus eager for full fine-tuning on the 0.5B; it leaves out QLoRA
-on the 8B, whose quantised load alone takes about half a minute: 17 cells, about 1.5 minutes.
+on the 8B, whose quantised reload alone took 25 s: 17 cells, about 1.5 minutes (measured: 87 s).
 Models run largest first, so a time budget that runs out drops the cheap cells, not the 8B.
 """
 from __future__ import annotations
