@@ -35,7 +35,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.gpu_matrix import MODELS_BY_ID, STEPS, Cell, build_recipe, catalog_gpu, full_matrix, quick_matrix
+from benchmarks.gpu_matrix import STEPS, Cell, architecture, build_recipe, catalog_gpu, full_matrix, quick_matrix
 from benchmarks.gpu_report import (OK, OOM, Result, add_predictions, read_results, results_stem, summarize,
                                    summary_text, write_results)
 
@@ -56,6 +56,7 @@ class Gpu:
     catalog: str | None
     memory_gib: float
     peak_bf16_tflops: float | None
+    software: str
 
 
 def check_machine() -> Gpu:
@@ -74,7 +75,7 @@ def check_machine() -> Gpu:
     name = torch.cuda.get_device_name(0)
     memory_gib = torch.cuda.get_device_properties(0).total_memory / GIB
     spec = catalog_gpu(name, memory_gib)
-    return Gpu(name, spec.name if spec else None, memory_gib, spec.peak_bf16_tflops if spec else None)
+    return Gpu(name, spec.name if spec else None, memory_gib, spec.peak_bf16_tflops if spec else None, versions())
 
 
 # ---- one cell ----------------------------------------------------------------------------------
@@ -88,11 +89,11 @@ def free_memory() -> None:
 
 
 def build_random_model(model_id: str):
-    """The architecture with random bf16 weights, initialised directly on the GPU (no download)."""
+    """The catalog's architecture with random bf16 weights, initialised directly on the GPU (no download)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(**MODELS_BY_ID[model_id].architecture)
+    config = AutoConfig.for_model(**architecture(model_id))
     with torch.device("cuda"):
         return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
 
@@ -144,7 +145,8 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
     base.set_attn_implementation(cell.attention)
     if cell.method == "full":
         base.requires_grad_(True)
-    measured = dict(cell=cell, gpu=gpu.name, gpu_catalog=gpu.catalog, gpu_memory_gib=gpu.memory_gib, params_b=params / 1e9)
+    measured = dict(cell=cell, gpu=gpu.name, gpu_catalog=gpu.catalog, gpu_memory_gib=gpu.memory_gib,
+                    software=gpu.software, params_b=params / 1e9)
     model, timer, trainer = base, step_timer(), None
     try:
         if cell.method != "full":
@@ -191,7 +193,7 @@ class Run:
 
     def record(self, cell: Cell, status: str, params: int | None = None) -> None:
         self.results.append(Result(cell=cell, gpu=self.gpu.name, gpu_catalog=self.gpu.catalog,
-                                   gpu_memory_gib=self.gpu.memory_gib, status=status,
+                                   gpu_memory_gib=self.gpu.memory_gib, software=self.gpu.software, status=status,
                                    params_b=params / 1e9 if params else None))
         self.log(f"{cell.label}: {status}")
 
@@ -290,13 +292,13 @@ def measure_and_report(quick: bool, directory: Path, budget_s: float | None) -> 
     cells = quick_matrix() if quick else full_matrix()
     deadline = started + (budget_s if budget_s is not None else BUDGET_S[quick])
     print(f"gpu_check: {len(cells)} cells on {gpu.name} ({gpu.memory_gib:.1f} GiB, catalog: {gpu.catalog or 'none'}); "
-          f"{versions()}", flush=True)
+          f"{gpu.software}", flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as workdir:
         results = Run(gpu, deadline, started, Path(workdir)).measure(cells)
     date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     stem = free_stem(directory, results_stem(date, gpu.name, quick))
     title = f"gpu_check{' --quick' if quick else ''} on {gpu.name} ({gpu.memory_gib:.1f} GiB), {date}"
-    report(results, directory, stem, title, f"{versions()}; {time.monotonic() - started:.0f} s in all")
+    report(results, directory, stem, title, f"{gpu.software}; {time.monotonic() - started:.0f} s in all")
     return 0
 
 
@@ -305,7 +307,7 @@ def remake_report(path: Path, directory: Path) -> int:
         raise Refusal(f"--report {path}: no such file; give a CSV that gpu_check wrote (benchmarks/results/*.csv).")
     results = read_results(path)
     title = f"gpu_check on {results[0].gpu} ({results[0].gpu_memory_gib:.1f} GiB), from {path.name}" if results else path.name
-    report(results, directory, path.stem, title, "")
+    report(results, directory, path.stem, title, results[0].software if results else "")
     return 0
 
 

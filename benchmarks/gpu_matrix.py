@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 
 from tuner.catalog.gpus import GPUS, GpuSpec
+from tuner.catalog.models import model_facts
 
 METHODS = ("full", "lora", "qlora")
 SEQ_SHORT, SEQ_LONG = 512, 2048
@@ -36,28 +37,21 @@ QUANTIZED_LOAD_S_PER_B = 4.0  # saving the random weights, then loading them 4-b
 START_S = 20.0  # interpreter, imports, CUDA context
 
 
-@dataclass(frozen=True)
-class BenchModel:
-    id: str  # the hub id a recipe names; the planner's catalog knows its architecture
-    params_b: float  # nominal size, used only by the time estimate (a run counts the real number)
-    architecture: dict  # transformers config of the architecture (random weights are built from it)
+MODELS = ("meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-0.5B")  # hub ids from tuner's catalog
 
 
-_QWEN25 = dict(model_type="qwen2", vocab_size=151936, max_position_embeddings=32768, rope_theta=1_000_000.0,
-               rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu")
-MODELS = (
-    BenchModel("meta-llama/Llama-3.1-8B", 8.03, dict(
-        model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072, rope_theta=500_000.0,
-        rms_norm_eps=1e-5, tie_word_embeddings=False, hidden_act="silu")),
-    BenchModel("Qwen/Qwen2.5-1.5B", 1.54, dict(
-        _QWEN25, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-        num_key_value_heads=2)),
-    BenchModel("Qwen/Qwen2.5-0.5B", 0.49, dict(
-        _QWEN25, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-        num_key_value_heads=2)),
-)
-MODELS_BY_ID = {model.id: model for model in MODELS}
+def params_b(model_id: str) -> float:
+    """Billions of parameters, as the catalog counts them (a run also counts the built model)."""
+    return model_facts(model_id).total_params / 1e9
+
+
+def architecture(model_id: str) -> dict:
+    """The transformers config that builds the catalog's architecture with random weights."""
+    facts = model_facts(model_id)
+    return dict(model_type=facts.model_type, hidden_size=facts.hidden_size, num_hidden_layers=facts.num_layers,
+                num_attention_heads=facts.num_heads, num_key_value_heads=facts.num_kv_heads, head_dim=facts.head_dim,
+                intermediate_size=facts.intermediate_size, vocab_size=facts.vocab_size,
+                tie_word_embeddings=facts.tie_word_embeddings, max_position_embeddings=facts.max_position_embeddings)
 
 
 @dataclass(frozen=True)
@@ -91,31 +85,30 @@ def _grid(model: str, methods, checkpointing, seq_lens, attentions, micro_batche
 def full_matrix() -> list[Cell]:
     cells = []
     for model in MODELS:
-        cells += _grid(model.id, METHODS, (False, True), (SEQ_SHORT, SEQ_LONG), ("sdpa",), MICRO_BATCHES)
-        cells += _grid(model.id, METHODS, (False,), (SEQ_LONG,), ("eager",), MICRO_BATCHES)
+        cells += _grid(model, METHODS, (False, True), (SEQ_SHORT, SEQ_LONG), ("sdpa",), MICRO_BATCHES)
+        cells += _grid(model, METHODS, (False,), (SEQ_LONG,), ("eager",), MICRO_BATCHES)
     return _in_run_order(cells)
 
 
 def quick_matrix() -> list[Cell]:
     cells = []
     for model in MODELS:
-        methods = ("full", "lora") if model.params_b > 5 else METHODS
-        cells += _grid(model.id, methods, (False, True), (SEQ_LONG,), ("sdpa",), (4,))
-    cells.append(Cell(MODELS[-1].id, "full", False, SEQ_LONG, "eager", 4))
+        methods = ("full", "lora") if params_b(model) > 5 else METHODS
+        cells += _grid(model, methods, (False, True), (SEQ_LONG,), ("sdpa",), (4,))
+    cells.append(Cell(MODELS[-1], "full", False, SEQ_LONG, "eager", 4))
     return _in_run_order(cells)
 
 
 def _in_run_order(cells: list[Cell]) -> list[Cell]:
     """Largest model first; per model bf16 cells (full, then LoRA) before the quantised ones."""
-    model_rank = {model.id: index for index, model in enumerate(MODELS)}
-    return sorted(cells, key=lambda cell: (model_rank[cell.model], METHODS.index(cell.method)))
+    return sorted(cells, key=lambda cell: (MODELS.index(cell.model), METHODS.index(cell.method)))
 
 
 def estimate_seconds(cells: list[Cell], peak_bf16_tflops: float) -> float:
     """Wall-clock estimate of measuring ``cells``, model building included (assumptions above)."""
     total = START_S
     for model in {cell.model for cell in cells}:
-        size = MODELS_BY_ID[model].params_b
+        size = params_b(model)
         total += BUILD_S_PER_B * size
         if any(cell.model == model and cell.method == "qlora" for cell in cells):
             total += QUANTIZED_LOAD_S_PER_B * size
@@ -128,7 +121,7 @@ def _step_seconds(cell: Cell, peak_bf16_tflops: float) -> float:
     """FLOPs per token: 6N for full training, 4N with frozen weights (no weight gradients), +2N to recompute."""
     flops_per_param = (6 if cell.method == "full" else 4) + (2 if cell.gradient_checkpointing else 0)
     slowdown = (1.3 if cell.method == "qlora" else 1.0) * (1.2 if cell.attention == "eager" else 1.0)
-    flops = flops_per_param * MODELS_BY_ID[cell.model].params_b * 1e9 * cell.tokens_per_step * slowdown
+    flops = flops_per_param * params_b(cell.model) * 1e9 * cell.tokens_per_step * slowdown
     return max(MIN_STEP_S, flops / (ASSUMED_MFU * peak_bf16_tflops * 1e12))
 
 

@@ -38,6 +38,7 @@ class Result:
     gpu: str  # the device's own name, e.g. "NVIDIA H200"
     gpu_catalog: str | None  # its name in tuner.catalog.gpus, when it has one
     gpu_memory_gib: float
+    software: str | None  # the versions that ran it: torch, transformers, accelerate, peft, bitsandbytes
     status: str
     params_b: float | None = None
     step_s: float | None = None
@@ -173,7 +174,7 @@ def _format(name: str, value) -> str:
     return str(value)
 
 
-_TEXT = {"model", "method", "attention", "gpu", "gpu_catalog", "status", "predicted_verdict"}
+_TEXT = {"model", "method", "attention", "gpu", "gpu_catalog", "software", "status", "predicted_verdict"}
 _FLAGS = {"gradient_checkpointing", "predicted_fit"}
 _COUNTS = {"seq_len", "micro_batch"}
 
