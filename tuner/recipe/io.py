@@ -21,6 +21,7 @@ MAX_FILE_BYTES = 1_000_000
 MAX_YAML_DEPTH = 32  # sections are two or three deep
 _STR_TAG = "tag:yaml.org,2002:str"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_SAFE_TAGS = {tag for tag in yaml.SafeLoader.yaml_constructors if tag}  # str, int, map, timestamp, ...; no python/*
 
 
 class RecipeError(Exception):
@@ -64,6 +65,9 @@ def _walk_mapping(node: yaml.Node, prefix: tuple[str, ...], lines: dict, budget:
     if len(prefix) > MAX_YAML_DEPTH:
         raise RecipeError([f"{where}:{node.start_mark.line + 1}: {_dotted(prefix[:3])}...: nested more than "
                            f"{MAX_YAML_DEPTH} levels deep (a recursive alias?); a recipe is a few sections deep."])
+    if node.tag not in _SAFE_TAGS:
+        raise RecipeError([f"{where}:{node.start_mark.line + 1}: {_dotted(prefix) or 'recipe'}: the tag "
+                           f"{node.tag.replace('tag:yaml.org,2002:', '!!')} is not allowed; a recipe is plain data."])
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
         for key_node, value_node in node.value:
