@@ -33,7 +33,7 @@ def test_every_check_prints_one_line_and_a_cpu_machine_passes(capsys) -> None:
     checks = by_name(lines)
     assert len(checks) == len(CHECKS)
     assert {"torch", "gpus", "bf16", "bitsandbytes", "flash-attn", "liger-kernel", "deepspeed", "nccl",
-            "accelerate", "model", "disk", "host"} <= set(checks)
+            "accelerate", "model", "disk", "shared", "host"} <= set(checks)
     assert code == 0 and lines[-1] == "all required checks passed"
     for line in lines[:-1]:
         status = line.split()[0]

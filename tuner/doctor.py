@@ -58,14 +58,24 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def _cuda_gpus() -> list[tuple[str, float, tuple[int, int]]]:
-    """(name, memory GiB, compute capability) of every visible CUDA GPU; empty without one."""
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    total_gib: float
+    free_gib: float  # what other processes on a shared machine leave
+
+
+def _cuda_gpus() -> list[Gpu]:
+    """Every visible CUDA GPU; empty without one."""
     import torch
 
     if not torch.cuda.is_available():
         return []
-    return [(torch.cuda.get_device_name(i), torch.cuda.get_device_properties(i).total_memory / GIB,
-             torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())]
+    gpus = []
+    for index in range(torch.cuda.device_count()):
+        free, total = torch.cuda.mem_get_info(index)
+        gpus.append(Gpu(torch.cuda.get_device_name(index), total / GIB, free / GIB))
+    return gpus
 
 
 # -- the checks ------------------------------------------------------------------------------------------------
@@ -90,19 +100,38 @@ def check_gpus(recipe: Recipe | None) -> Check:
         fix = "check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES" if _needs_gpu(recipe) else \
             "none needed for CPU recipes; for GPU training check nvidia-smi and the driver"
         return Check("gpus", "fail" if _needs_gpu(recipe) else "warn", f"no CUDA GPU{hint}", fix)
-    names = ", ".join(f"{name} {memory:.0f} GiB" for name, memory, _ in gpus)
-    detail = f"{len(gpus)} GPU(s): {names}"
+    detail = f"{len(gpus)} GPU(s): " + ", ".join(f"{gpu.name} {gpu.free_gib:.0f}/{gpu.total_gib:.0f} GiB free" for gpu in gpus)
+    busy = [index for index, gpu in enumerate(gpus) if gpu.free_gib < 0.9 * gpu.total_gib]
     if recipe is not None and recipe.uses_gpu:
         wanted = recipe.hardware.gpus_per_machine
         if len(gpus) < wanted:
             return Check("gpus", "fail", f"{detail}; the recipe wants {wanted} per machine",
                          f"set hardware.gpus_per_machine: {len(gpus)}, or run where {wanted} are visible")
         planned = _planned_gpu_memory_gib(recipe)
-        smallest = min(memory for _, memory, _ in gpus)
+        smallest = min(gpu.total_gib for gpu in gpus)
         if planned is not None and smallest < planned - 0.5:
             return Check("gpus", "fail", f"{detail}; the plan assumes {planned:.0f} GiB per GPU",
                          f"set hardware.gpu_memory_gb: {smallest:.0f} (or the matching hardware.gpu) and re-plan")
+        needed = _planned_peak_gib(recipe)
+        short = [index for index, gpu in enumerate(gpus[:wanted]) if needed is not None and gpu.free_gib < needed]
+        if short:
+            return Check("gpus", "fail", f"{detail}; the plan peaks at {needed:.0f} GiB but GPU(s) "
+                         f"{', '.join(map(str, short))} have less free: other processes hold memory",
+                         "wait for them (nvidia-smi shows who), or pick free GPUs with CUDA_VISIBLE_DEVICES")
+    if busy:
+        return Check("gpus", "warn", f"{detail}; other processes hold memory on GPU(s) {', '.join(map(str, busy))}",
+                     "see nvidia-smi; pick free GPUs with CUDA_VISIBLE_DEVICES")
     return Check("gpus", "ok", detail)
+
+
+def _planned_peak_gib(recipe: Recipe) -> float | None:
+    """Peak GPU memory of the recipe's plan; None without a planner or a plan (check_model says why)."""
+    try:
+        from tuner.planner import plan
+
+        return plan(recipe).gpu.total_gib
+    except Exception:
+        return None
 
 
 def _planned_gpu_memory_gib(recipe: Recipe) -> float | None:
@@ -310,6 +339,21 @@ def check_disk(recipe: Recipe | None) -> Check:
     return Check("disk", "ok", "; ".join(found))
 
 
+def check_shared_memory(recipe: Recipe | None) -> Check:
+    """Containers often mount a 64 MiB /dev/shm; NCCL and data-loader workers then die with SIGBUS."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        return Check("shared memory", "ok", "no /dev/shm on this system")
+    size = shutil.disk_usage(shm).total / GIB
+    detail = f"/dev/shm {size:.1f} GiB"
+    if size >= 1:
+        return Check("shared memory", "ok", detail)
+    multi_gpu = recipe is not None and recipe.uses_gpu and recipe.world_size > 1
+    return Check("shared memory", "fail" if multi_gpu else "warn",
+                 f"{detail}: NCCL and data-loader workers need more (they die with SIGBUS)",
+                 "run the container with --shm-size=16g (or --ipc=host)")
+
+
 def planned_host_ram_gib(recipe: Recipe) -> float | None:
     """Host RAM the memory plan needs (offload, loading), or None while the planner is not available."""
     try:
@@ -379,7 +423,7 @@ def check_model(recipe: Recipe | None) -> Check:
 
 CHECKS: tuple[Callable[[Recipe | None], Check], ...] = (
     check_torch, check_gpus, check_bf16, check_bitsandbytes, check_flash_attn, check_liger,
-    check_deepspeed, check_nccl, check_accelerate_config, check_model, check_disk, check_host_ram,
+    check_deepspeed, check_nccl, check_accelerate_config, check_model, check_disk, check_shared_memory, check_host_ram,
 )
 
 
