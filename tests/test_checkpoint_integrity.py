@@ -1,0 +1,77 @@
+"""A half-written checkpoint is found from its files and skipped for the newest complete one."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tuner.train.integrity import checkpoint_problem, newest_complete_checkpoint
+
+
+@pytest.fixture(scope="module")
+def real_checkpoints(demo_model_path, tmp_path_factory):
+    """Two checkpoints written by a real Trainer (2 steps of the demo model on the CPU)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    out = tmp_path_factory.mktemp("trainer") / "checkpoints"
+    model = AutoModelForCausalLM.from_pretrained(demo_model_path, dtype=torch.float32)
+    samples = [{"input_ids": [1, 5, 6, 7, 2], "labels": [1, 5, 6, 7, 2]}] * 4
+    args = TrainingArguments(str(out), max_steps=2, save_steps=1, per_device_train_batch_size=2, report_to=[],
+                             use_cpu=True, logging_steps=1, save_total_limit=None, disable_tqdm=True)
+    Trainer(model=model, args=args, train_dataset=samples).train()
+    return out
+
+
+@pytest.fixture
+def checkpoints(real_checkpoints, tmp_path):
+    copy = tmp_path / "checkpoints"
+    shutil.copytree(real_checkpoints, copy)
+    return copy
+
+
+def truncate(path, keep: float = 0.5) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+@pytest.mark.slow
+def test_complete_checkpoints_pass(checkpoints) -> None:
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["checkpoint-1", "checkpoint-2"]
+    assert checkpoint_problem(checkpoints / "checkpoint-2") is None
+    assert newest_complete_checkpoint(checkpoints) == (checkpoints / "checkpoint-2", [])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage, expected", [
+    pytest.param(lambda c: truncate(c / "model.safetensors"), "model.safetensors: truncated", id="weights half"),
+    pytest.param(lambda c: truncate(c / "model.safetensors", keep=0.00001), "model.safetensors: truncated", id="weights header"),
+    pytest.param(lambda c: truncate(c / "optimizer.pt"), "optimizer.pt: truncated (its zip directory is missing)", id="optimizer"),
+    pytest.param(lambda c: truncate(c / "rng_state.pth", keep=0.9), "rng_state.pth: truncated", id="rng state"),
+    pytest.param(lambda c: (c / "trainer_state.json").unlink(), "trainer_state.json missing", id="no trainer state"),
+    pytest.param(lambda c: truncate(c / "trainer_state.json"), "trainer_state.json: truncated or damaged JSON", id="trainer state half"),
+    pytest.param(lambda c: (c / "model.safetensors").unlink(), "no model weights", id="no weights"),
+])
+def test_a_damaged_newest_checkpoint_is_skipped_with_the_reason(checkpoints, damage, expected) -> None:
+    newest = checkpoints / "checkpoint-2"
+    damage(newest)
+    assert expected in checkpoint_problem(newest)
+    chosen, skipped = newest_complete_checkpoint(checkpoints)
+    assert chosen == checkpoints / "checkpoint-1"
+    assert [(path.name, expected in why) for path, why in skipped] == [("checkpoint-2", True)]
+
+
+def test_sharded_weights_with_a_missing_shard(tmp_path) -> None:
+    checkpoint = tmp_path / "checkpoint-10"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text("{}")
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    assert checkpoint_problem(checkpoint) == "shards missing: model-00001-of-00002.safetensors, model-00002-of-00002.safetensors"
+
+
+def test_no_checkpoint_at_all(tmp_path) -> None:
+    assert newest_complete_checkpoint(tmp_path / "none") == (None, [])
+    (tmp_path / "checkpoint-3").mkdir()
+    assert newest_complete_checkpoint(tmp_path) == (None, [(tmp_path / "checkpoint-3", "trainer_state.json missing (the save did not finish)")])
