@@ -19,6 +19,8 @@ WHY = {
     "qlora": "quantise the frozen base to 4 bits (QLoRA)",
 }
 
+RESUMABLE = {"micro_batch", "gradient_checkpointing"}
+
 
 def rung_overrides(recipe: Recipe, rung: str) -> list[str]:
     """The ``--set`` assignments that climb ``rung`` from ``recipe``."""
@@ -50,5 +52,8 @@ def out_of_memory_advice(recipe: Recipe, recipe_path: str = "RECIPE") -> tuple[s
                       "memory.max_seq_length, use GPUs with more memory, or set method.allow_method_change: true "
                       f"to let tuner propose LoRA/QLoRA (tuner plan {recipe_path} --advise).")
     sets = " ".join(f"--set {assignment}" for assignment in rung_overrides(recipe, rung))
-    return rung, (f"out of GPU memory. Next step on the memory ladder: {WHY[rung]}. Continue with: tuner run "
-                  f"{recipe_path} {sets} --resume (or see every option that fits: tuner plan {recipe_path} --advise).")
+    # checkpoints survive a smaller micro-batch or recomputation; a new sharding or method changes their layout
+    how = f"Continue with: tuner run {recipe_path} {sets} --resume" if rung in RESUMABLE else \
+        f"Start again with: tuner run {recipe_path} {sets} --force"
+    return rung, (f"out of GPU memory. Next step on the memory ladder: {WHY[rung]}. {how} "
+                  f"(or see every option that fits: tuner plan {recipe_path} --advise).")
