@@ -137,3 +137,12 @@ def test_host_ram_is_checked_against_the_plans_offload() -> None:
     if needed > psutil.virtual_memory().total / 2**30:
         assert result.status == "fail" and f"the plan needs {needed:.0f} GiB" in result.detail and "offload" in result.fix
     assert check_host_ram(validate_recipe({})).status == "ok"
+
+
+def test_disk_is_checked_against_the_checkpoints_the_run_will_write(tmp_path) -> None:
+    pytest.importorskip("tuner.planner")
+    small = check_disk(validate_recipe({"output": {"dir": str(tmp_path / "run")}}))
+    assert small.status == "ok" and "checkpoints need ~" in small.detail
+    huge = check_disk(validate_recipe({"model": {"id": "meta-llama/Llama-3.1-405B"}, "output": {"dir": str(tmp_path / "run")},
+                                       "training": {"save_total_limit": 3}}))
+    assert huge.status == "fail" and "checkpoints need ~" in huge.detail and "save_total_limit" in huge.fix

@@ -20,7 +20,7 @@ from typing import Callable, Literal
 from tuner.recipe.schema import Recipe
 
 Status = Literal["ok", "warn", "fail"]
-MIN_FREE_DISK_GIB = 10.0  # a few checkpoints of a small model; below this a long run will likely stop
+MIN_FREE_DISK_GIB = 10.0  # without a plan to size checkpoints: below this a long run will likely stop
 GIB = 1024**3
 
 
@@ -319,24 +319,47 @@ def _disk_paths(recipe: Recipe | None) -> dict[str, Path]:
     return paths
 
 
+def checkpoint_disk_gib(recipe: Recipe) -> float | None:
+    """Disk the run's checkpoints take: kept checkpoints plus the one being written plus the final save.
+
+    Each holds the saved weights (all of them, or only the adapter) and Adam's two fp32 moments and
+    master copy (12 bytes) per trainable parameter.  None while no planner can count the parameters.
+    """
+    try:
+        from tuner.planner import plan
+
+        planned = plan(recipe)
+    except Exception:
+        return None
+    weight_bytes = {"float32": 4}.get(recipe.model.dtype, 2)
+    saved = planned.params["total"] if recipe.output.save in ("full", "merged") else planned.trainable_params
+    per_checkpoint = saved * weight_bytes + planned.trainable_params * 12
+    kept = (recipe.training.save_total_limit or 2) + 1
+    return (kept * per_checkpoint + saved * weight_bytes) / GIB
+
+
 def check_disk(recipe: Recipe | None) -> Check:
-    problems, fixes, found = [], [], []
+    needed = checkpoint_disk_gib(recipe) if recipe is not None else None
+    problems, warnings, found = [], [], []
     for role, path in _disk_paths(recipe).items():
         where = _existing_parent(path)
         why = _writable(where)
         if why:
             problems.append(f"{role} {path}: cannot write in {where} ({why})")
-            fixes.append(f"choose a writable {role} directory")
             continue
         free = shutil.disk_usage(where).free / GIB
         found.append(f"{role} {path}: {free:.0f} GiB free")
-        if free < MIN_FREE_DISK_GIB:
-            problems.append(f"{role} {path}: only {free:.1f} GiB free")
-            fixes.append(f"free space or move {role} (checkpoints need room)")
+        if role == "output" and needed is not None and free < needed:
+            problems.append(f"{role} {path}: {free:.1f} GiB free, checkpoints need ~{needed:.1f} GiB")
+        elif free < MIN_FREE_DISK_GIB and (needed is None or role != "output"):
+            warnings.append(f"{role} {path}: only {free:.1f} GiB free")
     if problems:
-        status: Status = "fail" if recipe is not None else "warn"
-        return Check("disk", status, "; ".join(problems), "; ".join(fixes))
-    return Check("disk", "ok", "; ".join(found))
+        return Check("disk", "fail", "; ".join(problems + warnings),
+                     "choose a writable output.dir with room, free space, or lower training.save_total_limit")
+    if warnings:
+        return Check("disk", "warn", "; ".join(warnings), "free space before a long run (checkpoints need room)")
+    suffix = f"; checkpoints need ~{max(needed, 0.1):.1f} GiB" if needed is not None else ""
+    return Check("disk", "ok", "; ".join(found) + suffix)
 
 
 def check_shared_memory(recipe: Recipe | None) -> Check:
