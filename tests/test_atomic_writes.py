@@ -184,3 +184,10 @@ def test_unwritable_destination_names_the_file_not_its_temporary(capsys) -> None
     assert code == 1 and err.startswith("error: /proc/tuner-test.yaml: ") and ".tmp" not in err
     code, err = cli("render", "demo", "-o", "/proc/tuner-test/run", capsys=capsys)
     assert code == 1 and err.startswith("error: /proc/tuner-test") and "Traceback" not in err
+
+
+def test_run_with_an_unwritable_output_directory_stops_before_launching(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, err = cli("run", "demo", "--set", "output.dir=/proc/tuner-test/run", capsys=capsys)
+    assert code == 1 and err.startswith("error: /proc/tuner-test") and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
