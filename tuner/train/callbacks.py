@@ -102,7 +102,7 @@ class RankTrace(TrainerCallback):
         if not self._first_seen:
             self._first_seen = True
             samples = [hashlib.sha1(str(list(f["input_ids"])).encode()).hexdigest()[:12] for f in features]
-            write_event(self.path, "rank_batch", rank=self.rank, samples=samples)
+            write_event(self.path, "rank_batch", rank=self.rank, pid=os.getpid(), samples=samples)
         return self.collator(features)
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
