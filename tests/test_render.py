@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.render_cases import CASES, case_recipe
+from render_cases import CASES, case_recipe
 from tuner.launch.argv import ACCELERATE_CONFIG, LOCK_FILE, launch_argv
 from tuner.render.deepspeed_config import DEEPSPEED_CONFIG
 from tuner.render.launch_script import LAUNCH_SCRIPT, SLURM_SCRIPT

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tuner.events import EVENTS_FILE
 from tuner.fileio import atomic_write_text
 from tuner.launch.argv import ACCELERATE_CONFIG, LOCK_FILE
 from tuner.recipe.io import RecipeError, recipe_to_yaml
@@ -45,6 +46,8 @@ def write_run_directory(recipe: Recipe, run_dir: str | Path | None = None, *, fo
         raise RecipeError([f"{run_dir}: the run directory already exists; pass --force to overwrite its files, "
                            "--resume to continue it, or change output.dir."])
     files = render_run_files(recipe, run_dir)
+    if force:
+        (run_dir / EVENTS_FILE).unlink(missing_ok=True)  # a fresh run: its progress must not show the old one's
     for name, text in files.items():
         atomic_write_text(run_dir / name, text, mode=0o755 if name in EXECUTABLES else None)
     return run_dir
