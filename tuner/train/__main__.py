@@ -76,7 +76,8 @@ def train(recipe: Recipe, run_dir: Path) -> int:
     from transformers import DataCollatorForSeq2Seq, Trainer
 
     from tuner.loading.model import apply_lora, load_model, load_tokenizer
-    from tuner.train.callbacks import EventsCallback, RankTrace, tracing_ranks
+    from tuner.train.callbacks import EventsCallback
+    from tuner.train.rank_trace import RankTrace, tracing_ranks
     from tuner.train.dataset import prepare_data
 
     events = run_dir / EVENTS_FILE

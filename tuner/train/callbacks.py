@@ -1,7 +1,6 @@
 """Trainer callback that writes the run's event stream (rank 0) with speed and memory."""
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from pathlib import Path
@@ -63,48 +62,3 @@ class EventsCallback(TrainerCallback):
         if self._on_main(state):
             write_event(self.path, "checkpoint", step=state.global_step,
                         path=str(Path(args.output_dir) / f"checkpoint-{state.global_step}"))
-
-
-TRACE_RANKS_VARIABLE = "TUNER_TRACE_RANKS"
-
-
-def tracing_ranks() -> bool:
-    """Tests set TUNER_TRACE_RANKS=1 to see what each rank did; off, it costs nothing."""
-    return os.environ.get(TRACE_RANKS_VARIABLE) == "1"
-
-
-def parameters_checksum(model) -> float:
-    """Sum of every parameter, gathered one at a time under ZeRO-3 (equal on every rank of a healthy run)."""
-    from contextlib import nullcontext
-
-    total = 0.0
-    for parameter in model.parameters():
-        gather = nullcontext()
-        if hasattr(parameter, "ds_id"):  # a ZeRO-3 partitioned parameter
-            import deepspeed
-
-            gather = deepspeed.zero.GatheredParameters([parameter])
-        with gather:
-            total += float(parameter.detach().double().sum())
-    return total
-
-
-class RankTrace(TrainerCallback):
-    """Per-rank evidence of data parallelism: which samples the first batch held, and the final weights."""
-
-    def __init__(self, events_path: Path, collator):
-        self.path = events_path
-        self.collator = collator
-        self.rank = int(os.environ.get("RANK", "0"))
-        self._first_seen = False
-
-    def collate(self, features):
-        if not self._first_seen:
-            self._first_seen = True
-            samples = [hashlib.sha1(str(list(f["input_ids"])).encode()).hexdigest()[:12] for f in features]
-            write_event(self.path, "rank_batch", rank=self.rank, pid=os.getpid(), samples=samples)
-        return self.collator(features)
-
-    def on_train_end(self, args, state, control, model=None, **kwargs):
-        write_event(self.path, "rank_finished", rank=self.rank, world_size=args.world_size,
-                    parameters_checksum=parameters_checksum(model))
