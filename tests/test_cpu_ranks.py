@@ -97,3 +97,5 @@ def test_zero2_with_optimizer_offloaded_to_cpu(tmp_path, tuner_cli, demo_model_p
     run_dir = tmp_path / "runs" / "zero2_offload"
     assert result.returncode == 0, result.stdout + result.stderr + (run_dir / "train.log").read_text()[-3000:]
     check_data_parallel_run(run_dir, demo_model_path)
+    optimizers = {e["optimizer"] for e in read_events(run_dir / "events.jsonl") if e["event"] == "rank_finished"}
+    assert optimizers == {"DeepSpeedCPUAdam"}

@@ -49,6 +49,9 @@ class RankTrace(TrainerCallback):
             write_event(self.path, "rank_batch", rank=self.rank, pid=os.getpid(), samples=samples)
         return self.collator(features)
 
-    def on_train_end(self, args, state, control, model=None, **kwargs):
+    def on_train_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        inner = optimizer  # Accelerate's and DeepSpeed's wrappers each hold the next one in .optimizer
+        while getattr(inner, "optimizer", inner) is not inner:
+            inner = inner.optimizer
         write_event(self.path, "rank_finished", rank=self.rank, world_size=args.world_size,
-                    parameters_checksum=parameters_checksum(model))
+                    optimizer=type(inner).__name__, parameters_checksum=parameters_checksum(model))
