@@ -1,7 +1,6 @@
 """``tuner run``: dry run, refusals (existing directory, multi-node, plan that does not fit) and Ctrl-C."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -46,7 +45,6 @@ def test_multi_node_run_says_what_to_start_on_each_machine(tmp_path, tuner_cli):
     assert "machine 1: accelerate launch --config_file runs/nodes/accelerate.yaml --machine_rank 1" in result.stderr
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tuner.planner") is None, reason="the memory planner is not merged yet")
 def test_a_plan_that_does_not_fit_is_refused_unless_forced(tmp_path, tuner_cli):
     tiny_gpu = sets("name=oom", "hardware.gpus_per_machine=1", "hardware.gpu_memory_gb=0.01",
                     "memory.mixed_precision=bf16", "model.dtype=bfloat16")

@@ -28,9 +28,9 @@ def run(args) -> int:
     recipe = recipe_from_args(args)
     memory = check_memory(recipe)
     if memory.refused and not args.force:
-        raise RecipeError([memory.message])
+        raise RecipeError([memory.message, "pass --force to launch anyway."])
     if memory.message:
-        print(memory.message, file=sys.stderr)
+        print(("launching anyway (--force): " if memory.refused else "") + memory.message, file=sys.stderr)
     run_dir = write_run_directory(recipe, force=args.force, keep_existing=args.resume)
     commands = node_commands(recipe, run_dir)
     if args.dry_run:

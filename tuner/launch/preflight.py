@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner.planner import advise, plan
 from tuner.recipe.schema import Recipe
 
 
@@ -17,10 +18,7 @@ class MemoryCheck:
 
 
 def check_memory(recipe: Recipe) -> MemoryCheck:
-    try:
-        from tuner.planner import advise, plan
-    except ImportError:  # the planner lands separately; without it there is nothing to check
-        return MemoryCheck(False, None)
+    """The planner's verdict as a launch decision."""
     memory = plan(recipe)
     device = memory.gpu
     usage = f"{device.total_gib:.1f} GiB of {device.capacity_gib or 0:.1f} GiB"
@@ -36,5 +34,4 @@ def check_memory(recipe: Recipe) -> MemoryCheck:
         lines.append("every option: `tuner plan RECIPE --advise`.")
     elif advice:
         lines += [f"  - {reason}" for reason in advice[0].reasons]
-    lines.append("pass --force to launch anyway.")
     return MemoryCheck(True, "\n".join(lines))
