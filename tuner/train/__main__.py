@@ -13,6 +13,7 @@ from pathlib import Path
 from tuner.events import EVENTS_FILE, write_event
 from tuner.recipe import RecipeError, load_recipe
 from tuner.recipe.schema import Recipe
+from tuner.render.deepspeed_config import DEEPSPEED_CONFIG
 
 log = logging.getLogger("tuner")
 
@@ -52,7 +53,7 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         optim=mem.optimizer,
         torch_compile=mem.torch_compile,
         use_cpu=not recipe.uses_gpu,
-        deepspeed=str(run_dir / "deepspeed.json") if mem.distributed == "deepspeed" else None,
+        deepspeed=str(run_dir / DEEPSPEED_CONFIG) if mem.distributed == "deepspeed" else None,
         report_to="none",
         remove_unused_columns=False,
         disable_tqdm=True,
@@ -77,8 +78,8 @@ def train(recipe: Recipe, run_dir: Path) -> int:
 
     from tuner.loading.model import apply_lora, load_model, load_tokenizer
     from tuner.train.callbacks import EventsCallback
-    from tuner.train.rank_trace import RankTrace, tracing_ranks
     from tuner.train.dataset import prepare_data
+    from tuner.train.rank_trace import RankTrace, tracing_ranks
 
     events = run_dir / EVENTS_FILE
     # before the model: under ZeRO-3 the arguments' DeepSpeed config makes from_pretrained shard while loading
