@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from render_cases import CASES, case_recipe
 from tuner.launch.argv import ACCELERATE_CONFIG, LOCK_FILE, launch_argv

@@ -47,7 +47,10 @@ def write_run_directory(recipe: Recipe, run_dir: str | Path | None = None, *, fo
                            "--resume to continue it, or change output.dir."])
     files = render_run_files(recipe, run_dir)
     if force:
-        (run_dir / EVENTS_FILE).unlink(missing_ok=True)  # a fresh run: its progress must not show the old one's
+        # a fresh run: its progress must not show the old one's, nor its files outlive a change of topology
+        for stale in (EVENTS_FILE, DEEPSPEED_CONFIG, SLURM_SCRIPT):
+            if stale not in files:
+                (run_dir / stale).unlink(missing_ok=True)
     for name, text in files.items():
         atomic_write_text(run_dir / name, text, mode=0o755 if name in EXECUTABLES else None)
     return run_dir
