@@ -77,3 +77,11 @@ def test_a_single_process_killed_without_a_launcher_summary() -> None:
     message = describe_failure(["loading model", "step 10 loss 1.2"], -9)
     assert message[0].startswith("training was killed by SIGKILL")
     assert message[-2:] == ["  loading model", "  step 10 loss 1.2"]
+
+
+def test_without_tee_the_log_is_shown_as_it_is() -> None:
+    """torch prefixes its own warnings with [rankN]:, but a rank's prints carry no prefix without --tee."""
+    lines = ["[rank1]:[W1130 reducer.cpp:1529] Warning: find_unused_parameters=True", "step 5 loss 1.1",
+             *SUMMARY.splitlines()[4:]]
+    message = describe_failure(lines, 1)  # local rank 0 failed: rank 1's warning is not its story
+    assert message[1].startswith("last lines of the log") and message[2:] == ["  step 5 loss 1.1"]

@@ -15,7 +15,8 @@ _ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
 _FIELD = re.compile(r"^\s*(\w+)\s*:\s*(.*)$")
 _RANK = re.compile(r"^(\d+) \(local_rank: (\d+)\)")
 _EXIT = re.compile(r"^(-?\d+)")
-_RANK_PREFIX = re.compile(r"^\[[A-Za-z_]+(\d+)\]:")
+_RANK_PREFIX = re.compile(r"^\[[A-Za-z_]+(\d+)\]:")  # torchrun --tee: [default1]:, torch's warnings: [rank1]:
+_TEE_PREFIX = re.compile(r"^\[(?!rank\d)[A-Za-z_]+\d+\]:")
 _LAUNCHER = re.compile(r"torch/distributed/elastic/|ChildFailedError|^Traceback \(most recent call last\)")
 
 
@@ -97,7 +98,8 @@ def lines_of_rank(lines: Iterable[str], local_rank: int) -> list[str]:
 def _before_launcher(lines: list[str]) -> list[str]:
     """The ranks' own output: everything before the launcher starts reporting the failure."""
     for index, line in enumerate(lines):
-        if _LAUNCHER.search(line):
+        summary = line.strip().startswith("=====") and index + 1 < len(lines) and lines[index + 1].rstrip().endswith("FAILED")
+        if summary or _LAUNCHER.search(line):
             return lines[:index]
     return lines
 
@@ -116,10 +118,11 @@ def describe_failure(lines: list[str], exit_code: int, last: int = 15) -> list[s
     if others:
         message.append(f"then the launcher stopped {', '.join(others)}.")
     own = lines_of_rank(lines, first.local_rank)
-    if own:
+    if own and any(_TEE_PREFIX.match(line) for line in lines):
         message.append(f"last lines of rank {first.rank}:")
-    else:
-        own = [line.rstrip("\n") for line in _before_launcher(lines) if line.strip()]
-        message.append("last lines of the log (ranks not told apart: launch with --tee 3 to prefix them):")
+    else:  # without --tee only torch's own "[rankN]:" lines carry a rank: show the rest, less other ranks' lines
+        own = [line.rstrip("\n") for line in _before_launcher(lines) if line.strip()
+               and not ((match := _RANK_PREFIX.match(line)) and int(match[1]) != first.local_rank)]
+        message.append("last lines of the log:")
     message.extend(f"  {line}" for line in own[-last:])
     return message

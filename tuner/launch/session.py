@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 from tuner.launch.argv import launch_argv
+from tuner.launch.failures import describe_failure
 from tuner.launch.progress import ProgressView
 from tuner.launch.runner import Launch
 
@@ -24,7 +25,14 @@ def launch_and_follow(run_dir: Path, quiet: bool = False) -> int:
         print(f"stopped; {where}. Continue with: tuner run {run_dir / 'recipe.lock.yaml'} --resume", file=sys.stderr)
         return code or 130
     if code != 0:
-        print(f"training failed with exit code {code}; last lines of {launch.log_path}:", file=sys.stderr)
-        for line in list(launch.tail)[-20:]:
-            print(f"  {line}", file=sys.stderr)
+        for line in describe_failure(log_tail(launch.log_path), code):
+            print(line, file=sys.stderr)
+        print(f"full log: {launch.log_path}", file=sys.stderr)
     return code
+
+
+def log_tail(path: Path, size: int = 256 * 1024) -> list[str]:
+    """The end of a log, enough for torchrun's failure summary and the lines before it."""
+    with open(path, "rb") as stream:
+        stream.seek(max(0, path.stat().st_size - size))
+        return stream.read().decode("utf-8", errors="replace").splitlines()
