@@ -149,3 +149,25 @@ def test_recipes_are_data_and_launches_use_argument_lists() -> None:
                 if not any(relative == file and snippet in code for file, snippet in ALLOWED_IMPORTS):
                     offenders.append(f"{relative}:{number}: import by name: {line.strip()}")
     assert offenders == [], "\n".join(offenders)
+
+
+@pytest.mark.slow
+def test_multi_node_launch_sh_passes_rank_address_and_names_literally(tmp_path, monkeypatch, fake_accelerate, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    address = "$(touch pwned) 'x'"
+    run_dir = Path("runs") / "it's; $(touch pwned)"
+    assert main(["render", "demo", "-o", str(run_dir), "--set", "hardware.machines=2", "--set", "hardware.gpus_per_machine=1",
+                 "--set", "hardware.gpu=24GB", "--set", "memory.distributed=ddp", "--set", "memory.mixed_precision=bf16",
+                 "--set", "model.dtype=bfloat16", "--set", f"hardware.main_process_ip={address}"]) == 0, capsys.readouterr().err
+    script = run_dir / "launch.sh"
+    if shutil.which("shellcheck"):
+        check = subprocess.run(["shellcheck", "--severity=warning", str(script)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout
+    env = {**os.environ, **fake_accelerate}
+    env.pop("MAIN_PROCESS_IP", None)
+    subprocess.run(["bash", str(script), "1", "--extra"], env=env, check=True, timeout=30)
+    seen = json.loads(Path(fake_accelerate["ARGV_DUMP"]).read_text())["argv"]
+    assert seen == launch_argv(run_dir, machine_rank=1, main_process_ip=address)[1:] + ["--extra"]
+    bad = subprocess.run(["bash", str(script), "1; touch pwned"], env=env, capture_output=True, timeout=30)
+    assert bad.returncode == 2
+    assert not list(tmp_path.rglob("pwned"))
