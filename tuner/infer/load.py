@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner.infer.placement import GIB, Placement, hardware_memory_map, placement_of
+from tuner.infer.placement import DISK, GIB, Placement, hardware_memory_map, placement_of
 from tuner.infer.target import InferenceTarget
 from tuner.loading.model import ModelLoadError, load_model, load_tokenizer, quantization_config
 from tuner.recipe.schema import QuantizationSection
@@ -63,16 +63,28 @@ def load_for_inference(target: InferenceTarget, *, batch: int = 1, context: int,
     placement = placement_of(model, batch, context, _numeric(max_memory),
                              int(recipe.inference.gpu_headroom_gb * GIB), tuple(notes))
     if target.adapter is not None:
-        model = _with_adapter(model, target.adapter)
+        model = _with_adapter(model, target.adapter, placement, max_memory, folder)
     tokenizer = load_tokenizer(recipe, target.tokenizer_path)
     return LoadedModel(model, tokenizer, placement, target, offload_tmp)
 
 
-def _with_adapter(model, adapter: Path):
+def _with_adapter(model, adapter: Path, placement: Placement, max_memory, offload_folder):
+    """The base model wrapped with the LoRA adapter, re-placed by peft within the same budget.
+
+    Weights offloaded to disk are refused: with transformers 5 / peft 0.21 the adapter weights of
+    disk-offloaded layers are silently dropped (and peft may rewrite the base checkpoint's files).
+    """
     from peft import PeftModel
 
+    disk = placement.row(DISK)
+    if disk is not None and disk.weights_bytes:
+        raise ModelLoadError(
+            f"cannot apply the adapter in {adapter}: {disk.layers} layer(s) of the base model would be offloaded to "
+            "disk, and adapters on disk-offloaded layers are lost. Merge the adapter into the base model and run the "
+            "merged folder (output.save: merged), or give the model more room: --max-memory cpu=SIZE, "
+            "hardware.host_ram_gb, or --bits 4.")
     try:
-        wrapped = PeftModel.from_pretrained(model, str(adapter))
+        wrapped = PeftModel.from_pretrained(model, str(adapter), max_memory=max_memory, offload_folder=str(offload_folder))
     except (OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"cannot apply the adapter in {adapter} to this base model: {exc}") from None
     wrapped.eval()
