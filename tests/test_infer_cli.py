@@ -40,9 +40,14 @@ def test_batch_keeps_order_and_reports_malformed_lines(tmp_path, demo_model_path
     # each answer is the model's answer to its own prompt
     loaded = load_for_inference(resolve_target(model=str(demo_model_path), overrides=["model.dtype=float32"]),
                                 context=32, max_memory={"cpu": "1GiB"})
-    texts = [render_prompt(loaded.tokenizer, [{"role": "user", "content": c}]) for c in ("reverse\nabc", "reverse\nhello", "reverse\nxy")]
+    texts = [render_prompt(loaded.tokenizer, [{"role": "user", "content": c}])
+             for c in ("reverse\nabc", "reverse\nhello", "reverse\nxy")]
     expected = generate_answers(loaded.model, loaded.tokenizer, texts, max_new_tokens=4)
     assert [records[i]["answer"] for i in (0, 2, 5)] == expected
+
+    one = tuner_cli("infer", "--model", str(demo_model_path), "--prompt", "reverse\nabc", *GREEDY)
+    assert one.returncode == 0, one.stderr
+    assert one.stdout == expected[0] + "\n"  # stdout holds only the answer; the placement goes to stderr
 
     again = tuner_cli("infer", "--model", str(demo_model_path), "--input", str(prompts), "--output", str(answers))
     assert again.returncode == 2 and "--force" in again.stderr

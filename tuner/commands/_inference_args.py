@@ -12,7 +12,8 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
     add_recipe_arguments(parser, required=False,
                          help="recipe YAML file, built-in recipe name, or a tuner run directory (runs/<name>)")
     load = parser.add_argument_group("model and placement")
-    load.add_argument("--model", metavar="PATH_OR_ID", help="model directory or hub id (replaces the recipe's model.id)")
+    load.add_argument("--model", metavar="PATH_OR_ID",
+                      help="model directory or hub id (replaces the recipe's model.id)")
     load.add_argument("--adapter", metavar="DIR", help="LoRA adapter folder or tuner run directory to apply")
     load.add_argument("--bits", type=int, choices=(4, 8), help="quantise the base weights with bitsandbytes")
     load.add_argument("--max-memory", action="append", default=[], metavar="DEVICE=SIZE",
@@ -22,7 +23,8 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
                       help="where weights that fit nowhere else go (default: inference.offload_folder, "
                            "<run dir>/offload, or a temporary folder)")
     load.add_argument("--context", type=int, metavar="TOKENS",
-                      help="context length the KV cache is predicted for (default: memory.max_seq_length + max new tokens)")
+                      help="context length the KV cache is predicted for "
+                           "(default: memory.max_seq_length + max new tokens)")
     sample = parser.add_argument_group("sampling (default: the recipe's inference section)")
     sample.add_argument("--max-new-tokens", type=int, metavar="N")
     sample.add_argument("--temperature", type=float)
@@ -67,7 +69,8 @@ def load_from_args(args: argparse.Namespace, batch: int = 1):
     target = resolve_target(args.recipe, args.overrides, args.model, args.adapter)
     sampling = Sampling.from_recipe(target.recipe, args.max_new_tokens, args.greedy, args.temperature, args.top_p)
     max_memory = parse_max_memory(args.max_memory)
-    loaded = load_for_inference(target, batch=batch, context=args.context or default_context(target, sampling.max_new_tokens),
+    context = args.context or default_context(target, sampling.max_new_tokens)
+    loaded = load_for_inference(target, batch=batch, context=context,
                                 bits=args.bits, max_memory=max_memory, offload_folder=args.offload_folder)
     console = Console(stderr=True)
     console.print(f"model: {target.describe()}")

@@ -9,7 +9,8 @@ import sys
 
 from tuner.commands._inference_args import add_inference_arguments, load_from_args
 
-HELP = "end a line with \\ to continue the message; /reset forgets the conversation, /exit or Ctrl-D quits, Ctrl-C stops an answer"
+HELP = ("end a line with \\ to continue the message; /reset forgets the conversation, /exit or Ctrl-D quits, "
+        "Ctrl-C stops an answer")
 
 
 def register(subparsers) -> None:

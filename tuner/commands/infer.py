@@ -14,7 +14,8 @@ EXIT_BAD_LINES = 2
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("infer", help="answer one prompt or a JSONL file of prompts with device_map=auto placement")
+    parser = subparsers.add_parser(
+        "infer", help="answer one prompt or a JSONL file of prompts with device_map=auto placement")
     add_inference_arguments(parser)
     what = parser.add_argument_group("prompts")
     what.add_argument("--prompt", metavar="TEXT", help="one prompt (a user turn); the answer goes to stdout")
@@ -35,7 +36,8 @@ def run(args) -> int:
     from tuner.infer.generate import generate_answers, render_prompt
 
     loaded, sampling = load_from_args(args)
-    prompt = render_prompt(loaded.tokenizer, [{"role": "user", "content": args.prompt}], loaded.target.recipe.data.format)
+    messages = [{"role": "user", "content": args.prompt}]
+    prompt = render_prompt(loaded.tokenizer, messages, loaded.target.recipe.data.format)
     print(generate_answers(loaded.model, loaded.tokenizer, [prompt], **vars(sampling))[0])
     return 0
 

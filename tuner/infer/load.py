@@ -52,6 +52,9 @@ def load_for_inference(target: InferenceTarget, *, batch: int = 1, context: int,
     quantization = quantization_config(recipe)
     if quantization is not None:
         quantization.llm_int8_enable_fp32_cpu_offload = True
+        if not any(isinstance(device, int) for device in max_memory):
+            notes.append(f"{recipe.method.quantization.bits}-bit weights without a GPU: bitsandbytes runs k-bit "
+                         "layers on the CPU slowly and not for every layer shape; quantised loading pays off on GPUs.")
     offload_tmp = None
     folder = offload_folder or target.offload_folder
     if folder is None:
@@ -84,7 +87,8 @@ def _with_adapter(model, adapter: Path, placement: Placement, max_memory, offloa
             "merged folder (output.save: merged), or give the model more room: --max-memory cpu=SIZE, "
             "hardware.host_ram_gb, or --bits 4.")
     try:
-        wrapped = PeftModel.from_pretrained(model, str(adapter), max_memory=max_memory, offload_folder=str(offload_folder))
+        wrapped = PeftModel.from_pretrained(model, str(adapter), max_memory=max_memory,
+                                            offload_folder=str(offload_folder))
     except (OSError, ValueError, RuntimeError) as exc:
         raise ModelLoadError(f"cannot apply the adapter in {adapter} to this base model: {exc}") from None
     wrapped.eval()

@@ -256,5 +256,6 @@ def placement_table(placement: Placement):
                       format_bytes(row.total_bytes), budget)
     table.add_section()
     table.add_row("total", str(placement.total_layers), format_bytes(placement.weights_bytes),
-                  format_bytes(placement.kv_cache_bytes), format_bytes(placement.weights_bytes + placement.kv_cache_bytes), "")
+                  format_bytes(placement.kv_cache_bytes),
+                  format_bytes(placement.weights_bytes + placement.kv_cache_bytes), "")
     return table

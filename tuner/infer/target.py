@@ -67,7 +67,8 @@ def _adapter_dir(argument: str) -> Path:
 def _run_directory_target(run_dir: Path, overrides: Iterable[str]) -> InferenceTarget:
     final = saved_result(run_dir)
     if final is None:
-        raise ModelLoadError(f"{run_dir}: the run has no {FINAL_DIR}/ model yet (training has not finished); wait for it, "
+        raise ModelLoadError(f"{run_dir}: the run has no {FINAL_DIR}/ model yet (training has not finished); "
+                             "wait for it, "
                              f"or pass --model with one of its checkpoints/ folders.")
     lock = final / LOCK_FILE if (final / LOCK_FILE).is_file() else run_dir / LOCK_FILE
     recipe = load_recipe(lock, overrides)
