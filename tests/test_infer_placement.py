@@ -5,9 +5,9 @@ import pytest
 from rich.console import Console
 
 from tuner.commands._inference_args import parse_max_memory
+from tuner.catalog.models import facts_from_config, model_facts
 from tuner.infer.placement import (
     GIB,
-    AttentionShape,
     hardware_memory_map,
     kv_cache_bytes,
     max_memory_map,
@@ -17,7 +17,13 @@ from tuner.infer.placement import (
 from tuner.loading.model import ModelLoadError
 from tuner.recipe.io import validate_recipe
 
-LLAMA3_8B = AttentionShape(layers=32, kv_heads=8, head_dim=128)
+LLAMA3_8B = model_facts("meta-llama/Llama-3.1-8B")  # the planner's catalog: 32 layers, 8 KV heads of 128
+
+
+def facts(layers: int, kv_heads: int, head_dim: int):
+    config = {"hidden_size": kv_heads * head_dim, "num_attention_heads": kv_heads, "num_key_value_heads": kv_heads,
+              "head_dim": head_dim, "num_hidden_layers": layers, "intermediate_size": 8, "vocab_size": 10}
+    return facts_from_config(config, "test model", "test")
 
 
 def test_kv_cache_follows_the_formula():
@@ -27,11 +33,13 @@ def test_kv_cache_follows_the_formula():
     assert kv_cache_bytes(LLAMA3_8B, batch=1, context=8192, bytes_per_value=2, layers=8) == GIB // 4
 
 
-def test_attention_shape_reads_grouped_query_attention_from_the_config():
+def test_kv_cache_from_a_loaded_config_matches_the_catalog():
     from transformers import LlamaConfig
 
-    config = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32)
-    assert AttentionShape.from_config(config) == LLAMA3_8B
+    config = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32,
+                         intermediate_size=14336, vocab_size=128256)
+    from_config = facts_from_config(config.to_dict(), "llama", "config")
+    assert kv_cache_bytes(from_config, 1, 8192, 2) == kv_cache_bytes(LLAMA3_8B, 1, 8192, 2)
 
 
 def test_budget_is_gpu_memory_less_headroom_then_cpu_ram():
@@ -53,7 +61,7 @@ TENSORS = {"model.embed_tokens.weight": 100, "model.layers.0.mlp.weight": 1000, 
            "model.layers.2.mlp.weight": 1000, "model.layers.2.attn.bias": 10, "model.norm.weight": 5,
            "lm_head.weight": 100}
 LAYERS = ["model.layers.0", "model.layers.1", "model.layers.2"]
-SMALL = AttentionShape(layers=3, kv_heads=2, head_dim=4)
+SMALL = facts(layers=3, kv_heads=2, head_dim=4)
 
 
 def test_layers_and_bytes_per_device_with_kv_cache_on_the_main_gpu():
@@ -75,7 +83,7 @@ def test_layers_and_bytes_per_device_with_kv_cache_on_the_main_gpu():
 
 def test_a_gpu_that_cannot_hold_its_kv_cache_is_flagged():
     placement = summarise_placement({"": 0}, {"model.layers.0.w": 1000}, ["model.layers.0"],
-                                    AttentionShape(1, 1, 1000), bytes_per_value=2, batch=1, context=100,
+                                    facts(1, 1, 1000), bytes_per_value=2, batch=1, context=100,
                                     max_memory={0: 2000, "cpu": 0}, headroom_bytes=1000)
     [warning] = placement.warnings()
     assert "GPU 0" in warning and "--batch-size" in warning
@@ -88,7 +96,7 @@ def test_cpu_only_placement_has_no_warnings_and_renders():
     console = Console(record=True, width=120)
     console.print(placement_table(placement))
     text = console.export_text()
-    assert "CPU" in text and "total" in text and "batch 1 × context 16" in text
+    assert "CPU" in text and "total" in text and "batch 1 × context 16" in text and "model facts: test" in text
 
 
 def test_max_memory_flags():

@@ -63,8 +63,8 @@ def load_for_inference(target: InferenceTarget, *, batch: int = 1, context: int,
     model = load_model(recipe, target.model_path, device_map="auto", max_memory=max_memory,
                        offload_folder=str(folder), quantization_config=quantization)
     model.eval()
-    placement = placement_of(model, batch, context, _numeric(max_memory),
-                             int(recipe.inference.gpu_headroom_gb * GIB), tuple(notes))
+    placement = placement_of(model, batch, context, _numeric(max_memory), int(recipe.inference.gpu_headroom_gb * GIB),
+                             tuple(notes), _planner_facts(target))
     if target.adapter is not None:
         model = _with_adapter(model, target.adapter, placement, max_memory, folder)
     tokenizer = load_tokenizer(recipe, target.tokenizer_path)
@@ -93,6 +93,17 @@ def _with_adapter(model, adapter: Path, placement: Placement, max_memory, offloa
         raise ModelLoadError(f"cannot apply the adapter in {adapter} to this base model: {exc}") from None
     wrapped.eval()
     return wrapped
+
+
+def _planner_facts(target: InferenceTarget):
+    """The planner's facts for the model (catalog, local config.json or hub cache); None when it has none."""
+    from tuner.catalog.models import UnknownModelError, model_facts
+
+    model = target.recipe.model
+    try:
+        return model_facts(target.model_path, model.revision, model.trust_remote_code)
+    except UnknownModelError:
+        return None
 
 
 def _numeric(max_memory: dict[int | str, int | str]) -> dict[int | str, int]:

@@ -2,7 +2,8 @@
 
 The budget (``max_memory``) is derived from the recipe's hardware; the report is a plain
 data object built from the loaded model's ``hf_device_map`` so the CLI prints it as a table
-and the TUI can show the same numbers.  Nothing here imports torch at module level.
+and the TUI can show the same numbers.  Layer counts and KV heads are the planner's model facts
+(:mod:`tuner.catalog.models`).  Nothing here imports torch at module level.
 """
 from __future__ import annotations
 
@@ -13,28 +14,14 @@ DISK = "disk"
 CPU = "cpu"
 
 
-@dataclass(frozen=True)
-class AttentionShape:
-    """The model facts the KV cache depends on (computed here from the model config)."""
+def kv_cache_bytes(facts, batch: int, context: int, bytes_per_value: int, layers: int | None = None) -> int:
+    """Keys and values of every token: 2 · layers · kv_heads · head_dim · bytes · batch · context.
 
-    layers: int
-    kv_heads: int
-    head_dim: int
-
-    @classmethod
-    def from_config(cls, config) -> "AttentionShape":
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        heads = text.num_attention_heads
-        kv_heads = getattr(text, "num_key_value_heads", None) or heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-        return cls(text.num_hidden_layers, kv_heads, head_dim)
-
-
-def kv_cache_bytes(shape: AttentionShape, batch: int, context: int, bytes_per_value: int,
-                   layers: int | None = None) -> int:
-    """Keys and values of every token: 2 · layers · kv_heads · head_dim · bytes · batch · context."""
-    layers = shape.layers if layers is None else layers
-    return 2 * layers * shape.kv_heads * shape.head_dim * bytes_per_value * batch * context
+    ``facts`` is the planner's :class:`~tuner.catalog.models.ModelFacts` (num_layers, num_kv_heads, head_dim);
+    ``layers`` counts only some of the layers (those computing on one device).
+    """
+    layers = facts.num_layers if layers is None else layers
+    return 2 * layers * facts.num_kv_heads * facts.head_dim * bytes_per_value * batch * context
 
 
 def max_memory_map(gpu_memory_gib: list[float], headroom_gib: float, cpu_gib: float) -> dict[int | str, int]:
@@ -116,7 +103,7 @@ class Placement:
     context: int
     total_layers: int
     headroom_bytes: int = 0
-    facts_from: str = "model config"
+    facts_from: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -187,7 +174,7 @@ def _order(device: int | str) -> tuple[int, int]:
 
 
 def summarise_placement(device_map: dict[str, int | str], tensor_bytes: dict[str, int], layer_names: list[str],
-                        shape: AttentionShape, bytes_per_value: int, batch: int, context: int,
+                        facts, bytes_per_value: int, batch: int, context: int,
                         max_memory: dict[int | str, int] | None = None, headroom_bytes: int = 0,
                         notes: tuple[str, ...] = ()) -> Placement:
     """Pure: layers and bytes per device from a device map; KV cache where each layer computes.
@@ -210,24 +197,30 @@ def summarise_placement(device_map: dict[str, int | str], tensor_bytes: dict[str
         kv_layers[runs_on] = kv_layers.get(runs_on, 0) + count
     rows = []
     for device in sorted(set(weights) | set(layers) | set(kv_layers), key=_order):
-        kv = kv_cache_bytes(shape, batch, context, bytes_per_value, layers=kv_layers.get(device, 0))
+        kv = kv_cache_bytes(facts, batch, context, bytes_per_value, layers=kv_layers.get(device, 0))
         budget = None if max_memory is None or device == DISK else max_memory.get(device)
         rows.append(DevicePlacement(device, layers.get(device, 0), weights.get(device, 0), kv, budget))
-    return Placement(tuple(rows), batch, context, len(layer_names), headroom_bytes, notes=notes)
+    return Placement(tuple(rows), batch, context, len(layer_names), headroom_bytes, getattr(facts, "source", ""), notes)
 
 
 def placement_of(model, batch: int, context: int, max_memory: dict[int | str, int] | None = None,
-                 headroom_bytes: int = 0, notes: tuple[str, ...] = ()) -> Placement:
-    """The placement report of a loaded (unwrapped) Hugging Face model."""
+                 headroom_bytes: int = 0, notes: tuple[str, ...] = (), facts=None) -> Placement:
+    """The placement report of a loaded (unwrapped) Hugging Face model.
+
+    ``facts``: the planner's model facts for the model (tuner.catalog.models.model_facts); without them they
+    are read from the loaded model's config through the same function.
+    """
+    from tuner.catalog.models import facts_from_config
+
     device_map = getattr(model, "hf_device_map", None) or {"": _device_key(model.device)}
     tensors = dict(model.named_parameters())
     tensors.update(model.named_buffers())
     tensor_bytes = {name: tensor.numel() * tensor.element_size() for name, tensor in tensors.items()}
     layer_classes = set(getattr(model, "_no_split_modules", None) or ())
     layer_names = [name for name, module in model.named_modules() if type(module).__name__ in layer_classes]
-    shape = AttentionShape.from_config(model.config)
+    facts = facts or facts_from_config(model.config.to_dict(), model.name_or_path, "the model config")
     bytes_per_value = _kv_bytes_per_value(model)
-    return summarise_placement(device_map, tensor_bytes, layer_names, shape, bytes_per_value, batch, context,
+    return summarise_placement(device_map, tensor_bytes, layer_names, facts, bytes_per_value, batch, context,
                                max_memory, headroom_bytes, notes)
 
 
@@ -247,7 +240,7 @@ def placement_table(placement: Placement):
 
     table = Table(title="Model placement", title_justify="left",
                   caption=f"KV cache at batch {placement.batch} × context {placement.context} tokens "
-                          f"(model facts from the {placement.facts_from})", caption_justify="left")
+                          f"(model facts: {placement.facts_from})", caption_justify="left")
     for column in ("device", "layers", "weights", "KV cache", "weights + KV", "budget"):
         table.add_column(column, justify="left" if column == "device" else "right")
     for row in placement.devices:
