@@ -171,3 +171,12 @@ def test_multi_node_launch_sh_passes_rank_address_and_names_literally(tmp_path, 
     bad = subprocess.run(["bash", str(script), "1; touch pwned"], env=env, capture_output=True, timeout=30)
     assert bad.returncode == 2
     assert not list(tmp_path.rglob("pwned"))
+
+
+def test_infer_warns_about_remote_code_before_loading_the_model(capsys) -> None:
+    code = main(["infer", "demo", "--set", "model.trust_remote_code=true", "--set", "model.id=acme/not-cached-7b",
+                 "--prompt", "hello"])
+    err = capsys.readouterr().err
+    assert code == 2  # not in the cache offline: the load fails, after the warning
+    assert err.index("warning: model.trust_remote_code:") < err.index("error: model.id:")
+    assert "'acme/not-cached-7b'" in err.split("error:")[0]

@@ -65,8 +65,11 @@ def load_from_args(args: argparse.Namespace, batch: int = 1):
     from tuner.infer.load import default_context, load_for_inference
     from tuner.infer.placement import placement_table
     from tuner.infer.target import resolve_target
+    from tuner.recipe.warnings import recipe_warnings
 
     target = resolve_target(args.recipe, args.overrides, args.model, args.adapter)
+    for warning in recipe_warnings(target.recipe):  # before loading: remote code runs while the model loads
+        print(f"warning: {warning}", file=sys.stderr)
     sampling = Sampling.from_recipe(target.recipe, args.max_new_tokens, args.greedy, args.temperature, args.top_p)
     max_memory = parse_max_memory(args.max_memory)
     context = args.context or default_context(target, sampling.max_new_tokens)
