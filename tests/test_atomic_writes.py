@@ -168,16 +168,21 @@ def test_every_file_tuner_writes_goes_through_fileio() -> None:
 
 # -- a full or foreign disk is a message, not a traceback ------------------------------------------------------
 
-def test_disk_full_during_render_is_one_line_with_advice(tmp_path, monkeypatch, capsys) -> None:
-    def full(fd):
-        raise OSError(errno.ENOSPC, "No space left on device")
+def test_disk_full_during_render_is_one_line_with_advice_and_leaves_no_run_directory(tmp_path, monkeypatch, capsys) -> None:
+    real_replace, renamed = os.replace, []
 
-    monkeypatch.setattr(os, "fsync", full)
+    def full_after_one_file(src, dst):
+        if renamed:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        renamed.append(dst)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", full_after_one_file)
     code, err = cli("render", "demo", "-o", str(tmp_path / "run"), capsys=capsys)
-    assert code == 1
-    assert re.fullmatch(rf"error: {re.escape(str(tmp_path / 'run'))}/\S+: No space left on device; free some space, "
+    assert code == 1 and renamed
+    assert re.fullmatch(rf"error: {re.escape(str(tmp_path / 'run'))}/[a-z.]+: No space left on device; free some space, "
                         r"or point output.dir at a disk with room\.\n", err), err
-    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").glob(".*.tmp"))
+    assert list(tmp_path.iterdir()) == []  # no half-written run directory, no staging directory
 
 
 def test_unwritable_destination_names_the_file_not_its_temporary(capsys) -> None:

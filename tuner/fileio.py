@@ -83,6 +83,11 @@ def atomic_write_directory(directory: str | os.PathLike, files: dict[str, str],
         for name, text in files.items():
             atomic_write_text(staging / name, text, mode=(modes or {}).get(name))
         os.rename(staging, directory)  # fails if directory appeared meanwhile: never merges into it
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        if exc.filename and str(exc.filename).startswith(str(staging)):  # name the files the user will look for
+            raise type(exc)(exc.errno, exc.strerror, str(directory) + str(exc.filename)[len(str(staging)):]) from exc
+        raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.events import EVENTS_FILE
-from tuner.fileio import atomic_write_text
+from tuner.fileio import atomic_write_directory, atomic_write_text
 from tuner.launch.argv import ACCELERATE_CONFIG, LOCK_FILE
 from tuner.recipe.io import RecipeError, recipe_to_yaml
 from tuner.recipe.schema import Recipe
@@ -46,11 +46,14 @@ def write_run_directory(recipe: Recipe, run_dir: str | Path | None = None, *, fo
         raise RecipeError([f"{run_dir}: the run directory already exists; pass --force to overwrite its files, "
                            "--resume to continue it, or change output.dir."])
     files = render_run_files(recipe, run_dir)
+    modes = {name: 0o755 for name in EXECUTABLES}
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return atomic_write_directory(run_dir, files, modes)  # whole or not at all: a full disk leaves no half run
     if force:
         # a fresh run: its progress must not show the old one's, nor its files outlive a change of topology
         for stale in (EVENTS_FILE, DEEPSPEED_CONFIG, SLURM_SCRIPT):
             if stale not in files:
                 (run_dir / stale).unlink(missing_ok=True)
     for name, text in files.items():
-        atomic_write_text(run_dir / name, text, mode=0o755 if name in EXECUTABLES else None)
+        atomic_write_text(run_dir / name, text, mode=modes.get(name))
     return run_dir
