@@ -73,7 +73,7 @@ def test_checkpointing_and_attention_change_activations():
     ckpt = plan(recipe(gpus=1, max_seq_length=4096, gradient_checkpointing=True, method={"kind": "lora"}))
     eager = plan(recipe(gpus=1, max_seq_length=4096, attention="eager", method={"kind": "lora"}))
     assert ckpt.gpu.terms["activations"] < plain.gpu.terms["activations"] / 5
-    assert eager.gpu.terms["activations"] > plain.gpu.terms["activations"] + 32 * 32 * 4096**2 * 6 / GIB * 0.99
+    assert eager.gpu.terms["activations"] > plain.gpu.terms["activations"] + 32 * 32 * 4096**2 * 6 / GIB * 0.95
     # 128k vocabulary: the logits and loss buffers are 12 bytes per token and vocabulary entry
     assert plain.gpu.terms["logits_loss"] == pytest.approx(4096 * 128256 * 12 / GIB)
 

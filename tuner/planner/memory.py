@@ -414,10 +414,10 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[str]]:
     full = s.kind == "full"
     # final norm (fp32 upcast; normalised input when it trains), output-head input, rotary cos/sin
     final = tokens * f.hidden_size * (4 + (2 * a if full else a)) + s.seq * f.head_dim * 2 * a
-    # the backward of one layer holds the gradients of the SwiGLU intermediates
-    layer_backward = tokens * 4 * a * f.intermediate_size * max(f.experts_per_token, 1)
-    if s.eager:  # and the gradients of the s x s probabilities and scores
-        layer_backward += tokens * 8 * f.num_heads * s.seq
+    # the backward of one layer holds the gradients of the SwiGLU intermediates, then (eager) those of
+    # the s x s probabilities and scores; the MLP's are freed before the attention's backward starts
+    layer_backward = tokens * max(4 * a * f.intermediate_size * max(f.experts_per_token, 1),
+                                  6 * f.num_heads * s.seq if s.eager else 0)
     items = []
     if s.checkpointing:
         items.append(Item(f"checkpointed layer inputs ({f.num_layers} layers)", "activations",
@@ -429,6 +429,9 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[str]]:
                           f.num_layers * per_layer, BACKWARD, source="korthikanti"))
     items.append(Item("gradients of one layer's intermediates", "activations", layer_backward, LAYER_BACKWARD,
                       source="torch-autograd"))
+    if full and s.accumulation == 1:  # backward reaches the layers after the output head's gradient exists
+        items.append(Item("gradient of the output head", "gradients", f.vocab_size * f.hidden_size * s.weight_bytes,
+                          LAYER_BACKWARD, source="torch-autograd"))
     items.append(Item("final norm, output-head input, rotary tables", "activations", final, FORWARD_BACKWARD,
                       source="korthikanti"))
     # logits: the 16-bit/fp32 logits, log_softmax output (fp32) and two fp32 gradients of it in backward

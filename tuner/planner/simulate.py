@@ -1,10 +1,10 @@
 """Simulate one training step on fake tensors: the real model code, no memory allocated.
 
-The model is built from its config under ``FakeTensorMode`` and two Trainer-like steps
-(forward with autocast, backward, gradient clipping, AdamW step, zero_grad) run under
+The model is built from its config as fake tensors and two Trainer-like steps run
+(forward with autocast, backward, gradient clipping, AdamW step, zero_grad); the second,
+with its optimizer states in place (the steady state), under
 ``torch.distributed._tools.mem_tracker.MemTracker``, which records the peak of live tensor
-storage by category.  The second step has its optimizer states in place, so the peak
-is the steady state.  This checks the analytic planner; it is slow (seconds), so only
+storage by category.  This checks the analytic planner; it is slow (seconds), so only
 ``tuner plan --simulate`` and the tests call it.  torch and transformers are imported here only.
 """
 from __future__ import annotations
@@ -123,19 +123,21 @@ def simulate(recipe) -> SimulationResult:
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=False)
         ids = torch.randint(0, config.vocab_size, (batch, seq))
+
+        def step() -> None:
+            with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            del loss
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        step()  # the first step creates the optimizer states; the traced second one is the steady state
         tracker = _tracker()
         tracker.track_external(model, optimizer)
         with tracker:
-            for step in range(2):
-                with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                    loss = model(input_ids=ids, labels=ids).loss
-                loss.backward()
-                del loss
-                torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                if step == 0:
-                    tracker.reset_mod_stats()
+            step()
         snapshot = tracker.get_tracker_snapshot("peak")
     by_category: dict[str, float] = {}
     total = 0.0
