@@ -429,7 +429,8 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[str]]:
                           f.num_layers * per_layer, BACKWARD, source="korthikanti"))
     items.append(Item("gradients of one layer's intermediates", "activations", layer_backward, LAYER_BACKWARD,
                       source="torch-autograd"))
-    if full and s.accumulation == 1:  # backward reaches the layers after the output head's gradient exists
+    if full and s.accumulation == 1 and s.distributed in ("none", "ddp"):
+        # backward reaches the layers after the output head's gradient exists (sharded engines keep grad buffers)
         items.append(Item("gradient of the output head", "gradients", f.vocab_size * f.hidden_size * s.weight_bytes,
                           LAYER_BACKWARD, source="torch-autograd"))
     items.append(Item("final norm, output-head input, rotary tables", "activations", final, FORWARD_BACKWARD,
