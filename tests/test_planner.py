@@ -144,3 +144,11 @@ def test_plan_command_adhoc_json_and_errors(tuner_cli):
     assert done.returncode == 2 and "model.id" in done.stderr
     done = tuner_cli("plan", "demo", "--set", "memory.micro_batch_size=2")
     assert done.returncode == 0 and "verdict" in done.stdout
+
+
+def test_every_builtin_recipe_gets_a_plan(tuner_home):
+    from tuner.recipe.io import load_recipe
+    from tuner.recipe.registry import builtin_names, builtin_path
+
+    for name in builtin_names():
+        assert plan(load_recipe(builtin_path(name))).verdict in ("fits", "tight", "does not fit")
