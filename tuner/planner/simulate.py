@@ -1,8 +1,8 @@
 """Simulate one training step on fake tensors: the real model code, no memory allocated.
 
-The model is built from its config as fake tensors and two Trainer-like steps run
-(forward with autocast, backward, gradient clipping, AdamW step, zero_grad); the second,
-with its optimizer states in place (the steady state), under
+The model is built from its config as fake tensors; an AdamW step on zero gradients
+creates the optimizer states, then one Trainer-like step (forward with autocast, backward,
+gradient clipping, AdamW step, zero_grad) runs in that steady state under
 ``torch.distributed._tools.mem_tracker.MemTracker``, which records the peak of live tensor
 storage by category.  This checks the analytic planner; it is slow (seconds), so only
 ``tuner plan --simulate`` and the tests call it.  torch and transformers are imported here only.
@@ -84,7 +84,7 @@ def _tracker():
 
 
 def simulate(recipe) -> SimulationResult:
-    """Trace two training steps of ``recipe``'s model on one process, with fake tensors."""
+    """Trace one steady-state training step of ``recipe``'s model on one process, with fake tensors."""
     reason = why_not_simulable(recipe)
     if reason:
         return SimulationResult(error=reason)
@@ -117,6 +117,7 @@ def simulate(recipe) -> SimulationResult:
                                                  target_modules=lora.target_modules, task_type="CAUSAL_LM"))
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = model.to_empty(device="cpu")
+        model.tie_weights()  # to_empty gives each module its own tensor; tied embeddings share one again
         if mem.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
@@ -133,7 +134,10 @@ def simulate(recipe) -> SimulationResult:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        step()  # the first step creates the optimizer states; the traced second one is the steady state
+        for param in trainable:  # create the optimizer states without paying for a first forward/backward
+            param.grad = torch.zeros_like(param)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         tracker = _tracker()
         tracker.track_external(model, optimizer)
         with tracker:
