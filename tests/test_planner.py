@@ -152,3 +152,13 @@ def test_every_builtin_recipe_gets_a_plan(tuner_home):
 
     for name in builtin_names():
         assert plan(load_recipe(builtin_path(name))).verdict in ("fits", "tight", "does not fit")
+
+
+def test_plan_simulate_reports_the_traced_peak(tuner_home, capsys):
+    from tuner.cli import main
+
+    assert main(["plan", "demo", "--simulate", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    simulated, device = data["simulation"]["peak_gib"], data["plan"]["devices"][0]
+    assert data["simulation"]["error"] is None
+    assert device["total_gib"] - device["terms_gib"]["overhead"] == pytest.approx(simulated, rel=0.15)
