@@ -521,6 +521,9 @@ def plan(recipe) -> MemoryPlan:
     if s.quant_bits and s.distributed in ("fsdp", "deepspeed") and (s.distributed == "fsdp" or s.zero == 3):
         notes.append("QLoRA sharded with ZeRO-3/FSDP stores 4-bit weights as the compute dtype "
                      "(bnb_4bit_quant_storage); tuner's loader sets it.")
+    if s.quant_bits and f.is_moe:
+        notes.append("bitsandbytes quantises only nn.Linear layers: the fused MoE experts of transformers v5 stay "
+                     "unquantised, and k-bit preparation casts them to fp32.")
     if s.mixed and s.kind == "full" and s.distributed in ("none", "ddp") and s.weight_bytes == 2:
         notes.append("16-bit weights with 16-bit AdamW states (no fp32 master copy), as the Hugging Face Trainer "
                      "does for bf16 weights; load float32 weights for classic mixed precision.")
