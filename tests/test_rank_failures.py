@@ -85,3 +85,18 @@ def test_without_tee_the_log_is_shown_as_it_is() -> None:
              *SUMMARY.splitlines()[4:]]
     message = describe_failure(lines, 1)  # local rank 0 failed: rank 1's warning is not its story
     assert message[1].startswith("last lines of the log") and message[2:] == ["  step 5 loss 1.1"]
+
+
+@pytest.mark.slow
+def test_a_single_process_killed_under_accelerate_launch(tmp_path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import os, signal\nprint('only rank working', flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.accelerate_cli", "launch", "--cpu", "--num_processes", "1",
+         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    message = describe_failure((result.stdout + result.stderr).splitlines(), result.returncode)
+    assert result.returncode == 1  # accelerate turns the signal into exit code 1 ...
+    assert message[0].startswith("training was killed by SIGKILL")  # ... but its report still names it
+    assert message[-1] == "  only rank working"

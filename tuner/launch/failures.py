@@ -17,6 +17,7 @@ _RANK = re.compile(r"^(\d+) \(local_rank: (\d+)\)")
 _EXIT = re.compile(r"^(-?\d+)")
 _RANK_PREFIX = re.compile(r"^\[[A-Za-z_]+(\d+)\]:")  # torchrun --tee: [default1]:, torch's warnings: [rank1]:
 _TEE_PREFIX = re.compile(r"^\[(?!rank\d)[A-Za-z_]+\d+\]:")
+_DIED = re.compile(r"died with <Signals\.\w+: (\d+)>")
 _LAUNCHER = re.compile(r"torch/distributed/elastic/|ChildFailedError|^Traceback \(most recent call last\)")
 
 
@@ -108,8 +109,11 @@ def describe_failure(lines: list[str], exit_code: int, last: int = 15) -> list[s
     """Lines for the user: the rank that died first, how, and the last lines it printed."""
     failures = rank_failures(lines)
     if not failures:
-        how = RankFailure(0, 0, exit_code).how() if exit_code < 0 else f"exited with code {exit_code}"
-        tail = [line.rstrip("\n") for line in lines[-last:]]
+        # one process: accelerate's simple launcher reports a killed child as "died with <Signals.SIGKILL: 9>"
+        died = next((match for line in reversed(lines) if (match := _DIED.search(line))), None)
+        code = -int(died[1]) if died else exit_code
+        how = RankFailure(0, 0, code).how() if code < 0 else f"exited with code {code}"
+        tail = [line.rstrip("\n") for line in _before_launcher(lines) if line.strip()][-last:]
         return [f"training {how}; last lines of the log:", *(f"  {line}" for line in tail)]
     first = failures[0]
     where = f" on {first.host}" if first.host else ""
