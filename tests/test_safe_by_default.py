@@ -180,3 +180,21 @@ def test_infer_warns_about_remote_code_before_loading_the_model(capsys) -> None:
     assert code == 2  # not in the cache offline: the load fails, after the warning
     assert err.index("warning: model.trust_remote_code:") < err.index("error: model.id:")
     assert "'acme/not-cached-7b'" in err.split("error:")[0]
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed (apt-get install shellcheck)")
+def test_every_rendered_script_passes_shellcheck(tmp_path, demo_model_path) -> None:
+    """launch.sh and slurm.sbatch of every topology tuner renders (the render tests' matrix)."""
+    from render_cases import CASES, case_recipe
+
+    from tuner.render.run_directory import render_run_files
+
+    scripts = []
+    for name in CASES:
+        for file_name, text in render_run_files(case_recipe(name), Path("runs") / name).items():
+            if file_name.endswith((".sh", ".sbatch")):
+                scripts.append(tmp_path / f"{name}-{file_name}")
+                scripts[-1].write_text(text)
+    check = subprocess.run(["shellcheck", "--severity=warning", *map(str, scripts)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+    assert len(scripts) > len(CASES)

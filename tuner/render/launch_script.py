@@ -87,8 +87,12 @@ def render_slurm_script(recipe: Recipe, run_dir: str | Path) -> str:
     if hw.machines == 1:
         lines.append(f"srun --kill-on-bad-exit=1 {script}")
     else:
+        # assigned apart from `export` so that set -e stops the job when scontrol fails (shellcheck SC2155),
+        # and without `| head`, whose early exit would fail the pipeline on a long node list
         lines += [
-            f'export {MAIN_PROCESS_IP_VARIABLE}="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+            'hosts="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"',
+            f"{MAIN_PROCESS_IP_VARIABLE}=\"${{hosts%%$'\\n'*}}\"",
+            f"export {MAIN_PROCESS_IP_VARIABLE}",
             f"srun --kill-on-bad-exit=1 bash -c 'exec \"$0\" \"$SLURM_NODEID\"' {script}",
         ]
     return "\n".join(lines) + "\n"
