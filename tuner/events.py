@@ -13,7 +13,7 @@ from typing import Any, Iterator
 EVENTS_FILE = "events.jsonl"
 
 
-def write_event(path: Path, event: str, **fields: Any) -> dict[str, Any]:
+def write_event(path: Path, event: str, /, **fields: Any) -> dict[str, Any]:
     """Append one event (flushed at once so readers see it while the run goes on)."""
     record = {"event": event, "time": round(time.time(), 3), **fields}
     with open(path, "a", encoding="utf-8") as stream:
