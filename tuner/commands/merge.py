@@ -8,7 +8,7 @@ from tuner.recipe.io import RecipeError, load_recipe
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("merge", help="merge a LoRA/QLoRA run's adapter into its base model (standalone model)")
-    parser.add_argument("run", help="run directory (uses its final/ adapter) or a checkpoint folder holding an adapter")
+    parser.add_argument("run_dir", metavar="RUN", help="run directory (uses its final/ adapter) or a checkpoint folder holding an adapter")
     parser.add_argument("-o", "--output", help="where to save the merged model (default: RUN/merged)")
     parser.add_argument("--force", action="store_true", help="replace an existing output folder")
     parser.set_defaults(run=run)
@@ -17,7 +17,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from tuner.loading.merge import LOCK_FILE, find_adapter, merge_adapter
 
-    run_dir = Path(args.run)
+    run_dir = Path(args.run_dir)
     adapter = find_adapter(run_dir)
     lock = next((p for p in (adapter / LOCK_FILE, run_dir / LOCK_FILE) if p.is_file()), None)
     if lock is None:
