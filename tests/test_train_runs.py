@@ -75,6 +75,7 @@ def lora_run(tmp_path_factory) -> Path:
     return lock.parent
 
 
+@pytest.mark.xdist_group("lora-run")
 def test_lora_saves_only_the_adapter(lora_run):
     check_finished_run(lora_run)
     names = {p.name for p in (lora_run / "final").iterdir()}
@@ -89,6 +90,7 @@ def test_qlora_trains_a_4bit_model_on_the_cpu(tmp_path):
     assert adapter["r"] == 16 and adapter["target_modules"]
 
 
+@pytest.mark.xdist_group("lora-run")
 def test_merged_model_answers_like_the_adapter(lora_run, tmp_path):
     import torch
     from peft import PeftModel

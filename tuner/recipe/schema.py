@@ -182,7 +182,9 @@ class DataSection(Section):
     train_on_prompt: bool = Field(
         False, description="Also compute loss on prompt/user tokens; by default only completions are learned."
     )
-    packing: bool = Field(False, description="Concatenate short samples into full max_seq_length sequences.")
+    packing: bool = Field(
+        False, description="Concatenate each micro-batch's samples into one row without padding; attention stays within each sample."
+    )
     max_samples: int | None = Field(None, ge=1, description="Use at most this many samples (after shuffling with the seed).")
 
 
