@@ -15,7 +15,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from tuner.loading.merge import LOCK_FILE, find_adapter, merge_adapter
+    from tuner.launch.argv import LOCK_FILE
+    from tuner.loading.merge import find_adapter, merge_adapter
 
     run_dir = Path(args.run_dir)
     adapter = find_adapter(run_dir)

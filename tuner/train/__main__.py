@@ -115,7 +115,8 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from tuner.fileio import atomic_write_text
     from tuner.loading.model import load_tokenizer
     from tuner.train.callbacks import EventsCallback, ProfilerCallback, memory_per_rank
-    from tuner.train.checkpoints import LOCK_FILE, CheckpointInfoCallback, resume_checkpoint
+    from tuner.launch.argv import LOCK_FILE
+    from tuner.train.checkpoints import CheckpointInfoCallback, resume_checkpoint
     from tuner.train.dataset import data_collator, prepare_data
 
     events = run_dir / EVENTS_FILE

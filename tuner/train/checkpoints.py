@@ -16,6 +16,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from tuner.fileio import atomic_write_text
+from tuner.launch.argv import LOCK_FILE
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import Recipe
 
@@ -23,7 +24,6 @@ log = logging.getLogger("tuner")
 
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_INFO = "tuner_checkpoint.json"
-LOCK_FILE = "recipe.lock.yaml"
 _CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
