@@ -229,8 +229,7 @@ def test_labelled_segments_and_preview(tmp_path, tokenizer, capsys):
     assert out.count("«reverse\n") == 2 and "</s>" in out
 
 
-def test_uncached_hub_dataset_offline_is_a_clear_error(tmp_path, monkeypatch):
+def test_uncached_hub_dataset_offline_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
     with pytest.raises(DataError, match="Offline, only datasets already in the local cache load"):
         split_samples(recipe_for("someorg/not-cached-dataset"))
