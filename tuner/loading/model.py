@@ -153,6 +153,7 @@ def apply_lora(model, recipe: Recipe):
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=lora.target_modules,
+        modules_to_save=lora.modules_to_save or None,
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)

@@ -80,6 +80,11 @@ class LoraSection(Section):
         "all-linear",
         description="Module names to adapt (e.g. [q_proj, v_proj]) or all-linear for every linear layer but the output head.",
     )
+    modules_to_save: list[str] = Field(
+        default_factory=list,
+        description="Modules trained in full beside the adapters and saved with them (e.g. [norm] for the final norm, "
+        "[embed_tokens, lm_head] after adding tokens).",
+    )
 
 
 class QuantizationSection(Section):

@@ -44,6 +44,7 @@ def resume_settings(recipe: Recipe, world_size: int) -> dict[str, Any]:
             "method.lora.alpha": lora.alpha,
             "method.lora.dropout": lora.dropout,
             "method.lora.target_modules": lora.target_modules,
+            "method.lora.modules_to_save": lora.modules_to_save,
         })
     settings["method.quantization"] = method.quantization.model_dump() if method.quantization else None
     return settings
