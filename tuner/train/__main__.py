@@ -84,7 +84,7 @@ def build_model(recipe: Recipe):
 
 
 def planned_gib(recipe: Recipe) -> float | None:
-    """The planner's per-GPU prediction, or None where the planner is not there or cannot plan this recipe."""
+    """The planner's peak for the training device (a GPU, or the process's CPU RAM), or None where it cannot plan."""
     try:
         from tuner.planner import plan
     except ImportError:
@@ -103,8 +103,9 @@ def memory_report(recipe: Recipe, per_rank: dict[str, list[float]]) -> dict:
     on_gpu = "peak_reserved_gib" in per_rank
     measured = max(per_rank["peak_reserved_gib" if on_gpu else "peak_rss_gib"])
     predicted = planned_gib(recipe)
-    what = "peak reserved on the busiest GPU" if on_gpu else "peak RSS of the CPU process"
-    plan_part = f"plan predicted {predicted:.2f} GiB per GPU" if predicted is not None else "no plan available"
+    where = "per GPU" if on_gpu else "of CPU RAM"
+    what = "peak reserved on the busiest GPU" if on_gpu else "peak RSS of the training process"
+    plan_part = f"plan predicted {predicted:.2f} GiB {where}" if predicted is not None else "no plan available"
     return {"predicted_gib": predicted, "measured_gib": measured, "measured": what, **memory_fields(per_rank),
             "line": f"{plan_part}, measured {measured:.2f} GiB ({what})"}
 
