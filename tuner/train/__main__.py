@@ -114,9 +114,9 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from transformers import Trainer
 
     from tuner.fileio import atomic_write_text
+    from tuner.launch.argv import LOCK_FILE
     from tuner.loading.model import load_tokenizer
     from tuner.train.callbacks import EventsCallback, ProfilerCallback, memory_per_rank
-    from tuner.launch.argv import LOCK_FILE
     from tuner.train.checkpoints import CheckpointInfoCallback, resume_checkpoint
     from tuner.train.dataset import data_collator, prepare_data
 
@@ -159,7 +159,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
 
         merged = merge_adapter(recipe, final, run_dir / MERGED_DIR, force=True)
     atomic_write_text(run_dir / "memory.json", json.dumps(report, indent=2) + "\n")
-    print(f"[tuner] {report['line']}", flush=True)
+    log.info("%s", report["line"])
     write_event(events, "memory", **report)
     write_event(events, "finished", step=trainer.state.global_step, final_dir=str(final),
                 merged_dir=str(merged) if merged else None, truncated=data.truncated, dropped=data.dropped,
