@@ -181,3 +181,20 @@ def test_resume_accepts_unchanged_settings(tmp_path):
     lock = make_run(tmp_path, "demo-qlora.yaml", "training.resume=auto")
     checkpoint = fake_checkpoint(lock, 3)
     assert resume_checkpoint(load_recipe(lock), lock.parent, world_size=1) == checkpoint
+
+
+def test_8bit_base_with_lora_trains_on_the_cpu():
+    """bits: 8 loads Linear8bitLt layers; gradients reach the adapters only."""
+    import torch
+
+    from tuner.loading.model import apply_lora, count_parameters, load_model
+
+    recipe = load_recipe(REPO / "recipes" / "demo-qlora.yaml", ["method.quantization.bits=8"])
+    model = apply_lora(load_model(recipe), recipe)
+    assert type(model.base_model.model.model.layers[0].self_attn.q_proj.base_layer).__name__ == "Linear8bitLt"
+    trainable, total = count_parameters(model)
+    assert 0 < trainable < total
+    inputs = torch.tensor([[5, 9, 17, 23, 30]])
+    model(input_ids=inputs, labels=inputs).loss.backward()
+    grads = [name for name, p in model.named_parameters() if p.grad is not None]
+    assert grads and all("lora_" in name or "modules_to_save" in name for name in grads)
