@@ -45,6 +45,10 @@ class EventFollower:
         self.path = path
         self._offset = 0
 
+    def skip_existing(self) -> None:
+        """Follow only what is written from now on (a resumed run appends to its earlier events)."""
+        self._offset = self.path.stat().st_size if self.path.exists() else 0
+
     def poll(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []

@@ -16,6 +16,7 @@ from pathlib import Path
 from tuner.events import EVENTS_FILE, write_event
 from tuner.recipe import RecipeError, load_recipe
 from tuner.recipe.schema import Recipe
+from tuner.render.deepspeed_config import DEEPSPEED_CONFIG
 
 log = logging.getLogger("tuner")
 
@@ -24,7 +25,7 @@ MERGED_DIR = "merged"
 PROFILE_DIR = "profile"
 
 
-def training_arguments(recipe: Recipe, run_dir: Path, liger: bool = False):
+def training_arguments(recipe: Recipe, run_dir: Path):
     from transformers import TrainingArguments
 
     from tuner.train.checkpoints import CHECKPOINTS_DIR
@@ -57,10 +58,9 @@ def training_arguments(recipe: Recipe, run_dir: Path, liger: bool = False):
         activation_checkpointing_kwargs={"use_reentrant": False} if mem.gradient_checkpointing else None,
         optim=mem.optimizer,
         torch_compile=mem.torch_compile,
-        use_liger_kernel=liger,
         include_num_input_tokens_seen="non_padding",
         use_cpu=not recipe.uses_gpu,
-        deepspeed=str(run_dir / "deepspeed.json") if mem.distributed == "deepspeed" else None,
+        deepspeed=str(run_dir / DEEPSPEED_CONFIG) if mem.distributed == "deepspeed" else None,
         report_to="none",
         remove_unused_columns=False,
         disable_tqdm=True,
@@ -119,16 +119,25 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from tuner.train.callbacks import EventsCallback, ProfilerCallback, memory_per_rank
     from tuner.train.checkpoints import CheckpointInfoCallback, resume_checkpoint
     from tuner.train.dataset import data_collator, prepare_data
+    from tuner.train.rank_trace import RankTrace, tracing_ranks
 
     events = run_dir / EVENTS_FILE
     lock_text = (run_dir / LOCK_FILE).read_text(encoding="utf-8")
     # everything a user can fix is checked before the model is built: resume settings, then the data
     resume = resume_checkpoint(recipe, run_dir, int(os.environ.get("WORLD_SIZE", 1)))
+    # before the model: under ZeRO-3 the arguments' DeepSpeed config makes from_pretrained shard while loading
+    args = training_arguments(recipe, run_dir)
+    if recipe.memory.distributed == "deepspeed" and not recipe.uses_gpu:
+        # Accelerate sets up DeepSpeed's communication only on accelerators; ZeRO-3's sharded load needs it
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     tokenizer = load_tokenizer(recipe)
     data = prepare_data(recipe, tokenizer)
-    model, liger = build_model(recipe)
-    args = training_arguments(recipe, run_dir, liger)
-    callbacks = [CheckpointInfoCallback(recipe, lock_text), EventsCallback(events)]
+    model, args.use_liger_kernel = build_model(recipe)  # the Trainer patches the kernels in when it starts
+    collator = data_collator(recipe, tokenizer)
+    trace = RankTrace(events, collator) if tracing_ranks() else None
+    callbacks = [CheckpointInfoCallback(recipe, lock_text), EventsCallback(events), *([trace] if trace else [])]
     if profile_steps:
         callbacks.append(ProfilerCallback(run_dir / PROFILE_DIR, profile_steps))
     trainer = Trainer(
@@ -136,7 +145,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
         args=args,
         train_dataset=data.train,
         eval_dataset=data.eval,
-        data_collator=data_collator(recipe, tokenizer),
+        data_collator=trace.collate if trace else collator,
         processing_class=tokenizer,
         callbacks=callbacks,
     )
@@ -147,7 +156,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     metrics = dict(result.metrics)
     last_eval = next((entry for entry in reversed(trainer.state.log_history) if "eval_loss" in entry), None)
     if data.eval is not None and (last_eval is None or last_eval.get("step") != trainer.state.global_step):
-        last_eval = trainer.evaluate()
+        last_eval = trainer.evaluate()  # every rank: evaluation is a collective
     metrics.update({key: value for key, value in (last_eval or {}).items() if key.startswith("eval_")})
     report = memory_report(recipe, memory_per_rank())
     if not trainer.is_world_process_zero():
