@@ -160,10 +160,12 @@ def apply_lora(model, recipe: Recipe):
 
 
 def count_parameters(model) -> tuple[int, int]:
-    """(trainable, total) parameters; a packed 4-bit tensor holds two weights per stored byte."""
+    """(trainable, total) parameters; a packed 4-bit tensor holds two weights per stored byte, and a ZeRO-3
+    partitioned one keeps its full size in ``ds_numel``."""
     trainable = total = 0
     for parameter in model.parameters():
-        count = parameter.numel() * (2 if parameter.__class__.__name__ == "Params4bit" else 1)
+        count = getattr(parameter, "ds_numel", parameter.numel())
+        count *= 2 if parameter.__class__.__name__ == "Params4bit" else 1
         total += count
         trainable += count if parameter.requires_grad else 0
     return trainable, total
