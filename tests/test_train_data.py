@@ -230,6 +230,11 @@ def test_labelled_segments_and_preview(tmp_path, tokenizer, capsys):
 
 
 def test_uncached_hub_dataset_offline_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    """Offline as the libraries see it: they read HF_HUB_OFFLINE once, when first imported."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(DataError, match="Offline, only datasets already in the local cache load"):
         split_samples(recipe_for("someorg/not-cached-dataset"))
