@@ -9,6 +9,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from tuner.events import write_event
+from tuner.fileio import atomic_write_text
 
 log = logging.getLogger("tuner")
 
@@ -140,7 +141,7 @@ class ProfilerCallback(TrainerCallback):
         profiler.export_chrome_trace(str(self.directory / f"trace{rank}.json"))
         sort = "self_cuda_memory_usage" if torch.cuda.is_available() else "self_cpu_memory_usage"
         table = profiler.key_averages().table(sort_by=sort, row_limit=40)
-        (self.directory / f"ops{rank}.txt").write_text(table)
+        atomic_write_text(self.directory / f"ops{rank}.txt", table)
         if torch.cuda.is_available():
             torch.cuda.memory._dump_snapshot(str(self.directory / f"memory_snapshot{rank}.pickle"))
             torch.cuda.memory._record_memory_history(enabled=None)
