@@ -1,4 +1,4 @@
-"""A half-written checkpoint is found from its files and skipped for the newest complete one."""
+"""A half-written or damaged checkpoint is found from its files and skipped for the newest complete one."""
 from __future__ import annotations
 
 import json
@@ -6,21 +6,28 @@ import shutil
 
 import pytest
 
-from tuner.train.integrity import checkpoint_problem, newest_complete_checkpoint
+from tuner.recipe.io import load_recipe, recipe_to_yaml
+from tuner.recipe.registry import builtin_path
+from tuner.train.checkpoints import CHECKPOINT_INFO, checkpoint_states, incomplete_reason, latest_complete_checkpoint
+from tuner.train.integrity import checkpoint_problem
 
 
 @pytest.fixture(scope="module")
 def real_checkpoints(demo_model_path, tmp_path_factory):
-    """Two checkpoints written by a real Trainer (2 steps of the demo model on the CPU)."""
+    """Two checkpoints written by a real Trainer with tuner's checkpoint callback (2 steps of the demo model, CPU)."""
     import torch
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from tuner.train.checkpoints import CheckpointInfoCallback
 
     out = tmp_path_factory.mktemp("trainer") / "checkpoints"
     model = AutoModelForCausalLM.from_pretrained(demo_model_path, dtype=torch.float32)
     samples = [{"input_ids": [1, 5, 6, 7, 2], "labels": [1, 5, 6, 7, 2]}] * 4
     args = TrainingArguments(str(out), max_steps=2, save_steps=1, per_device_train_batch_size=2, report_to=[],
                              use_cpu=True, logging_steps=1, save_total_limit=None, disable_tqdm=True)
-    Trainer(model=model, args=args, train_dataset=samples).train()
+    recipe = load_recipe(builtin_path("demo"))
+    Trainer(model=model, args=args, train_dataset=samples,
+            callbacks=[CheckpointInfoCallback(recipe, recipe_to_yaml(recipe))]).train()
     return out
 
 
@@ -40,7 +47,7 @@ def truncate(path, keep: float = 0.5) -> None:
 def test_complete_checkpoints_pass(checkpoints) -> None:
     assert sorted(p.name for p in checkpoints.iterdir()) == ["checkpoint-1", "checkpoint-2"]
     assert checkpoint_problem(checkpoints / "checkpoint-2") is None
-    assert newest_complete_checkpoint(checkpoints) == (checkpoints / "checkpoint-2", [])
+    assert latest_complete_checkpoint(checkpoints) == checkpoints / "checkpoint-2"
 
 
 @pytest.mark.slow
@@ -52,14 +59,15 @@ def test_complete_checkpoints_pass(checkpoints) -> None:
     pytest.param(lambda c: (c / "trainer_state.json").unlink(), "trainer_state.json missing", id="no trainer state"),
     pytest.param(lambda c: truncate(c / "trainer_state.json"), "trainer_state.json: truncated or damaged JSON", id="trainer state half"),
     pytest.param(lambda c: (c / "model.safetensors").unlink(), "no model weights", id="no weights"),
+    pytest.param(lambda c: (c / CHECKPOINT_INFO).unlink(), "the run stopped while saving it", id="no tuner marker"),
 ])
 def test_a_damaged_newest_checkpoint_is_skipped_with_the_reason(checkpoints, damage, expected) -> None:
     newest = checkpoints / "checkpoint-2"
     damage(newest)
-    assert expected in checkpoint_problem(newest)
-    chosen, skipped = newest_complete_checkpoint(checkpoints)
-    assert chosen == checkpoints / "checkpoint-1"
-    assert [(path.name, expected in why) for path, why in skipped] == [("checkpoint-2", True)]
+    assert expected in incomplete_reason(newest)
+    assert latest_complete_checkpoint(checkpoints) == checkpoints / "checkpoint-1"
+    states = [(path.name, why) for path, why in checkpoint_states(checkpoints)]
+    assert states[1] == ("checkpoint-1", None) and states[0][0] == "checkpoint-2" and expected in states[0][1]
 
 
 def test_sharded_weights_with_a_missing_shard(tmp_path) -> None:
@@ -72,6 +80,6 @@ def test_sharded_weights_with_a_missing_shard(tmp_path) -> None:
 
 
 def test_no_checkpoint_at_all(tmp_path) -> None:
-    assert newest_complete_checkpoint(tmp_path / "none") == (None, [])
+    assert latest_complete_checkpoint(tmp_path / "none") is None
     (tmp_path / "checkpoint-3").mkdir()
-    assert newest_complete_checkpoint(tmp_path) == (None, [(tmp_path / "checkpoint-3", "trainer_state.json missing (the save did not finish)")])
+    assert latest_complete_checkpoint(tmp_path) is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -158,6 +159,7 @@ def fake_checkpoint(lock: Path, step: int, **changed) -> Path:
     checkpoint = lock.parent / "checkpoints" / f"checkpoint-{step}"
     checkpoint.mkdir(parents=True)
     (checkpoint / "trainer_state.json").write_text("{}")
+    (checkpoint / "adapter_model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")  # whole, holding no tensors
     (checkpoint / CHECKPOINT_INFO).write_text(json.dumps({"step": step, "settings": settings}))
     return checkpoint
 

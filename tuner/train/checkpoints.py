@@ -11,7 +11,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from transformers import TrainerCallback
 
@@ -19,6 +19,7 @@ from tuner.fileio import atomic_write_text
 from tuner.launch.argv import LOCK_FILE
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import Recipe
+from tuner.train.integrity import checkpoint_problem
 
 log = logging.getLogger("tuner")
 
@@ -50,8 +51,11 @@ def resume_settings(recipe: Recipe, world_size: int) -> dict[str, Any]:
     return settings
 
 
-def is_complete(checkpoint: Path) -> bool:
-    return (checkpoint / CHECKPOINT_INFO).is_file() and (checkpoint / "trainer_state.json").is_file()
+def incomplete_reason(checkpoint: Path) -> str | None:
+    """Why a checkpoint cannot be resumed from (None: it can): no marker, or a file cut short after it."""
+    if not (checkpoint / CHECKPOINT_INFO).is_file():
+        return f"incomplete, no {CHECKPOINT_INFO} (the run stopped while saving it)"
+    return checkpoint_problem(checkpoint)
 
 
 def checkpoints_newest_first(directory: Path) -> list[Path]:
@@ -60,12 +64,18 @@ def checkpoints_newest_first(directory: Path) -> list[Path]:
     return [path for _, path in sorted(found, reverse=True)]
 
 
-def latest_complete_checkpoint(directory: Path) -> Path | None:
-    """The newest checkpoint that was completely written; incomplete newer ones are logged and skipped."""
+def checkpoint_states(directory: Path) -> Iterator[tuple[Path, str | None]]:
+    """Each checkpoint, newest first, with why it cannot be resumed from (None when it can)."""
     for checkpoint in checkpoints_newest_first(directory):
-        if is_complete(checkpoint):
+        yield checkpoint, incomplete_reason(checkpoint)
+
+
+def latest_complete_checkpoint(directory: Path) -> Path | None:
+    """The newest checkpoint that was completely written; damaged or incomplete newer ones are logged and skipped."""
+    for checkpoint, problem in checkpoint_states(directory):
+        if problem is None:
             return checkpoint
-        log.warning("skipping %s: incomplete (the run stopped while saving it)", checkpoint)
+        log.warning("skipping %s: %s", checkpoint, problem)
     return None
 
 
@@ -103,6 +113,10 @@ def resume_checkpoint(recipe: Recipe, run_dir: Path, world_size: int) -> Path | 
         if not (checkpoint / "trainer_state.json").is_file():
             raise RecipeError([f"training.resume: {resume}: not a complete checkpoint folder (no trainer_state.json); "
                                "give a checkpoints/checkpoint-N folder, or use auto."])
+        damaged = checkpoint_problem(checkpoint)
+        if damaged:
+            raise RecipeError([f"training.resume: {resume}: {damaged}; give an earlier checkpoint, or use auto "
+                               "(which skips damaged ones)."])
     check_resumable(recipe, checkpoint, world_size)
     log.info("resuming from %s", checkpoint)
     return checkpoint

@@ -2,13 +2,12 @@
 
 The Trainer writes a checkpoint in place: weights, then optimizer/scheduler/RNG state, then
 ``trainer_state.json`` last.  A crash, a kill or a full disk in between leaves a directory that looks
-like the newest checkpoint but fails (or silently misloads) on resume; this module finds the newest one
-that is complete and says why the newer ones are not.
+like the newest checkpoint but fails (or silently misloads) on resume; this module says what is wrong
+with one, and :mod:`tuner.train.checkpoints` skips such checkpoints on resume.
 """
 from __future__ import annotations
 
 import json
-import re
 import struct
 import zipfile
 from pathlib import Path
@@ -16,7 +15,6 @@ from pathlib import Path
 TRAINER_STATE = "trainer_state.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-_STEP = re.compile(r"^checkpoint-(\d+)$")
 
 
 def _safetensors_problem(path: Path) -> str | None:
@@ -97,22 +95,3 @@ def checkpoint_problem(directory: str | Path) -> str | None:
             if why:
                 return f"{path.relative_to(directory)}: {why}"
     return None
-
-
-def checkpoint_step(path: Path) -> int | None:
-    match = _STEP.match(path.name)
-    return int(match[1]) if match else None
-
-
-def newest_complete_checkpoint(checkpoints: str | Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest complete ``checkpoint-N`` under ``checkpoints``, and the newer ones skipped with why."""
-    directory = Path(checkpoints)
-    candidates = sorted((p for p in directory.glob("checkpoint-*") if checkpoint_step(p) is not None),
-                        key=checkpoint_step, reverse=True) if directory.is_dir() else []
-    skipped = []
-    for candidate in candidates:
-        problem = checkpoint_problem(candidate)
-        if problem is None:
-            return candidate, skipped
-        skipped.append((candidate, problem))
-    return None, skipped
