@@ -67,3 +67,34 @@ def test_a_rank_killed_with_sigkill_is_reported_by_tuner_run(tmp_path, demo_mode
     assert "rank 1 (local rank 1" in err and "was killed by SIGKILL" in err, err
     assert "full log: runs/killed/train.log" in err
     assert "Traceback" not in err.split("rank 1 (local rank 1")[0]  # the report comes first, not a stack
+
+
+SMALL = ["data.max_samples=64", "data.eval_fraction=0", "memory.micro_batch_size=8", "training.warmup_steps=0",
+         "training.logging_steps=1", "training.save_steps=2", "training.resume=auto"]
+
+
+def test_a_truncated_checkpoint_is_skipped_on_resume_with_a_message(tmp_path, capsys, demo_model_path) -> None:
+    """Train 4 steps (checkpoints 2 and 4), cut checkpoint-4's weights in half, resume to step 6."""
+    from tuner.commands.run import report_resume
+    from tuner.recipe.io import load_recipe
+    from tuner.recipe.registry import builtin_path
+    from tuner.render.run_directory import write_run_directory
+    from tuner.train.__main__ import main as train_main
+
+    run_dir = tmp_path / "run"
+    first = load_recipe(builtin_path("demo"), [*SMALL, "training.max_steps=4"])
+    write_run_directory(first, run_dir)
+    assert train_main([str(run_dir / "recipe.lock.yaml")]) == 0
+    weights = run_dir / "checkpoints" / "checkpoint-4" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+    write_run_directory(load_recipe(builtin_path("demo"), [*SMALL, "training.max_steps=6"]), run_dir, keep_existing=True)
+    capsys.readouterr()
+    report_resume(run_dir)
+    told = capsys.readouterr().err.splitlines()
+    assert told[0].startswith(f"skipping {run_dir / 'checkpoints' / 'checkpoint-4'}: model.safetensors: truncated (")
+    assert told[1] == f"resuming from {run_dir / 'checkpoints' / 'checkpoint-2'}"
+    assert train_main([str(run_dir / "recipe.lock.yaml")]) == 0
+    started = [e for e in read_events(run_dir / "events.jsonl") if e["event"] == "started"][-1]
+    assert started["resumed_from_step"] == 2
+    assert read_events(run_dir / "events.jsonl")[-1]["event"] == "finished"

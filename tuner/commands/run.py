@@ -43,5 +43,19 @@ def run(args) -> int:
         lines = [f"{run_dir}: a run on {len(commands)} machines starts on each of them; run on machine N "
                  f"`{run_dir / LAUNCH_SCRIPT} N`, or submit `sbatch {run_dir / SLURM_SCRIPT}` on a Slurm cluster:"]
         raise RecipeError(lines + [f"  machine {rank}: {command}" for rank, command in enumerate(commands)])
+    if args.resume:
+        report_resume(run_dir)
     print(f"launching: {shell_command(launch_argv(run_dir))}")
     return launch_and_follow(run_dir)
+
+
+def report_resume(run_dir) -> None:
+    """Say which checkpoint the ranks will resume from, and why newer ones are skipped, before they start."""
+    from tuner.train.checkpoints import CHECKPOINTS_DIR, checkpoint_states
+
+    for checkpoint, problem in checkpoint_states(run_dir / CHECKPOINTS_DIR):
+        if problem is None:
+            print(f"resuming from {checkpoint}", file=sys.stderr)
+            return
+        print(f"skipping {checkpoint}: {problem}", file=sys.stderr)
+    print(f"no complete checkpoint in {run_dir / CHECKPOINTS_DIR}: starting from the beginning", file=sys.stderr)
