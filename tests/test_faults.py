@@ -98,3 +98,28 @@ def test_a_truncated_checkpoint_is_skipped_on_resume_with_a_message(tmp_path, ca
     started = [e for e in read_events(run_dir / "events.jsonl") if e["event"] == "started"][-1]
     assert started["resumed_from_step"] == 2
     assert read_events(run_dir / "events.jsonl")[-1]["event"] == "finished"
+
+
+def test_out_of_memory_mid_run_is_answered_with_the_next_rung(tmp_path, capsys, monkeypatch, demo_model_path) -> None:
+    """torch.OutOfMemoryError raised from a callback after the first step, as a GPU would mid-run."""
+    import torch
+
+    from tuner.recipe.io import load_recipe
+    from tuner.recipe.registry import builtin_path
+    from tuner.render.run_directory import write_run_directory
+    from tuner.train.__main__ import main as train_main
+    from tuner.train.callbacks import EventsCallback
+
+    def out_of_memory(self, args, state, control, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(EventsCallback, "on_step_end", out_of_memory)
+    run_dir = write_run_directory(load_recipe(builtin_path("demo"), [*SMALL, "training.max_steps=4"]), tmp_path / "run")
+    lock = run_dir / "recipe.lock.yaml"
+    assert train_main([str(lock)]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"error: out of GPU memory. Next step on the memory ladder: halve the micro-batch" in err
+    assert f"tuner run {lock} --set memory.micro_batch_size=4 --set memory.gradient_accumulation_steps=2 --resume" in err
+    error = read_events(run_dir / "events.jsonl")[-1]
+    assert (error["event"], error["kind"], error["next_rung"]) == ("error", "out_of_memory", "micro_batch")

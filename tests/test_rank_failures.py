@@ -100,3 +100,11 @@ def test_a_single_process_killed_under_accelerate_launch(tmp_path) -> None:
     assert result.returncode == 1  # accelerate turns the signal into exit code 1 ...
     assert message[0].startswith("training was killed by SIGKILL")  # ... but its report still names it
     assert message[-1] == "  only rank working"
+
+
+def test_the_training_exit_code_behind_accelerate_exit_code_1() -> None:
+    lines = ["error: out of GPU memory. Next step on the memory ladder: ...", "Traceback (most recent call last):",
+             "subprocess.CalledProcessError: Command '['python', '-m', 'tuner.train']' returned non-zero exit status 3."]
+    message = describe_failure(lines, 1)
+    assert message == ["training exited with code 3; last lines of the log:",
+                       "  error: out of GPU memory. Next step on the memory ladder: ..."]

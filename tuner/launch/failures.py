@@ -17,7 +17,7 @@ _RANK = re.compile(r"^(\d+) \(local_rank: (\d+)\)")
 _EXIT = re.compile(r"^(-?\d+)")
 _RANK_PREFIX = re.compile(r"^\[[A-Za-z_]+(\d+)\]:")  # torchrun --tee: [default1]:, torch's warnings: [rank1]:
 _TEE_PREFIX = re.compile(r"^\[(?!rank\d)[A-Za-z_]+\d+\]:")
-_DIED = re.compile(r"died with <Signals\.\w+: (\d+)>")
+_DIED = re.compile(r"died with <Signals\.\w+: (\d+)>|returned non-zero exit status (\d+)")
 _LAUNCHER = re.compile(r"torch/distributed/elastic/|ChildFailedError|^Traceback \(most recent call last\)")
 
 
@@ -111,7 +111,7 @@ def describe_failure(lines: list[str], exit_code: int, last: int = 15) -> list[s
     if not failures:
         # one process: accelerate's simple launcher reports a killed child as "died with <Signals.SIGKILL: 9>"
         died = next((match for line in reversed(lines) if (match := _DIED.search(line))), None)
-        code = -int(died[1]) if died else exit_code
+        code = (-int(died[1]) if died[1] else int(died[2])) if died else exit_code
         how = RankFailure(0, 0, code).how() if code < 0 else f"exited with code {code}"
         tail = [line.rstrip("\n") for line in _before_launcher(lines) if line.strip()][-last:]
         return [f"training {how}; last lines of the log:", *(f"  {line}" for line in tail)]

@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[tuner] %(message)s")
     lock = Path(args.lock)
     events = lock.parent / EVENTS_FILE
+    recipe = None
     try:
         recipe = load_recipe(lock)
         return train(recipe, lock.parent, args.profile)
@@ -198,6 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
+        from tuner.train.oom import EXIT_OUT_OF_MEMORY, is_out_of_memory, out_of_memory_advice
+
+        if recipe is not None and is_out_of_memory(exc):  # answered with the advisor's next rung, not a stack
+            rung, message = out_of_memory_advice(recipe, str(lock))
+            write_event(events, "error", kind="out_of_memory", next_rung=rung, message=message,
+                        rank=int(os.environ.get("RANK", 0)))
+            print(f"error: {message}", file=sys.stderr)
+            return EXIT_OUT_OF_MEMORY
         write_event(events, "error", message=f"{type(exc).__name__}: {exc}", rank=int(os.environ.get("RANK", 0)))
         raise
 

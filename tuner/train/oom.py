@@ -20,6 +20,15 @@ WHY = {
 }
 
 RESUMABLE = {"micro_batch", "gradient_checkpointing"}
+EXIT_OUT_OF_MEMORY = 3
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """torch's OutOfMemoryError, or the RuntimeError some kernels (and DeepSpeed) raise for the same thing."""
+    import torch
+
+    return isinstance(exc, torch.OutOfMemoryError) or (
+        isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
 
 
 def rung_overrides(recipe: Recipe, rung: str) -> list[str]:
