@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import re
 import tempfile
@@ -302,6 +303,37 @@ def test_well_typed_recipes_validate_plan_and_render_or_name_a_field(recipe, mod
         assert_clean(0 if code == 1 else code, err, "model.id: " if code == 2 else None)
         code, _, err = run_cli("render", str(path), "-o", str(Path(tmp) / "run"))
         assert code == 0, err
+
+
+JSON_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20)),
+    lambda children: st.one_of(st.lists(children, max_size=3), st.dictionaries(st.text(max_size=8), children, max_size=3)),
+    max_leaves=8,
+)
+SAMPLE_KEYS = st.sampled_from(["text", "instruction", "input", "output", "messages", "role", "content", "prompt"])
+JSONL_LINES = st.one_of(
+    st.builds(json.dumps, st.dictionaries(SAMPLE_KEYS, JSON_VALUES, max_size=4)),
+    st.builds(json.dumps, st.fixed_dictionaries({"messages": st.lists(st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "system", "tool", ""]), "content": JSON_VALUES}), max_size=3)})),
+    st.builds(json.dumps, JSON_VALUES),
+    st.text(max_size=40),
+)
+
+
+@settings(FUZZ, max_examples=max(10, EXAMPLES // 3))
+@given(lines=st.lists(JSONL_LINES, max_size=6), data_format=st.sampled_from(["auto", "text", "instruction", "chat"]),
+       tail=st.binary(max_size=6))
+def test_data_files_end_in_samples_or_a_message_naming_lines(lines, data_format, tail) -> None:
+    """Random JSONL through `tuner data preview`: the samples, or exit 2 naming data.source/format and lines."""
+    CASES["data files"] += 1
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "train.jsonl"
+        path.write_bytes("\n".join(lines).encode() + tail)
+        code, _, err = run_cli("data", "preview", "demo", "--set", f"data.source={path}", "--set", f"data.format={data_format}",
+                               "--set", "data.eval_fraction=0")
+        assert "Traceback" not in err, err
+        progress = err.rfind("\r")  # datasets' progress bars come first on stderr
+        assert_clean(code, err[err.index("\n", progress) + 1:] if progress >= 0 else err, r"data\.(source|format)")
 
 
 # -- the real process, for a handful of the worst ---------------------------------------------------------------

@@ -64,7 +64,7 @@ def json_lines_rows(path: Path) -> list[int] | None:
         if not all(isinstance(row, dict) for row in rows):
             raise DataError(f"data.source: {path}: a JSON array of objects (one per sample) is expected.")
         return None
-    lines, bad = [], []
+    lines, bad, empty = [], [], 0
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -77,9 +77,12 @@ def json_lines_rows(path: Path) -> list[int] | None:
             bad.append(f"line {number} (a JSON {type(value).__name__}, not an object)")
             continue
         lines.append(number)
+        empty += not value
     if bad:
         raise DataError(f"data.source: {path}: {len(bad)} of {len(bad) + len(lines)} lines are not JSON objects: "
                         f"{listed(bad)}. Fix or remove them (one JSON object per line).")
+    if lines and empty == len(lines):  # datasets would find no columns and say so in its own words
+        raise DataError(f"data.source: {path}: the file holds no samples: every line is an empty object {{}}.")
     return lines
 
 
