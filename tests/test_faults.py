@@ -123,3 +123,23 @@ def test_out_of_memory_mid_run_is_answered_with_the_next_rung(tmp_path, capsys, 
     assert f"tuner run {lock} --set memory.micro_batch_size=4 --set memory.gradient_accumulation_steps=2 --resume" in err
     error = read_events(run_dir / "events.jsonl")[-1]
     assert (error["event"], error["kind"], error["next_rung"]) == ("error", "out_of_memory", "micro_batch")
+
+
+def test_run_refuses_an_output_disk_too_small_for_its_checkpoints(tmp_path, monkeypatch, capsys) -> None:
+    """8B full fine-tuning keeps three checkpoints of weights and Adam states: ~350 GiB."""
+    import shutil
+
+    from tuner.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    gpu_run = ["--set", "model.id=meta-llama/Llama-3.1-8B", "--set", "hardware.gpus_per_machine=8", "--set",
+               "hardware.gpu=H100-80GB", "--set", "memory.distributed=deepspeed", "--set", "memory.zero_stage=3",
+               "--set", "memory.mixed_precision=bf16", "--set", "model.dtype=bfloat16", "--set", "training.save_total_limit=2"]
+    code = main(["run", "demo", *gpu_run, "--dry-run"])
+    err = capsys.readouterr().err
+    if shutil.disk_usage(tmp_path).free / 2**30 > 400:
+        pytest.skip("this disk has room for the checkpoints")
+    assert code == 2 and err.startswith("error: output.dir: output runs/demo: ") and "checkpoints need ~" in err
+    assert "--force" in err and not (tmp_path / "runs").exists()
+    assert main(["run", "demo", *gpu_run, "--dry-run", "--force"]) == 0
+    assert "launching anyway (--force): output runs/demo:" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from tuner.commands._recipe_args import add_recipe_arguments, recipe_from_args
+from tuner.doctor import check_disk
 from tuner.launch.argv import launch_argv, shell_command
 from tuner.launch.preflight import check_memory
 from tuner.launch.session import launch_and_follow
@@ -31,6 +32,11 @@ def run(args) -> int:
         raise RecipeError([memory.message, "pass --force to launch anyway."])
     if memory.message:
         print(("launching anyway (--force): " if memory.refused else "") + memory.message, file=sys.stderr)
+    disk = check_disk(recipe)  # a full or read-only disk found now, not at the first checkpoint hours in
+    if disk.status == "fail":
+        if not args.force:
+            raise RecipeError([f"output.dir: {disk.detail}.", f"{disk.fix}; or pass --force to launch anyway."])
+        print(f"launching anyway (--force): {disk.detail}", file=sys.stderr)
     run_dir = write_run_directory(recipe, force=args.force, keep_existing=args.resume)
     commands = node_commands(recipe, run_dir)
     if args.dry_run:
