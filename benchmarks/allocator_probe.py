@@ -5,7 +5,7 @@
 A frozen 16-bit output head and Hugging Face's causal-LM loss (fp32 upcast, cross-entropy), forward and
 backward twice, for three (tokens, vocabulary) shapes. Prints the allocated peak in units of T x V bytes
 (the planner's logits and loss item counts 12) and reserved minus allocated (its allocator term counts 4).
-Measured on an H200 (torch 2.11, 2026-11-30): 12.05 / 11.95 / 12.00 TV allocated; 5.97 / 3.06 / 3.64 TV more reserved.
+Measured on an H200 (2026-11-30): 12.05 / 11.95 / 12.00 TV allocated; 5.97 / 3.06 / 3.64 TV more reserved.
 """
 from __future__ import annotations
 
