@@ -32,7 +32,7 @@ NF4_BYTES = 0.5 + 4 / 64  # 4 bits + fp32 absmax per 64-value block = 4.5 bits
 ADAM8BIT_BYTES = 2 + 2 * 4 / 256  # two 1-byte moments + an fp32 absmax per 256-value block each
 CUDA_CONTEXT_GIB = 0.75  # CUDA context, cuBLAS/cuDNN handles and workspaces of one process (measured on an H200)
 NCCL_GIB = 0.5  # NCCL communicator buffers when several GPUs talk
-ALLOCATOR_ROUNDING = 0.02  # PyTorch caching allocator: rounding, pooled small blocks, split remainders; share of the tensors
+ALLOCATOR_ROUNDING = 0.02  # caching allocator: rounding, small-block pools, split remainders (share of tensors)
 CPU_PROCESS_GIB = 1.0  # a Python process with torch and transformers imported, before any tensor
 
 
