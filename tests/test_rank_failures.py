@@ -108,3 +108,19 @@ def test_the_training_exit_code_behind_accelerate_exit_code_1() -> None:
     message = describe_failure(lines, 1)
     assert message == ["training exited with code 3; last lines of the log:",
                        "  error: out of GPU memory. Next step on the memory ladder: ..."]
+
+
+def test_error_events_with_brackets_are_printed_not_parsed() -> None:
+    """A rank's error quoting '[/__w/pytorch/.../pair.cc:537]' once crashed the progress view as rich markup."""
+    import io
+
+    from rich.console import Console
+
+    from tuner.launch.progress import ProgressView
+
+    out = io.StringIO()
+    view = ProgressView(Console(file=out, width=200))
+    view.update([{"event": "error", "message": "RuntimeError: [/__w/pytorch/gloo/pair.cc:537] Read error [127.0.0.1]:55524"},
+                 {"event": "checkpoint", "path": "runs/[odd]/checkpoint-2"}])
+    assert "[/__w/pytorch/gloo/pair.cc:537] Read error [127.0.0.1]:55524" in out.getvalue()
+    assert "runs/[odd]/checkpoint-2" in out.getvalue()

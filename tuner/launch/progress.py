@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 
@@ -52,6 +53,6 @@ class ProgressView:
                 else:
                     self.console.print(step_summary(event), highlight=False)
             elif kind == "checkpoint":
-                self.console.print(f"checkpoint saved: {event.get('path')}", highlight=False)
-            elif kind == "error":
-                self.console.print(f"[red]error:[/] {event.get('message')}")
+                self.console.print(f"checkpoint saved: {event.get('path')}", highlight=False, markup=False)
+            elif kind == "error":  # messages quote paths and C++ sources in brackets: never markup
+                self.console.print(f"[red]error:[/] {escape(str(event.get('message')))}", highlight=False)
