@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
@@ -321,6 +321,7 @@ JSONL_LINES = st.one_of(
 
 
 @settings(FUZZ, max_examples=max(10, EXAMPLES // 3))
+@example(lines=['{"text": {"\\u0000": {}}}'], data_format="auto", tail=b"")  # datasets' KeyError on decoding
 @given(lines=st.lists(JSONL_LINES, max_size=6), data_format=st.sampled_from(["auto", "text", "instruction", "chat"]),
        tail=st.binary(max_size=6))
 def test_data_files_end_in_samples_or_a_message_naming_lines(lines, data_format, tail) -> None:

@@ -44,9 +44,13 @@ def check_samples(samples: Samples, data_format: str) -> None:
     """Refuse the data when any row does not fit the layout, naming the first few rows (file lines for JSONL)."""
     dataset = samples.dataset
     used = sorted((FORMAT_COLUMNS[data_format] | {"input"}) & set(dataset.column_names))
-    bad = [f"{samples.where(index)}: {problem}"
-           for index, sample in enumerate(dataset.select_columns(used))
-           if (problem := sample_problem(sample, data_format))]
+    try:
+        bad = [f"{samples.where(index)}: {problem}"
+               for index, sample in enumerate(dataset.select_columns(used))
+               if (problem := sample_problem(sample, data_format))]
+    except (KeyError, TypeError, ValueError) as exc:  # datasets cannot decode some nested shapes, e.g. {"\x00": {}}
+        raise DataError(f"data.source: the samples cannot be read ({exc!r}); the column(s) {', '.join(used)} should "
+                        "hold text (for chat, a list of role/content messages).") from None
     if bad:
         raise DataError(f"data.source: {len(bad)} of {len(dataset)} samples cannot be read as {data_format} samples: "
                         f"{listed(bad)}. Fix or remove them, or set data.format.")
