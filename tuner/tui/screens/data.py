@@ -41,6 +41,7 @@ class DataScreen(WizardScreen):
 
     def compose_body(self) -> ComposeResult:
         self.preview_key: tuple | None = None
+        self.preview: Text | None = None  # the example as shown, styled per segment
         with Horizontal(classes="body"):
             with Vertical(classes="form"):
                 yield InputField("Source", "data.source", placeholder="file.jsonl, cached dataset name or builtin:reverse")
@@ -99,4 +100,5 @@ class DataScreen(WizardScreen):
             self.query_one("#preview-format", Static).update("")
             return
         self.query_one("#preview-format", Static).update(f"format: {message.data_format}")
-        preview.update(preview_text(message.segments, self.app.draft.value("data.train_on_prompt")))
+        self.preview = preview_text(message.segments, self.app.draft.value("data.train_on_prompt"))
+        preview.update(self.preview)

@@ -24,7 +24,17 @@ class Choice:
     changes: Changes
 
 
-class ChoiceField(Vertical):
+class FieldBox:
+    """Marks the field holding focus, so its reasons show (``:focus-within`` does not restyle descendants)."""
+
+    def on_descendant_focus(self) -> None:
+        self.add_class("-focused")
+
+    def on_descendant_blur(self) -> None:
+        self.remove_class("-focused")
+
+
+class ChoiceField(FieldBox, Vertical):
     """A labelled row of radio buttons; refused options are disabled with their reason."""
 
     def __init__(self, label: str, choices: list[Choice], *, id: str, help: str = ""):
@@ -70,7 +80,7 @@ class ChoiceField(Vertical):
         self.post_message(FieldEdited(self.choices[index].changes))
 
 
-class ToggleField(Vertical):
+class ToggleField(FieldBox, Vertical):
     """A checkbox for one boolean field."""
 
     def __init__(self, label: str, field: str, *, help: str = ""):
