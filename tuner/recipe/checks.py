@@ -15,6 +15,7 @@ from tuner.recipe.schema import Recipe
 class Problem:
     field: str
     message: str
+    anchor: str | None = None  # key whose line to show when ``field`` itself is not in the file
 
 
 def _topology(recipe: Recipe) -> list[Problem]:
@@ -31,10 +32,12 @@ def _topology(recipe: Recipe) -> list[Problem]:
             "hardware.machines", "multi-node runs need GPUs: set hardware.gpus_per_machine, or use machines: 1 on the CPU."))
     if hw.machines > 1 and not hw.main_process_ip:
         problems.append(Problem(
-            "hardware.main_process_ip", f"{hw.machines} machines need the address of machine rank 0 in hardware.main_process_ip."))
+            "hardware.main_process_ip", f"{hw.machines} machines need the address of machine rank 0 in hardware.main_process_ip.",
+            anchor="hardware.machines"))
     if hw.gpus_per_machine and hw.gpu is None and hw.gpu_memory_gb is None:
         problems.append(Problem(
-            "hardware.gpu", "say which GPU this is (e.g. gpu: A100-80GB or gpu: 24GB) or set hardware.gpu_memory_gb."))
+            "hardware.gpu", "say which GPU this is (e.g. gpu: A100-80GB or gpu: 24GB) or set hardware.gpu_memory_gb.",
+            anchor="hardware.gpus_per_machine"))
     if hw.gpu is not None:
         try:
             lookup_gpu(hw.gpu)
@@ -53,7 +56,8 @@ def _sharding(recipe: Recipe) -> list[Problem]:
     mem, hw = recipe.memory, recipe.hardware
     problems = []
     if mem.distributed == "deepspeed" and mem.zero_stage is None:
-        problems.append(Problem("memory.zero_stage", "distributed: deepspeed needs a ZeRO stage: set zero_stage to 0, 1, 2 or 3."))
+        problems.append(Problem("memory.zero_stage", "distributed: deepspeed needs a ZeRO stage: set zero_stage to 0, 1, 2 or 3.",
+                                anchor="memory.distributed"))
     if mem.distributed != "deepspeed" and mem.zero_stage is not None:
         if mem.distributed == "fsdp":
             message = "deepspeed and fsdp cannot be used together: remove zero_stage, or set distributed: deepspeed."
@@ -94,7 +98,8 @@ def _method(recipe: Recipe) -> list[Problem]:
     problems = []
     if method.kind == "qlora" and method.quantization is None:
         problems.append(Problem(
-            "method.quantization", "qlora needs 4- or 8-bit settings: add quantization: {bits: 4} (or bits: 8)."))
+            "method.quantization", "qlora needs 4- or 8-bit settings: add quantization: {bits: 4} (or bits: 8).",
+            anchor="method.kind"))
     if method.kind != "qlora" and method.quantization is not None:
         problems.append(Problem(
             "method.quantization",

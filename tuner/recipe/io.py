@@ -210,6 +210,13 @@ def _format_validation_error(error: ValidationError, source: RecipeSource) -> li
     return list(dict.fromkeys(lines))
 
 
+def _problem_location(problem, source: RecipeSource) -> str:
+    loc = tuple(problem.field.split("."))
+    if problem.anchor and loc not in source.key_lines and loc not in source.overridden:
+        loc = tuple(problem.anchor.split("."))
+    return source.where(loc)
+
+
 def validate_recipe(data: Any, source: RecipeSource | None = None) -> Recipe:
     """Turn plain data into a checked :class:`Recipe`, or raise :class:`RecipeError`."""
     source = source or RecipeSource()
@@ -221,7 +228,7 @@ def validate_recipe(data: Any, source: RecipeSource | None = None) -> Recipe:
         raise RecipeError(_format_validation_error(exc, source)) from None
     problems = find_problems(recipe)
     if problems:
-        raise RecipeError([f"{source.where(tuple(p.field.split('.')))}: {p.field}: {p.message}" for p in problems])
+        raise RecipeError([f"{_problem_location(p, source)}: {p.field}: {p.message}" for p in problems])
     return recipe
 
 

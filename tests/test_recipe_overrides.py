@@ -1,0 +1,70 @@
+"""--set overrides, YAML quirks, and the resolved-recipe round trip."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tuner.recipe import RecipeError, load_recipe, recipe_from_yaml, recipe_to_yaml
+from tuner.recipe.registry import builtin_names, builtin_path, recipes_dir
+
+
+def test_set_overrides_keep_types(tmp_path):
+    recipe = load_recipe(builtin_path("demo"), [
+        "memory.micro_batch_size=4", "training.learning_rate=1e-4", "memory.gradient_checkpointing=true",
+        "method.lora.target_modules=[q_proj, v_proj]", "name=other",
+    ])
+    assert recipe.memory.micro_batch_size == 4
+    assert recipe.training.learning_rate == pytest.approx(1e-4)
+    assert recipe.memory.gradient_checkpointing is True
+    assert recipe.method.lora.target_modules == ["q_proj", "v_proj"]
+    assert recipe.output.dir == "runs/other", "derived defaults follow the override"
+
+
+def test_set_unknown_key_points_at_the_override():
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(builtin_path("demo"), ["memory.micro_bach_size=4"])
+    assert "--set memory.micro_bach_size: memory.micro_bach_size: unknown key. Did you mean 'micro_batch_size'?" in str(caught.value)
+
+
+def test_set_wrong_type_points_at_the_override():
+    with pytest.raises(RecipeError, match=r"--set memory.max_seq_length: memory.max_seq_length: .*integer"):
+        load_recipe(builtin_path("demo"), ["memory.max_seq_length=long"])
+
+
+def test_set_without_equals_explains_the_syntax():
+    with pytest.raises(RecipeError, match="expected dotted.key=value"):
+        load_recipe(builtin_path("demo"), ["memory.micro_batch_size"])
+
+
+def test_set_into_a_value_is_refused():
+    with pytest.raises(RecipeError, match="is a value, not a section"):
+        load_recipe(builtin_path("demo"), ["name.first=x"])
+
+
+def test_cross_field_conflict_from_override_names_the_flag():
+    with pytest.raises(RecipeError, match=r"--set memory.offload_optimizer: memory.offload_optimizer: offload needs ZeRO"):
+        load_recipe(builtin_path("demo"), ["memory.offload_optimizer=cpu"])
+
+
+def test_bare_no_means_the_precision_named_no(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("memory:\n  mixed_precision: no\n")
+    assert load_recipe(path).memory.mixed_precision == "no"
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_every_builtin_recipe_is_valid_and_round_trips(name):
+    recipe = load_recipe(builtin_path(name))
+    text = recipe_to_yaml(recipe)
+    again = recipe_from_yaml(text)
+    assert again == recipe
+    assert recipe_to_yaml(again) == text, "a resolved recipe dumps byte for byte the same"
+    resolved = yaml.safe_load(text)
+    assert resolved["model"]["dtype"] != "auto" and resolved["output"]["dir"], "every default is explicit"
+
+
+def test_recipes_folder_has_the_demo():
+    assert (recipes_dir() / "demo.yaml").is_file()
+    assert "demo" in builtin_names()
