@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Input, OptionList, ProgressBar, Sparkline, Static
 
-from tests.conftest import run_tuner
-from tests.tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, pilot_test, read_files, wait_until
+from conftest import run_tuner
+from tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, pilot_test, read_files, wait_until
 from tuner.recipe.io import load_recipe
 from tuner.tui.messages import PlanUpdated
 from tuner.tui.screens.confirm import ConfirmScreen
@@ -197,7 +197,7 @@ async def test_run_screen_launches_and_shows_progress_and_loss(in_tmp, demo_mode
         await wait_until(pilot, lambda: app.run_watch is not None and app.run_watch.exit_code is not None, timeout=150)
         watch = app.run_watch
         assert watch.status == "finished", list(watch.log)[-20:]
-        assert watch.step == 10 and len(watch.losses) >= 5
+        assert watch.step == 6 and len(watch.losses) >= 5
         await pilot.pause()
         assert app.screen.query_one("#progress", ProgressBar).percentage == 1.0
         assert list(app.screen.query_one("#loss", Sparkline).data) == watch.losses
