@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.syntax import Syntax
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
@@ -16,7 +15,9 @@ from tuner.tui.screens.confirm import ConfirmScreen
 LEXERS = {".yaml": "yaml", ".yml": "yaml", ".json": "json", ".sh": "bash", ".toml": "toml"}
 
 
-def highlighted(name: str, text: str) -> Syntax:
+def highlighted(name: str, text: str):
+    from rich.syntax import Syntax  # pygments: loaded on the first Review, not at startup
+
     return Syntax(text, LEXERS.get(Path(name).suffix, "text"), theme="monokai", line_numbers=True,
                   word_wrap=False, background_color="default")
 
