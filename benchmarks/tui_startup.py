@@ -62,7 +62,8 @@ async def measure() -> dict[str, float]:
 def main() -> int:
     results = asyncio.run(measure())
     print(f"import tuner.tui.app:        {results['import_s'] * 1000:7.0f} ms")
-    print(f"first screen painted:        {results['first_paint_s'] * 1000:7.0f} ms   (budget {FIRST_PAINT_BUDGET_S * 1000:.0f} ms), f"{results['first_paint_cpu_s'] * 1000:.0f} ms of CPU")
+    print(f"first screen painted:        {results['first_paint_s'] * 1000:7.0f} ms   "
+          f"(budget {FIRST_PAINT_BUDGET_S * 1000:.0f} ms), {results['first_paint_cpu_s'] * 1000:.0f} ms of CPU")
     print(f"plan refresh after a change: {results['refresh_median_ms']:7.1f} ms median, "
           f"{results['refresh_max_ms']:.1f} ms max   (budget {REFRESH_BUDGET_MS:.0f} ms; "
           f"planner {'on' if results['planner'] else 'unavailable'})")
