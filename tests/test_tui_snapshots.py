@@ -1,7 +1,7 @@
 """SVG snapshots of every screen at a fixed size, on fixed data (no hardware detection, no clock, steady cursor).
 
 Update after an intended change with: python -m pytest tests/test_tui_snapshots.py --snapshot-update
-(then copy them to the docs with: python -m tests.tui_helpers).
+(then copy them to the docs with: python tests/tui_helpers.py).
 """
 from __future__ import annotations
 
@@ -74,3 +74,11 @@ def test_method_with_disabled_reasons_on_focus(snap_compare):
         await pilot.pause()
 
     assert snap_compare(make_app(demo_draft()), terminal_size=SIZE, run_before=show)
+
+
+def test_docs_show_the_current_screens():
+    """docs/tui.md's screenshots are the accepted snapshots (refresh: python tests/tui_helpers.py)."""
+    from tui_helpers import DOCS_IMAGES, DOCS_SCREENSHOTS, SNAPSHOTS
+
+    for snapshot, image in DOCS_SCREENSHOTS.items():
+        assert (DOCS_IMAGES / image).read_bytes() == (SNAPSHOTS / snapshot).read_bytes(), image

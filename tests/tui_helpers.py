@@ -59,3 +59,33 @@ def pilot_test(scenario):
 
 def read_files(directory: Path) -> dict[str, str]:
     return {path.name: path.read_text() for path in sorted(directory.iterdir()) if path.is_file()}
+
+
+SNAPSHOTS = Path(__file__).parent / "__snapshots__" / "test_tui_snapshots"
+DOCS_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
+DOCS_SCREENSHOTS = {  # snapshot file -> docs/images name
+    "test_screen[start].svg": "tui-start.svg",
+    "test_screen[model].svg": "tui-model.svg",
+    "test_screen[hardware].svg": "tui-hardware.svg",
+    "test_screen[method].svg": "tui-method.svg",
+    "test_method_with_disabled_reasons_on_focus.svg": "tui-method-reasons.svg",
+    "test_screen[data].svg": "tui-data.svg",
+    "test_screen[training].svg": "tui-training.svg",
+    "test_screen[review].svg": "tui-review.svg",
+    "test_run_screen.svg": "tui-run.svg",
+    "test_screen[chat].svg": "tui-chat.svg",
+    "test_help.svg": "tui-help.svg",
+}
+
+
+def export_docs_images() -> None:
+    """Copy the accepted snapshots to docs/images (run after --snapshot-update)."""
+    import shutil
+
+    DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
+    for snapshot, image in DOCS_SCREENSHOTS.items():
+        shutil.copyfile(SNAPSHOTS / snapshot, DOCS_IMAGES / image)
+
+
+if __name__ == "__main__":
+    export_docs_images()
