@@ -7,6 +7,7 @@ from textual.widgets import Input, OptionList, ProgressBar, Sparkline, Static
 from conftest import run_tuner
 from tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, pilot_test, read_files, wait_until
 from tuner.recipe.io import load_recipe
+from tuner.tui.draft import Draft
 from tuner.tui.messages import PlanUpdated
 from tuner.tui.screens.confirm import ConfirmScreen
 from tuner.tui.screens.data import LEARNED_STYLE, MASKED_STYLE
@@ -125,11 +126,37 @@ async def test_plan_bar_changes_when_checkpointing_is_toggled():
         panel = app.screen.query_one(PlanPanel)
         before = panel.plan.devices[0].terms["activations"]
         bar_before = str(panel.render())
-        await pilot.click(app.screen.query_one(ToggleField).checkbox)
+        app.screen.query_one(ToggleField).checkbox.focus()
+        await pilot.press("space")
         await pilot.pause()
         assert app.draft.value("memory.gradient_checkpointing") is True
         assert panel.plan.devices[0].terms["activations"] < before
         assert str(panel.render()) != bar_before
+
+
+@pilot_test
+async def test_autofit_makes_a_recipe_fit_and_lists_the_alternatives():
+    pytest.importorskip("tuner.planner")
+    draft = Draft({"model": {"id": "meta-llama/Llama-3.1-8B"},
+                   "hardware": {"gpus_per_machine": 1, "gpu": "RTX4090", "host_ram_gb": 256}})
+    app = make_app(draft)
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("method")
+        await pilot.pause()
+        assert app.plan.verdict == "does not fit"
+        assert "does not fit" in str(app.screen.query_one(PlanPanel).render())
+        await pilot.press("f")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.plan.fits and app.draft.value("memory.distributed") == "deepspeed"
+        alternatives = app.screen.query_one("#alternatives", OptionList)
+        assert alternatives.display and alternatives.option_count >= 2
+        assert "GiB of 24.0 GiB" in str(alternatives.get_option_at_index(0).prompt)
+        alternatives.focus()
+        alternatives.highlighted = 1
+        await pilot.press("enter")  # take the second proposal instead
+        await pilot.pause()
+        assert app.draft.recipe == app.screen.proposals[1].recipe
 
 
 @pilot_test

@@ -14,6 +14,8 @@ from tui_helpers import SIZE, demo_draft, make_app
 from tuner.tui.run_watch import RunWatch
 
 FIXED_RECIPES = Path(__file__).parent / "data" / "tui-recipes"
+# host RAM is stated so the CPU plan does not depend on the machine the snapshot is taken on
+SNAPSHOT_DRAFT = {"hardware.host_ram_gb": 16}
 STEPS = ["start", "model", "hardware", "method", "data", "training", "review", "chat"]
 
 
@@ -48,11 +50,11 @@ def test_screen(mode, snap_compare):
         pilot.app.switch_mode(mode)
         await settle(pilot)
 
-    assert snap_compare(make_app(demo_draft()), terminal_size=SIZE, run_before=show)
+    assert snap_compare(make_app(demo_draft(SNAPSHOT_DRAFT)), terminal_size=SIZE, run_before=show)
 
 
 def test_run_screen(snap_compare):
-    app = make_app(demo_draft())
+    app = make_app(demo_draft(SNAPSHOT_DRAFT))
 
     async def show(pilot):
         pilot.app.run_watch = finished_run()
@@ -63,7 +65,7 @@ def test_run_screen(snap_compare):
 
 
 def test_help(snap_compare):
-    assert snap_compare(make_app(demo_draft()), terminal_size=SIZE, press=["question_mark"])
+    assert snap_compare(make_app(demo_draft(SNAPSHOT_DRAFT)), terminal_size=SIZE, press=["question_mark"])
 
 
 def test_method_with_disabled_reasons_on_focus(snap_compare):
@@ -73,7 +75,7 @@ def test_method_with_disabled_reasons_on_focus(snap_compare):
         pilot.app.screen.query_one("#distribution-set").focus()
         await pilot.pause()
 
-    assert snap_compare(make_app(demo_draft()), terminal_size=SIZE, run_before=show)
+    assert snap_compare(make_app(demo_draft(SNAPSHOT_DRAFT)), terminal_size=SIZE, run_before=show)
 
 
 def test_docs_show_the_current_screens():

@@ -43,12 +43,16 @@ def test_bar_past_capacity_is_marked_red():
     assert any("on #5f0000" in str(span.style) and span.start == 8 for span in bar.spans)
 
 
+def test_bar_without_capacity_is_scaled_to_its_total():
+    assert stacked_bar({"weights": 1.0, "overhead": 1.0}, capacity=None, width=10).plain == "█" * 10
+
+
 def test_plan_text_shows_verdict_each_device_and_the_legend():
     device = Device("cuda:0 A100-80GB", 79.2, {"weights": 13.0, "optimizer": 52.0, "activations": 20.0}, 85.0, -5.8)
     text = plan_text(Plan([device, device], "does not fit", missing_gib=5.8, host_ram_gib=120.0), width=40).plain
-    assert text.startswith("verdict: does not fit  (5.8 GiB short)")
-    assert text.count("cuda:0 A100-80GB  85.00 / 79.20 GiB") == 2
-    assert "optimizer 52.00 GiB" in text and "host RAM needed: 120.0 GiB" in text
+    assert text.startswith("verdict: does not fit  (5.80 GiB short)")
+    assert text.count("cuda:0 A100-80GB  85.00 GiB of 79.20 GiB") == 2
+    assert "optimizer 52.00 GiB" in text and "host RAM needed: 120.00 GiB" in text
 
 
 def test_run_watch_keeps_the_latest_state_and_ignores_an_earlier_run(tmp_path):

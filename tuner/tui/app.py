@@ -98,18 +98,10 @@ class TunerApp(App[int]):
 
     # --- the draft and its plan -------------------------------------------------------------
     def on_field_edited(self, event: FieldEdited) -> None:
-        if self.draft.holds(event.changes) and all(self._data_has(key) for key in event.changes):
-            return  # an echo of the draft's own value
+        if self.draft.holds(event.changes) and self.draft.valid:
+            return  # an echo of the draft's own value (a field synced from the draft)
         self.draft.apply(event.changes)
         self.draft_changed()
-
-    def _data_has(self, dotted: str) -> bool:
-        target = self.draft.data
-        for part in dotted.split("."):
-            if not isinstance(target, dict) or part not in target:
-                return False
-            target = target[part]
-        return True
 
     def load_draft(self, draft: Draft) -> None:
         self.draft = draft

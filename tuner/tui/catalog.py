@@ -1,90 +1,82 @@
 """Models the Model screen offers and the architecture facts it shows for each.
 
-Facts come from the offline catalog (:mod:`tuner.catalog.models`) when it is installed,
-from the demo model's own config, or from a local directory's ``config.json``.
+Facts come from :func:`tuner.catalog.models.model_facts` (the same the planner uses):
+the demo model, local directories, the shipped catalog and the hub cache.  Until that
+module is installed, only the demo model is listed, with its own config.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
-FACT_KEYS = (
+FACT_LABELS = (
+    ("model_type", "family"),
     ("hidden_size", "hidden size"),
-    ("num_hidden_layers", "layers"),
-    ("num_attention_heads", "attention heads"),
-    ("num_key_value_heads", "key/value heads"),
+    ("num_layers", "layers"),
+    ("num_heads", "attention heads"),
+    ("num_kv_heads", "key/value heads"),
     ("intermediate_size", "MLP width"),
     ("vocab_size", "vocabulary"),
     ("max_position_embeddings", "context"),
+    ("num_experts", "experts"),
     ("tie_word_embeddings", "tied embeddings"),
 )
+DEMO_ID = "builtin:demo"
 
 
 @dataclass(frozen=True)
 class ModelEntry:
     id: str
-    family: str
-    summary: str  # size, context, parameter count: one line for the list
+    summary: str  # family, parameter count, context: one line for the list
     facts: dict[str, object] = field(default_factory=dict)
+    source: str = ""
 
     def matches(self, query: str) -> bool:
-        words = query.lower().split()
-        haystack = f"{self.id} {self.family} {self.summary}".lower()
-        return all(word in haystack for word in words)
+        haystack = f"{self.id} {self.summary}".lower()
+        return all(word in haystack for word in query.lower().split())
 
 
-def demo_entry() -> ModelEntry:
+def _params(count: int) -> str:
+    return f"{count / 1e9:.1f}B" if count >= 1e9 else f"{count / 1e6:.0f}M" if count >= 1e6 else f"{count / 1e3:.0f}K"
+
+
+def _entry(model_id: str, facts) -> ModelEntry:
+    data = facts.as_dict()
+    shown = {label: data[key] for key, label in FACT_LABELS if data.get(key) not in (None, 0) or key == "tie_word_embeddings"}
+    shown["parameters"] = f"{data['params']['total']:,}"
+    context = data.get("max_position_embeddings")
+    summary = f"{data['model_type']:<8} {_params(data['params']['total']):>6}" + (
+        f"  ctx {context // 1024}K" if context and context >= 1024 else f"  ctx {context}" if context else "")
+    return ModelEntry(model_id, summary, shown, facts.source)
+
+
+def _demo_without_catalog() -> ModelEntry:
     from tuner.builtin.model import DEMO_CONFIG
 
-    facts = {label: DEMO_CONFIG[key] for key, label in FACT_KEYS if key in DEMO_CONFIG}
-    return ModelEntry("builtin:demo", "llama", f"~0.8M params, context {DEMO_CONFIG['max_position_embeddings']}, "
-                      "built on this machine", facts)
+    return ModelEntry(DEMO_ID, "llama      ~0.8M  ctx 256",
+                      {"hidden size": DEMO_CONFIG["hidden_size"], "layers": DEMO_CONFIG["num_hidden_layers"],
+                       "context": DEMO_CONFIG["max_position_embeddings"]}, "builtin demo model")
 
 
 def catalog_entries() -> list[ModelEntry]:
-    """The demo model first, then the offline catalog (empty until tuner.catalog.models exists)."""
-    entries = [demo_entry()]
+    """The demo model first, then the offline catalog."""
     try:
-        from tuner.catalog import models as catalog
+        from tuner.catalog.models import catalog_ids, model_facts
     except ImportError:
-        return entries
-    for spec in _catalog_specs(catalog):
-        entries.append(_entry_from_spec(spec))
-    return entries
+        return [_demo_without_catalog()]
+    return [_entry(model_id, model_facts(model_id)) for model_id in [DEMO_ID, *catalog_ids()]]
 
 
-def _catalog_specs(catalog) -> list:
-    for name in ("MODELS", "CATALOG"):
-        found = getattr(catalog, name, None)
-        if found:
-            return list(found.values()) if isinstance(found, dict) else list(found)
-    lister = getattr(catalog, "known_models", None) or getattr(catalog, "list_models", None)
-    return list(lister()) if lister else []
-
-
-def _entry_from_spec(spec) -> ModelEntry:
-    facts = {label: getattr(spec, key) for key, label in FACT_KEYS if getattr(spec, key, None) is not None}
-    params = getattr(spec, "parameters", None) or getattr(spec, "num_parameters", None)
-    context = facts.get("context")
-    summary = ", ".join(filter(None, [
-        f"{params / 1e9:.1f}B params" if params else "",
-        f"context {context}" if context else "",
-    ]))
-    model_id = getattr(spec, "id", None) or getattr(spec, "hub_id", None) or getattr(spec, "name")
-    return ModelEntry(str(model_id), str(getattr(spec, "family", "")), summary, facts)
-
-
-def facts_for(model_id: str, entries: list[ModelEntry]) -> tuple[str, dict[str, object]]:
-    """(where the facts come from, facts) for a model id: catalog, local config.json or nothing."""
+def describe_model(model_id: str, entries: list[ModelEntry]) -> tuple[str, dict[str, object]]:
+    """(where the facts come from, facts) for any model id, or (why there are none, {})."""
     for entry in entries:
         if entry.id == model_id:
-            return "catalog", entry.facts
-    config = Path(model_id).expanduser() / "config.json"
-    if config.is_file():
-        try:
-            data = json.loads(config.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            return f"{config}: unreadable ({exc})", {}
-        return str(config), {label: data[key] for key, label in FACT_KEYS if key in data}
-    return "not in the offline catalog; the planner needs its config.json (local directory or hub cache)", {}
+            return entry.source, entry.facts
+    try:
+        from tuner.catalog.models import UnknownModelError, model_facts
+    except ImportError:
+        return "no architecture facts: the model catalog is not in this build", {}
+    try:
+        entry = _entry(model_id, model_facts(model_id))
+    except UnknownModelError as exc:
+        return str(exc), {}
+    return entry.source, entry.facts

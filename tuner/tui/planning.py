@@ -18,6 +18,8 @@ class Proposal:
     recipe: Recipe
     plan: Any
     reasons: list[str]
+    summary: str  # one line: what changes and what it costs
+    fits: bool
 
 
 class Planner:
@@ -49,8 +51,7 @@ def _import_planner():
     return plan, advise
 
 
-def _proposal(item: Any) -> Proposal:
-    reasons = getattr(item, "reasons", None) or getattr(item, "reason", None) or []
-    if isinstance(reasons, str):
-        reasons = [reasons]
-    return Proposal(recipe=item.recipe, plan=item.plan, reasons=list(reasons))
+def _proposal(advice: Any) -> Proposal:
+    """From a :class:`tuner.planner.Advice`."""
+    return Proposal(recipe=advice.recipe, plan=advice.plan, reasons=list(advice.reasons),
+                    summary=advice.summary(), fits=bool(advice.fits))

@@ -130,13 +130,11 @@ class MethodScreen(WizardScreen):
             self.notify(f"advisor failed: {message.error}", severity="error")
             return
         self.proposals = message.proposals
-        fitting = [p for p in self.proposals if str(getattr(p.plan, "verdict", "")) != "does not fit"]
+        fitting = [proposal for proposal in self.proposals if proposal.fits]
         listing = self.query_one("#alternatives", OptionList)
         listing.clear_options()
         for index, proposal in enumerate(self.proposals):
-            verdict = getattr(proposal.plan, "verdict", "?")
-            reasons = "; ".join(proposal.reasons) or "no change needed"
-            listing.add_option(Option(f"{index + 1}. [{verdict}] {reasons}", id=str(index)))
+            listing.add_option(Option(f"{index + 1}. {proposal.summary}", id=str(index)))
         listing.display = bool(self.proposals)
         if not fitting:
             self.notify("No plan fits this hardware; see the alternatives.", severity="warning")

@@ -7,7 +7,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tuner.tui.catalog import catalog_entries, facts_for
+from tuner.tui.catalog import catalog_entries, describe_model
 from tuner.tui.messages import FieldEdited
 from tuner.tui.screens.base import WizardScreen
 from tuner.tui.widgets.fields import InputField
@@ -23,7 +23,8 @@ class ModelScreen(WizardScreen):
                 yield Input(placeholder="search: family, size, name", id="model-search", compact=True)
                 yield OptionList(id="model-list")
                 yield InputField("Model", "model.id", placeholder="hub org/name, local directory or builtin:demo",
-                                 help="What to fine-tune; the list above fills this in.")
+                                 help="What to fine-tune; the list above fills this in. Enter applies a typed id.",
+                                 on_submit=True)
             with Vertical(id="model-facts", classes="side"):
                 yield Label("Architecture", classes="section-title")
                 yield Static("", id="facts")
@@ -38,7 +39,7 @@ class ModelScreen(WizardScreen):
         listing.clear_options()
         for entry in self.entries:
             if entry.matches(query):
-                listing.add_option(Option(f"{entry.id:<36} {entry.family:<10} {entry.summary}", id=entry.id))
+                listing.add_option(Option(f"{entry.id:<34} {entry.summary}", id=entry.id))
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "model-search":
@@ -50,7 +51,7 @@ class ModelScreen(WizardScreen):
     def sync(self) -> None:
         super().sync()
         model_id = self.app.draft.value("model.id")
-        source, facts = facts_for(model_id, self.entries)
+        source, facts = describe_model(model_id, self.entries)
         lines = [f"[b]{escape(model_id)}[/b]", f"[dim]{escape(source)}[/dim]", ""]
         lines += [f"{label:<16} {escape(str(value))}" for label, value in facts.items()]
         self.query_one("#facts", Static).update("\n".join(lines))

@@ -133,7 +133,7 @@ class InputField(Horizontal):
     """A labelled text or number input for one field; empty means the default (or none)."""
 
     def __init__(self, label: str, field: str, *, number: bool = False, placeholder: str = "", help: str = "",
-                 parse: Callable[[str], Any] | None = None):
+                 parse: Callable[[str], Any] | None = None, on_submit: bool = False):
         super().__init__(id=field.replace(".", "-"), classes="field input")
         self.label = label
         self.field = field
@@ -141,6 +141,7 @@ class InputField(Horizontal):
         self.help = help
         self.parse = parse or (_parse_number if number else (lambda text: text.strip() or None))
         self.typing = False  # the user edited the box since it took focus
+        self.on_submit = on_submit  # apply on enter or leaving the box, not per keystroke (costly lookups)
 
     def compose(self) -> ComposeResult:
         yield Label(self.label, classes="field-label")
@@ -158,7 +159,14 @@ class InputField(Horizontal):
     def on_input_changed(self, event: Input.Changed) -> None:
         event.stop()
         self.typing = True
+        if not self.on_submit:
+            self.post_message(FieldEdited({self.field: self.parse(event.value)}))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
         self.post_message(FieldEdited({self.field: self.parse(event.value)}))
 
     def on_descendant_blur(self) -> None:
+        if self.on_submit and self.typing:
+            self.post_message(FieldEdited({self.field: self.parse(self.query_one(Input).value)}))
         self.typing = False

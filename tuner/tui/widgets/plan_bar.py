@@ -9,10 +9,12 @@ from textual.widget import Widget
 
 TERM_STYLES = {
     "weights": "bold #5f87ff",
+    "lora_adapter": "bold #87d7ff",
     "gradients": "bold #d75fd7",
     "optimizer": "bold #d7af00",
     "activations": "bold #5faf5f",
     "logits": "bold #00afaf",
+    "logits_loss": "bold #00afaf",
     "overhead": "bold #8a8a8a",
 }
 OTHER_STYLE = "bold #af875f"
@@ -20,17 +22,22 @@ VERDICT_STYLES = {"fits": "bold green", "tight": "bold yellow", "does not fit": 
 MAX_BARS = 8  # beyond this, identical devices are summarised
 
 
-def stacked_bar(terms: dict[str, float], capacity: float, width: int) -> Text:
-    """Cells per term in proportion to the capacity; a red tail when the total passes it."""
+def stacked_bar(terms: dict[str, float], capacity: float | None, width: int) -> Text:
+    """Cells per term in proportion to the capacity; a red tail when the total passes it.
+
+    Without a known capacity the bar is scaled to the total.
+    """
     text = Text()
     total = sum(terms.values())
+    if capacity is None:
+        capacity = total
     scale = max(capacity, total, 1e-9)
     used = 0
     cumulative = 0.0
-    for name, gib in terms.items():
-        cumulative += gib
+    for name, value in terms.items():
+        cumulative += value
         end = round(cumulative / scale * width)
-        cells = max(end - used, 1 if gib > 0 and end >= used else 0)
+        cells = max(end - used, 1 if value > 0 and end >= used else 0)
         cells = min(cells, width - used)
         text.append("█" * cells, TERM_STYLES.get(name, OTHER_STYLE))
         used += cells
@@ -44,6 +51,13 @@ def stacked_bar(terms: dict[str, float], capacity: float, width: int) -> Text:
     return text
 
 
+def gib(value: float) -> str:
+    """Readable at every scale: the demo model's kilobytes and a 70B model's gigabytes."""
+    if abs(value) >= 0.1:
+        return f"{value:.2f} GiB"
+    return f"{value * 1024:.1f} MiB"
+
+
 def plan_text(plan: Any, width: int) -> Text:
     """The whole panel as text, from a planner MemoryPlan (duck-typed: see tuner.planner)."""
     out = Text()
@@ -52,17 +66,17 @@ def plan_text(plan: Any, width: int) -> Text:
     out.append(verdict, VERDICT_STYLES.get(verdict, "bold"))
     missing = getattr(plan, "missing_gib", 0) or 0
     if missing > 0:
-        out.append(f"  ({missing:.1f} GiB short)", "red")
+        out.append(f"  ({gib(missing)} short)", "red")
     out.append("\n")
     devices = list(plan.devices)
     shown = devices[:MAX_BARS]
     bar_width = max(width - 2, 10)
     for device in shown:
-        out.append(f"{device.name}", "bold")
-        out.append(f"  {device.total_gib:.2f} / {device.capacity_gib:.2f} GiB", "dim")
-        headroom = getattr(device, "headroom_gib", None)
-        if headroom is not None:
-            out.append(f"  headroom {headroom:.2f}", "dim")
+        count = getattr(device, "count", 1) or 1
+        out.append(f"{device.name}{f' ×{count}' if count > 1 else ''}", "bold")
+        capacity = device.capacity_gib
+        limit = gib(capacity) if capacity is not None else "capacity unknown"
+        out.append(f"  {gib(device.total_gib)} of {limit}", "dim")
         out.append("\n")
         out.append_text(stacked_bar(dict(device.terms), device.capacity_gib, bar_width))
         out.append("\n")
@@ -70,12 +84,14 @@ def plan_text(plan: Any, width: int) -> Text:
         out.append(f"... and {len(devices) - len(shown)} more devices with the same layout\n", "dim")
     if shown:
         out.append("\n")
-        for name, gib in shown[0].terms.items():
+        for name, value in shown[0].terms.items():
+            if value <= 0:
+                continue
             out.append("■ ", TERM_STYLES.get(name, OTHER_STYLE))
-            out.append(f"{name} {gib:.2f} GiB\n")
+            out.append(f"{name.replace('_', ' ')} {gib(value)}\n")
     host = getattr(plan, "host_ram_gib", None)
     if host:
-        out.append(f"\nhost RAM needed: {host:.1f} GiB\n")
+        out.append(f"\nhost RAM needed: {gib(host)}\n")
     for note in getattr(plan, "notes", None) or []:
         out.append(f"• {note}\n", "dim")
     return out
