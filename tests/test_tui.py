@@ -252,3 +252,25 @@ async def test_cancel_stops_the_run(in_tmp, demo_model_path):
         assert app.run_watch.status == "cancelled"
         assert app.run_watch.launch.process.poll() is not None
         assert app.run_watch.step < 100000
+
+
+@pilot_test
+async def test_chat_streams_an_answer_from_the_demo_model(demo_model_path):
+    pytest.importorskip("tuner.infer.chat")
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("chat")
+        await pilot.pause()
+        box = app.screen.query_one("#chat-model", Input)
+        box.focus()
+        box.value = "builtin:demo"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.screen.session is not None, timeout=120)
+        assert "CPU" in str(app.screen.query_one("#placement", Static).render())
+        app.screen.query_one("#chat-message", Input).value = "reverse\nabc"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: len(app.screen.session.history) == 2, timeout=120)
+        await pilot.pause()
+        conversation = "\n".join(app.screen.query_one("#conversation").lines)
+        assert "you> reverse" in conversation and "model> " in conversation
+        assert app.screen.session.history[1]["role"] == "assistant"
