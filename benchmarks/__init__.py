@@ -1,0 +1,1 @@
+"""Measurements that need real hardware; see benchmarks/results/README.md."""

@@ -1,0 +1,331 @@
+"""Measure peak GPU memory and speed of real training steps next to tuner's planner prediction.
+
+    bash benchmarks/gpu_check.sh [--quick]        # one NVIDIA GPU, no network; 6 min (--quick: 2 min)
+    bash benchmarks/gpu_check.sh --report FILE    # re-make FILE's predictions, tables and summary (no GPU)
+
+Models are built from their architecture with random weights (nothing is downloaded) and trained
+for a few optimizer steps through tuner's own builders (tuner.loading.model, the Trainer arguments of
+tuner.train) on synthetic tokens, one cell of benchmarks/gpu_matrix.py at a time. Results go to
+benchmarks/results/gpu-check_<date>_<gpu>.csv and .md (see benchmarks/results/README.md).
+
+What it imports: torch with CUDA, transformers, accelerate, peft, pydantic and PyYAML (tuner's recipe);
+bitsandbytes only for the QLoRA cells, which are recorded as skipped without it. Never deepspeed,
+datasets or textual. To bring a missing package to a machine without network, download its wheels
+where pip works (add the package's own dependencies: pydantic needs pydantic-core, annotated-types,
+typing-inspection and typing-extensions >= 4.16 for pydantic 2.14):
+
+    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux2014_x86_64 --platform manylinux_2_24_x86_64 -d wheels \
+        pydantic pydantic-core annotated-types typing-inspection typing-extensions bitsandbytes
+
+copy wheels/ over, then there: python3 -m pip install --no-index --no-deps --target /tmp/site wheels/*.whl
+and export PYTHONPATH=/tmp/site before running.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import importlib.util
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.gpu_matrix import STEPS, Cell, architecture, build_recipe, catalog_gpu, full_matrix, quick_matrix
+from benchmarks.gpu_report import (OK, OOM, Result, add_predictions, read_results, results_stem, summarize,
+                                   summary_text, write_results)
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REQUIRED = {"transformers": "transformers", "accelerate": "accelerate", "peft": "peft",
+            "pydantic": "pydantic", "yaml": "PyYAML"}  # module -> package to install
+BUDGET_S = {False: 330.0, True: 110.0}  # by --quick: stop starting cells after this many seconds
+GIB = 2**30
+
+
+class Refusal(Exception):
+    """This machine cannot measure; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    catalog: str | None
+    memory_gib: float
+    peak_bf16_tflops: float | None
+    software: str
+
+
+def check_machine() -> Gpu:
+    """The GPU to measure on, or Refusal: no torch, no CUDA, or a package the measurement needs is missing."""
+    if importlib.util.find_spec("torch") is None:
+        raise Refusal("gpu_check needs PyTorch with CUDA, and torch is not installed here.")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise Refusal(f"gpu_check measures on an NVIDIA GPU, and torch {torch.__version__} finds no CUDA device here. "
+                      "Run it on a machine with one; `--report FILE` re-makes the tables of a measured CSV without a GPU.")
+    missing = [package for module, package in REQUIRED.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise Refusal(f"gpu_check needs {', '.join(missing)}: install it, or bring its wheels as the docstring of "
+                      "benchmarks/gpu_check.py says.")
+    name = torch.cuda.get_device_name(0)
+    memory_gib = torch.cuda.get_device_properties(0).total_memory / GIB
+    spec = catalog_gpu(name, memory_gib)
+    return Gpu(name, spec.name if spec else None, memory_gib, spec.peak_bf16_tflops if spec else None, versions())
+
+
+# ---- one cell ----------------------------------------------------------------------------------
+
+def free_memory() -> None:
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+
+def build_random_model(model_id: str):
+    """The catalog's architecture with random bf16 weights, initialised directly on the GPU (no download)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(**architecture(model_id))
+    with torch.device("cuda"):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+
+
+def synthetic_samples(cell: Cell, vocab_size: int) -> list[dict]:
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, vocab_size, (cell.micro_batch * STEPS, cell.seq_len), generator=generator)
+    return [{"input_ids": row, "labels": row} for row in tokens]
+
+
+def step_timer():
+    """A Trainer callback timing each optimizer step (synchronised, so GPU work is counted)."""
+    import torch
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.seconds: list[float] = []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            torch.cuda.synchronize()
+            self.started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            torch.cuda.synchronize()
+            self.seconds.append(time.perf_counter() - self.started)
+
+    return StepTimer()
+
+
+def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
+    """Train ``cell`` for STEPS steps on ``base``, and leave it as found for the next cell.
+
+    As found: no adapters, no gradients (an OOM in the backward pass leaves some), no checkpointing, and
+    no mixed-precision wrapper around ``forward`` (each Trainer's Accelerator adds one).
+    """
+    import torch
+    from accelerate.utils import extract_model_from_parallel
+    from transformers import Trainer, default_data_collator
+    from transformers.trainer_callback import PrinterCallback
+
+    from tuner.loading.model import apply_lora
+    from tuner.train.__main__ import training_arguments
+
+    recipe = build_recipe(cell, gpu.catalog, gpu.memory_gib)
+    free_memory()
+    base.set_attn_implementation(cell.attention)
+    if cell.method == "full":
+        base.requires_grad_(True)
+    measured = dict(cell=cell, gpu=gpu.name, gpu_catalog=gpu.catalog, gpu_memory_gib=gpu.memory_gib,
+                    software=gpu.software, params_b=params / 1e9)
+    model, timer, trainer = base, step_timer(), None
+    try:
+        if cell.method != "full":
+            model = apply_lora(base, recipe)
+        trainer = Trainer(model=model, args=training_arguments(recipe, workdir), data_collator=default_data_collator,
+                          train_dataset=synthetic_samples(cell, base.config.vocab_size), callbacks=[timer])
+        trainer.remove_callback(PrinterCallback)
+        trainer.train()
+        torch.cuda.synchronize()
+        step_s = statistics.median(timer.seconds[1:])
+        tokens_per_s = cell.tokens_per_step / step_s
+        mfu = 100 * 6 * params * tokens_per_s / (gpu.peak_bf16_tflops * 1e12) if gpu.peak_bf16_tflops else None
+        free, total = torch.cuda.mem_get_info()
+        return Result(status=OK, step_s=step_s, tokens_per_s=tokens_per_s, mfu_pct=mfu,
+                      max_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
+                      max_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
+                      context_gib=(total - free - torch.cuda.memory_reserved()) / GIB, **measured)
+    except torch.OutOfMemoryError:
+        return Result(status=OOM, **measured)
+    except Exception as exc:  # one broken cell must not cost the others; the traceback goes to the log
+        traceback.print_exc()
+        return Result(status=f"error: {type(exc).__name__}: {exc}".replace("\n", " ")[:200], **measured)
+    finally:
+        del trainer
+        extract_model_from_parallel(model, keep_fp32_wrapper=False)
+        if model is not base:
+            model.unload()
+        base.zero_grad(set_to_none=True)
+        base.gradient_checkpointing_disable()
+        free_memory()
+
+
+# ---- the matrix --------------------------------------------------------------------------------
+
+class Run:
+    """Measures cells model by model within a time budget, printing one line per cell."""
+
+    def __init__(self, gpu: Gpu, deadline: float, started: float, workdir: Path):
+        self.gpu, self.deadline, self.started, self.workdir = gpu, deadline, started, workdir
+        self.results: list = []
+
+    def log(self, message: str) -> None:
+        print(f"[{time.monotonic() - self.started:5.0f}s] {message}", flush=True)
+
+    def record(self, cell: Cell, status: str, params: int | None = None) -> None:
+        self.results.append(Result(cell=cell, gpu=self.gpu.name, gpu_catalog=self.gpu.catalog,
+                                   gpu_memory_gib=self.gpu.memory_gib, software=self.gpu.software, status=status,
+                                   params_b=params / 1e9 if params else None))
+        self.log(f"{cell.label}: {status}")
+
+    def measure(self, cells: list[Cell]) -> list:
+        for model_id in dict.fromkeys(cell.model for cell in cells):
+            model_cells = [cell for cell in cells if cell.model == model_id]
+            try:
+                self.measure_model(model_id, model_cells)
+            except Exception as exc:  # building or loading failed: the model's remaining cells say why
+                traceback.print_exc()
+                done = {result.cell for result in self.results}
+                for cell in model_cells:
+                    if cell not in done:
+                        self.record(cell, f"error: {type(exc).__name__}: {exc}".replace("\n", " ")[:200])
+            free_memory()
+        return self.results
+
+    def measure_model(self, model_id: str, cells: list[Cell]) -> None:
+        from tuner.loading.model import load_model
+
+        if time.monotonic() > self.deadline:
+            for cell in cells:
+                self.record(cell, "not run: time budget")
+            return
+        self.log(f"building {model_id} with random weights")
+        model = build_random_model(model_id)
+        params = sum(p.numel() for p in model.parameters())
+        self.run_cells(model, [c for c in cells if c.method != "qlora"], params)
+        quantized = [c for c in cells if c.method == "qlora"]
+        if not quantized:
+            return
+        if importlib.util.find_spec("bitsandbytes") is None:
+            for cell in quantized:
+                self.record(cell, "skipped: bitsandbytes is not installed", params)
+            return
+        if time.monotonic() > self.deadline:
+            for cell in quantized:
+                self.record(cell, "not run: time budget", params)
+            return
+        with tempfile.TemporaryDirectory(dir=self.workdir) as saved:  # QLoRA loads 4-bit through tuner's loader
+            self.log("saving the random weights to load them back 4-bit")
+            model.save_pretrained(saved)
+            del model
+            free_memory()
+            model = load_model(build_recipe(quantized[0], self.gpu.catalog, self.gpu.memory_gib), path=saved)
+        self.run_cells(model, quantized, params)
+
+    def run_cells(self, model, cells: list[Cell], params: int) -> None:
+        for cell in cells:
+            if time.monotonic() > self.deadline:
+                self.record(cell, "not run: time budget", params)
+                continue
+            began = time.monotonic()
+            result = run_cell(model, cell, self.gpu, params, self.workdir)
+            self.results.append(result)
+            numbers = (f", {result.max_allocated_gib:.2f} GiB allocated, {result.max_reserved_gib:.2f} reserved, "
+                       f"{result.context_gib:.2f} context, {result.tokens_per_s:.0f} tokens/s"
+                       if result.max_reserved_gib is not None else "")
+            self.log(f"{cell.label}: {result.status}{numbers} ({time.monotonic() - began:.1f}s)")
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+def versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for package in ("torch", "transformers", "accelerate", "peft", "bitsandbytes"):
+        try:
+            found.append(f"{package} {version(package)}")
+        except PackageNotFoundError:
+            found.append(f"{package} missing")
+    return ", ".join(found)
+
+
+def free_stem(directory: Path, stem: str) -> str:
+    """``stem``, or ``stem-2``, ``stem-3``... so a second run on the same day keeps the first one's files."""
+    candidate, number = stem, 1
+    while (directory / f"{candidate}.csv").exists() or (directory / f"{candidate}.md").exists():
+        number += 1
+        candidate = f"{stem}-{number}"
+    return candidate
+
+
+def report(results: list, directory: Path, stem: str, title: str, about: str) -> None:
+    results, note = add_predictions(results)
+    summary = summary_text(summarize(results), "\n".join(filter(None, [about, note])))
+    csv_path, md_path = write_results(results, directory, stem, title, summary)
+    print(summary)
+    print(f"wrote {csv_path} and {md_path}")
+
+
+def measure_and_report(quick: bool, directory: Path, budget_s: float | None) -> int:
+    started = time.monotonic()
+    gpu = check_machine()
+    cells = quick_matrix() if quick else full_matrix()
+    deadline = started + (budget_s if budget_s is not None else BUDGET_S[quick])
+    print(f"gpu_check: {len(cells)} cells on {gpu.name} ({gpu.memory_gib:.1f} GiB, catalog: {gpu.catalog or 'none'}); "
+          f"{gpu.software}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as workdir:
+        results = Run(gpu, deadline, started, Path(workdir)).measure(cells)
+    date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
+    stem = free_stem(directory, results_stem(date, gpu.name, quick))
+    title = f"gpu_check{' --quick' if quick else ''} on {gpu.name} ({gpu.memory_gib:.1f} GiB), {date}"
+    report(results, directory, stem, title, f"{gpu.software}; {time.monotonic() - started:.0f} s in all")
+    return 0
+
+
+def remake_report(path: Path, directory: Path) -> int:
+    if not path.is_file():
+        raise Refusal(f"--report {path}: no such file; give a CSV that gpu_check wrote (benchmarks/results/*.csv).")
+    results = read_results(path)
+    title = f"gpu_check on {results[0].gpu} ({results[0].gpu_memory_gib:.1f} GiB), from {path.name}" if results else path.name
+    report(results, directory, path.stem, title, results[0].software if results else "")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpu_check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a 17-cell subset that runs in under 2 minutes")
+    parser.add_argument("--report", metavar="CSV", help="re-make a measured CSV's predictions, tables and summary; no GPU needed")
+    parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the CSV and markdown (default: %(default)s)")
+    parser.add_argument("--budget-s", type=float, help="start no cell after this many seconds (default 330, --quick 110)")
+    args = parser.parse_args(argv)
+    try:
+        if args.report:
+            return remake_report(Path(args.report), args.out)
+        return measure_and_report(args.quick, args.out, args.budget_s)
+    except Refusal as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

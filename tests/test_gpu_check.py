@@ -1,0 +1,178 @@
+"""benchmarks/gpu_check: refusal without CUDA, the cell matrix, and the report code on recorded results."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu_check import free_stem, main
+from benchmarks.gpu_matrix import (METHODS, MODELS, Cell, build_recipe, catalog_gpu, estimate_seconds, full_matrix,
+                                   quick_matrix)
+from benchmarks.gpu_report import (MARKDOWN_HEADER, Prediction, add_predictions, read_results, results_csv, results_markdown,
+                                   results_stem, summarize, summary_text)
+from tuner.catalog.gpus import GPUS
+from tuner.recipe.checks import find_problems
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "tests" / "data" / "gpu_check_sample.csv"
+H200_TFLOPS = GPUS["H200"].peak_bf16_tflops
+
+
+@pytest.mark.slow
+def test_refuses_cleanly_without_cuda():
+    results = REPO / "benchmarks" / "results"
+    before = set(results.iterdir())
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_check", "--quick"], cwd=REPO, capture_output=True, text=True,
+        timeout=120, env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert result.returncode == 2
+    assert "finds no CUDA device" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert set(results.iterdir()) == before
+
+
+# ---- the matrix --------------------------------------------------------------------------------
+
+def test_full_matrix_covers_every_factor_for_every_model_within_six_minutes():
+    cells = full_matrix()
+    assert len(cells) == len(set(cells)) == 90
+    for model in MODELS:
+        mine = [cell for cell in cells if cell.model == model]
+        assert {c.method for c in mine} == set(METHODS)
+        assert {c.gradient_checkpointing for c in mine} == {False, True}
+        assert {c.seq_len for c in mine} == {512, 2048}
+        assert {c.attention for c in mine} == {"sdpa", "eager"}
+        assert {c.micro_batch for c in mine} == {1, 4}
+    assert estimate_seconds(cells, H200_TFLOPS) < 300
+    assert [cell.model for cell in cells][0] == "meta-llama/Llama-3.1-8B"  # largest first: a short budget drops small cells
+
+
+def test_quick_matrix_fits_two_minutes_and_still_has_each_method():
+    cells = quick_matrix()
+    assert set(cells) <= set(full_matrix())
+    assert {c.method for c in cells} == set(METHODS)
+    assert {c.model for c in cells} == set(MODELS)
+    assert estimate_seconds(cells, H200_TFLOPS) < 100
+
+
+def test_every_cell_is_a_valid_single_gpu_recipe():
+    for cell in set(full_matrix()) | set(quick_matrix()):
+        recipe = build_recipe(cell, "H200", 139.81)
+        assert find_problems(recipe) == []
+        assert (recipe.method.kind, recipe.memory.gradient_checkpointing, recipe.memory.max_seq_length,
+                recipe.memory.attention, recipe.memory.micro_batch_size) == (
+            cell.method, cell.gradient_checkpointing, cell.seq_len, cell.attention, cell.micro_batch)
+        assert recipe.world_size == 1 and recipe.model.dtype == "bfloat16"
+        assert (recipe.method.quantization is not None) == (cell.method == "qlora")
+
+
+@pytest.mark.parametrize("device_name, memory_gib, expected", [
+    ("NVIDIA H200", 140.4, "H200"),
+    ("NVIDIA H100 80GB HBM3", 79.1, "H100-80GB"),
+    ("NVIDIA A100-SXM4-40GB", 39.4, "A100-40GB"),
+    ("NVIDIA L40S", 44.4, "L40S"),
+    ("NVIDIA L4", 22.0, "L4"),
+    ("NVIDIA GeForce RTX 4090", 23.6, "RTX4090"),
+    ("NVIDIA B200", 178.4, None),
+])
+def test_device_names_map_to_the_gpu_catalog(device_name, memory_gib, expected):
+    spec = catalog_gpu(device_name, memory_gib)
+    assert (spec.name if spec else None) == expected
+
+
+# ---- comparison and report, on recorded results ------------------------------------------------
+
+def test_csv_round_trips_exactly():
+    assert results_csv(read_results(SAMPLE)) == SAMPLE.read_text()
+
+
+def test_summary_numbers_of_the_recorded_sample():
+    summary = summarize(read_results(SAMPLE))
+    assert (summary.cells, summary.ran, summary.oom, summary.compared) == (9, 6, 2, 6)
+    # against reserved + 0.5 GiB context: |errors| 0.4 0.6 0.9 1.0 1.0 6.0 GiB; 2.353 3.846 4.390 4.428 5.714 10.256 %
+    assert summary.median_abs_error_gib == pytest.approx(0.95)
+    assert summary.median_abs_error_pct == pytest.approx((0.9 / 20.5 * 100 + 6 / 135.5 * 100) / 2)
+    assert summary.worst_gib == ("Llama-3.1-8B full no-gc s2048 eager mb1", pytest.approx(6.0))
+    assert summary.worst_pct == ("Qwen2.5-0.5B lora gc s2048 sdpa mb4", pytest.approx(0.4 / 3.9 * 100))
+    assert summary.beyond_tolerance == ("Qwen2.5-0.5B lora gc s2048 sdpa mb4",)
+    assert summary.predicted_fit_but_oom == ("Llama-3.1-8B full no-gc s2048 sdpa mb4",)
+    assert summary.predicted_oom_but_ran == ("Llama-3.1-8B full no-gc s2048 eager mb1",)
+    assert summary_text(summary, "torch 2.11") == "\n".join([
+        "9 cells: 6 ran, 2 OOM, 1 not measured",
+        "torch 2.11",
+        "prediction vs device peak (max reserved + context) over 6 cells: median |error| 0.95 GiB (4.4%)",
+        "worst in GiB: +6.00 GiB (Llama-3.1-8B full no-gc s2048 eager mb1)",
+        "worst in %: +10.3% (Qwen2.5-0.5B lora gc s2048 sdpa mb4)",
+        "off by more than 10%: 1: Qwen2.5-0.5B lora gc s2048 sdpa mb4",
+        "predicted to fit but OOM: 1: Llama-3.1-8B full no-gc s2048 sdpa mb4",
+        "predicted not to fit but ran: 1: Llama-3.1-8B full no-gc s2048 eager mb1",
+    ])
+
+
+def test_markdown_table_rows():
+    results = read_results(SAMPLE)
+    lines = results_markdown(results, "gpu_check on NVIDIA H200", "summary").splitlines()
+    assert lines[:6] == ["# gpu_check on NVIDIA H200", "", "```", "summary", "```", ""]
+    assert lines[6].startswith("| model | method | ckpt | seq | attn | mb | status | alloc GiB | reserved GiB |")
+    rows = lines[8:]
+    assert len(rows) == len(results)
+    assert rows[0] == ("| Llama-3.1-8B | full | no | 2048 | eager | 1 | ok | 128.40 | 135.00 | 135.50 | 141.50 | +6.00 "
+                       "| +4.4 | does not fit | 3346 | 16.3 |")
+    assert rows[2] == "| Llama-3.1-8B | full | no | 2048 | sdpa | 4 | OOM |  |  |  | 120.00 |  |  | fits |  |  |"
+    assert rows[4] == ("| Llama-3.1-8B | qlora | yes | 512 | sdpa | 1 | skipped: bitsandbytes is not installed |  |  |  "
+                       "| 7.50 |  |  | fits |  |  |")
+    assert rows[6] == ("| Qwen2.5-0.5B | full | no | 2048 | sdpa | 4 | ok | 14.20 | 15.10 | 15.60 | 15.00 | -0.60 "
+                       "| -3.8 | fits | 62061 | 18.6 |")
+
+
+def test_predictions_are_added_per_cell_and_a_missing_planner_is_a_note():
+    measured = read_results(SAMPLE)
+
+    def double_the_micro_batch(recipe):
+        return Prediction(float(2 * recipe.memory.micro_batch_size), "fits", True)
+
+    predicted, note = add_predictions(measured, double_the_micro_batch)
+    assert note is None
+    assert [r.predicted_gib for r in predicted] == [2.0, 8.0, 8.0, 2.0, 2.0, 2.0, 8.0, 8.0, 8.0]
+    assert [r.max_reserved_gib for r in predicted] == [r.max_reserved_gib for r in measured]
+
+    def no_planner(recipe):
+        raise ImportError("No module named 'tuner.planner'")
+
+    unchanged, note = add_predictions(measured, no_planner)
+    assert unchanged == measured
+    assert note == "no predictions: the planner cannot be imported (No module named 'tuner.planner')"
+
+    def rejects_qlora(recipe):
+        if recipe.method.kind == "qlora":
+            raise ValueError("no 4-bit model yet")
+        return Prediction(1.0, "fits", True)
+
+    predicted, _ = add_predictions(measured, rejects_qlora)
+    assert predicted[4].predicted_verdict == "error: no 4-bit model yet" and predicted[4].predicted_gib is None
+    assert predicted[3].predicted_gib == 1.0
+
+
+def test_report_mode_remakes_tables_without_a_gpu(tmp_path, capsys):
+    assert main(["--report", str(SAMPLE), "--out", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gpu_check_sample.csv", "gpu_check_sample.md"]
+    assert capsys.readouterr().out.startswith("9 cells: 6 ran, 2 OOM, 1 not measured\n")
+    markdown = (tmp_path / "gpu_check_sample.md").read_text()
+    assert markdown.startswith("# gpu_check on NVIDIA H200 (139.8 GiB), from gpu_check_sample.csv\n")
+    assert "\ntorch 2.11.0, transformers 5.17.0\n" in markdown  # the versions that measured it survive a re-make
+
+
+def test_result_files_are_named_by_date_and_gpu_and_never_overwritten(tmp_path):
+    stem = results_stem("2026-11-29", "NVIDIA H100 80GB HBM3", quick=True)
+    assert stem == "gpu-check_2026-11-29_NVIDIA-H100-80GB-HBM3_quick"
+    assert free_stem(tmp_path, stem) == stem
+    (tmp_path / f"{stem}.csv").write_text("")
+    assert free_stem(tmp_path, stem) == f"{stem}-2"
+
+
+def test_results_readme_shows_the_table_the_script_writes():
+    assert MARKDOWN_HEADER in (REPO / "benchmarks" / "results" / "README.md").read_text()

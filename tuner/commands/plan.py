@@ -1,0 +1,205 @@
+"""``tuner plan``: predict peak memory per device; ``--advise`` for the cheapest plan that fits.
+
+A recipe (``tuner plan RECIPE --set ...``) or ad hoc flags (``tuner plan --model ID --gpus 8xA100-80GB
+--seq 4096 --batch 2 --method lora``); the flags are recipe overrides, so both paths validate alike.
+Exit code 0 when the plan (or, with --advise, the best advice) fits, 1 when nothing fits, 2 on bad input.
+"""
+from __future__ import annotations
+
+import re
+
+from tuner.commands._recipe_args import add_recipe_arguments
+
+EXIT_DOES_NOT_FIT = 1
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("plan", help="predict GPU memory per device; --advise finds the cheapest plan that fits")
+    add_recipe_arguments(parser, required=False)
+    adhoc = parser.add_argument_group("ad hoc planning (each flag is a recipe override)")
+    adhoc.add_argument("--model", help="model.id: hub id, local directory or builtin:demo")
+    adhoc.add_argument("--gpus", help="hardware: N x GPU type, e.g. 8xA100-80GB, 1xRTX4090 or 2x48GB")
+    adhoc.add_argument("--seq", type=int, help="memory.max_seq_length")
+    adhoc.add_argument("--batch", type=int, help="memory.micro_batch_size")
+    adhoc.add_argument("--method", choices=("full", "lora", "qlora"), help="method.kind (qlora: 4-bit NF4)")
+    adhoc.add_argument("--gradient-checkpointing", action="store_true", help="memory.gradient_checkpointing: true")
+    adhoc.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="DeepSpeed ZeRO stage (memory.zero_stage)")
+    parser.add_argument("--advise", action="store_true", help="search the ladder of memory tactics for plans that fit")
+    parser.add_argument("--simulate", action="store_true",
+                        help="also trace one real training step on fake tensors (no memory used) and compare")
+    parser.add_argument("--json", action="store_true", help="print stable JSON (units named) instead of tables")
+    parser.set_defaults(run=run)
+
+
+_GPUS = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(.+?)\s*$")
+
+
+def adhoc_overrides(args) -> list[str]:
+    """The ad hoc flags as ``--set`` style overrides."""
+    sets = []
+    if args.model:
+        sets.append(f"model.id={args.model}")
+    if args.gpus:
+        count, gpu = _GPUS.match(args.gpus).groups()
+        count = int(count or 1)
+        sets += [f"hardware.gpus_per_machine={count}", f"hardware.gpu={gpu}", "hardware.num_processes=null"]
+        if count > 1 and args.zero is None:
+            sets.append("memory.distributed=ddp")
+    if args.seq:
+        sets.append(f"memory.max_seq_length={args.seq}")
+    if args.batch:
+        sets.append(f"memory.micro_batch_size={args.batch}")
+    if args.method:
+        sets.append(f"method.kind={args.method}")
+        sets.append("method.quantization={bits: 4}" if args.method == "qlora" else "method.quantization=null")
+        sets.append(f"output.save={'full' if args.method == 'full' else 'adapter'}")
+    if args.gradient_checkpointing:
+        sets.append("memory.gradient_checkpointing=true")
+    if args.zero is not None:
+        sets += ["memory.distributed=deepspeed", f"memory.zero_stage={args.zero}"]
+    return sets
+
+
+def load_plan_recipe(args):
+    from tuner.recipe.io import RecipeError, RecipeSource, apply_overrides, load_recipe, validate_recipe
+    from tuner.recipe.registry import resolve_recipe_argument
+
+    overrides = adhoc_overrides(args) + list(args.overrides)
+    if args.recipe:
+        return load_recipe(resolve_recipe_argument(args.recipe), overrides)
+    if not args.model:
+        raise RecipeError(["tuner plan needs a recipe (tuner plan RECIPE) or a model (tuner plan --model ID --gpus 1xA100-80GB)."])
+    source = RecipeSource()
+    return validate_recipe(apply_overrides({}, overrides, source), source)
+
+
+def run(args) -> int:
+    from tuner.catalog.models import UnknownModelError
+    from tuner.recipe.io import RecipeError
+
+    recipe = load_plan_recipe(args)
+    try:
+        from tuner.planner import advise, plan
+
+        memory_plan = plan(recipe)
+        advice = advise(recipe) if args.advise else None
+    except UnknownModelError as exc:
+        raise RecipeError([f"model.id: {exc}"]) from None
+    simulation = None
+    if args.simulate:
+        from tuner.planner.simulate import simulate
+
+        simulation = simulate(recipe)
+    if args.json:
+        import json
+
+        data = memory_plan.to_dict()
+        if advice is not None:
+            data = {"plan": data, "advice": [_advice_dict(recipe, a) for a in advice]}
+        if simulation is not None:
+            data = {**({"plan": data} if "plan" not in data else data), "simulation": simulation.to_dict()}
+        print(json.dumps(data, indent=2))
+    else:
+        from rich.console import Console
+
+        console = Console()
+        print_plan(console, memory_plan)
+        if simulation is not None:
+            print_simulation(console, simulation, memory_plan)
+        if advice is not None:
+            print_advice(console, recipe, advice)
+    fits = advice[0].fits if advice else memory_plan.fits
+    return 0 if fits else EXIT_DOES_NOT_FIT
+
+
+def recipe_changes(before, after) -> list[str]:
+    """``--set`` lines that turn ``before`` into ``after``."""
+    def flat(data, prefix=""):
+        for key, value in data.items():
+            if isinstance(value, dict):
+                yield from flat(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}", value
+
+    old = dict(flat(before.model_dump(mode="json")))
+    new = dict(flat(after.model_dump(mode="json")))
+    import json
+
+    return [f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
+            for key, value in new.items() if old.get(key) != value]
+
+
+def _advice_dict(recipe, advice) -> dict:
+    return {"fits": advice.fits, "cost": round(advice.cost, 3), "changes": advice.changes, "reasons": advice.reasons,
+            "set": recipe_changes(recipe, advice.recipe), "largest_micro_batch": advice.largest_micro_batch,
+            "gradient_accumulation_for_largest": advice.accumulation_for_largest, "plan": advice.plan.to_dict()}
+
+
+_VERDICT_STYLE = {"fits": "bold green", "tight": "bold yellow", "does not fit": "bold red", "unknown": "bold"}
+
+
+def print_plan(console, memory_plan) -> None:
+    from rich.table import Table
+
+    params = memory_plan.params
+    console.print(f"[bold]{memory_plan.model}[/]: {params['total'] / 1e9:.3f} B parameters, "
+                  f"{memory_plan.trainable_params / 1e6:,.1f} M trainable; micro-batch {memory_plan.micro_batch_size} "
+                  f"x {memory_plan.max_seq_length} tokens")
+    for device in memory_plan.devices:
+        table = Table(title=f"{device.name} — peak during {device.phase}", title_justify="left")
+        table.add_column("term")
+        table.add_column("item")
+        table.add_column("GiB", justify="right")
+        for item in device.live_items:
+            table.add_row(item.category, item.name, f"{item.gib:.2f}")
+        table.add_section()
+        table.add_row("total", "", f"[bold]{device.total_gib:.2f}[/]")
+        if device.capacity_gib is not None:
+            table.add_row("capacity", "", f"{device.capacity_gib:.2f}")
+            table.add_row("headroom", "", f"{device.headroom_gib:.2f}")
+        console.print(table)
+    style = _VERDICT_STYLE.get(memory_plan.verdict, "bold")
+    missing = f": {memory_plan.missing_gib:.2f} GiB missing" if memory_plan.missing_gib > 0 else ""
+    console.print(f"verdict: [{style}]{memory_plan.verdict}[/]{missing}")
+    for note in memory_plan.notes:
+        console.print(f"[dim]note: {note}[/]")
+
+
+def print_advice(console, recipe, advice) -> None:
+    console.print()
+    if not advice[0].fits:
+        console.print(f"[bold red]{advice[0].reasons[0]}[/]")
+        return
+    console.print("[bold]plans that fit, cheapest first[/] (cost = estimated throughput penalty):")
+    for rank, item in enumerate(advice, 1):
+        console.print(f"{rank}. {item.summary()} [{_VERDICT_STYLE[item.plan.verdict]}]{item.plan.verdict}[/]")
+        for line in item.reasons:
+            console.print(f"     - {line}")
+        changes = recipe_changes(recipe, item.recipe)
+        if changes:
+            console.print("     [dim]" + " ".join(f"--set {c}" for c in changes) + "[/]")
+    best = advice[0]
+    if best.largest_micro_batch:
+        console.print(f"largest micro-batch that fits plan 1: {best.largest_micro_batch} "
+                      f"(gradient_accumulation_steps {best.accumulation_for_largest} keeps the effective batch)")
+
+
+def print_simulation(console, simulation, memory_plan) -> None:
+    console.print()
+    if simulation.error:
+        console.print(f"[yellow]simulation not possible: {simulation.error}[/]")
+        return
+    from rich.table import Table
+
+    table = Table(title=f"simulated step on fake tensors ({simulation.seconds:.1f} s)", title_justify="left")
+    table.add_column("category")
+    table.add_column("GiB at peak", justify="right")
+    for category, gib in simulation.peak_by_category.items():
+        table.add_row(category, f"{gib:.3f}")
+    table.add_section()
+    table.add_row("simulated peak", f"{simulation.peak_gib:.3f}")
+    predicted = memory_plan.gpu.total_gib - memory_plan.gpu.terms["overhead"]
+    table.add_row("analytic (without overhead)", f"{predicted:.3f}")
+    console.print(table)
+    for note in simulation.notes:
+        console.print(f"[dim]note: {note}[/]")
