@@ -11,6 +11,7 @@ import pytest
 from textual.widgets import Input
 
 from tui_helpers import SIZE, demo_draft, make_app
+from tuner.tui.draft import Draft
 from tuner.tui.run_watch import RunWatch
 
 FIXED_RECIPES = Path(__file__).parent / "data" / "tui-recipes"
@@ -84,3 +85,17 @@ def test_docs_show_the_current_screens():
 
     for snapshot, image in DOCS_SCREENSHOTS.items():
         assert (DOCS_IMAGES / image).read_bytes() == (SNAPSHOTS / snapshot).read_bytes(), image
+
+
+def test_method_after_autofit_on_a_gpu(snap_compare):
+    """An 8B model on one 24 GB card: Auto-fit's choice, its plan bar and the ranked alternatives."""
+    draft = Draft({"model": {"id": "meta-llama/Llama-3.1-8B"},
+                   "hardware": {"gpus_per_machine": 1, "gpu": "RTX4090", "host_ram_gb": 256}})
+
+    async def show(pilot):
+        pilot.app.switch_mode("method")
+        await settle(pilot)
+        await pilot.press("f")
+        await settle(pilot)
+
+    assert snap_compare(make_app(draft), terminal_size=SIZE, run_before=show)

@@ -69,6 +69,7 @@ DOCS_SCREENSHOTS = {  # snapshot file -> docs/images name
     "test_screen[hardware].svg": "tui-hardware.svg",
     "test_screen[method].svg": "tui-method.svg",
     "test_method_with_disabled_reasons_on_focus.svg": "tui-method-reasons.svg",
+    "test_method_after_autofit_on_a_gpu.svg": "tui-method-autofit.svg",
     "test_screen[data].svg": "tui-data.svg",
     "test_screen[training].svg": "tui-training.svg",
     "test_screen[review].svg": "tui-review.svg",
