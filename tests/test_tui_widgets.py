@@ -79,3 +79,16 @@ def test_recent_runs_replay_their_events(tmp_path):
     statuses = {watch.run_dir.name: watch.status for watch in recent_runs(tmp_path)}
     assert statuses == {"done": "finished", "stopped": "stopped at step 3"}
     assert recent_runs(Path(tmp_path / "missing")) == []
+
+
+def test_detected_gpus_map_to_the_catalog_by_name_and_memory():
+    from tuner.tui.detect import DetectedGpus
+
+    assert DetectedGpus(8, "NVIDIA A100-SXM4-80GB", 79.15).catalog_name() == "A100-80GB"
+    assert DetectedGpus(1, "NVIDIA A100-PCIE-40GB", 39.4).catalog_name() == "A100-40GB"
+    assert DetectedGpus(1, "NVIDIA H200", 140.4).catalog_name() == "H200"
+    assert DetectedGpus(2, "NVIDIA GeForce RTX 4090", 23.99).catalog_name() == "RTX4090"
+    assert DetectedGpus(1, "NVIDIA L40S", 44.99).catalog_name() == "L40S"
+    odd = DetectedGpus(1, "NVIDIA RTX A6000", 47.99)
+    assert odd.catalog_name() is None
+    assert odd.recipe_changes() == {"hardware.gpus_per_machine": 1, "hardware.gpu": "48GB", "hardware.gpu_memory_gb": 48.0}

@@ -1,48 +1,16 @@
 """Hardware: this machine's GPUs prefilled (none here: the CPU), or any cluster typed in."""
 from __future__ import annotations
 
-import shutil
-import subprocess
-from dataclasses import dataclass
-
 from textual import work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Label, Select, Static
 
 from tuner.catalog.gpus import known_gpu_names
+from tuner.tui.detect import DetectedGpus, detect_gpus
 from tuner.tui.messages import FieldEdited
 from tuner.tui.screens.base import WizardScreen
 from tuner.tui.widgets.fields import InputField
-
-
-@dataclass(frozen=True)
-class DetectedGpus:
-    count: int
-    name: str  # as the driver reports it
-    memory_gib: float
-
-    def recipe_changes(self) -> dict:
-        """The catalog entry whose name the driver's name contains, else a custom size."""
-        catalog = next((known for known in known_gpu_names()
-                        if known.split("-")[0].lower() in self.name.lower().replace(" ", "")), None)
-        return {"hardware.gpus_per_machine": self.count, "hardware.gpu": catalog or f"{self.memory_gib:.0f}GB",
-                "hardware.gpu_memory_gb": None if catalog else round(self.memory_gib, 1)}
-
-
-def detect_gpus() -> DetectedGpus | None:
-    """NVIDIA GPUs of this machine from nvidia-smi (no torch import: the UI must start fast)."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    rows = [line.split(",") for line in out.strip().splitlines() if "," in line]
-    if not rows:
-        return None
-    return DetectedGpus(len(rows), rows[0][0].strip(), float(rows[0][1]) / 1024)
 
 
 class HardwareScreen(WizardScreen):
