@@ -81,6 +81,16 @@ def test_recent_runs_replay_their_events(tmp_path):
     assert recent_runs(Path(tmp_path / "missing")) == []
 
 
+def test_nvidia_smi_output_is_read():
+    from tuner.tui.detect import parse_nvidia_smi
+
+    h200 = parse_nvidia_smi("NVIDIA H200, 143771\n")  # as an H200 machine prints it
+    assert (h200.count, h200.name, round(h200.memory_gib, 1)) == (1, "NVIDIA H200", 140.4)
+    assert h200.recipe_changes() == {"hardware.gpus_per_machine": 1, "hardware.gpu": "H200", "hardware.gpu_memory_gb": None}
+    assert parse_nvidia_smi("NVIDIA A100-SXM4-80GB, 81920\n" * 8).count == 8
+    assert parse_nvidia_smi("") is None and parse_nvidia_smi("GRID T4, [N/A]") is None
+
+
 def test_detected_gpus_map_to_the_catalog_by_name_and_memory():
     from tuner.tui.detect import DetectedGpus
 

@@ -40,7 +40,13 @@ def detect_gpus() -> DetectedGpus | None:
                              capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    rows = [line.split(",") for line in out.strip().splitlines() if "," in line]
-    if not rows:
+    return parse_nvidia_smi(out)
+
+
+def parse_nvidia_smi(out: str) -> DetectedGpus | None:
+    """``name, MiB`` per line (``--query-gpu=name,memory.total --format=csv,noheader,nounits``)."""
+    rows = [line.rsplit(",", 1) for line in out.strip().splitlines() if "," in line]
+    try:
+        return DetectedGpus(len(rows), rows[0][0].strip(), float(rows[0][1]) / 1024) if rows else None
+    except ValueError:  # "[N/A]" memory on some virtual GPUs
         return None
-    return DetectedGpus(len(rows), rows[0][0].strip(), float(rows[0][1]) / 1024)
