@@ -40,7 +40,8 @@ async def test_wizard_end_to_end_saves_what_review_showed(in_tmp, demo_model_pat
 
         await pilot.press("ctrl+n")  # Method: LoRA
         assert app.current_mode == "method"
-        await pilot.click(app.screen.query_one("#method-kind", ChoiceField).button("LoRA"))
+        assert app.focused is app.screen.query_one("#method-kind", ChoiceField).radio_set
+        await pilot.press("right", "enter")  # Full -> LoRA
         await pilot.pause()
         assert app.draft.value("method.kind") == "lora"
         if app.planner.available:
@@ -89,7 +90,7 @@ async def test_incompatible_choices_are_disabled_with_the_reason():
         reasons = distribution.query_one(".reasons", Static)
         assert reasons.display and "FSDP: memory.distributed: FSDP needs GPUs" in str(reasons.render())
 
-        await pilot.click(distribution.button("ZeRO-2"))  # now offload is allowed
+        await pilot.press("right", "right", "right", "enter")  # Single -> DDP -> ZeRO-1 -> ZeRO-2: offload allowed
         await pilot.pause()
         assert app.draft.value("memory.zero_stage") == 2
         assert not offload.button("cpu").disabled
@@ -247,6 +248,12 @@ async def test_cancel_stops_the_run(in_tmp, demo_model_path):
         assert app.run_watch.running
         app.switch_mode("run")
         await pilot.pause()
+        await pilot.press("ctrl+q")  # quitting asks first while a run is going
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        await pilot.pause()
+        assert app.is_running and app.run_watch.running
         await pilot.press("ctrl+x")
         await wait_until(pilot, lambda: app.run_watch.exit_code is not None, timeout=60)
         assert app.run_watch.status == "cancelled"

@@ -1,7 +1,6 @@
 """The wizard in a real terminal: start ``python -m tuner`` under tmux, move through it, quit."""
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import subprocess

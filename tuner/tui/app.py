@@ -55,7 +55,7 @@ class TunerApp(App[int]):
         Binding("ctrl+n", "next_step", "Next step", id="next_step", tooltip="Go to the next step of the wizard"),
         Binding("escape", "previous_step", "Back", id="previous_step", tooltip="Go to the previous step"),
         Binding("question_mark,f1", "help", "Help", id="help", key_display="?", tooltip="Keys and what each step does"),
-        Binding("ctrl+q", "quit", "Quit", id="quit", tooltip="Quit (a running training keeps running)"),
+        Binding("ctrl+q", "quit", "Quit", id="quit", tooltip="Quit (asks first while a run is going)"),
     ]
 
     def __init__(self, draft: Draft | None = None, planner: Planner | None = None, *, detect_hardware: bool = True):
@@ -95,6 +95,23 @@ class TunerApp(App[int]):
         from tuner.tui.screens.help import HelpScreen
 
         self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        """Quit; a launched run is tied to this process's output pipe, so it is stopped cleanly first."""
+        if self.run_watch is None or not self.run_watch.running:
+            self.exit(0)
+            return
+        from tuner.tui.screens.confirm import ConfirmScreen
+
+        question = f"A run is going in {self.run_watch.run_dir}. Stop every rank and quit?"
+        self.push_screen(ConfirmScreen(question, yes="Stop and quit"),
+                         lambda yes: self.stop_and_quit() if yes else None)
+
+    @work(thread=True, group="cancel")
+    def stop_and_quit(self) -> None:
+        self.run_watch.cancelled = True
+        self.run_watch.launch.stop(grace_s=10)
+        self.call_from_thread(self.exit, 0)
 
     # --- the draft and its plan -------------------------------------------------------------
     def on_field_edited(self, event: FieldEdited) -> None:
@@ -156,9 +173,12 @@ class TunerApp(App[int]):
     @work(thread=True, exclusive=True, group="run")
     def follow_run(self, watch: RunWatch) -> None:
         """Poll the run's events and log off the UI thread; report back with messages."""
+        from textual.worker import get_current_worker
+
         launch = watch.launch
         offset = 0
-        while True:
+        worker = get_current_worker()
+        while not worker.is_cancelled:
             alive = launch.running
             events = launch.poll_events()
             lines, offset = _new_log_lines(launch.log_path, offset)

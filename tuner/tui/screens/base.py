@@ -7,7 +7,6 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
-from tuner.tui.widgets.fields import ChoiceField, InputField, ToggleField
 from tuner.tui.widgets.steps import StepBar
 
 if TYPE_CHECKING:
@@ -41,8 +40,7 @@ class WizardScreen(Screen):
         """Re-read everything shown from the app's draft."""
         draft = self.app.draft
         for field in self.query("ChoiceField, ToggleField, InputField"):
-            if isinstance(field, (ChoiceField, ToggleField, InputField)):
-                field.sync(draft)
+            field.sync(draft)
         errors = self.query_one("#errors", Static)
         errors.update("\n".join(f"✗ {line}" for line in draft.errors))
         errors.display = bool(draft.errors)

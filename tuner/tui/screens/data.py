@@ -11,8 +11,7 @@ from textual.message import Message
 from textual.widgets import Label, Static
 
 from tuner.tui.screens.base import WizardScreen
-from tuner.tui.widgets.fields import ChoiceField, InputField, ToggleField
-from tuner.tui.screens.method import _choices
+from tuner.tui.widgets.fields import ChoiceField, InputField, ToggleField, value_choices
 
 MASKED_STYLE = "#8a8a8a on #303030"
 LEARNED_STYLE = "bold #87d787"
@@ -46,7 +45,7 @@ class DataScreen(WizardScreen):
             with Vertical(classes="form"):
                 yield InputField("Source", "data.source", placeholder="file.jsonl, cached dataset name or builtin:reverse")
                 yield InputField("Split", "data.split")
-                yield ChoiceField("Format", _choices("data.format", ["auto", "text", "instruction", "chat"]),
+                yield ChoiceField("Format", value_choices("data.format", ["auto", "text", "instruction", "chat"]),
                                   id="data-format")
                 yield ToggleField("Loss on the prompt too", "data.train_on_prompt")
                 yield ToggleField("Packing", "data.packing")

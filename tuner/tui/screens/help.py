@@ -20,7 +20,7 @@ HELP = """\
 | `ctrl+s` | save the recipe (Review) |
 | `ctrl+r` | launch the run (Run); `ctrl+x` cancels it, `ctrl+e` resumes it |
 | `?` / `f1` | this help |
-| `ctrl+q` | quit (a launched run keeps running) |
+| `ctrl+q` | quit (while a run is going it asks, then stops every rank cleanly) |
 
 # The steps
 

@@ -8,14 +8,14 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Button, Label, OptionList, Static
+from textual.widgets import Button, Label, OptionList
 from textual.widgets.option_list import Option
 
 from tuner.recipe.schema import MemorySection
 from tuner.tui.messages import PlanUpdated
 from tuner.tui.planning import Proposal
 from tuner.tui.screens.base import WizardScreen
-from tuner.tui.widgets.fields import Choice, ChoiceField, InputField, ToggleField
+from tuner.tui.widgets.fields import Choice, ChoiceField, InputField, ToggleField, value_choices
 from tuner.tui.widgets.plan_bar import PlanPanel
 
 METHODS = [
@@ -35,10 +35,6 @@ OPTIMIZERS = [
         ("AdamW", "adamw_torch"), ("fused", "adamw_torch_fused"), ("8-bit", "adamw_8bit"),
         ("paged 8-bit", "paged_adamw_8bit"), ("paged 32-bit", "paged_adamw_32bit"))
 ]
-
-
-def _choices(field: str, values: list) -> list[Choice]:
-    return [Choice(str(value), {field: value}) for value in values]
 
 
 def _help(field: str) -> str:
@@ -67,15 +63,15 @@ class MethodScreen(WizardScreen):
                     yield InputField("LoRA rank", "method.lora.r", number=True)
                     yield InputField("LoRA alpha", "method.lora.alpha", number=True)
                 yield ChoiceField("Distribution", DISTRIBUTION, id="distribution", help=_help("distributed"))
-                yield ChoiceField("Offload optimizer", _choices("memory.offload_optimizer", ["none", "cpu", "nvme"]),
+                yield ChoiceField("Offload optimizer", value_choices("memory.offload_optimizer", ["none", "cpu", "nvme"]),
                                   id="offload-optimizer", help=_help("offload_optimizer"))
-                yield ChoiceField("Offload parameters", _choices("memory.offload_params", ["none", "cpu", "nvme"]),
+                yield ChoiceField("Offload parameters", value_choices("memory.offload_params", ["none", "cpu", "nvme"]),
                                   id="offload-params", help=_help("offload_params"))
                 yield ToggleField("Gradient checkpointing", "memory.gradient_checkpointing",
                                   help=_help("gradient_checkpointing"))
-                yield ChoiceField("Attention", _choices("memory.attention", ["auto", "flash", "sdpa", "eager"]),
+                yield ChoiceField("Attention", value_choices("memory.attention", ["auto", "flash", "sdpa", "eager"]),
                                   id="attention", help=_help("attention"))
-                yield ChoiceField("Precision", _choices("memory.mixed_precision", ["bf16", "fp16", "no"]),
+                yield ChoiceField("Precision", value_choices("memory.mixed_precision", ["bf16", "fp16", "no"]),
                                   id="precision", help=_help("mixed_precision"))
                 yield ChoiceField("Optimizer", OPTIMIZERS, id="optimizer", help=_help("optimizer"))
                 with Horizontal(classes="pair"):

@@ -5,8 +5,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 
 from tuner.tui.screens.base import WizardScreen
-from tuner.tui.screens.method import _choices
-from tuner.tui.widgets.fields import ChoiceField, InputField
+from tuner.tui.widgets.fields import ChoiceField, InputField, value_choices
 
 
 class TrainingScreen(WizardScreen):
@@ -17,7 +16,7 @@ class TrainingScreen(WizardScreen):
             with Vertical(classes="form"):
                 yield InputField("Run name", "name")
                 yield InputField("Learning rate", "training.learning_rate", number=True)
-                yield ChoiceField("Schedule", _choices("training.lr_scheduler",
+                yield ChoiceField("Schedule", value_choices("training.lr_scheduler",
                                                        ["linear", "cosine", "constant", "constant_with_warmup"]),
                                   id="schedule")
                 with Horizontal(classes="pair"):

@@ -24,6 +24,11 @@ class Choice:
     changes: Changes
 
 
+def value_choices(field: str, values: list) -> list[Choice]:
+    """One choice per value of a single field, labelled with the value itself."""
+    return [Choice(str(value), {field: value}) for value in values]
+
+
 class FieldBox:
     """Marks the field holding focus, so its reasons show (``:focus-within`` does not restyle descendants)."""
 
