@@ -56,8 +56,10 @@ async def test_wizard_end_to_end_saves_what_review_showed(in_tmp, demo_model_pat
         for _ in range(3):  # Data, Training, Review
             await pilot.press("ctrl+n")
         assert app.current_mode == "review"
+        await app.workers.wait_for_complete()
         await pilot.pause()
         shown = dict(app.screen.files)
+        assert set(shown) == {"recipe.lock.yaml", "accelerate.yaml", "launch.sh"}
         box = app.screen.query_one("#save-path", Input)
         box.value = "saved.yaml"
         await pilot.press("ctrl+s")

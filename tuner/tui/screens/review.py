@@ -1,11 +1,14 @@
 """Review: the exact files a run gets and the exact command, then save the recipe (asking before overwriting)."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
+from textual.message import Message
 from textual.widgets import Button, Input, Label, Static, TabbedContent, TabPane
 
 from tuner.recipe.io import RecipeError
@@ -30,6 +33,16 @@ def rendered_files(recipe) -> tuple[dict[str, str], str]:
     return render_run_files(recipe), shell_command(launch_argv(Path(recipe.output.dir)))
 
 
+@dataclass
+class FilesRendered(Message):
+    """The run files of ``recipe`` (FSDP rendering reads the model's config, so it runs in a worker)."""
+
+    recipe: object
+    files: dict[str, str] = field(default_factory=dict)
+    command: str = ""
+    error: str | None = None
+
+
 class ReviewScreen(WizardScreen):
     STEP = "review"
     BINDINGS = [Binding("ctrl+s", "save", "Save recipe", id="save", tooltip="Write the recipe YAML")]
@@ -51,14 +64,27 @@ class ReviewScreen(WizardScreen):
         if not box.value:
             box.value = str(draft.path or f"{draft.last_valid.name}.yaml")
         if draft.recipe is None:
-            self.files = {}
-            self.query_one("#command", Static).update("fix the errors below to see the files")
-            self.call_later(self._show_files)
+            self._show(FilesRendered(None, error="fix the errors below to see the files"))
             return
-        files, command = rendered_files(draft.recipe)
-        self.query_one("#command", Static).update(f"$ {command}")
-        if files != self.files:
-            self.files = files
+        self.render_files(draft.recipe)
+
+    @work(thread=True, exclusive=True)
+    def render_files(self, recipe) -> None:
+        try:
+            files, command = rendered_files(recipe)
+        except RecipeError as exc:
+            self.post_message(FilesRendered(recipe, error=str(exc)))
+            return
+        self.post_message(FilesRendered(recipe, files, command))
+
+    def on_files_rendered(self, message: FilesRendered) -> None:
+        if message.recipe is self.app.draft.recipe:  # else an answer for an older draft
+            self._show(message)
+
+    def _show(self, rendered: FilesRendered) -> None:
+        self.query_one("#command", Static).update(rendered.error or f"$ {rendered.command}")
+        if rendered.files != self.files or not rendered.files:
+            self.files = rendered.files
             self.call_later(self._show_files)
 
     async def _show_files(self) -> None:
