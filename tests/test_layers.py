@@ -12,7 +12,8 @@ from conftest import REPO
 
 CORE_MODULES = [
     "tuner.recipe", "tuner.recipe.registry", "tuner.recipe.docs", "tuner.catalog.gpus", "tuner.events",
-    "tuner.render.run_directory", "tuner.launch.argv", "tuner.cli", "tuner.planner", "tuner.catalog.models",
+    "tuner.render.run_directory", "tuner.render.presets", "tuner.launch.argv", "tuner.launch.preflight", "tuner.cli",
+    "tuner.planner", "tuner.catalog.models",
 ]
 
 

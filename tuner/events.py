@@ -13,7 +13,7 @@ from typing import Any, Iterator
 EVENTS_FILE = "events.jsonl"
 
 
-def write_event(path: Path, event: str, **fields: Any) -> dict[str, Any]:
+def write_event(path: Path, event: str, /, **fields: Any) -> dict[str, Any]:
     """Append one event (flushed at once so readers see it while the run goes on)."""
     record = {"event": event, "time": round(time.time(), 3), **fields}
     with open(path, "a", encoding="utf-8") as stream:
@@ -44,6 +44,10 @@ class EventFollower:
     def __init__(self, path: Path):
         self.path = path
         self._offset = 0
+
+    def skip_existing(self) -> None:
+        """Follow only what is written from now on (a resumed run appends to its earlier events)."""
+        self._offset = self.path.stat().st_size if self.path.exists() else 0
 
     def poll(self) -> list[dict[str, Any]]:
         if not self.path.exists():

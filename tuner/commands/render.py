@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from tuner.commands._recipe_args import add_recipe_arguments, recipe_from_args
+from tuner.render.launch_script import node_commands
 from tuner.render.run_directory import write_run_directory
 
 
@@ -19,4 +20,9 @@ def run(args) -> int:
     for path in sorted(run_dir.iterdir()):
         if path.is_file():
             print(path)
+    commands = node_commands(recipe, run_dir)
+    if len(commands) > 1:
+        print(f"start on each of the {len(commands)} machines:")
+        for rank, command in enumerate(commands):
+            print(f"  machine {rank}: {command}")
     return 0

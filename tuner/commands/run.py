@@ -1,9 +1,14 @@
-"""``tuner run RECIPE [--set k=v] [--dry-run] [--force] [--resume]``: validate, render, launch, follow."""
+"""``tuner run RECIPE [--set k=v] [--dry-run] [--force] [--resume]``: validate, check memory, render, launch, follow."""
 from __future__ import annotations
+
+import sys
 
 from tuner.commands._recipe_args import add_recipe_arguments, recipe_from_args
 from tuner.launch.argv import launch_argv, shell_command
+from tuner.launch.preflight import check_memory
 from tuner.launch.session import launch_and_follow
+from tuner.recipe.io import RecipeError
+from tuner.render.launch_script import LAUNCH_SCRIPT, SLURM_SCRIPT, node_commands
 from tuner.render.run_directory import write_run_directory
 
 
@@ -11,7 +16,8 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("run", help="render the run directory and launch training")
     add_recipe_arguments(parser)
     parser.add_argument("--dry-run", action="store_true", help="write and print the files and the command; run nothing")
-    parser.add_argument("--force", action="store_true", help="overwrite an existing run directory's files")
+    parser.add_argument("--force", action="store_true",
+                        help="overwrite an existing run directory's files; launch even if the plan does not fit")
     parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     parser.set_defaults(run=run)
 
@@ -20,13 +26,22 @@ def run(args) -> int:
     if args.resume:
         args.overrides.append("training.resume=auto")
     recipe = recipe_from_args(args)
+    memory = check_memory(recipe)
+    if memory.refused and not args.force:
+        raise RecipeError([memory.message, "pass --force to launch anyway."])
+    if memory.message:
+        print(("launching anyway (--force): " if memory.refused else "") + memory.message, file=sys.stderr)
     run_dir = write_run_directory(recipe, force=args.force, keep_existing=args.resume)
-    argv = launch_argv(run_dir)
+    commands = node_commands(recipe, run_dir)
     if args.dry_run:
         for path in sorted(run_dir.iterdir()):
             if path.is_file():
                 print(f"==> {path} <==\n{path.read_text()}")
-        print(shell_command(argv))
+        print("\n".join(commands))
         return 0
-    print(f"launching: {shell_command(argv)}")
+    if len(commands) > 1:
+        lines = [f"{run_dir}: a run on {len(commands)} machines starts on each of them; run on machine N "
+                 f"`{run_dir / LAUNCH_SCRIPT} N`, or submit `sbatch {run_dir / SLURM_SCRIPT}` on a Slurm cluster:"]
+        raise RecipeError(lines + [f"  machine {rank}: {command}" for rank, command in enumerate(commands)])
+    print(f"launching: {shell_command(launch_argv(run_dir))}")
     return launch_and_follow(run_dir)

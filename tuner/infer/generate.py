@@ -1,5 +1,61 @@
-"""Batched generation from plain prompts (left padding, so every prompt ends where generation starts)."""
+"""Batched generation from plain prompts (left padding, so every prompt ends where generation starts),
+the sampling settings, and how a conversation becomes prompt text."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.data.formats import ALPACA_PROMPT, DEFAULT_CHAT_TEMPLATE
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to pick tokens: the recipe's inference section, each value overridable (None keeps the recipe's)."""
+
+    max_new_tokens: int
+    greedy: bool
+    temperature: float
+    top_p: float
+
+    @classmethod
+    def from_recipe(cls, recipe, max_new_tokens: int | None = None, greedy: bool | None = None,
+                    temperature: float | None = None, top_p: float | None = None) -> "Sampling":
+        inference = recipe.inference
+        return cls(
+            max_new_tokens=inference.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            greedy=inference.greedy if greedy is None else greedy,
+            temperature=inference.temperature if temperature is None else temperature,
+            top_p=inference.top_p if top_p is None else top_p,
+        )
+
+
+def generation_kwargs(tokenizer, max_new_tokens: int, greedy: bool = True, temperature: float = 1.0,
+                      top_p: float = 1.0) -> dict:
+    """Arguments for ``model.generate`` (sampling knobs only when sampling, so transformers does not warn)."""
+    sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_p": top_p}
+    return {"max_new_tokens": max_new_tokens, "pad_token_id": tokenizer.pad_token_id, **sampling}
+
+
+def execution_device(model):
+    """Where inputs go: the first GPU of a dispatched model, else the CPU (offloaded weights sit on 'meta')."""
+    device_map = getattr(model, "hf_device_map", None)
+    if not device_map:
+        return model.device
+    gpus = sorted(device for device in device_map.values() if isinstance(device, int))
+    return f"cuda:{gpus[0]}" if gpus else "cpu"
+
+
+def render_prompt(tokenizer, messages: list[dict[str, str]], data_format: str = "auto") -> str:
+    """The text that asks the model to answer the last user turn, formatted as tuner trains.
+
+    The tokenizer's chat template when it has one; otherwise tuner's default chat template for
+    conversations and chat-trained models, the Alpaca prompt for instruction-trained models, and the
+    bare text for anything else (a base model continues it).
+    """
+    if tokenizer.chat_template or data_format == "chat" or len(messages) > 1:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             chat_template=tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE)
+    text = messages[-1]["content"]
+    return ALPACA_PROMPT.format(instruction=text) if data_format == "instruction" else text
 
 
 def generate_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, greedy: bool = True,
@@ -9,13 +65,12 @@ def generate_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, 
     tokenizer.padding_side = "left"
     answers: list[str] = []
     model.eval()
+    settings = generation_kwargs(tokenizer, max_new_tokens, greedy, temperature, top_p)
     for start in range(0, len(prompts), batch_size):
         batch = tokenizer(prompts[start:start + batch_size], return_tensors="pt", padding=True,
-                          add_special_tokens=False).to(model.device)
-        sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_p": top_p}
+                          add_special_tokens=False).to(execution_device(model))
         with torch.no_grad():
-            output = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                    **sampling)
+            output = model.generate(**batch, **settings)
         new_tokens = output[:, batch["input_ids"].shape[1]:]
         answers += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
     return answers

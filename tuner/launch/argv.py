@@ -8,14 +8,17 @@ ACCELERATE_CONFIG = "accelerate.yaml"
 LOCK_FILE = "recipe.lock.yaml"
 
 
-def launch_argv(run_dir: str | Path) -> list[str]:
+def launch_argv(run_dir: str | Path, machine_rank: int | str | None = None,
+                main_process_ip: str | None = None) -> list[str]:
+    """The launch command; on a multi-node run each machine adds its own ``machine_rank`` (and may
+    override the address of rank 0, as a Slurm job does once it knows its nodes)."""
     run_dir = Path(run_dir)
-    return [
-        "accelerate", "launch",
-        "--config_file", str(run_dir / ACCELERATE_CONFIG),
-        "-m", "tuner.train",
-        str(run_dir / LOCK_FILE),
-    ]
+    argv = ["accelerate", "launch", "--config_file", str(run_dir / ACCELERATE_CONFIG)]
+    if machine_rank is not None:
+        argv += ["--machine_rank", str(machine_rank)]
+    if main_process_ip is not None:
+        argv += ["--main_process_ip", main_process_ip]
+    return argv + ["-m", "tuner.train", str(run_dir / LOCK_FILE)]
 
 
 def shell_command(argv: list[str]) -> str:

@@ -50,6 +50,7 @@ class Launch:
         self.run_dir = Path(run_dir)
         self.log_path = self.run_dir / LOG_FILE
         self.events = EventFollower(self.run_dir / EVENTS_FILE)
+        self.events.skip_existing()
         self.tail: deque[str] = deque(maxlen=40)
         self._log = open(self.log_path, "a", encoding="utf-8")
         self.process = subprocess.Popen(

@@ -89,22 +89,22 @@ def quantization_config(recipe: Recipe):
 
 
 def load_model(recipe: Recipe, path: str | None = None, **kwargs):
-    """The base model as the recipe describes it (no adapters yet)."""
+    """The base model as the recipe describes it (no adapters yet); ``kwargs`` add to or replace the
+    ``from_pretrained`` arguments (inference passes device_map, max_memory and its own quantisation config)."""
     from transformers import AutoModelForCausalLM
 
     source = path or resolve_model_path(recipe.model.id)
     attention, reason = choose_attention(recipe.memory.attention)
     log.info("attention: %s (%s)", attention, reason)
+    arguments = dict(
+        revision=recipe.model.revision,
+        dtype=torch_dtype(recipe.model.dtype),
+        attn_implementation=attention,
+        quantization_config=quantization_config(recipe),
+        trust_remote_code=recipe.model.trust_remote_code,
+    )
     try:
-        return AutoModelForCausalLM.from_pretrained(
-            source,
-            revision=recipe.model.revision,
-            dtype=torch_dtype(recipe.model.dtype),
-            attn_implementation=attention,
-            quantization_config=quantization_config(recipe),
-            trust_remote_code=recipe.model.trust_remote_code,
-            **kwargs,
-        )
+        return AutoModelForCausalLM.from_pretrained(source, **{**arguments, **kwargs})
     except OSError as exc:
         raise ModelLoadError(
             f"model.id: cannot load {recipe.model.id!r}: {exc}. Offline, a hub model loads only from the local "

@@ -68,6 +68,12 @@ def _sharding(recipe: Recipe) -> list[Problem]:
         problems.append(Problem(
             "memory.distributed", "FSDP needs GPUs (on the CPU Accelerate silently falls back to DDP); use ddp or deepspeed."))
 
+    if mem.distributed == "fsdp" and mem.fsdp.sharding_strategy == "no_shard":
+        problems.append(Problem(
+            "memory.fsdp.sharding_strategy",
+            "FSDP2 has no no_shard mode (replicating everything is DDP): use distributed: ddp, or full_shard, "
+            "shard_grad_op or hybrid_shard."))
+
     sharded_optimizer = (mem.distributed == "deepspeed" and (mem.zero_stage or 0) >= 1) or mem.distributed == "fsdp"
     if mem.offload_optimizer != "none" and not sharded_optimizer:
         problems.append(Problem(

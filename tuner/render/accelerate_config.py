@@ -1,4 +1,16 @@
-"""The Accelerate config YAML that ``accelerate launch --config_file`` reads."""
+"""The Accelerate config YAML that ``accelerate launch --config_file`` reads, for every topology.
+
+The keys are Accelerate's own (``ClusterConfig``); tests load the file back with Accelerate's loader.
+How each topology maps:
+
+- one process: ``NO`` (on a GPU, or on the CPU with ``use_cpu``);
+- several processes, ddp: ``MULTI_GPU``; on the CPU too, with ``use_cpu: true``: that is the launcher
+  path (torchrun) that starts N ranks, and the Trainer's ``use_cpu`` then makes them a gloo group
+  (``MULTI_CPU``). Accelerate's own ``MULTI_CPU`` type expects mpirun and starts one process here;
+- deepspeed: ``DEEPSPEED`` pointing at the run's deepspeed.json. Precision and batch settings live in
+  that file only: Accelerate refuses a config that sets them in both places;
+- fsdp: ``FSDP`` version 2, wrapping the model's own decoder-layer class.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -7,20 +19,92 @@ import yaml
 
 from tuner.recipe.schema import Recipe
 
+DISTRIBUTED_TYPES = {"none": "NO", "ddp": "MULTI_GPU", "deepspeed": "DEEPSPEED", "fsdp": "FSDP"}
 
-def accelerate_config(recipe: Recipe) -> dict[str, Any]:
-    """Accelerate's ClusterConfig fields for this recipe (single process for now)."""
+
+def distributed_type(recipe: Recipe) -> str:
+    kind = recipe.memory.distributed
+    if kind in ("none", "ddp") and recipe.world_size == 1:
+        return "NO"  # Accelerate refuses MULTI_GPU with one process
+    return DISTRIBUTED_TYPES[kind]
+
+
+def fsdp_config(recipe: Recipe, layer_classes: list[str] | None) -> dict[str, Any]:
+    """FSDP2 settings. ``layer_classes=None`` leaves the class to Accelerate (the model's ``_no_split_modules``
+    at run time), which is what a model-independent preset needs."""
+    fsdp, mem = recipe.memory.fsdp, recipe.memory
+    config: dict[str, Any] = {
+        "fsdp_version": 2,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_reshard_after_forward": fsdp.sharding_strategy != "shard_grad_op",
+        "fsdp_state_dict_type": "FULL_STATE_DICT" if fsdp.state_dict_type == "full" else "SHARDED_STATE_DICT",
+        "fsdp_offload_params": mem.offload_params == "cpu",
+        "fsdp_cpu_ram_efficient_loading": fsdp.cpu_ram_efficient_loading,
+        "fsdp_activation_checkpointing": False,  # the Trainer's gradient_checkpointing does it (recipe.memory)
+    }
+    if fsdp.cpu_ram_efficient_loading:
+        config["fsdp_sync_module_states"] = True  # accelerate launch requires it with RAM-efficient loading
+    if layer_classes:
+        config["fsdp_transformer_layer_cls_to_wrap"] = ",".join(layer_classes)
+    return config
+
+
+def parallelism_config(recipe: Recipe) -> dict[str, Any]:
+    """HSDP for FSDP2: shard inside a machine, replicate across machines."""
+    hw = recipe.hardware
     return {
-        "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": "NO",
-        "num_machines": recipe.hardware.machines,
-        "num_processes": recipe.world_size,
-        "machine_rank": 0,
-        "mixed_precision": recipe.memory.mixed_precision,
-        "use_cpu": not recipe.uses_gpu,
-        "debug": False,
+        "parallelism_config_dp_replicate_size": hw.machines,
+        "parallelism_config_dp_shard_size": hw.gpus_per_machine,
+        "parallelism_config_tp_size": 1,
+        "parallelism_config_cp_size": 1,
     }
 
 
-def render_accelerate_config(recipe: Recipe) -> str:
-    return yaml.safe_dump(accelerate_config(recipe), sort_keys=False)
+def accelerate_config(recipe: Recipe, deepspeed_file: str | None = None,
+                      layer_classes: list[str] | None = None) -> dict[str, Any]:
+    """Accelerate's ClusterConfig fields for this recipe.
+
+    ``deepspeed_file``: path of the deepspeed.json as the launch sees it (DeepSpeed runs only).
+    ``layer_classes``: the decoder-layer classes FSDP wraps (FSDP runs; see :mod:`tuner.render.model_layers`).
+    """
+    hw, mem = recipe.hardware, recipe.memory
+    kind = distributed_type(recipe)
+    config: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": kind,
+        "num_machines": hw.machines,
+        "num_processes": recipe.world_size,
+        "machine_rank": 0,
+    }
+    if kind != "DEEPSPEED":
+        config["mixed_precision"] = mem.mixed_precision
+    config["use_cpu"] = not recipe.uses_gpu
+    if recipe.uses_gpu:
+        config["gpu_ids"] = "all"
+    if recipe.world_size > 1:
+        multi_node = hw.machines > 1
+        if multi_node:
+            config["main_process_ip"] = hw.main_process_ip
+        config["main_process_port"] = hw.main_process_port
+        if multi_node:
+            config["rdzv_backend"] = hw.rdzv_backend
+            # static: every node dials main_process_ip directly; c10d needs the rendezvous endpoint
+            config["same_network"] = hw.rdzv_backend == "static"
+    if kind == "DEEPSPEED":
+        if deepspeed_file is None:
+            raise ValueError("a DeepSpeed run needs the path of its deepspeed.json")
+        ds: dict[str, Any] = {"deepspeed_config_file": deepspeed_file, "zero3_init_flag": mem.zero_stage == 3}
+        if hw.machines > 1:
+            ds["deepspeed_multinode_launcher"] = "standard"  # torchrun on each node, as launch.sh does; no pdsh/ssh
+        config["deepspeed_config"] = ds
+    if kind == "FSDP":
+        config["fsdp_config"] = fsdp_config(recipe, layer_classes)
+        if mem.fsdp.sharding_strategy == "hybrid_shard":
+            config["parallelism_config"] = parallelism_config(recipe)
+    config["debug"] = False
+    return config
+
+
+def render_accelerate_config(recipe: Recipe, deepspeed_file: str | None = None,
+                             layer_classes: list[str] | None = None) -> str:
+    return yaml.safe_dump(accelerate_config(recipe, deepspeed_file, layer_classes), sort_keys=False)

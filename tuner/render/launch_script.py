@@ -1,22 +1,94 @@
-"""``launch.sh``: the exact launch command, shell-quoted, runnable from anywhere."""
+"""``launch.sh`` (the exact launch command, shell-quoted) and, for GPU runs, ``slurm.sbatch``.
+
+On several machines the same ``accelerate launch`` runs once per machine, each with its own
+``--machine_rank``; launch.sh takes that rank as its argument and the Slurm script starts it on
+every node of the allocation with the node's rank and the allocation's first host as rank 0.
+"""
 from __future__ import annotations
 
 import os
+import re
+import shlex
 from pathlib import Path
 
 from tuner.launch.argv import launch_argv, shell_command
+from tuner.recipe.schema import Recipe
+
+LAUNCH_SCRIPT = "launch.sh"
+SLURM_SCRIPT = "slurm.sbatch"
+MAIN_PROCESS_IP_VARIABLE = "MAIN_PROCESS_IP"
 
 
-def render_launch_script(run_dir: str | Path) -> str:
-    """A bash script that changes to the project directory and runs the launch command.
+def _change_to_project(run_dir: Path) -> list[str]:
+    """Paths in the recipe are relative to the directory tuner ran in: return there first."""
+    if run_dir.is_absolute():
+        return []
+    back = os.path.relpath(".", run_dir)  # only '..' components: nothing to quote
+    return [f'cd "$(dirname "$0")/{back}"']
 
-    Paths in the recipe (data files, output) are relative to the directory tuner ran in,
-    so the script returns there first; an absolute run directory needs no change of directory.
-    """
+
+def node_commands(recipe: Recipe, run_dir: str | Path) -> list[str]:
+    """The command each machine runs, in rank order (one entry on a single machine)."""
+    if recipe.hardware.machines == 1:
+        return [shell_command(launch_argv(run_dir))]
+    return [shell_command(launch_argv(run_dir, machine_rank=rank)) for rank in range(recipe.hardware.machines)]
+
+
+def render_launch_script(recipe: Recipe, run_dir: str | Path) -> str:
+    """A bash script that changes to the project directory and runs the launch command."""
     run_dir = Path(run_dir)
-    lines = ["#!/usr/bin/env bash", "# Written by tuner: the exact command `tuner run` launches.", "set -euo pipefail"]
-    if not run_dir.is_absolute():
-        back = os.path.relpath(".", run_dir)
-        lines.append(f'cd "$(dirname "$0")/{back}"')
-    lines.append(shell_command(launch_argv(run_dir)) + ' "$@"')
+    machines = recipe.hardware.machines
+    lines = ["#!/usr/bin/env bash"]
+    if machines == 1:
+        lines += ["# Written by tuner: the exact command `tuner run` launches.", "set -euo pipefail",
+                  *_change_to_project(run_dir), shell_command(launch_argv(run_dir)) + ' "$@"']
+        return "\n".join(lines) + "\n"
+    ip, port = recipe.hardware.main_process_ip, recipe.hardware.main_process_port
+    last = machines - 1
+    lines += [
+        f"# Written by tuner: the launch command for a run on {machines} machines.",
+        f"# Start it once on every machine with that machine's rank, 0 to {last}; rank 0 ({ip}) hosts the",
+        f"# rendezvous on port {port}:",
+        f"#   machine 0: {run_dir / LAUNCH_SCRIPT} 0",
+        f"#   machine {last}: {run_dir / LAUNCH_SCRIPT} {last}",
+        f"# {MAIN_PROCESS_IP_VARIABLE}=<address> replaces rank 0's address (the Slurm script sets it).",
+        "set -euo pipefail",
+        *_change_to_project(run_dir),
+        f'usage="usage: $0 MACHINE_RANK (0 to {last}), once on each machine"',
+        'machine_rank="${1:?$usage}"',
+        f'[[ "$machine_rank" =~ ^[0-9]+$ ]] && (( machine_rank <= {last} )) || {{ echo "$usage" >&2; exit 2; }}',
+        "shift",
+        f"main_process_ip=${{{MAIN_PROCESS_IP_VARIABLE}:-{shlex.quote(str(ip))}}}",
+    ]
+    placeholders = {"@RANK@": '"$machine_rank"', "@IP@": '"$main_process_ip"'}
+    argv = launch_argv(run_dir, machine_rank="@RANK@", main_process_ip="@IP@")
+    command = " ".join(placeholders.get(arg, shlex.quote(arg)) for arg in argv)
+    lines.append(f'exec {command} "$@"')
+    return "\n".join(lines) + "\n"
+
+
+def render_slurm_script(recipe: Recipe, run_dir: str | Path) -> str:
+    """An sbatch script: one task per node, each running launch.sh (with its rank on several nodes)."""
+    run_dir = Path(run_dir)
+    hw = recipe.hardware
+    script = shlex.quote(str(run_dir / LAUNCH_SCRIPT))
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# Written by tuner: submit from the project directory with `sbatch {run_dir / SLURM_SCRIPT}`.",
+        f"# Every node runs {run_dir / LAUNCH_SCRIPT}; the first node of the allocation is rank 0.",
+        f"#SBATCH --job-name={recipe.name}",
+        f"#SBATCH --nodes={hw.machines}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={hw.gpus_per_machine}",
+    ]
+    if re.fullmatch(r"[A-Za-z0-9._/-]+", str(run_dir)):  # #SBATCH lines take no shell quoting
+        lines.append(f"#SBATCH --output={run_dir}/slurm-%j.log")
+    lines.append("set -euo pipefail")
+    if hw.machines == 1:
+        lines.append(f"srun --kill-on-bad-exit=1 {script}")
+    else:
+        lines += [
+            f'export {MAIN_PROCESS_IP_VARIABLE}="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+            f"srun --kill-on-bad-exit=1 bash -c 'exec \"$0\" \"$SLURM_NODEID\"' {script}",
+        ]
     return "\n".join(lines) + "\n"

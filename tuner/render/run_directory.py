@@ -3,24 +3,38 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tuner.events import EVENTS_FILE
 from tuner.fileio import atomic_write_text
 from tuner.launch.argv import ACCELERATE_CONFIG, LOCK_FILE
 from tuner.recipe.io import RecipeError, recipe_to_yaml
 from tuner.recipe.schema import Recipe
 from tuner.render.accelerate_config import render_accelerate_config
-from tuner.render.launch_script import render_launch_script
+from tuner.render.deepspeed_config import DEEPSPEED_CONFIG, render_deepspeed_config
+from tuner.render.launch_script import LAUNCH_SCRIPT, SLURM_SCRIPT, render_launch_script, render_slurm_script
 
-LAUNCH_SCRIPT = "launch.sh"
+EXECUTABLES = (LAUNCH_SCRIPT, SLURM_SCRIPT)
 
 
 def render_run_files(recipe: Recipe, run_dir: str | Path | None = None) -> dict[str, str]:
     """File name -> text for the run directory (what the Review screen shows and ``tuner render`` writes)."""
     run_dir = Path(run_dir or recipe.output.dir)
-    return {
+    mem = recipe.memory
+    deepspeed_file = str(run_dir / DEEPSPEED_CONFIG) if mem.distributed == "deepspeed" else None
+    layer_classes = None
+    if mem.distributed == "fsdp":
+        from tuner.render.model_layers import decoder_layer_classes
+
+        layer_classes = decoder_layer_classes(recipe.model)
+    files = {
         LOCK_FILE: recipe_to_yaml(recipe),
-        ACCELERATE_CONFIG: render_accelerate_config(recipe),
-        LAUNCH_SCRIPT: render_launch_script(run_dir),
+        ACCELERATE_CONFIG: render_accelerate_config(recipe, deepspeed_file, layer_classes),
     }
+    if deepspeed_file:
+        files[DEEPSPEED_CONFIG] = render_deepspeed_config(recipe)
+    files[LAUNCH_SCRIPT] = render_launch_script(recipe, run_dir)
+    if recipe.uses_gpu:
+        files[SLURM_SCRIPT] = render_slurm_script(recipe, run_dir)
+    return files
 
 
 def write_run_directory(recipe: Recipe, run_dir: str | Path | None = None, *, force: bool = False,
@@ -32,6 +46,11 @@ def write_run_directory(recipe: Recipe, run_dir: str | Path | None = None, *, fo
         raise RecipeError([f"{run_dir}: the run directory already exists; pass --force to overwrite its files, "
                            "--resume to continue it, or change output.dir."])
     files = render_run_files(recipe, run_dir)
+    if force:
+        # a fresh run: its progress must not show the old one's, nor its files outlive a change of topology
+        for stale in (EVENTS_FILE, DEEPSPEED_CONFIG, SLURM_SCRIPT):
+            if stale not in files:
+                (run_dir / stale).unlink(missing_ok=True)
     for name, text in files.items():
-        atomic_write_text(run_dir / name, text, mode=0o755 if name == LAUNCH_SCRIPT else None)
+        atomic_write_text(run_dir / name, text, mode=0o755 if name in EXECUTABLES else None)
     return run_dir

@@ -13,6 +13,7 @@ from pathlib import Path
 from tuner.events import EVENTS_FILE, write_event
 from tuner.recipe import RecipeError, load_recipe
 from tuner.recipe.schema import Recipe
+from tuner.render.deepspeed_config import DEEPSPEED_CONFIG
 
 log = logging.getLogger("tuner")
 
@@ -52,7 +53,7 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         optim=mem.optimizer,
         torch_compile=mem.torch_compile,
         use_cpu=not recipe.uses_gpu,
-        deepspeed=str(run_dir / "deepspeed.json") if mem.distributed == "deepspeed" else None,
+        deepspeed=str(run_dir / DEEPSPEED_CONFIG) if mem.distributed == "deepspeed" else None,
         report_to="none",
         remove_unused_columns=False,
         disable_tqdm=True,
@@ -78,33 +79,42 @@ def train(recipe: Recipe, run_dir: Path) -> int:
     from tuner.loading.model import apply_lora, load_model, load_tokenizer
     from tuner.train.callbacks import EventsCallback
     from tuner.train.dataset import prepare_data
+    from tuner.train.rank_trace import RankTrace, tracing_ranks
 
     events = run_dir / EVENTS_FILE
+    # before the model: under ZeRO-3 the arguments' DeepSpeed config makes from_pretrained shard while loading
+    args = training_arguments(recipe, run_dir)
+    if recipe.memory.distributed == "deepspeed" and not recipe.uses_gpu:
+        # Accelerate sets up DeepSpeed's communication only on accelerators; ZeRO-3's sharded load needs it
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     tokenizer = load_tokenizer(recipe)
     model = load_model(recipe)
     if recipe.method.kind in ("lora", "qlora"):
         model = apply_lora(model, recipe)
     data = prepare_data(recipe, tokenizer)
-    args = training_arguments(recipe, run_dir)
     tokens_per_step = recipe.memory.micro_batch_size * recipe.memory.gradient_accumulation_steps * recipe.memory.max_seq_length
+    collator = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
+    trace = RankTrace(events, collator) if tracing_ranks() else None
     trainer = Trainer(
         model=model,
         args=args,
         train_dataset=data.train,
         eval_dataset=data.eval,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100),
+        data_collator=trace.collate if trace else collator,
         processing_class=tokenizer,
-        callbacks=[EventsCallback(events, tokens_per_step)],
+        callbacks=[EventsCallback(events, tokens_per_step), *([trace] if trace else [])],
     )
     result = trainer.train(resume_from_checkpoint=resume_checkpoint(recipe, run_dir))
     final = run_dir / FINAL_DIR
     trainer.save_model(str(final))
+    metrics = dict(result.metrics)
+    if data.eval is not None:
+        metrics.update(trainer.evaluate())  # every rank: evaluation is a collective
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(str(final))
         (final / "recipe.lock.yaml").write_text((run_dir / "recipe.lock.yaml").read_text())
-        metrics = dict(result.metrics)
-        if data.eval is not None:
-            metrics.update(trainer.evaluate())
         write_event(events, "finished", step=trainer.state.global_step, final_dir=str(final),
                     **{k: v for k, v in metrics.items() if isinstance(v, (int, float))})
     return 0

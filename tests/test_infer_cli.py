@@ -1,0 +1,83 @@
+"""``tuner infer`` as a user runs it: one prompt, a JSONL batch with malformed lines, a trained run directory."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+GREEDY = ["--greedy", "--max-new-tokens", "4", "--set", "model.dtype=float32"]
+
+
+def test_batch_keeps_order_and_reports_malformed_lines(tmp_path, demo_model_path, tuner_cli):
+    from tuner.infer.generate import generate_answers, render_prompt
+    from tuner.infer.load import load_for_inference
+    from tuner.infer.target import resolve_target
+
+    lines = [
+        json.dumps({"id": "a", "prompt": "reverse\nabc"}),
+        "{not json",
+        "",
+        json.dumps({"id": "b", "messages": [{"role": "user", "content": "reverse\nhello"}]}),
+        json.dumps(["a list"]),
+        json.dumps({"id": "c", "messages": [{"role": "assistant", "content": "no user turn"}]}),
+        json.dumps({"id": "d", "prompt": "reverse\nxy"}),
+    ]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(lines) + "\n")
+    answers = tmp_path / "answers.jsonl"
+    result = tuner_cli("infer", "--model", str(demo_model_path), "--input", str(prompts), "--output", str(answers),
+                       *GREEDY)
+    assert result.returncode == 2, result.stderr
+    for line in (2, 5, 6):
+        assert f"{prompts}:{line}:" in result.stderr
+    assert "wrote 3 answer(s)" in result.stderr and "3 malformed line(s)" in result.stderr
+    assert "Model placement" in result.stderr
+
+    records = [json.loads(line) for line in answers.read_text().splitlines()]
+    assert [r["line"] for r in records] == [1, 2, 4, 5, 6, 7]  # one per non-blank input line, in order
+    assert [r.get("id") for r in records] == ["a", None, "b", None, None, "d"]
+    assert all("error" in records[i] for i in (1, 3, 4))
+    # each answer is the model's answer to its own prompt
+    loaded = load_for_inference(resolve_target(model=str(demo_model_path), overrides=["model.dtype=float32"]),
+                                context=32, max_memory={"cpu": "1GiB"})
+    texts = [render_prompt(loaded.tokenizer, [{"role": "user", "content": c}])
+             for c in ("reverse\nabc", "reverse\nhello", "reverse\nxy")]
+    expected = generate_answers(loaded.model, loaded.tokenizer, texts, max_new_tokens=4)
+    assert [records[i]["answer"] for i in (0, 2, 5)] == expected
+
+    one = tuner_cli("infer", "--model", str(demo_model_path), "--prompt", "reverse\nabc", *GREEDY)
+    assert one.returncode == 0, one.stderr
+    assert one.stdout == expected[0] + "\n"  # stdout holds only the answer; the placement goes to stderr
+
+    again = tuner_cli("infer", "--model", str(demo_model_path), "--input", str(prompts), "--output", str(answers))
+    assert again.returncode == 2 and "--force" in again.stderr
+
+
+def test_prompt_and_flags_are_checked(tmp_path, demo_model_path, tuner_cli):
+    result = tuner_cli("infer", "--model", str(demo_model_path))
+    assert result.returncode == 2 and "--prompt" in result.stderr
+    result = tuner_cli("infer", str(tmp_path), "--prompt", "x")
+    assert result.returncode == 2 and "error:" in result.stderr
+
+
+@pytest.mark.slow
+def test_trained_run_directory_answers_its_task(tmp_path, tuner_cli):
+    """The demo run, fully fine-tuned, reverses words that the untrained model cannot."""
+    run_dir = tmp_path / "runs" / "demo"
+    trained = tuner_cli("run", "demo", "--set", f"output.dir={run_dir}", "--set", "training.max_steps=150",
+                        "--set", "data.eval_fraction=0", "--set", "memory.max_seq_length=24", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    words = ["abc", "dog", "cat", "sun", "map", "pen"]
+    prompts = tmp_path / "words.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"reverse\n{w}"}) + "\n" for w in words))
+
+    def correct(*target: str) -> int:
+        out = tmp_path / f"answers-{len(target)}.jsonl"
+        result = tuner_cli("infer", *target, "--input", str(prompts), "--output", str(out), "--force",
+                           "--greedy", "--max-new-tokens", "5")
+        assert result.returncode == 0, result.stderr
+        answers = [json.loads(line)["answer"] for line in out.read_text().splitlines()]
+        return sum(answer == word[::-1] for answer, word in zip(answers, words))
+
+    assert correct(str(run_dir)) >= 4
+    assert correct("demo") == 0  # the same recipe before training (builtin:demo)

@@ -1,0 +1,225 @@
+"""Rendered run files for a matrix of topologies: pinned by golden files, loaded back by their owners."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from render_cases import CASES, case_recipe
+from tuner.launch.argv import ACCELERATE_CONFIG, LOCK_FILE, launch_argv
+from tuner.render.deepspeed_config import DEEPSPEED_CONFIG
+from tuner.render.launch_script import LAUNCH_SCRIPT, SLURM_SCRIPT
+from tuner.render.run_directory import render_run_files, write_run_directory
+
+GOLDEN = Path(__file__).parent / "golden" / "render"
+UPDATE = os.environ.get("TUNER_UPDATE_GOLDEN") == "1"
+
+
+def rendered(name: str) -> dict[str, str]:
+    files = render_run_files(case_recipe(name), f"runs/{name}")
+    files.pop(LOCK_FILE)  # the lock file is the recipe dump, pinned by the recipe tests
+    return files
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_rendered_files_match_golden(name, demo_model_path):
+    files = rendered(name)
+    directory = GOLDEN / name
+    if UPDATE:
+        directory.mkdir(parents=True, exist_ok=True)
+        for old in directory.iterdir():
+            old.unlink()
+        for file, text in files.items():
+            (directory / file).write_text(text)
+    expected = {path.name: path.read_text() for path in directory.iterdir()}
+    assert files == expected, f"rendering changed; if intended, rerun with TUNER_UPDATE_GOLDEN=1 and review the diff of {directory}"
+
+
+@pytest.fixture
+def isolated_environment():
+    """Accelerate's loaders and TrainingArguments write os.environ and process-wide state: undo both."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+    from accelerate.state import AcceleratorState, PartialState
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    PartialState._reset_state()
+
+
+def launcher_arguments(config_file: Path):
+    """What ``accelerate launch --config_file`` makes of the file: its own parser and validation."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    args = launch_command_parser().parse_args(["--config_file", str(config_file), "-m", "tuner.train", "lock.yaml"])
+    args, defaults, _ = _validate_launch_command(args)
+    return args, defaults
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_accelerate_loads_the_config_and_picks_the_launcher(name, tmp_path, demo_model_path, isolated_environment):
+    from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
+
+    recipe = case_recipe(name)
+    run_dir = write_run_directory(recipe, tmp_path / "run")
+    config = load_config_from_file(str(run_dir / ACCELERATE_CONFIG))
+    assert isinstance(config, ClusterConfig)
+    assert config.num_processes == recipe.world_size and config.num_machines == recipe.hardware.machines
+    assert config.use_cpu == (not recipe.uses_gpu)
+
+    args, _ = launcher_arguments(run_dir / ACCELERATE_CONFIG)
+    distributed = recipe.memory.distributed
+    # several ranks on one or more machines go through torchrun (multi_gpu / deepspeed / fsdp launchers)
+    assert args.multi_gpu == (distributed == "ddp" and recipe.world_size > 1)
+    assert args.use_deepspeed == (distributed == "deepspeed")
+    assert args.use_fsdp == (distributed == "fsdp")
+    if distributed == "deepspeed":
+        assert config.deepspeed_config["deepspeed_config_file"] == str(run_dir / DEEPSPEED_CONFIG)
+        assert config.mixed_precision is None  # precision lives in deepspeed.json only; Accelerate refuses both
+    if recipe.hardware.machines > 1:
+        assert (config.main_process_ip, config.rdzv_backend) == ("10.0.0.1", recipe.hardware.rdzv_backend)
+
+
+@pytest.mark.parametrize("name", [name for name in sorted(CASES) if "fsdp" in name])
+def test_fsdp_plugin_accepts_the_config_and_finds_the_layer_class(name, tmp_path, demo_model_path, isolated_environment):
+    """The launcher's environment builds Accelerate's FSDP2 plugin, whose wrap policy finds the class in the real model."""
+    from accelerate.utils import FullyShardedDataParallelPlugin, patch_environment
+    from accelerate.utils.launch import prepare_multi_gpu_env
+    from transformers import AutoModelForCausalLM
+
+    recipe = case_recipe(name)
+    run_dir = write_run_directory(recipe, tmp_path / "run")
+    args, _ = launcher_arguments(run_dir / ACCELERATE_CONFIG)
+    args.main_process_port = 0  # a free port: the check below only needs the environment
+    env = prepare_multi_gpu_env(args)
+    assert env["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "LlamaDecoderLayer"
+    with patch_environment(**{k: v for k, v in env.items() if k.startswith(("FSDP_", "ACCELERATE_"))}):
+        plugin = FullyShardedDataParallelPlugin()
+    fsdp = recipe.memory.fsdp
+    assert plugin.fsdp_version == 2
+    assert plugin.reshard_after_forward == (fsdp.sharding_strategy != "shard_grad_op")
+    assert plugin.state_dict_type.name == ("FULL_STATE_DICT" if fsdp.state_dict_type == "full" else "SHARDED_STATE_DICT")
+    assert plugin.cpu_ram_efficient_loading == fsdp.cpu_ram_efficient_loading
+    assert (type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy") == (recipe.memory.offload_params == "cpu")
+    plugin.set_auto_wrap_policy(AutoModelForCausalLM.from_pretrained(demo_model_path))  # raises if the class is wrong
+
+
+def test_fsdp_layer_class_comes_from_the_model(demo_model_path):
+    from tuner.recipe.schema import ModelSection
+    from tuner.render.model_layers import decoder_layer_classes
+
+    assert decoder_layer_classes(ModelSection(id=str(demo_model_path))) == ["LlamaDecoderLayer"]
+
+
+@pytest.mark.parametrize("name", [name for name in sorted(CASES) if "zero" in name])
+def test_deepspeed_parses_the_json_once_the_trainer_fills_auto(name, tmp_path, demo_model_path, isolated_environment):
+    """The Trainer's own DeepSpeed integration fills every "auto" from the recipe's TrainingArguments; DeepSpeed's
+    config parser then accepts the result and reads back the stage, offload and save settings."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from transformers import AutoModelForCausalLM
+
+    from tuner.train.__main__ import training_arguments
+
+    recipe = case_recipe(name)
+    model = AutoModelForCausalLM.from_pretrained(demo_model_path)  # before the arguments: no ZeRO-3 sharded load here
+    run_dir = write_run_directory(recipe, tmp_path / "run")
+    on_this_machine = recipe.model_copy(deep=True)  # TrainingArguments refuses GPU settings on a CPU-only machine
+    on_this_machine.hardware.gpus_per_machine = 0
+    if on_this_machine.memory.mixed_precision == "fp16":
+        on_this_machine.memory.mixed_precision = "no"
+    args = training_arguments(on_this_machine, run_dir)
+    hf_config = args.hf_deepspeed_config
+    hf_config.trainer_config_finalize(args, model, 100)
+    assert "auto" not in json.dumps(hf_config.config)
+    parsed = DeepSpeedConfig(hf_config.config)
+    mem = recipe.memory
+    assert parsed.zero_optimization_stage == mem.zero_stage
+    assert parsed.train_micro_batch_size_per_gpu == mem.micro_batch_size
+    assert parsed.gradient_accumulation_steps == mem.gradient_accumulation_steps
+    zero = parsed.zero_config
+    assert (str(getattr(zero.offload_optimizer.device, "value", zero.offload_optimizer.device)) if zero.offload_optimizer else "none") == mem.offload_optimizer
+    assert (str(getattr(zero.offload_param.device, "value", zero.offload_param.device)) if zero.offload_param else "none") == mem.offload_params
+    if "nvme" in (mem.offload_optimizer, mem.offload_params):
+        assert str(zero.offload_optimizer.nvme_path) == recipe.hardware.nvme_path
+    if mem.zero_stage == 3:
+        assert zero.gather_16bit_weights_on_model_save is True
+    assert parsed.bfloat16_config.enabled == (on_this_machine.memory.mixed_precision == "bf16")
+    assert parsed.float16_config.enabled is False
+
+
+def test_deepspeed_json_sections():
+    fp16 = json.loads(rendered("gpu_zero2_fp16_4")[DEEPSPEED_CONFIG])
+    assert fp16["fp16"]["enabled"] == "auto" and fp16["bf16"]["enabled"] == "auto"
+    nvme = json.loads(rendered("gpu_zero3_nvme_8")[DEEPSPEED_CONFIG])["zero_optimization"]
+    assert nvme["offload_optimizer"] == {"device": "nvme", "pin_memory": True, "nvme_path": "/local_nvme"}
+    assert nvme["offload_param"]["nvme_path"] == "/local_nvme"
+    assert nvme["stage3_gather_16bit_weights_on_model_save"] is True
+
+
+def fake_accelerate(tmp_path: Path) -> dict[str, str]:
+    """A PATH whose ``accelerate`` prints its arguments, one per line: shows exactly what launch.sh runs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "accelerate"
+    stub.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "cwd=$PWD" accelerate "$@"\n')
+    stub.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_launch_script_runs_the_exact_command_per_node(tmp_path):
+    recipe = case_recipe("multinode_zero3_2x8_c10d")
+    project = tmp_path / "project"
+    run_dir = Path("runs") / "my run"  # a space: quoting must hold
+    files = render_run_files(recipe, run_dir)
+    for file in (LAUNCH_SCRIPT, SLURM_SCRIPT):
+        (project / run_dir).mkdir(parents=True, exist_ok=True)
+        (project / run_dir / file).write_text(files[file])
+        (project / run_dir / file).chmod(0o755)
+        subprocess.run(["bash", "-n", str(project / run_dir / file)], check=True)
+    env = fake_accelerate(tmp_path)
+    script = project / run_dir / LAUNCH_SCRIPT
+    for rank in (0, 1):
+        out = subprocess.run([str(script), str(rank)], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.splitlines() == [f"cwd={project}", *launch_argv(run_dir, machine_rank=rank, main_process_ip="10.0.0.1")]
+    moved = subprocess.run([str(script), "1"], cwd=tmp_path, env={**env, "MAIN_PROCESS_IP": "node-a"},
+                           capture_output=True, text=True, check=True)
+    assert moved.stdout.splitlines()[1:] == launch_argv(run_dir, machine_rank=1, main_process_ip="node-a")
+    for bad in ([], ["2"], ["x"]):
+        refused = subprocess.run([str(script), *bad], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert refused.returncode != 0 and "MACHINE_RANK" in refused.stderr
+
+
+def test_single_machine_launch_script_returns_to_the_project(tmp_path):
+    recipe = case_recipe("cpu_ddp_2")
+    run_dir = Path("runs/cpu")
+    files = render_run_files(recipe, run_dir)
+    assert SLURM_SCRIPT not in files  # Slurm scripts are for GPU runs
+    (tmp_path / run_dir).mkdir(parents=True)
+    script = tmp_path / run_dir / LAUNCH_SCRIPT
+    script.write_text(files[LAUNCH_SCRIPT])
+    script.chmod(0o755)
+    out = subprocess.run([str(script)], cwd="/", env=fake_accelerate(tmp_path), capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [f"cwd={tmp_path}", *launch_argv(run_dir)]
+
+
+def test_slurm_script_starts_one_launch_per_node():
+    script = rendered("multinode_fsdp_hybrid_2x8")[SLURM_SCRIPT]
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script
+    assert "MAIN_PROCESS_IP=" in script and "$SLURM_NODEID" in script
+
+
+def test_existing_run_directory_is_not_overwritten(tmp_path):
+    from tuner.recipe.io import RecipeError
+
+    recipe = case_recipe("cpu_single")
+    write_run_directory(recipe, tmp_path / "run")
+    with pytest.raises(RecipeError, match="--force"):
+        write_run_directory(recipe, tmp_path / "run")
+    write_run_directory(recipe, tmp_path / "run", force=True)

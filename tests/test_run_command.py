@@ -1,0 +1,92 @@
+"""``tuner run``: dry run, refusals (existing directory, multi-node, plan that does not fit) and Ctrl-C."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO
+from tuner.events import read_events
+
+
+def sets(*settings: str) -> list[str]:
+    return [arg for setting in settings for arg in ("--set", setting)]
+
+
+def test_dry_run_writes_and_prints_the_files_and_command_and_runs_nothing(tmp_path, tuner_cli):
+    result = tuner_cli("run", "demo", "--dry-run", *sets("name=dry", "hardware.num_processes=2",
+                                                           "memory.distributed=deepspeed", "memory.zero_stage=2"),
+                       cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    run_dir = tmp_path / "runs" / "dry"
+    assert sorted(p.name for p in run_dir.iterdir()) == ["accelerate.yaml", "deepspeed.json", "launch.sh", "recipe.lock.yaml"]
+    for name in ("accelerate.yaml", "deepspeed.json", "launch.sh"):
+        assert f"==> runs/dry/{name} <==" in result.stdout
+    assert result.stdout.rstrip().endswith(
+        "accelerate launch --config_file runs/dry/accelerate.yaml -m tuner.train runs/dry/recipe.lock.yaml")
+    assert not (run_dir / "train.log").exists() and not (run_dir / "events.jsonl").exists()
+
+    again = tuner_cli("run", "demo", "--dry-run", *sets("name=dry"), cwd=tmp_path)
+    assert again.returncode == 2 and "--force" in again.stderr
+    forced = tuner_cli("run", "demo", "--dry-run", "--force", *sets("name=dry"), cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    assert not (run_dir / "deepspeed.json").exists()  # no longer a DeepSpeed run: no stale config left behind
+
+
+def test_multi_node_run_says_what_to_start_on_each_machine(tmp_path, tuner_cli):
+    result = tuner_cli("run", "demo", *sets("name=nodes", "hardware.machines=2", "hardware.gpus_per_machine=4",
+                                            "hardware.gpu=A100-80GB", "hardware.main_process_ip=10.1.2.3",
+                                            "memory.distributed=ddp", "memory.mixed_precision=bf16"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "runs/nodes/launch.sh N" in result.stderr and "sbatch runs/nodes/slurm.sbatch" in result.stderr
+    assert "machine 1: accelerate launch --config_file runs/nodes/accelerate.yaml --machine_rank 1" in result.stderr
+
+
+def test_a_plan_that_does_not_fit_is_refused_unless_forced(tmp_path, tuner_cli):
+    tiny_gpu = sets("name=oom", "hardware.gpus_per_machine=1", "hardware.gpu_memory_gb=0.01",
+                    "memory.mixed_precision=bf16", "model.dtype=bfloat16")
+    refused = tuner_cli("run", "demo", "--dry-run", *tiny_gpu, cwd=tmp_path)
+    assert refused.returncode == 2
+    assert "GiB missing" in refused.stderr and "--force" in refused.stderr
+    assert not (tmp_path / "runs" / "oom").exists()
+    forced = tuner_cli("run", "demo", "--dry-run", "--force", *tiny_gpu, cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_rank_and_names_the_last_checkpoint(tmp_path, demo_model_path):
+    command = [sys.executable, "-m", "tuner", "run", "demo", *sets(
+        "name=stop", "hardware.num_processes=2", "memory.distributed=ddp", "training.max_steps=100000",
+        "training.save_steps=2", "training.logging_steps=1", "data.max_samples=400", "data.eval_fraction=0",
+        "memory.micro_batch_size=2")]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TUNER_TRACE_RANKS": "1"}
+    tuner = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    events_file = tmp_path / "runs" / "stop" / "events.jsonl"
+    deadline = time.monotonic() + 240
+    while not any(e["event"] == "checkpoint" for e in read_events(events_file)):
+        assert tuner.poll() is None, tuner.communicate()
+        assert time.monotonic() < deadline, "no checkpoint within 240 s"
+        time.sleep(0.5)
+    rank_pids = [e["pid"] for e in read_events(events_file) if e["event"] == "rank_batch"]
+    assert len(rank_pids) == 2
+
+    tuner.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends to the foreground process
+    out, err = tuner.communicate(timeout=120)
+    assert tuner.returncode != 0
+    assert "stopping every rank" in err
+    assert "last checkpoint: runs/stop/checkpoints/checkpoint-" in err, err
+    assert "--resume" in err
+    time.sleep(1)
+    assert not [pid for pid in rank_pids if alive(pid)], "a rank outlived Ctrl-C"

@@ -1,0 +1,63 @@
+"""``tuner chat TARGET``: an interactive conversation that streams tokens as they are generated.
+
+A line ending in a backslash continues the message on the next line; /reset forgets the conversation,
+/exit (or end of input, Ctrl-D) quits; Ctrl-C stops the answer being written.
+"""
+from __future__ import annotations
+
+import sys
+
+from tuner.commands._inference_args import add_inference_arguments, load_from_args
+
+HELP = ("end a line with \\ to continue the message; /reset forgets the conversation, /exit or Ctrl-D quits, "
+        "Ctrl-C stops an answer")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("chat", help="chat with a model, a recipe's model or a trained run (streams tokens)")
+    add_inference_arguments(parser)
+    parser.add_argument("--system", metavar="TEXT", help="system prompt at the start of the conversation")
+    parser.set_defaults(run=run)
+
+
+def _read(interactive: bool) -> str | None:
+    """One message; a line ending in a backslash continues on the next line (the message keeps the newline)."""
+    lines: list[str] = []
+    try:
+        while True:
+            line = input(("... " if lines else "you> ") if interactive else "")
+            if not line.endswith("\\"):
+                return "\n".join(lines + [line])
+            lines.append(line[:-1])
+    except EOFError:
+        return "\n".join(lines) if lines else None
+
+
+def run(args) -> int:
+    from tuner.infer.chat import ChatSession
+
+    loaded, sampling = load_from_args(args)
+    session = ChatSession(loaded.model, loaded.tokenizer, sampling, loaded.target.recipe.data.format, args.system)
+    interactive = sys.stdin.isatty()
+    print(HELP, file=sys.stderr)
+    while True:
+        message = _read(interactive)
+        if message is None or message.strip() == "/exit":
+            if interactive:
+                print()
+            return 0
+        if message.strip() == "/reset":
+            session.reset()
+            print("(conversation cleared)", file=sys.stderr)
+            continue
+        if not message.strip():
+            continue
+        answer = session.send(message)
+        try:
+            for chunk in answer:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+        except KeyboardInterrupt:
+            answer.close()
+            print("\n(stopped; this turn is not kept)", file=sys.stderr)
+        print()

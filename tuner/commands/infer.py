@@ -1,0 +1,66 @@
+"""``tuner infer TARGET --prompt TEXT`` (one answer) or ``--input prompts.jsonl --output answers.jsonl`` (a batch).
+
+TARGET is a recipe, a run directory or ``--model``; the model is placed with device_map="auto" and the
+placement is printed to stderr before generating, so stdout carries only the answer.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tuner.commands._inference_args import add_inference_arguments, load_from_args
+
+EXIT_BAD_LINES = 2
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "infer", help="answer one prompt or a JSONL file of prompts with device_map=auto placement")
+    add_inference_arguments(parser)
+    what = parser.add_argument_group("prompts")
+    what.add_argument("--prompt", metavar="TEXT", help="one prompt (a user turn); the answer goes to stdout")
+    what.add_argument("--input", metavar="FILE", help='JSON lines, each {"prompt": ...} or {"messages": [...]}')
+    what.add_argument("--output", metavar="FILE", help="JSON lines answers, one per input line, in input order")
+    what.add_argument("--batch-size", type=int, default=8, metavar="N", help="prompts generated together (default 8)")
+    what.add_argument("--force", action="store_true", help="overwrite --output if it exists")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from tuner.data.sources import DataError
+
+    if (args.prompt is None) == (args.input is None):
+        raise DataError("give either --prompt TEXT or --input FILE --output FILE.")
+    if args.input is not None:
+        return _run_batch(args)
+    from tuner.infer.generate import generate_answers, render_prompt
+
+    loaded, sampling = load_from_args(args)
+    messages = [{"role": "user", "content": args.prompt}]
+    prompt = render_prompt(loaded.tokenizer, messages, loaded.target.recipe.data.format)
+    print(generate_answers(loaded.model, loaded.tokenizer, [prompt], **vars(sampling))[0])
+    return 0
+
+
+def _run_batch(args) -> int:
+    from tuner.data.sources import DataError
+    from tuner.infer.batch import answer_records, read_prompt_file, write_answers
+    from tuner.infer.generate import generate_answers, render_prompt
+
+    if args.output is None:
+        raise DataError("--input needs --output FILE for the answers.")
+    if Path(args.output).exists() and not args.force:
+        raise DataError(f"--output {args.output}: the file exists; pass --force to overwrite it.")
+    prompts, bad = read_prompt_file(args.input)
+    for line in bad:
+        print(f"warning: {line.message(args.input)}", file=sys.stderr)
+    answers: list[str] = []
+    if prompts:
+        loaded, sampling = load_from_args(args, batch=min(args.batch_size, len(prompts)))
+        data_format = loaded.target.recipe.data.format
+        texts = [render_prompt(loaded.tokenizer, p.messages, data_format) for p in prompts]
+        answers = generate_answers(loaded.model, loaded.tokenizer, texts, batch_size=args.batch_size, **vars(sampling))
+    write_answers(args.output, answer_records(prompts, answers, bad))
+    skipped = f"; {len(bad)} malformed line(s) skipped, see above" if bad else ""
+    print(f"wrote {len(prompts)} answer(s) to {args.output}{skipped}", file=sys.stderr)
+    return EXIT_BAD_LINES if bad else 0

@@ -1,0 +1,78 @@
+"""A conversation with a loaded model that streams its answers.
+
+:class:`ChatSession` does no terminal I/O: ``send(message)`` yields text chunks as tokens are generated,
+so ``tuner chat`` prints them and the TUI can append them to a widget from a worker thread.
+History goes through the same prompt rendering as ``tuner infer`` (the chat template when there is one).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Iterator
+
+from tuner.infer.generate import Sampling, execution_device, generation_kwargs, render_prompt
+
+
+class ChatSession:
+    """History plus generation settings; one answer at a time."""
+
+    def __init__(self, model, tokenizer, sampling: Sampling, data_format: str = "chat", system: str | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.data_format = data_format
+        self.system = system
+        self.history: list[dict[str, str]] = []
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the conversation (the system prompt stays)."""
+        self.history = [{"role": "system", "content": self.system}] if self.system else []
+
+    def prompt_ids(self, message: str) -> list[int]:
+        """The token ids the model is given to answer ``message`` after the history so far."""
+        messages = self.history + [{"role": "user", "content": message}]
+        text = render_prompt(self.tokenizer, messages, self.data_format)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def send(self, message: str) -> Iterator[str]:
+        """Yield the answer to ``message`` in chunks as it is generated; the finished turn joins the history.
+
+        Closing the iterator early (the user cancelled) stops generation and leaves the history unchanged.
+        """
+        import torch
+        from transformers import StoppingCriteria, TextIteratorStreamer
+
+        class _Cancelled(StoppingCriteria):
+            def __call__(self, input_ids, scores, **kwargs):
+                return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool, device=input_ids.device)
+
+        ids = self.prompt_ids(message)
+        inputs = torch.tensor([ids], device=execution_device(self.model))
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        cancel = threading.Event()
+        outcome: dict = {}
+        settings = generation_kwargs(self.tokenizer, **vars(self.sampling))
+
+        def generate() -> None:
+            try:
+                with torch.no_grad():
+                    outcome["ids"] = self.model.generate(
+                        input_ids=inputs, attention_mask=torch.ones_like(inputs), streamer=streamer,
+                        stopping_criteria=[_Cancelled()], **settings)
+            except BaseException as exc:  # handed to the consuming thread below
+                outcome["error"] = exc
+                streamer.end()
+
+        worker = threading.Thread(target=generate, name="tuner-chat-generate", daemon=True)
+        worker.start()
+        try:
+            for chunk in streamer:
+                if chunk:
+                    yield chunk
+        finally:
+            cancel.set()
+            worker.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        answer = self.tokenizer.decode(outcome["ids"][0, len(ids):], skip_special_tokens=True)
+        self.history += [{"role": "user", "content": message}, {"role": "assistant", "content": answer}]

@@ -1,0 +1,113 @@
+"""Load a model for inference with ``device_map="auto"``: GPUs first, then CPU RAM, then disk.
+
+The budget comes from the recipe's hardware (:func:`tuner.infer.placement.hardware_memory_map`) unless
+the caller passes ``max_memory``; the placement report is taken before any adapter wraps the model.
+"""
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner.infer.placement import DISK, GIB, Placement, hardware_memory_map, placement_of
+from tuner.infer.target import InferenceTarget
+from tuner.loading.model import ModelLoadError, load_model, load_tokenizer, quantization_config
+from tuner.recipe.schema import QuantizationSection
+
+log = logging.getLogger("tuner")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to generate, its tokenizer, and where its parts went."""
+
+    model: object
+    tokenizer: object
+    placement: Placement
+    target: InferenceTarget
+    # keeps a temporary offload folder alive (and removes it) together with the model
+    offload_tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
+
+
+def default_context(target: InferenceTarget, max_new_tokens: int) -> int:
+    """Context the KV cache is predicted for: the recipe's sequence length plus the answer."""
+    return target.recipe.memory.max_seq_length + max_new_tokens
+
+
+def load_for_inference(target: InferenceTarget, *, batch: int = 1, context: int, bits: int | None = None,
+                       max_memory: dict[int | str, int | str] | None = None,
+                       offload_folder: str | Path | None = None) -> LoadedModel:
+    """Place the model over GPUs, CPU and disk, apply the adapter, and report the placement.
+
+    ``bits`` (4 or 8) quantises the base weights with bitsandbytes; modules that land on CPU or disk then
+    stay in 16/32-bit (``llm_int8_enable_fp32_cpu_offload``), as bitsandbytes cannot run them there.
+    """
+    recipe = target.recipe.model_copy(deep=True)
+    if bits is not None:
+        recipe.method.quantization = QuantizationSection(bits=bits)
+    notes: list[str] = []
+    if max_memory is None:
+        max_memory, notes = hardware_memory_map(recipe, target.use_recipe_hardware)
+    quantization = quantization_config(recipe)
+    if quantization is not None:
+        quantization.llm_int8_enable_fp32_cpu_offload = True
+        if not any(isinstance(device, int) for device in max_memory):
+            notes.append(f"{recipe.method.quantization.bits}-bit weights without a GPU: bitsandbytes runs k-bit "
+                         "layers on the CPU slowly and not for every layer shape; quantised loading pays off on GPUs.")
+    offload_tmp = None
+    folder = offload_folder or target.offload_folder
+    if folder is None:
+        offload_tmp = tempfile.TemporaryDirectory(prefix="tuner-offload-")
+        folder = offload_tmp.name
+    model = load_model(recipe, target.model_path, device_map="auto", max_memory=max_memory,
+                       offload_folder=str(folder), quantization_config=quantization)
+    model.eval()
+    placement = placement_of(model, batch, context, _numeric(max_memory), int(recipe.inference.gpu_headroom_gb * GIB),
+                             tuple(notes), _planner_facts(target))
+    if target.adapter is not None:
+        model = _with_adapter(model, target.adapter, placement, max_memory, folder)
+    tokenizer = load_tokenizer(recipe, target.tokenizer_path)
+    return LoadedModel(model, tokenizer, placement, target, offload_tmp)
+
+
+def _with_adapter(model, adapter: Path, placement: Placement, max_memory, offload_folder):
+    """The base model wrapped with the LoRA adapter, re-placed by peft within the same budget.
+
+    Weights offloaded to disk are refused: with transformers 5 / peft 0.21 the adapter weights of
+    disk-offloaded layers are silently dropped (and peft may rewrite the base checkpoint's files).
+    """
+    from peft import PeftModel
+
+    disk = placement.row(DISK)
+    if disk is not None and disk.weights_bytes:
+        raise ModelLoadError(
+            f"cannot apply the adapter in {adapter}: {disk.layers} layer(s) of the base model would be offloaded to "
+            "disk, and adapters on disk-offloaded layers are lost. Merge the adapter into the base model and run the "
+            "merged folder (output.save: merged), or give the model more room: --max-memory cpu=SIZE, "
+            "hardware.host_ram_gb, or --bits 4.")
+    try:
+        wrapped = PeftModel.from_pretrained(model, str(adapter), max_memory=max_memory,
+                                            offload_folder=str(offload_folder))
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ModelLoadError(f"cannot apply the adapter in {adapter} to this base model: {exc}") from None
+    wrapped.eval()
+    return wrapped
+
+
+def _planner_facts(target: InferenceTarget):
+    """The planner's facts for the model (catalog, local config.json or hub cache); None when it has none."""
+    from tuner.catalog.models import UnknownModelError, model_facts
+
+    model = target.recipe.model
+    try:
+        return model_facts(target.model_path, model.revision, model.trust_remote_code)
+    except UnknownModelError:
+        return None
+
+
+def _numeric(max_memory: dict[int | str, int | str]) -> dict[int | str, int]:
+    """Budgets in bytes (accelerate also accepts strings such as '20GiB')."""
+    from accelerate.utils.modeling import convert_file_size_to_int
+
+    return {device: convert_file_size_to_int(size) for device, size in max_memory.items()}

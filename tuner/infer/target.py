@@ -1,0 +1,114 @@
+"""What to run: a recipe, a tuner run directory, or an ad hoc model, resolved to paths and a recipe.
+
+A run directory is first-class: ``runs/<name>`` holds ``recipe.lock.yaml`` and ``final/`` with either a
+full (or merged) model or a LoRA adapter; an adapter is loaded on the base model its lock file names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from tuner.launch.argv import LOCK_FILE
+from tuner.loading.model import ModelLoadError, resolve_model_path
+from tuner.recipe.io import RecipeSource, apply_overrides, load_recipe, validate_recipe
+from tuner.recipe.registry import resolve_recipe_argument
+from tuner.recipe.schema import Recipe
+
+FINAL_DIR = "final"  # where training saves the result (tuner.train writes it; infer does not import train)
+ADAPTER_CONFIG = "adapter_config.json"
+MODEL_CONFIG = "config.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+@dataclass(frozen=True)
+class InferenceTarget:
+    recipe: Recipe
+    model_path: str
+    tokenizer_path: str
+    adapter: Path | None = None
+    run_dir: Path | None = None
+    use_recipe_hardware: bool = True
+
+    @property
+    def offload_folder(self) -> Path | None:
+        """inference.offload_folder, else <run dir>/offload; None means a temporary folder."""
+        configured = self.recipe.inference.offload_folder
+        if configured:
+            return Path(configured).expanduser()
+        return self.run_dir / "offload" if self.run_dir else None
+
+    def describe(self) -> str:
+        adapter = f" + adapter {self.adapter}" if self.adapter else ""
+        return f"{self.model_path}{adapter}"
+
+
+def saved_result(directory: Path) -> Path | None:
+    """The folder holding a trained result inside a run directory (``final/``), or the folder itself."""
+    for candidate in (directory / FINAL_DIR, directory):
+        if (candidate / MODEL_CONFIG).is_file() or (candidate / ADAPTER_CONFIG).is_file():
+            return candidate
+    return None
+
+
+def is_run_directory(path: Path) -> bool:
+    return path.is_dir() and ((path / LOCK_FILE).is_file() or (path / FINAL_DIR / LOCK_FILE).is_file())
+
+
+def _adapter_dir(argument: str) -> Path:
+    path = Path(argument).expanduser()
+    found = saved_result(path) if path.is_dir() else None
+    if found is None or not (found / ADAPTER_CONFIG).is_file():
+        raise ModelLoadError(f"--adapter {argument}: no {ADAPTER_CONFIG} there (or in its {FINAL_DIR}/); point at a "
+                             "LoRA adapter folder or a tuner run directory trained with method.kind lora/qlora.")
+    return found
+
+
+def _run_directory_target(run_dir: Path, overrides: Iterable[str]) -> InferenceTarget:
+    final = saved_result(run_dir)
+    if final is None:
+        raise ModelLoadError(f"{run_dir}: the run has no {FINAL_DIR}/ model yet (training has not finished); "
+                             "wait for it, "
+                             f"or pass --model with one of its checkpoints/ folders.")
+    lock = final / LOCK_FILE if (final / LOCK_FILE).is_file() else run_dir / LOCK_FILE
+    recipe = load_recipe(lock, overrides)
+    run_dir = final.parent if final.name == FINAL_DIR else final
+    tokenizer = str(final) if (final / TOKENIZER_CONFIG).is_file() else None
+    if (final / ADAPTER_CONFIG).is_file():
+        base = resolve_model_path(recipe.model.id)
+        return InferenceTarget(recipe, base, tokenizer or base, adapter=final, run_dir=run_dir)
+    return InferenceTarget(recipe, str(final), tokenizer or str(final), run_dir=run_dir)
+
+
+def resolve_target(argument: str | None = None, overrides: Iterable[str] = (), model: str | None = None,
+                   adapter: str | None = None) -> InferenceTarget:
+    """Resolve ``RECIPE | RUN_DIR | --model`` (+ ``--adapter``) to what :func:`load_for_inference` loads.
+
+    ``--model`` replaces the model of a recipe (or stands alone with the schema's defaults, placing it on
+    every visible GPU); ``--adapter`` adds a LoRA adapter to whatever base model results.
+    """
+    overrides = list(overrides)
+    if argument is None and model is None:
+        raise ModelLoadError("nothing to run: give a recipe, a run directory (runs/<name>) or --model PATH_OR_ID.")
+    if argument is not None and is_run_directory(Path(argument)):
+        target = _run_directory_target(Path(argument), overrides)
+        if model:
+            target = InferenceTarget(target.recipe, resolve_model_path(model), resolve_model_path(model),
+                                     target.adapter, target.run_dir)
+    elif argument is not None:
+        recipe = load_recipe(resolve_recipe_argument(argument), overrides)
+        if model:
+            recipe.model.id = model
+        path = resolve_model_path(recipe.model.id)
+        target = InferenceTarget(recipe, path, path)
+    else:
+        source = RecipeSource()
+        recipe = validate_recipe(apply_overrides({"model": {"id": model}}, overrides, source), source)
+        path = resolve_model_path(recipe.model.id)
+        target = InferenceTarget(recipe, path, path, use_recipe_hardware=False)
+    if adapter:
+        found = _adapter_dir(adapter)
+        tokenizer = str(found) if (found / TOKENIZER_CONFIG).is_file() else target.tokenizer_path
+        target = InferenceTarget(target.recipe, target.model_path, tokenizer, found, target.run_dir,
+                                 target.use_recipe_hardware)
+    return target
