@@ -17,7 +17,7 @@ from tuner.tui.run_watch import RunWatch
 FIXED_RECIPES = Path(__file__).parent / "data" / "tui-recipes"
 # host RAM is stated so the CPU plan does not depend on the machine the snapshot is taken on
 SNAPSHOT_DRAFT = {"hardware.host_ram_gb": 16}
-STEPS = ["start", "model", "hardware", "method", "data", "training", "review", "chat"]
+STEPS = ["start", "model", "hardware", "method", "data", "training", "review"]
 
 
 @pytest.fixture(autouse=True)
@@ -59,10 +59,24 @@ def test_run_screen(snap_compare):
 
     async def show(pilot):
         pilot.app.run_watch = finished_run()
+        pilot.app.run_watch.plan = pilot.app.plan
         pilot.app.switch_mode("run")
         await settle(pilot)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=show)
+
+
+def test_chat_with_the_demo_model_loaded(snap_compare):
+    pytest.importorskip("tuner.infer.chat")
+
+    async def show(pilot):
+        pilot.app.switch_mode("chat")
+        await settle(pilot)
+        pilot.app.screen.query_one("#chat-model", Input).value = "builtin:demo"
+        await pilot.press("enter")
+        await settle(pilot)
+
+    assert snap_compare(make_app(demo_draft(SNAPSHOT_DRAFT)), terminal_size=SIZE, run_before=show)
 
 
 def test_help(snap_compare):

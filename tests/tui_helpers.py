@@ -74,7 +74,7 @@ DOCS_SCREENSHOTS = {  # snapshot file -> docs/images name
     "test_screen[training].svg": "tui-training.svg",
     "test_screen[review].svg": "tui-review.svg",
     "test_run_screen.svg": "tui-run.svg",
-    "test_screen[chat].svg": "tui-chat.svg",
+    "test_chat_with_the_demo_model_loaded.svg": "tui-chat.svg",
     "test_help.svg": "tui-help.svg",
 }
 

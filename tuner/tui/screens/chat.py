@@ -60,7 +60,8 @@ def load_session(argument: str):
     sampling = Sampling.from_recipe(target.recipe)
     loaded = load_for_inference(target, context=default_context(target, sampling.max_new_tokens))
     placement = loaded.placement
-    lines = [f"model: {target.describe()}"]
+    adapter = f" + adapter {target.adapter}" if target.adapter else ""
+    lines = [f"model: {argument}{adapter}"]
     lines += [f"  {row.label}: {row.layers} layers, {format_bytes(row.weights_bytes)} weights"
               f" + {format_bytes(row.kv_cache_bytes)} KV cache" for row in placement.devices]
     lines += [f"  warning: {warning}" for warning in placement.warnings()]
