@@ -46,13 +46,16 @@ class HardwareScreen(WizardScreen):
 
     @work(thread=True, exclusive=True)
     def detect(self) -> None:
-        found = detect_gpus()
-        self.app.call_from_thread(self._show_detected, found)
+        import psutil
 
-    def _show_detected(self, found: DetectedGpus | None) -> None:
+        found = detect_gpus()
+        self.app.call_from_thread(self._show_detected, found, psutil.virtual_memory().total / 2**30)
+
+    def _show_detected(self, found: DetectedGpus | None, ram_gib: float) -> None:
         self.detected = found
         text = (f"{found.count} × {found.name}, {found.memory_gib:.1f} GiB each" if found
                 else "no NVIDIA GPU found: training runs on the CPU")
+        text += f"\nhost RAM: {ram_gib:.0f} GiB"
         self.query_one("#detected", Static).update(text)
         self.query_one("#use-detected", Button).disabled = found is None
         if found and "hardware" not in self.app.draft.data:  # prefill a new recipe, never an opened one
