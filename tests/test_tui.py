@@ -283,3 +283,50 @@ async def test_chat_streams_an_answer_from_the_demo_model(demo_model_path):
         conversation = "\n".join(app.screen.query_one("#conversation").lines)
         assert "you> reverse" in conversation and "model> " in conversation
         assert app.screen.session.history[1]["role"] == "assistant"
+
+
+@pilot_test
+async def test_start_opens_a_recipe_file_and_reports_a_bad_one(in_tmp):
+    (in_tmp / "bad.yaml").write_text("name: x\nmemory:\n  micro_batch_size: [\n")
+    demo_draft({"name": "mine"}).save(in_tmp / "mine.yaml")
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("down", "enter")  # "Open a recipe file…"
+        box = app.screen.query_one("#open-path", Input)
+        assert box.display and app.focused is box
+        box.value = "bad.yaml"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.current_mode == "start"
+        assert "bad.yaml:4: not valid YAML" in str(app.screen.query_one("#start-error", Static).render())
+        box.value = "mine.yaml"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.current_mode == "model" and app.draft.value("name") == "mine"
+        assert app.draft.path.name == "mine.yaml"
+
+
+@pilot_test
+async def test_a_recent_run_opens_on_the_run_screen(in_tmp):
+    import json
+
+    from tuner.recipe.io import recipe_to_yaml
+
+    run = in_tmp / "runs" / "earlier"
+    run.mkdir(parents=True)
+    (run / "recipe.lock.yaml").write_text(recipe_to_yaml(demo_draft({"name": "earlier"}).recipe))
+    (run / "events.jsonl").write_text("".join(json.dumps(event) + "\n" for event in [
+        {"event": "started", "max_steps": 4, "time": 1.0},
+        {"event": "step", "step": 2, "max_steps": 4, "loss": 1.25, "time": 2.0},
+    ]))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        runs = app.screen.query_one("#runs", OptionList)
+        assert "stopped at step 2" in str(runs.get_option_at_index(0).prompt)
+        runs.focus()
+        runs.highlighted = 0
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.current_mode == "run" and app.draft.value("name") == "earlier"
+        status = str(app.screen.query_one("#run-status", Static).render())
+        assert "stopped at step 2" in status and "loss 1.2500" in status
