@@ -264,15 +264,16 @@ async def test_cancel_stops_the_run(in_tmp, demo_model_path):
 
 
 @pilot_test
-async def test_chat_streams_an_answer_from_the_demo_model(demo_model_path):
+async def test_chat_streams_an_answer_from_the_demo_model(in_tmp, demo_model_path):
     pytest.importorskip("tuner.infer.chat")
+    demo_draft({"inference.max_new_tokens": 8}).save(in_tmp / "short.yaml")  # a recipe: model and a short answer
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("chat")
         await pilot.pause()
         box = app.screen.query_one("#chat-model", Input)
         box.focus()
-        box.value = "builtin:demo"
+        box.value = "short.yaml"
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.screen.session is not None, timeout=120)
         assert "CPU" in str(app.screen.query_one("#placement", Static).render())
