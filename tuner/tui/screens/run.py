@@ -25,7 +25,7 @@ def _memory_line(watch: RunWatch) -> str:
     if watch.plan is not None and getattr(watch.plan, "devices", None):
         device = watch.plan.devices[0]
         planned = f"  (plan: {device.total_gib:.2f} of {device.capacity_gib:.2f} GiB per device)"
-    return f"memory per rank: {measured}{planned}"
+    return f"memory (rank 0): {measured}{planned}"
 
 
 def status_line(watch: RunWatch) -> str:
