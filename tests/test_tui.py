@@ -331,3 +331,24 @@ async def test_a_recent_run_opens_on_the_run_screen(in_tmp):
         assert app.current_mode == "run" and app.draft.value("name") == "earlier"
         status = str(app.screen.query_one("#run-status", Static).render())
         assert "stopped at step 2" in status and "loss 1.2500" in status
+
+
+@pilot_test
+async def test_a_model_the_planner_does_not_know_is_explained_not_fatal():
+    pytest.importorskip("tuner.planner")
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("model")
+        await pilot.pause()
+        box = app.screen.query_one("#model-id-input", Input)
+        box.focus()
+        box.value = "someorg/not-a-known-model"
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.draft.value("model.id") == "someorg/not-a-known-model"
+        assert "no architecture facts" in str(app.screen.query_one("#facts", Static).render())
+        app.switch_mode("method")
+        await pilot.pause()
+        assert app.plan is None
+        assert "no architecture facts" in str(app.screen.query_one(PlanPanel).render())

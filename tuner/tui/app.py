@@ -15,7 +15,7 @@ from textual.binding import Binding
 from tuner.recipe.io import RecipeError
 from tuner.tui.draft import Draft
 from tuner.tui.messages import DraftChanged, FieldEdited, PlanUpdated, RunEventsArrived, RunFinished
-from tuner.tui.planning import Planner
+from tuner.tui.planning import CannotPlan, Planner
 from tuner.tui.run_watch import RunWatch
 from tuner.tui.screens.chat import ChatScreen
 from tuner.tui.screens.data import DataScreen
@@ -143,8 +143,8 @@ class TunerApp(App[int]):
             try:
                 plan = self.planner.plan(recipe)
                 self.plan_status = ""
-            except RecipeError as exc:
-                self.plan_status = str(exc)
+            except CannotPlan as exc:
+                self.plan_status = f"no plan: {exc}"
         self.plan = plan
         self.screen.post_message(PlanUpdated(plan, (time.perf_counter() - start) * 1000))
 

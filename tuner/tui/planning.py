@@ -8,7 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import Recipe
+
+
+class CannotPlan(Exception):
+    """The planner cannot plan this recipe; ``str()`` says why (shown where the plan would be)."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +40,13 @@ class Planner:
         return self._plan is not None
 
     def plan(self, recipe: Recipe) -> Any | None:
-        return self._plan(recipe) if self._plan else None
+        """The plan, or None without a planner; raises CannotPlan with the planner's message."""
+        if self._plan is None:
+            return None
+        try:
+            return self._plan(recipe)
+        except (RecipeError, ValueError) as exc:  # e.g. UnknownModelError: no architecture facts for model.id
+            raise CannotPlan(str(exc)) from None
 
     def advise(self, recipe: Recipe) -> list[Proposal]:
         if self._advise is None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from rich.markup import escape
+from textual import work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, Label, OptionList, Static
@@ -44,6 +45,24 @@ class ModelScreen(WizardScreen):
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "model-search":
             self._fill_list(event.value)
+
+    def on_field_edited(self, event: FieldEdited) -> None:
+        """A typed model id may need the hub cache (transformers): look it up off the UI thread first."""
+        model_id = event.changes.get("model.id")
+        if not model_id or any(entry.id == model_id for entry in self.entries):
+            return
+        event.stop()
+        self.query_one("#facts", Static).update(f"looking up {escape(model_id)}…")
+        self.look_up(model_id)
+
+    @work(thread=True, exclusive=True)
+    def look_up(self, model_id: str) -> None:
+        describe_model(model_id, self.entries)  # warms the catalog's facts cache, so planning is quick
+        self.app.call_from_thread(self._take_model, model_id)
+
+    def _take_model(self, model_id: str) -> None:
+        self.app.draft.apply({"model.id": model_id})
+        self.app.draft_changed()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         self.post_message(FieldEdited({"model.id": event.option.id}))
