@@ -27,7 +27,7 @@ HELP = """\
 1. **Model**: what to fine-tune: the catalog, a local directory or a hub id.
 2. **Hardware**: machines, GPUs per machine (0 = CPU), GPU type, host RAM.
 3. **Method**: full / LoRA / QLoRA and the memory tactics, beside the live memory plan.
-   A greyed-out choice conflicts with the rest of the recipe; focus its field to read why.
+   A greyed-out choice conflicts with the rest of the recipe: hover it, or focus its field, to read why.
 4. **Data**: where samples come from and one formatted example; the shaded part earns no loss.
 5. **Training**: learning rate, schedule, steps, checkpoints, output directory.
 6. **Review**: the exact files and command; save the recipe.

@@ -1,7 +1,8 @@
 """Form fields bound to the draft: each posts :class:`FieldEdited` and re-reads the draft in ``sync``.
 
 A choice the recipe rules refuse is disabled, and the rule's own message is its tooltip
-(hover) and is listed under the field while it has focus (keyboard).
+(hover); ``reasons`` lists them, and the screen shows the focused field's reasons (keyboard)
+in a fixed line below the form, so focus never shifts the layout under the mouse.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, Callable
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Checkbox, Input, Label, RadioButton, RadioSet, Static
+from textual.widgets import Checkbox, Input, Label, RadioButton, RadioSet
 
 from tuner.tui.draft import Changes, Draft
 from tuner.tui.messages import FieldEdited
@@ -29,17 +30,7 @@ def value_choices(field: str, values: list) -> list[Choice]:
     return [Choice(str(value), {field: value}) for value in values]
 
 
-class FieldBox:
-    """Marks the field holding focus, so its reasons show (``:focus-within`` does not restyle descendants)."""
-
-    def on_descendant_focus(self) -> None:
-        self.add_class("-focused")
-
-    def on_descendant_blur(self) -> None:
-        self.remove_class("-focused")
-
-
-class ChoiceField(FieldBox, Vertical):
+class ChoiceField(Vertical):
     """A labelled row of radio buttons; refused options are disabled with their reason."""
 
     def __init__(self, label: str, choices: list[Choice], *, id: str, help: str = ""):
@@ -47,13 +38,13 @@ class ChoiceField(FieldBox, Vertical):
         self.label = label
         self.choices = choices
         self.help = help
+        self.reasons: list[str] = []  # "option: why it is refused", for the focused-field line
 
     def compose(self) -> ComposeResult:
         yield Label(self.label, classes="field-label")
         with RadioSet(id=f"{self.id}-set"):
             for index, choice in enumerate(self.choices):
                 yield RadioButton(choice.label, id=f"{self.id}-{index}")
-        yield Static("", classes="reasons")
 
     @property
     def radio_set(self) -> RadioSet:
@@ -76,8 +67,7 @@ class ChoiceField(FieldBox, Vertical):
                 reasons.append(f"{choice.label}: {refusal}")
             if chosen and not button.value:
                 button.value = True  # RadioSet turns the old one off; the echo is ignored below
-        self.query_one(".reasons", Static).update("\n".join(reasons))
-        self.set_class(bool(reasons), "-has-reasons")
+        self.reasons = reasons
 
     def on_radio_set_changed(self, event: RadioSet.Changed) -> None:
         event.stop()
@@ -85,7 +75,7 @@ class ChoiceField(FieldBox, Vertical):
         self.post_message(FieldEdited(self.choices[index].changes))
 
 
-class ToggleField(FieldBox, Vertical):
+class ToggleField(Vertical):
     """A checkbox for one boolean field."""
 
     def __init__(self, label: str, field: str, *, help: str = ""):
@@ -93,10 +83,10 @@ class ToggleField(FieldBox, Vertical):
         self.label = label
         self.field = field
         self.help = help
+        self.reasons: list[str] = []
 
     def compose(self) -> ComposeResult:
         yield Checkbox(self.label, id=f"{self.id}-box", tooltip=self.help or None, compact=True)
-        yield Static("", classes="reasons")
 
     @property
     def checkbox(self) -> Checkbox:
@@ -108,7 +98,7 @@ class ToggleField(FieldBox, Vertical):
         refusal = draft.refusal({self.field: not value})
         box.disabled = refusal is not None
         box.tooltip = refusal or self.help or None
-        self.query_one(".reasons", Static).update(f"cannot change: {refusal}" if refusal else "")
+        self.reasons = [f"cannot change: {refusal}"] if refusal else []
         if box.value != value:
             with box.prevent(Checkbox.Changed):
                 box.value = value
