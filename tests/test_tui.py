@@ -357,3 +357,22 @@ async def test_a_model_the_planner_does_not_know_is_explained_not_fatal():
         await pilot.pause()
         assert app.plan is None
         assert "no architecture facts" in str(app.screen.query_one(PlanPanel).render())
+
+
+@pilot_test
+async def test_the_mouse_works_from_the_first_click():
+    """Focus moving between fields must not shift the layout between mouse down and up."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("method")
+        await pilot.pause()
+        await pilot.click(app.screen.query_one(ToggleField).checkbox)
+        await pilot.pause()
+        assert app.draft.value("memory.gradient_checkpointing") is True
+        await pilot.click(app.screen.query_one("#distribution", ChoiceField).button("ZeRO-3"))
+        await pilot.pause()
+        assert app.draft.value("memory.zero_stage") == 3
+        fsdp = app.screen.query_one("#distribution", ChoiceField).button("FSDP")
+        await pilot.click(fsdp)  # disabled: nothing happens
+        await pilot.pause()
+        assert app.draft.value("memory.distributed") == "deepspeed"
