@@ -73,7 +73,7 @@ def test_checkpointing_and_attention_change_activations():
     ckpt = plan(recipe(gpus=1, max_seq_length=4096, gradient_checkpointing=True, method={"kind": "lora"}))
     eager = plan(recipe(gpus=1, max_seq_length=4096, attention="eager", method={"kind": "lora"}))
     assert ckpt.gpu.terms["activations"] < plain.gpu.terms["activations"] / 5
-    assert eager.gpu.terms["activations"] > plain.gpu.terms["activations"] + 32 * 32 * 4096**2 * 6 / GIB * 0.99
+    assert eager.gpu.terms["activations"] > plain.gpu.terms["activations"] + 32 * 32 * 4096**2 * 6 / GIB * 0.95
     # 128k vocabulary: the logits and loss buffers are 12 bytes per token and vocabulary entry
     assert plain.gpu.terms["logits_loss"] == pytest.approx(4096 * 128256 * 12 / GIB)
 
@@ -107,8 +107,8 @@ def test_advice_fits_validates_and_keeps_the_effective_batch():
 
 
 def test_advisor_says_what_is_missing_and_changes_method_only_when_allowed():
-    r = recipe("meta-llama/Llama-3.1-405B", gpus=1, gpu="RTX4090")
-    (advice,) = advise(r)
+    r = recipe("meta-llama/Llama-3.1-405B", gpus=1, gpu="RTX4090", hardware={"host_ram_gb": 512})
+    (advice,) = advise(r)  # offloading everything would need terabytes of host RAM
     assert not advice.fits and "GiB missing" in advice.reasons[0] and "allow_method_change" in advice.reasons[0]
     allowed = recipe("meta-llama/Llama-3.1-70B", gpus=1, gpu="RTX4090", max_seq_length=1024,
                      method={"allow_method_change": True})
@@ -144,3 +144,21 @@ def test_plan_command_adhoc_json_and_errors(tuner_cli):
     assert done.returncode == 2 and "model.id" in done.stderr
     done = tuner_cli("plan", "demo", "--set", "memory.micro_batch_size=2")
     assert done.returncode == 0 and "verdict" in done.stdout
+
+
+def test_every_builtin_recipe_gets_a_plan(tuner_home):
+    from tuner.recipe.io import load_recipe
+    from tuner.recipe.registry import builtin_names, builtin_path
+
+    for name in builtin_names():
+        assert plan(load_recipe(builtin_path(name))).verdict in ("fits", "tight", "does not fit")
+
+
+def test_plan_simulate_reports_the_traced_peak(tuner_home, capsys):
+    from tuner.cli import main
+
+    assert main(["plan", "demo", "--simulate", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    simulated, device = data["simulation"]["peak_gib"], data["plan"]["devices"][0]
+    assert data["simulation"]["error"] is None
+    assert device["total_gib"] - device["terms_gib"]["overhead"] == pytest.approx(simulated, rel=0.15)

@@ -142,7 +142,7 @@ def _candidates(recipe) -> list[Tactics]:
     if not on_gpu:
         shardings = [base.sharding]
     elif fsdp:
-        shardings = ["fsdp:no_shard", "fsdp:shard_grad_op", "fsdp:full_shard"]
+        shardings = ["fsdp:shard_grad_op", "fsdp:full_shard"]
     else:
         shardings = (["ddp"] if world > 1 else ["none"]) + ["zero1", "zero2", "zero3"]
     shardings = [s for s in shardings if _SHARDING_RANK[s] >= _SHARDING_RANK[base.sharding]] or [base.sharding]

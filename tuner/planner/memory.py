@@ -4,11 +4,12 @@ Pure arithmetic on a recipe and the model's architecture facts; no torch import,
 plan answers in milliseconds.  Every item carries the key of its formula's source,
 explained in ``docs/memory.md``.
 
-Each item is live in one of three phases: ``always`` (weights, optimizer states),
-``forward/backward`` (activations, logits) or ``optimizer step`` (the full gradients
-and the optimizer's temporaries, when gradients are freed between steps).  The peak
-is ``always`` plus the larger of the other two; a device's ``terms`` are what is live
-at that peak, so they add up to its total.
+Each item is live ``always`` (weights, optimizer states) or in some of three moments
+of a step: ``loss`` (end of the forward: saved activations plus the logits and loss
+buffers), ``layer backward`` (backward through one decoder layer, recomputed under
+gradient checkpointing) and ``optimizer step`` (the full gradients and the optimizer's
+temporaries, when gradients are freed between steps).  The peak is ``always`` plus the
+largest moment; a device's ``terms`` are what is live at that peak, so they add up to its total.
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ GIB = 2**30
 TIGHT_HEADROOM = 0.10  # less than 10% of a device left free is "tight": fragmentation and spikes can still OOM
 
 CATEGORIES = ("weights", "lora_adapter", "gradients", "optimizer", "activations", "logits_loss", "overhead")
-ALWAYS, FORWARD_BACKWARD, STEP = "always", "forward/backward", "optimizer step"
+ALWAYS, FORWARD_BACKWARD, LAYER_BACKWARD, STEP = "always", "loss", "layer backward", "optimizer step"
+MOMENTS = (FORWARD_BACKWARD, LAYER_BACKWARD, STEP)
+BACKWARD = (FORWARD_BACKWARD, LAYER_BACKWARD)  # live from the forward until the backward ends
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 NF4_DOUBLE_QUANT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # 4 bits + 8-bit absmax per 64 + fp32 absmax per 256 blocks = 4.127 bits
@@ -40,8 +43,11 @@ class Item:
     name: str
     category: str
     bytes: float
-    phase: str = ALWAYS
+    phase: str | tuple[str, ...] = ALWAYS  # ALWAYS, one moment, or a tuple of moments
     source: str = ""
+
+    def live_in(self, moment: str) -> bool:
+        return self.phase == ALWAYS or self.phase == moment or (isinstance(self.phase, tuple) and moment in self.phase)
 
     @property
     def gib(self) -> float:
@@ -62,10 +68,8 @@ class DevicePlan:
     total_gib: float = 0.0
 
     def __post_init__(self):
-        step = sum(i.bytes for i in self.items if i.phase == STEP)
-        forward = sum(i.bytes for i in self.items if i.phase == FORWARD_BACKWARD)
-        self.phase = STEP if step > forward else FORWARD_BACKWARD
-        live = [i for i in self.items if i.phase in (ALWAYS, self.phase)]
+        self.phase = max(MOMENTS, key=lambda moment: sum(i.bytes for i in self.items if i.live_in(moment)))
+        live = self.live_items
         self.terms = {c: sum(i.bytes for i in live if i.category == c) / GIB for c in CATEGORIES}
         self.total_gib = sum(self.terms.values())
 
@@ -75,7 +79,7 @@ class DevicePlan:
 
     @property
     def live_items(self) -> list[Item]:
-        return [i for i in self.items if i.phase in (ALWAYS, self.phase)]
+        return [i for i in self.items if i.live_in(self.phase)]
 
     def to_dict(self) -> dict:
         return {
@@ -83,8 +87,9 @@ class DevicePlan:
             "capacity_gib": _round(self.capacity_gib), "total_gib": _round(self.total_gib),
             "headroom_gib": _round(self.headroom_gib),
             "terms_gib": {k: _round(v) for k, v in self.terms.items()},
-            "items": [{"name": i.name, "category": i.category, "gib": _round(i.gib), "phase": i.phase,
-                       "live_at_peak": i.phase in (ALWAYS, self.phase), "source": i.source} for i in self.items],
+            "items": [{"name": i.name, "category": i.category, "gib": _round(i.gib),
+                       "phase": list(i.phase) if isinstance(i.phase, tuple) else i.phase,
+                       "live_at_peak": i.live_in(self.phase), "source": i.source} for i in self.items],
         }
 
 
@@ -148,6 +153,7 @@ class _Setup:
     offload_params: str
     checkpointing: bool
     eager: bool
+    flash: bool
     batch: int
     seq: int
     accumulation: int
@@ -174,6 +180,7 @@ def _setup(recipe) -> _Setup:
         shard_group=min(world, recipe.hardware.gpus_per_machine) if mem.fsdp.sharding_strategy == "hybrid_shard" else world,
         offload_optimizer=mem.offload_optimizer, offload_params=mem.offload_params,
         checkpointing=mem.gradient_checkpointing, eager=mem.attention == "eager",
+        flash=mem.attention == "flash" and recipe.uses_gpu,
         batch=mem.micro_batch_size, seq=mem.max_seq_length, accumulation=mem.gradient_accumulation_steps,
         optimizer=mem.optimizer, lora_r=method.lora.r, lora_targets=method.lora.target_modules,
         lora_dropout=method.lora.dropout, quant_bits=quant.bits if quant and method.kind == "qlora" else None,
@@ -212,7 +219,7 @@ def _frozen_weight_items(s: _Setup) -> list[Item]:
                           "weights", rest * 4, source="peft-kbit")]
     if s.mixed:
         items.append(Item("autocast 16-bit copy of the fp32 output head", "weights",
-                          f.vocab_size * f.hidden_size * 2, FORWARD_BACKWARD, source="autocast"))
+                          f.vocab_size * f.hidden_size * 2, BACKWARD, source="autocast"))
     return items
 
 
@@ -265,18 +272,18 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
         compute = 2 if s.mixed else master
         if s.fsdp == "shard_grad_op":
             gpu.append(Item("unsharded 16-bit parameters kept through forward/backward", "weights",
-                            counts.total * compute, FORWARD_BACKWARD, source="fsdp"))
+                            counts.total * compute, BACKWARD, source="fsdp"))
         elif group > 1:
             root = counts.embeddings + counts.lm_head + f.hidden_size
             gpu.append(Item("gathered parameters (root module + two decoder layers)", "weights",
-                            (root + 2 * _layer_params(f)) * compute, FORWARD_BACKWARD, source="fsdp"))
+                            (root + 2 * _layer_params(f)) * compute, BACKWARD, source="fsdp"))
     else:
         if full:
             gpu.append(Item("parameters", "weights", counts.total * s.weight_bytes, source="dtype"))
             if s.mixed and s.weight_bytes == 4:
                 linear = counts.attention + counts.mlp + (counts.lm_head or counts.embeddings)
                 gpu.append(Item("autocast 16-bit copies of fp32 linear weights", "weights", linear * 2,
-                                FORWARD_BACKWARD, source="autocast"))
+                                BACKWARD, source="autocast"))
         else:
             gpu.extend(frozen_items)
 
@@ -352,66 +359,90 @@ def _lora_linears(s: _Setup):
 def layer_activation_bytes_per_token(s: _Setup) -> float:
     """Bytes autograd keeps per token for one decoder layer (Hugging Face Llama-style code path).
 
-    Derived by walking the ops of the layer and what each saves for backward (see docs/memory.md);
-    the s^2 attention scores (eager only) are added separately.
+    Derived by walking the ops of the layer and what each saves for backward, and checked against
+    fake-tensor traces (see docs/memory.md); terms that grow with the sequence length are in
+    :func:`layer_score_bytes`.
     """
     f, a = s.facts, s.act_bytes
     h, inter, qd, kd = f.hidden_size, f.intermediate_size, f.q_dim, f.kv_dim
     full = s.kind == "full"
-    norms = f.architecture.norms_per_layer
-    # RMSNorm upcasts to fp32 (saved by pow/mul) and, when its weight trains, keeps the normalised input
-    total = norms * (4 * h + (a * h if full else 0))
+    # RMSNorm upcasts to fp32 (kept for pow/mul) and, when its weight trains, keeps the normalised input
+    total = f.architecture.norms_per_layer * (4 * h + (a * h if full else 0))
     if full:
         total += a * h + a * qd  # inputs of q/k/v and of o_proj, kept for the weight gradients
-    # attention core: q, k, v and the output for backward (flash/sdpa/eager all keep them)
-    kv_saved = qd if (s.eager and f.num_kv_heads != f.num_heads) else kd  # eager repeats k/v heads
-    total += a * (qd + 2 * kv_saved) + a * qd
-    total += 4 * f.num_heads  # log-sum-exp per head (fp32)
+    # attention core: q, k, v and the output (every kernel keeps them for backward)
+    total += a * (2 * qd + 2 * kd)
+    if not s.eager:
+        total += 4 * f.num_heads  # fused kernels keep a log-sum-exp per head (fp32)
     # SwiGLU: gate output (SiLU input), SiLU output and up output (the product's operands);
     # full fine-tuning also keeps the MLP input and the down_proj input for the weight gradients
     mlp = 3 * a * inter + (a * h + a * inter if full else 0)
     if f.is_moe:  # each token runs through its top-k experts; the router's fp32 logits and softmax
         mlp = mlp * f.experts_per_token + 8 * f.num_experts
     total += mlp
-    # LoRA branches: dropout mask (1 byte) and the adapter input in compute dtype, per targeted linear
-    lora_in = sum(lin.in_features * max(lin.count if f.is_moe else 1, 1) for lin in _lora_linears(s))
-    if lora_in:
+    # LoRA branches, per targeted linear: the adapter's input in its compute dtype and its dropped-out
+    # copy (with the mask); fitted to fake-tensor traces: in x (a + 2), plus in bytes with dropout
+    targets = _lora_linears(s)
+    if targets:
         lora_act = 2 if s.mixed else 4
-        total += lora_in * ((1 if s.lora_dropout > 0 else 0) + lora_act)
-        total += sum(s.lora_r * 4 for _ in _lora_linears(s))
+        for lin in targets:
+            total += lin.in_features * (lora_act + 2 + (1 if s.lora_dropout > 0 else 0)) + s.lora_r * lora_act
     return total
 
 
-def _activation_items(s: _Setup) -> tuple[list[Item], list[str]]:
-    f = s.facts
-    tokens = s.batch * s.seq
-    per_layer = layer_activation_bytes_per_token(s) * tokens
-    notes = []
-    scores = 0.0
+def layer_score_bytes_per_token(s: _Setup) -> float:
+    """Per token and layer, the terms that grow with the sequence length s.
+
+    eager keeps the fp32 softmax (and its 16-bit copy) of every head: (4 + a) x heads x s;
+    sdpa receives the boolean causal/padding mask and converts it to an additive mask of the
+    compute dtype in every layer (kept for backward): a x s.  flash-attention keeps neither.
+    """
+    f, a = s.facts, s.act_bytes
     if s.eager:
-        a = s.act_bytes
-        # softmax output kept in fp32 plus its 16-bit copy for the value matmul
-        scores = s.batch * f.num_heads * s.seq**2 * (4 + (a if a != 4 else 0))
-    residual_bytes = 4 if (s.mixed and s.weight_bytes == 4) else s.act_bytes
-    final = tokens * f.hidden_size * (4 + 2 * s.act_bytes)  # final norm (fp32 upcast) and lm_head input
+        return f.num_heads * s.seq * (4 + (a if a != 4 else 0))
+    if s.flash:
+        return 0.0
+    return a * s.seq
+
+
+def _activation_items(s: _Setup) -> tuple[list[Item], list[str]]:
+    f, a = s.facts, s.act_bytes
+    tokens = s.batch * s.seq
+    per_layer = (layer_activation_bytes_per_token(s) + layer_score_bytes_per_token(s)) * tokens
+    notes = []
+    residual_bytes = 4 if (s.mixed and s.weight_bytes == 4) else a
+    full = s.kind == "full"
+    # final norm (fp32 upcast; normalised input when it trains), output-head input, rotary cos/sin
+    final = tokens * f.hidden_size * (4 + (2 * a if full else a)) + s.seq * f.head_dim * 2 * a
+    # the backward of one layer holds the gradients of the SwiGLU intermediates, then (eager) those of
+    # the s x s probabilities and scores; the MLP's are freed before the attention's backward starts
+    layer_backward = tokens * max(4 * a * f.intermediate_size * max(f.experts_per_token, 1),
+                                  6 * f.num_heads * s.seq if s.eager else 0)
     items = []
     if s.checkpointing:
         items.append(Item(f"checkpointed layer inputs ({f.num_layers} layers)", "activations",
-                          f.num_layers * tokens * f.hidden_size * residual_bytes, FORWARD_BACKWARD, source="korthikanti"))
-        items.append(Item("one layer recomputed in backward", "activations", per_layer + scores, FORWARD_BACKWARD,
+                          f.num_layers * tokens * f.hidden_size * residual_bytes, BACKWARD, source="korthikanti"))
+        items.append(Item("one layer recomputed in backward", "activations", per_layer, LAYER_BACKWARD,
                           source="korthikanti"))
     else:
         items.append(Item(f"saved activations ({f.num_layers} layers)", "activations",
-                          f.num_layers * (per_layer + scores), FORWARD_BACKWARD, source="korthikanti"))
-    if s.eager:
-        items.append(Item("eager causal mask (b x s x s)", "activations", s.batch * s.seq**2 * s.act_bytes,
-                          FORWARD_BACKWARD, source="hf-masks"))
-    items.append(Item("final norm and output-head input", "activations", final, FORWARD_BACKWARD, source="korthikanti"))
+                          f.num_layers * per_layer, BACKWARD, source="korthikanti"))
+    items.append(Item("gradients of one layer's intermediates", "activations", layer_backward, LAYER_BACKWARD,
+                      source="torch-autograd"))
+    if full and s.accumulation == 1 and s.distributed in ("none", "ddp"):
+        # backward reaches the layers after the output head's gradient exists (sharded engines keep grad buffers)
+        items.append(Item("gradient of the output head", "gradients", f.vocab_size * f.hidden_size * s.weight_bytes,
+                          LAYER_BACKWARD, source="torch-autograd"))
+    items.append(Item("final norm, output-head input, rotary tables", "activations", final, FORWARD_BACKWARD,
+                      source="korthikanti"))
     # logits: the 16-bit/fp32 logits, log_softmax output (fp32) and two fp32 gradients of it in backward
     items.append(Item("logits and cross-entropy (s x b x V)", "logits_loss", tokens * f.vocab_size * 12,
                       FORWARD_BACKWARD, source="hf-loss"))
     if f.is_moe:
         notes.append("MoE activations are approximated (tokens routed to top-k experts, no capacity padding).")
+    if not s.eager and not s.flash:
+        notes.append("sdpa: counts the per-layer additive mask made from a padding mask; "
+                     "unpadded batches on CUDA skip it (is_causal).")
     return items, notes
 
 
@@ -490,6 +521,9 @@ def plan(recipe) -> MemoryPlan:
     if s.quant_bits and s.distributed in ("fsdp", "deepspeed") and (s.distributed == "fsdp" or s.zero == 3):
         notes.append("QLoRA sharded with ZeRO-3/FSDP stores 4-bit weights as the compute dtype "
                      "(bnb_4bit_quant_storage); tuner's loader sets it.")
+    if s.quant_bits and f.is_moe:
+        notes.append("bitsandbytes quantises only nn.Linear layers: the fused MoE experts of transformers v5 stay "
+                     "unquantised, and k-bit preparation casts them to fp32.")
     if s.mixed and s.kind == "full" and s.distributed in ("none", "ddp") and s.weight_bytes == 2:
         notes.append("16-bit weights with 16-bit AdamW states (no fp32 master copy), as the Hugging Face Trainer "
                      "does for bf16 weights; load float32 weights for classic mixed precision.")

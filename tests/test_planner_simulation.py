@@ -1,0 +1,80 @@
+"""The analytic plan against a fake-tensor trace of the real training step (FakeTensorMode + MemTracker).
+
+Each architecture runs an L8 orthogonal array over the five two-level factors (method, gradient
+checkpointing, attention kernel, sequence length, micro-batch): every pair of levels of every two
+factors is covered, in 8 of the 32 cells.  TUNER_FULL_SIM_MATRIX=1 runs all 32 cells per architecture.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+
+import pytest
+
+from tuner.planner import plan
+from tuner.planner.simulate import simulate, why_not_simulable
+from tuner.recipe.io import validate_recipe
+
+TOLERANCE = 0.15
+
+ARCHITECTURES = {  # three shapes: GQA Llama, tied-embedding Qwen2 with biases, fused-projection Phi-3 (MHA)
+    "llama": dict(model_type="llama", hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=512),
+    "qwen2": dict(model_type="qwen2", hidden_size=96, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=6, num_key_value_heads=2, vocab_size=640, tie_word_embeddings=True),
+    "phi3": dict(model_type="phi3", hidden_size=128, intermediate_size=320, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=4, vocab_size=384, pad_token_id=0, eos_token_id=1),
+}
+LEVELS = {"method": ("full", "lora"), "checkpointing": (False, True), "attention": ("sdpa", "eager"),
+          "seq": (64, 192), "batch": (1, 3)}
+# L8 orthogonal array (columns A, B, AB, C, AC of the standard 2^7 design)
+L8 = [(0, 0, 0, 0, 0), (0, 0, 0, 1, 1), (0, 1, 1, 0, 0), (0, 1, 1, 1, 1),
+      (1, 0, 1, 0, 1), (1, 0, 1, 1, 0), (1, 1, 0, 0, 1), (1, 1, 0, 1, 0)]
+
+
+def _cells():
+    full = os.environ.get("TUNER_FULL_SIM_MATRIX") == "1"
+    for shift, arch in enumerate(ARCHITECTURES):
+        rows = itertools.product((0, 1), repeat=5) if full else \
+            [tuple(level ^ ((shift >> i) & 1) for i, level in enumerate(row)) for row in L8]
+        for row in rows:
+            yield pytest.param(arch, *(values[level] for values, level in zip(LEVELS.values(), row)),
+                               id=f"{arch}-" + "-".join(str(values[level]) for values, level in zip(LEVELS.values(), row)))
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sim-models")
+    for arch, config in ARCHITECTURES.items():
+        (root / arch).mkdir()
+        (root / arch / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def _recipe(path, method, checkpointing, attention, seq, batch):
+    return validate_recipe({"model": {"id": str(path), "dtype": "float32"}, "method": {"kind": method},
+                            "memory": {"mixed_precision": "no", "attention": attention,
+                                       "gradient_checkpointing": checkpointing, "max_seq_length": seq,
+                                       "micro_batch_size": batch}})
+
+
+@pytest.mark.parametrize("arch, method, checkpointing, attention, seq, batch", list(_cells()))
+def test_analytic_plan_within_15_percent_of_simulation(model_dirs, arch, method, checkpointing, attention, seq, batch):
+    recipe = _recipe(model_dirs / arch, method, checkpointing, attention, seq, batch)
+    device = plan(recipe).devices[0]
+    predicted = device.total_gib - device.terms["overhead"]  # the trace sees tensors only
+    simulated = simulate(recipe)
+    assert simulated.error is None
+    assert predicted == pytest.approx(simulated.peak_gib, rel=TOLERANCE), (device.terms, simulated.peak_by_category)
+
+
+def test_unsimulable_cases_say_why():
+    qlora = validate_recipe({"model": {"id": "HuggingFaceTB/SmolLM2-135M"},
+                             "method": {"kind": "qlora", "quantization": {"bits": 4}}})
+    assert "bitsandbytes" in why_not_simulable(qlora)
+    assert "bitsandbytes" in simulate(qlora).error
+    sharded = validate_recipe({"model": {"id": "HuggingFaceTB/SmolLM2-135M"},
+                               "hardware": {"gpus_per_machine": 4, "gpu": "A100-80GB"},
+                               "memory": {"distributed": "deepspeed", "zero_stage": 3}})
+    assert "sharding" in simulate(sharded).error

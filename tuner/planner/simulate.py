@@ -1,0 +1,157 @@
+"""Simulate one training step on fake tensors: the real model code, no memory allocated.
+
+The model is built from its config as fake tensors; an AdamW step on zero gradients
+creates the optimizer states, then one Trainer-like step (forward with autocast, backward,
+gradient clipping, AdamW step, zero_grad) runs in that steady state under
+``torch.distributed._tools.mem_tracker.MemTracker``, which records the peak of live tensor
+storage by category.  This checks the analytic planner; it is slow (seconds), so only
+``tuner plan --simulate`` and the tests call it.  torch and transformers are imported here only.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from tuner.catalog.models import _catalog, _catalog_key, _demo_config
+
+GIB = 2**30
+
+_CATEGORY = {"Parameter": "weights", "Buffer": "weights", "Gradient": "gradients", "Optstate": "optimizer",
+             "Activation": "activations", "Temp": "backward temporaries", "Other": "other"}
+
+
+@dataclass
+class SimulationResult:
+    peak_gib: float = 0.0
+    peak_by_category: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None  # why the step could not be simulated
+
+    def to_dict(self) -> dict:
+        return {"units": "GiB (2^30 bytes)", "peak_gib": round(self.peak_gib, 4),
+                "peak_by_category_gib": {k: round(v, 4) for k, v in self.peak_by_category.items()},
+                "seconds": round(self.seconds, 2), "notes": self.notes, "error": self.error}
+
+
+def why_not_simulable(recipe) -> str | None:
+    mem = recipe.memory
+    if recipe.method.kind == "qlora":
+        return "bitsandbytes 4/8-bit layers run CUDA kernels that fake tensors cannot execute"
+    if "8bit" in mem.optimizer or "paged" in mem.optimizer:
+        return f"the bitsandbytes optimizer {mem.optimizer} runs CUDA kernels that fake tensors cannot execute"
+    if mem.distributed in ("deepspeed", "fsdp") and (recipe.world_size > 1 or mem.distributed == "fsdp" or mem.zero_stage):
+        return "ZeRO/FSDP sharding and offload need a process group and their engines; only a single process is simulated"
+    return None
+
+
+def _config_dict(recipe) -> dict:
+    from pathlib import Path
+
+    model_id = recipe.model.id
+    if model_id == "builtin:demo":
+        return _demo_config()
+    path = Path(model_id).expanduser()
+    if path.is_dir():
+        import json
+
+        return json.loads((path / "config.json").read_text())
+    key = _catalog_key(model_id)
+    if key is not None:
+        return dict(_catalog()[key])
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_id, local_files_only=True).to_dict()
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def _tracker():
+    """A MemTracker that leaves frozen parameters (LoRA's base weights) without gradient hooks."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class FrozenAwareMemTracker(MemTracker):
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+            for param in module.parameters():
+                if not param.requires_grad:  # register_hook would raise on it; it never gets a gradient
+                    self._param_to_grad_hook_handles.setdefault(param, (_NoHook(), _NoHook()))
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    return FrozenAwareMemTracker()
+
+
+def simulate(recipe) -> SimulationResult:
+    """Trace one steady-state training step of ``recipe``'s model on one process, with fake tensors."""
+    reason = why_not_simulable(recipe)
+    if reason:
+        return SimulationResult(error=reason)
+    started = time.perf_counter()
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    mem = recipe.memory
+    config_data = {key: value for key, value in _config_dict(recipe).items() if not key.startswith("_")}
+    config_data.pop("transformers_version", None)
+    config_data.pop("architectures", None)
+    config = AutoConfig.for_model(**config_data)
+    config.use_cache = False
+    attention = "eager" if mem.attention == "eager" else "sdpa"
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[recipe.model.dtype]
+    notes = ["simulated on CPU kernels (sdpa: the CPU flash kernel; AdamW: the single-tensor loop)."]
+    if recipe.uses_gpu:
+        notes.append("the analytic plan of a GPU recipe also counts CUDA's foreach AdamW temporaries, "
+                     "CUDA context and allocator slack, which a CPU trace does not see.")
+    batch, seq = mem.micro_batch_size, mem.max_seq_length
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mem.mixed_precision)
+    with torch.device("meta"):  # PEFT cannot move fake tensors, so build on meta and materialise as fakes
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
+    if recipe.method.kind == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        lora = recipe.method.lora
+        model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                 target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = model.to_empty(device="cpu")
+        model.tie_weights()  # to_empty gives each module its own tensor; tied embeddings share one again
+        if mem.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=False)
+        ids = torch.randint(0, config.vocab_size, (batch, seq))
+
+        def step() -> None:
+            with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            del loss
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        for param in trainable:  # create the optimizer states without paying for a first forward/backward
+            param.grad = torch.zeros_like(param)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        tracker = _tracker()
+        tracker.track_external(model, optimizer)
+        with tracker:
+            step()
+        snapshot = tracker.get_tracker_snapshot("peak")
+    by_category: dict[str, float] = {}
+    total = 0.0
+    for device_snapshot in snapshot.values():
+        for key, value in device_snapshot.items():
+            name = getattr(key, "value", key)
+            if name == "Total":
+                total += value
+                continue
+            category = _CATEGORY.get(name, name)
+            by_category[category] = by_category.get(category, 0.0) + value / GIB
+    return SimulationResult(peak_gib=total / GIB, peak_by_category={k: v for k, v in by_category.items() if v},
+                            seconds=time.perf_counter() - started, notes=notes)
