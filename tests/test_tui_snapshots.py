@@ -1,4 +1,5 @@
-"""SVG snapshots of every screen at a fixed size, on fixed data (no hardware detection, no clock, steady cursor).
+"""SVG snapshots of every screen at a fixed size, on fixed data (no hardware detection, no clock, steady cursor,
+frozen plans: the planner's arithmetic has its own tests, these test what the wizard shows).
 
 Update after an intended change with: python -m pytest tests/test_tui_snapshots.py --snapshot-update
 (then copy them to the docs with: python tests/tui_helpers.py).
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import Input
 
-from tui_helpers import SIZE, demo_draft, make_app
+from tui_helpers import FIXED_PLANNER, SIZE, demo_draft, make_app as make_live_app
 from tuner.tui.draft import Draft
 from tuner.tui.run_watch import RunWatch
 
@@ -25,6 +26,10 @@ def fixed_world(tmp_path, monkeypatch, demo_model_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TUNER_RECIPES_DIR", str(FIXED_RECIPES))
     monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
+
+
+def make_app(draft):
+    return make_live_app(draft, planner=FIXED_PLANNER)
 
 
 def finished_run() -> RunWatch:
@@ -50,6 +55,9 @@ def test_screen(mode, snap_compare):
     async def show(pilot):
         pilot.app.switch_mode(mode)
         await settle(pilot)
+        if mode == "model":  # a search keeps the snapshot independent of catalog additions
+            pilot.app.screen.query_one("#model-search", Input).value = "smollm2"
+            await settle(pilot)
 
     assert snap_compare(make_app(demo_draft(SNAPSHOT_DRAFT)), terminal_size=SIZE, run_before=show)
 

@@ -2,29 +2,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from tui_helpers import Device, Plan
 from tuner.tui.run_watch import RunWatch, recent_runs
 from tuner.tui.widgets.plan_bar import TERM_STYLES, plan_text, stacked_bar
-
-
-@dataclass
-class Device:
-    name: str
-    capacity_gib: float
-    terms: dict
-    total_gib: float = 0.0
-    headroom_gib: float = 0.0
-
-
-@dataclass
-class Plan:
-    devices: list
-    verdict: str
-    missing_gib: float = 0.0
-    host_ram_gib: float = 0.0
-    notes: list = field(default_factory=list)
 
 
 def cells(text, style):
@@ -48,7 +30,7 @@ def test_bar_without_capacity_is_scaled_to_its_total():
 
 
 def test_plan_text_shows_verdict_each_device_and_the_legend():
-    device = Device("cuda:0 A100-80GB", 79.2, {"weights": 13.0, "optimizer": 52.0, "activations": 20.0}, 85.0, -5.8)
+    device = Device("cuda:0 A100-80GB", 79.2, {"weights": 13.0, "optimizer": 52.0, "activations": 20.0})
     text = plan_text(Plan([device, device], "does not fit", missing_gib=5.8, host_ram_gib=120.0), width=40).plain
     assert text.startswith("verdict: does not fit  (5.80 GiB short)")
     assert text.count("cuda:0 A100-80GB  85.00 GiB of 79.20 GiB") == 2
