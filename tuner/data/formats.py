@@ -13,7 +13,7 @@ IGNORE_INDEX = -100
 ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
 ALPACA_PROMPT_WITH_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
 
-# Used for chat data when the tokenizer has none (documented in docs/data.md).
+# Used for chat data when the tokenizer has none (documented in docs/training.md).
 DEFAULT_CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
@@ -37,6 +37,29 @@ def detect_format(columns: Iterable[str]) -> str:
         f"cannot tell the data format from columns {sorted(present)}: expected 'messages' (chat), "
         "'instruction' and 'output' (instruction) or 'text'; set data.format or rename the columns."
     )
+
+
+def sample_problem(sample: dict[str, Any], data_format: str) -> str | None:
+    """Why one sample cannot be used in the given layout, or None when it can."""
+    def is_text(value) -> bool:
+        return isinstance(value, str) and value != ""
+
+    if data_format == "text":
+        return None if is_text(sample.get("text")) else "'text' is missing or empty"
+    if data_format == "instruction":
+        for key in ("instruction", "output"):
+            if not is_text(sample.get(key)):
+                return f"'{key}' is missing or empty"
+        if sample.get("input") is not None and not isinstance(sample["input"], str):
+            return "'input' is not a string"
+        return None
+    messages = sample.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "'messages' is missing or not a list of messages"
+    for message in messages:
+        if not isinstance(message, dict) or not is_text(message.get("role")) or not isinstance(message.get("content"), str):
+            return "a message lacks a 'role' or a string 'content'"
+    return None
 
 
 def instruction_messages(sample: dict[str, Any]) -> list[dict[str, str]]:

@@ -1,6 +1,8 @@
 """Load samples from a recipe's data source: local files, the datasets cache, or a built-in task."""
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.builtin.model import tuner_home
@@ -27,15 +29,72 @@ def resolve_source(source: str) -> tuple[str, str]:
     return "hub", source
 
 
-def load_split(source: str, split: str):
-    """The named split of a data source as a ``datasets.Dataset``."""
+MAX_LISTED = 5  # problem rows named in one message
+
+
+@dataclass
+class Samples:
+    """A loaded split and, for JSON-lines files, the file line of every row (for messages)."""
+
+    dataset: object  # datasets.Dataset
+    lines: list[int] | None = None
+
+    def where(self, row: int) -> str:
+        return f"line {self.lines[row]}" if self.lines else f"row {row + 1}"
+
+
+def listed(places: list[str]) -> str:
+    """'line 3, line 9, ... (and 12 more)': the first few places of a problem."""
+    more = f" (and {len(places) - MAX_LISTED} more)" if len(places) > MAX_LISTED else ""
+    return ", ".join(places[:MAX_LISTED]) + more
+
+
+def json_lines_rows(path: Path) -> list[int] | None:
+    """Line numbers of the objects in a JSON-lines file (None for a JSON array file).
+
+    datasets' own parser reports a malformed line as a pyarrow error without its number;
+    this pass names every bad line before anything is loaded.
+    """
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"data.source: {path}:{exc.lineno}: not valid JSON ({exc.msg}).") from None
+        if not all(isinstance(row, dict) for row in rows):
+            raise DataError(f"data.source: {path}: a JSON array of objects (one per sample) is expected.")
+        return None
+    lines, bad = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            bad.append(f"line {number} ({exc.msg})")
+            continue
+        if not isinstance(value, dict):
+            bad.append(f"line {number} (a JSON {type(value).__name__}, not an object)")
+            continue
+        lines.append(number)
+    if bad:
+        raise DataError(f"data.source: {path}: {len(bad)} of {len(bad) + len(lines)} lines are not JSON objects: "
+                        f"{listed(bad)}. Fix or remove them (one JSON object per line).")
+    return lines
+
+
+def load_split(source: str, split: str) -> Samples:
+    """The named split of a data source, after checking that a local JSON file parses."""
     import datasets
 
     loader, argument = resolve_source(source)
     try:
         if loader == "hub":
-            return datasets.load_dataset(argument, split=split)
-        return datasets.load_dataset(loader, data_files={split: argument}, split=split)
+            return Samples(datasets.load_dataset(argument, split=split))
+        lines = json_lines_rows(Path(argument)) if loader == "json" else None
+        if lines == []:
+            raise DataError(f"data.source: {source}: the file holds no samples.")
+        return Samples(datasets.load_dataset(loader, data_files={split: argument}, split=split), lines)
     except (FileNotFoundError, ConnectionError, ValueError) as exc:
         if loader == "hub":
             raise DataError(

@@ -56,6 +56,21 @@ def choose_attention(requested: str) -> tuple[str, str]:
     return "sdpa", f"{reason}; using sdpa"
 
 
+def choose_liger(requested: bool, model_type: str, on_gpu: bool) -> tuple[bool, str]:
+    """Whether the Trainer should patch in Liger's fused kernels, and why (logged either way)."""
+    if not requested:
+        return False, "off (memory.liger: false)"
+    if importlib.util.find_spec("liger_kernel") is None:
+        return False, "requested but liger-kernel is not installed (pip install 'tuner[liger]'); training without fused kernels"
+    if not on_gpu:
+        return False, "requested but Liger's Triton kernels need a GPU; training without fused kernels"
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        return False, f"requested but liger-kernel has no kernels for model type {model_type!r}; training without them"
+    return True, f"fused RMSNorm/SwiGLU/RoPE/linear-cross-entropy kernels for {model_type}"
+
+
 def load_tokenizer(recipe: Recipe, path: str | None = None):
     from transformers import AutoTokenizer
 
@@ -104,16 +119,26 @@ def load_model(recipe: Recipe, path: str | None = None, **kwargs):
         trust_remote_code=recipe.model.trust_remote_code,
     )
     try:
-        return AutoModelForCausalLM.from_pretrained(source, **{**arguments, **kwargs})
+        model = AutoModelForCausalLM.from_pretrained(source, **{**arguments, **kwargs})
     except OSError as exc:
         raise ModelLoadError(
             f"model.id: cannot load {recipe.model.id!r}: {exc}. Offline, a hub model loads only from the local "
             "cache; download it first or point model.id at a local directory."
         ) from None
+    keep_4bit_cpu_inference_generic(model)
+    return model
+
+
+def keep_4bit_cpu_inference_generic(model) -> None:
+    """bitsandbytes 0.50 repacks 4-bit weights for its AVX512-BF16 CPU kernel in eval mode and fails on shapes
+    it cannot block (the demo model's 344-wide MLP); the generic path, which training uses anyway, always works."""
+    for module in model.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
 
 
 def apply_lora(model, recipe: Recipe):
-    """Wrap the model with LoRA adapters (after k-bit preparation for qlora); log the trainable count."""
+    """Wrap the model with LoRA adapters, after k-bit preparation (casts, input grads) for qlora."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     if recipe.method.kind == "qlora":
@@ -128,10 +153,19 @@ def apply_lora(model, recipe: Recipe):
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=lora.target_modules,
+        modules_to_save=lora.modules_to_save or None,
         task_type="CAUSAL_LM",
     )
-    model = get_peft_model(model, config)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
-    log.info("trainable parameters: %d of %d (%.2f%%)", trainable, total, 100 * trainable / max(total, 1))
-    return model
+    return get_peft_model(model, config)
+
+
+def count_parameters(model) -> tuple[int, int]:
+    """(trainable, total) parameters; a packed 4-bit tensor holds two weights per stored byte, and a ZeRO-3
+    partitioned one keeps its full size in ``ds_numel``."""
+    trainable = total = 0
+    for parameter in model.parameters():
+        count = getattr(parameter, "ds_numel", parameter.numel())
+        count *= 2 if parameter.__class__.__name__ == "Params4bit" else 1
+        total += count
+        trainable += count if parameter.requires_grad else 0
+    return trainable, total

@@ -80,6 +80,11 @@ class LoraSection(Section):
         "all-linear",
         description="Module names to adapt (e.g. [q_proj, v_proj]) or all-linear for every linear layer but the output head.",
     )
+    modules_to_save: list[str] = Field(
+        default_factory=list,
+        description="Modules trained in full beside the adapters and saved with them (e.g. [norm] for the final norm, "
+        "[embed_tokens, lm_head] after adding tokens).",
+    )
 
 
 class QuantizationSection(Section):
@@ -182,7 +187,9 @@ class DataSection(Section):
     train_on_prompt: bool = Field(
         False, description="Also compute loss on prompt/user tokens; by default only completions are learned."
     )
-    packing: bool = Field(False, description="Concatenate short samples into full max_seq_length sequences.")
+    packing: bool = Field(
+        False, description="Concatenate each micro-batch's samples into one row without padding; attention stays within each sample."
+    )
     max_samples: int | None = Field(None, ge=1, description="Use at most this many samples (after shuffling with the seed).")
 
 

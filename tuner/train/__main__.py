@@ -1,12 +1,15 @@
-"""Training entrypoint: ``python -m tuner.train RUN_DIR/recipe.lock.yaml``, run on every rank by ``accelerate launch``.
+"""Training entrypoint: ``python -m tuner.train RUN_DIR/recipe.lock.yaml [--profile N]``, run on every rank
+by ``accelerate launch``.
 
-Shape: setup (recipe, model, data) -> train (transformers Trainer) -> save -> report.
+Shape: setup (recipe, resume check, data, model) -> train (transformers Trainer) -> save -> report.
 The run directory is the folder holding the lock file.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -17,12 +20,15 @@ from tuner.render.deepspeed_config import DEEPSPEED_CONFIG
 
 log = logging.getLogger("tuner")
 
-CHECKPOINTS_DIR = "checkpoints"
 FINAL_DIR = "final"
+MERGED_DIR = "merged"
+PROFILE_DIR = "profile"
 
 
 def training_arguments(recipe: Recipe, run_dir: Path):
     from transformers import TrainingArguments
+
+    from tuner.train.checkpoints import CHECKPOINTS_DIR
 
     mem, training = recipe.memory, recipe.training
     evaluate = recipe.data.eval_fraction > 0
@@ -48,10 +54,11 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         data_seed=training.seed,
         bf16=mem.mixed_precision == "bf16",
         fp16=mem.mixed_precision == "fp16",
-        gradient_checkpointing=mem.gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if mem.gradient_checkpointing else None,
+        activation_checkpointing=mem.gradient_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False} if mem.gradient_checkpointing else None,
         optim=mem.optimizer,
         torch_compile=mem.torch_compile,
+        include_num_input_tokens_seen="non_padding",
         use_cpu=not recipe.uses_gpu,
         deepspeed=str(run_dir / DEEPSPEED_CONFIG) if mem.distributed == "deepspeed" else None,
         report_to="none",
@@ -61,27 +68,63 @@ def training_arguments(recipe: Recipe, run_dir: Path):
     )
 
 
-def resume_checkpoint(recipe: Recipe, run_dir: Path) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
+def build_model(recipe: Recipe):
+    """The model to train: loaded, adapted for lora/qlora, its trainable share logged; and whether to use Liger."""
+    from tuner.loading.model import apply_lora, choose_liger, count_parameters, load_model
 
-    resume = recipe.training.resume
-    if resume == "never":
+    model = load_model(recipe)
+    model.config.use_cache = False  # no KV cache in training; packing's per-sample masks need it off too
+    liger, reason = choose_liger(recipe.memory.liger, model.config.model_type, recipe.uses_gpu)
+    log.info("liger kernels: %s", reason)
+    if recipe.method.kind in ("lora", "qlora"):
+        model = apply_lora(model, recipe)
+    trainable, total = count_parameters(model)
+    log.info("trainable parameters: %d of %d (%.2f%%)", trainable, total, 100 * trainable / max(total, 1))
+    return model, liger
+
+
+def planned_gib(recipe: Recipe) -> float | None:
+    """The planner's peak for the training device (a GPU, or the process's CPU RAM), or None where it cannot plan."""
+    try:
+        from tuner.planner import plan
+    except ImportError:
         return None
-    if resume == "auto":
-        directory = run_dir / CHECKPOINTS_DIR
-        return get_last_checkpoint(str(directory)) if directory.is_dir() else None
-    return resume
+    try:
+        return float(plan(recipe).devices[0].total_gib)
+    except Exception as exc:  # the run is done; a planner gap must not fail it
+        log.warning("the planner could not plan this recipe: %s", exc)
+        return None
 
 
-def train(recipe: Recipe, run_dir: Path) -> int:
-    from transformers import DataCollatorForSeq2Seq, Trainer
+def memory_report(recipe: Recipe, per_rank: dict[str, list[float]]) -> dict:
+    """Measured peak memory next to the plan's prediction, with the line printed at the end of a run."""
+    from tuner.train.callbacks import memory_fields
 
-    from tuner.loading.model import apply_lora, load_model, load_tokenizer
-    from tuner.train.callbacks import EventsCallback
-    from tuner.train.dataset import prepare_data
+    on_gpu = "peak_reserved_gib" in per_rank
+    measured = max(per_rank["peak_reserved_gib" if on_gpu else "peak_rss_gib"])
+    predicted = planned_gib(recipe)
+    where = "per GPU" if on_gpu else "of CPU RAM"
+    what = "peak reserved on the busiest GPU" if on_gpu else "peak RSS of the training process"
+    plan_part = f"plan predicted {predicted:.2f} GiB {where}" if predicted is not None else "no plan available"
+    return {"predicted_gib": predicted, "measured_gib": measured, "measured": what, **memory_fields(per_rank),
+            "line": f"{plan_part}, measured {measured:.2f} GiB ({what})"}
+
+
+def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
+    from transformers import Trainer
+
+    from tuner.fileio import atomic_write_text
+    from tuner.launch.argv import LOCK_FILE
+    from tuner.loading.model import load_tokenizer
+    from tuner.train.callbacks import EventsCallback, ProfilerCallback, memory_per_rank
+    from tuner.train.checkpoints import CheckpointInfoCallback, resume_checkpoint
+    from tuner.train.dataset import data_collator, prepare_data
     from tuner.train.rank_trace import RankTrace, tracing_ranks
 
     events = run_dir / EVENTS_FILE
+    lock_text = (run_dir / LOCK_FILE).read_text(encoding="utf-8")
+    # everything a user can fix is checked before the model is built: resume settings, then the data
+    resume = resume_checkpoint(recipe, run_dir, int(os.environ.get("WORLD_SIZE", 1)))
     # before the model: under ZeRO-3 the arguments' DeepSpeed config makes from_pretrained shard while loading
     args = training_arguments(recipe, run_dir)
     if recipe.memory.distributed == "deepspeed" and not recipe.uses_gpu:
@@ -90,13 +133,13 @@ def train(recipe: Recipe, run_dir: Path) -> int:
 
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     tokenizer = load_tokenizer(recipe)
-    model = load_model(recipe)
-    if recipe.method.kind in ("lora", "qlora"):
-        model = apply_lora(model, recipe)
     data = prepare_data(recipe, tokenizer)
-    tokens_per_step = recipe.memory.micro_batch_size * recipe.memory.gradient_accumulation_steps * recipe.memory.max_seq_length
-    collator = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
+    model, args.use_liger_kernel = build_model(recipe)  # the Trainer patches the kernels in when it starts
+    collator = data_collator(recipe, tokenizer)
     trace = RankTrace(events, collator) if tracing_ranks() else None
+    callbacks = [CheckpointInfoCallback(recipe, lock_text), EventsCallback(events), *([trace] if trace else [])]
+    if profile_steps:
+        callbacks.append(ProfilerCallback(run_dir / PROFILE_DIR, profile_steps))
     trainer = Trainer(
         model=model,
         args=args,
@@ -104,34 +147,59 @@ def train(recipe: Recipe, run_dir: Path) -> int:
         eval_dataset=data.eval,
         data_collator=trace.collate if trace else collator,
         processing_class=tokenizer,
-        callbacks=[EventsCallback(events, tokens_per_step), *([trace] if trace else [])],
+        callbacks=callbacks,
     )
-    result = trainer.train(resume_from_checkpoint=resume_checkpoint(recipe, run_dir))
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     final = run_dir / FINAL_DIR
+    trainer.model.config.use_cache = True  # saved for inference
     trainer.save_model(str(final))
     metrics = dict(result.metrics)
-    if data.eval is not None:
-        metrics.update(trainer.evaluate())  # every rank: evaluation is a collective
-    if trainer.is_world_process_zero():
-        tokenizer.save_pretrained(str(final))
-        (final / "recipe.lock.yaml").write_text((run_dir / "recipe.lock.yaml").read_text())
-        write_event(events, "finished", step=trainer.state.global_step, final_dir=str(final),
-                    **{k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+    last_eval = next((entry for entry in reversed(trainer.state.log_history) if "eval_loss" in entry), None)
+    if data.eval is not None and (last_eval is None or last_eval.get("step") != trainer.state.global_step):
+        last_eval = trainer.evaluate()  # every rank: evaluation is a collective
+    metrics.update({key: value for key, value in (last_eval or {}).items() if key.startswith("eval_")})
+    report = memory_report(recipe, memory_per_rank())
+    if not trainer.is_world_process_zero():
+        return 0
+    atomic_write_text(final / LOCK_FILE, lock_text)
+    merged = None
+    if recipe.method.kind != "full" and recipe.output.save in ("merged", "full"):
+        from tuner.loading.merge import merge_adapter
+
+        merged = merge_adapter(recipe, final, run_dir / MERGED_DIR, force=True)
+    atomic_write_text(run_dir / "memory.json", json.dumps(report, indent=2) + "\n")
+    log.info("%s", report["line"])
+    write_event(events, "memory", **report)
+    write_event(events, "finished", step=trainer.state.global_step, final_dir=str(final),
+                merged_dir=str(merged) if merged else None, truncated=data.truncated, dropped=data.dropped,
+                **{k: v for k, v in metrics.items() if isinstance(v, (int, float))})
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tuner.train", description=__doc__)
+    from tuner.data.sources import DataError
+    from tuner.loading.model import ModelLoadError
+
+    parser = argparse.ArgumentParser(prog="python -m tuner.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("lock", help="the run directory's recipe.lock.yaml")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="record a torch profiler trace (and a CUDA memory snapshot on GPU) of the first N steps "
+                             f"in <run dir>/{PROFILE_DIR}/")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[tuner] %(message)s")
     lock = Path(args.lock)
+    events = lock.parent / EVENTS_FILE
     try:
         recipe = load_recipe(lock)
-    except RecipeError as exc:
+        return train(recipe, lock.parent, args.profile)
+    except (RecipeError, DataError, ModelLoadError) as exc:
+        write_event(events, "error", message=str(exc), rank=int(os.environ.get("RANK", 0)))
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return train(recipe, lock.parent)
+    except Exception as exc:
+        write_event(events, "error", message=f"{type(exc).__name__}: {exc}", rank=int(os.environ.get("RANK", 0)))
+        raise
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
-"""Turn a recipe's data section into tokenised, loss-masked train and eval datasets."""
+"""Turn a recipe's data section into tokenised, loss-masked train and eval datasets.
+
+Every problem a user can fix in the data (bad rows, missing columns, nothing left after
+truncation or masking) is raised as a DataError here, before the model is built or trained.
+"""
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 
-from tuner.data.formats import detect_format, sample_segments, tokenize_segments
-from tuner.data.sources import DataError, load_split
+from tuner.data.formats import (FORMAT_COLUMNS, IGNORE_INDEX, detect_format, sample_problem, sample_segments,
+                                tokenize_segments)
+from tuner.data.sources import DataError, Samples, listed, load_split
 from tuner.recipe.schema import Recipe
 
 log = logging.getLogger("tuner")
@@ -16,21 +21,45 @@ class PreparedData:
     train: object  # datasets.Dataset with input_ids / labels
     eval: object | None
     data_format: str
-    truncated: int
+    truncated: int  # training samples cut to max_seq_length
+    dropped: int  # training samples left with no token to learn from
     raw_eval: object | None  # untokenised held-out samples, for generation checks
 
 
-def split_samples(recipe: Recipe):
-    """The raw samples, shuffled with the seed and split into (train, eval or None), plus the format."""
-    dataset = load_split(recipe.data.source, recipe.data.split)
-    if len(dataset) == 0:
-        raise DataError(f"data.source: {recipe.data.source}: the dataset is empty.")
-    data_format = recipe.data.format
-    if data_format == "auto":
+def resolve_format(requested: str, columns: list[str]) -> str:
+    """The layout to read the samples in: the recipe's, checked against the columns, or detected from them."""
+    if requested == "auto":
         try:
-            data_format = detect_format(dataset.column_names)
+            return detect_format(columns)
         except ValueError as exc:
             raise DataError(f"data.format: {exc}") from None
+    missing = FORMAT_COLUMNS[requested] - set(columns)
+    if missing:
+        raise DataError(f"data.format: {requested} needs the column(s) {sorted(missing)}, but the data has {sorted(columns)}; "
+                        "rename the columns, or set data.format to match the data (or auto).")
+    return requested
+
+
+def check_samples(samples: Samples, data_format: str) -> None:
+    """Refuse the data when any row does not fit the layout, naming the first few rows (file lines for JSONL)."""
+    dataset = samples.dataset
+    used = sorted((FORMAT_COLUMNS[data_format] | {"input"}) & set(dataset.column_names))
+    bad = [f"{samples.where(index)}: {problem}"
+           for index, sample in enumerate(dataset.select_columns(used))
+           if (problem := sample_problem(sample, data_format))]
+    if bad:
+        raise DataError(f"data.source: {len(bad)} of {len(dataset)} samples cannot be read as {data_format} samples: "
+                        f"{listed(bad)}. Fix or remove them, or set data.format.")
+
+
+def split_samples(recipe: Recipe):
+    """The raw samples, checked, shuffled with the seed and split into (train, eval or None), plus the format."""
+    samples = load_split(recipe.data.source, recipe.data.split)
+    dataset = samples.dataset
+    if len(dataset) == 0:
+        raise DataError(f"data.source: {recipe.data.source}: the dataset is empty.")
+    data_format = resolve_format(recipe.data.format, dataset.column_names)
+    check_samples(samples, data_format)
     dataset = dataset.shuffle(seed=recipe.training.seed)
     if recipe.data.max_samples:
         dataset = dataset.select(range(min(recipe.data.max_samples, len(dataset))))
@@ -42,22 +71,57 @@ def split_samples(recipe: Recipe):
     return dataset.select(range(n_eval, len(dataset))), dataset.select(range(n_eval)), data_format
 
 
+def encode_sample(sample: dict, data_format: str, tokenizer, recipe: Recipe) -> dict:
+    """input_ids, labels (-100 where no loss is taken) and whether the sample was truncated."""
+    try:
+        segments = sample_segments(sample, data_format, tokenizer)
+    except ValueError as exc:
+        raise DataError(f"data.format: {exc}") from None
+    return tokenize_segments(segments, tokenizer, recipe.memory.max_seq_length, recipe.data.train_on_prompt)
+
+
+def tokenise(raw, recipe: Recipe, tokenizer, data_format: str, what: str):
+    """(dataset, truncated count, dropped count): samples with nothing left to learn from are dropped."""
+    max_length = recipe.memory.max_seq_length
+    encoded = raw.map(lambda sample: encode_sample(sample, data_format, tokenizer, recipe),
+                      remove_columns=raw.column_names, desc=f"tokenising {what}")
+    total = len(encoded)
+    truncated = sum(encoded["truncated"])
+    if truncated == total:
+        raise DataError(f"memory.max_seq_length: all {total} {what} samples are longer than {max_length} tokens; "
+                        "raise max_seq_length (the planner shows what it costs) or shorten the samples.")
+    keep = [index for index, labels in enumerate(encoded["labels"]) if any(label != IGNORE_INDEX for label in labels)]
+    if not keep:
+        raise DataError(f"data: none of the {total} {what} samples has a token to learn from after loss masking and "
+                        f"truncation to {max_length} tokens; check the format, raise max_seq_length, "
+                        "or set data.train_on_prompt: true.")
+    dropped = total - len(keep)
+    if truncated:
+        log.warning("%d of %d %s samples were longer than max_seq_length=%d and were truncated",
+                    truncated, total, what, max_length)
+    if dropped:
+        log.warning("%d of %d %s samples had no token to learn from after masking/truncation and were dropped",
+                    dropped, total, what)
+        encoded = encoded.select(keep)
+    return encoded.remove_columns("truncated"), truncated, dropped
+
+
 def prepare_data(recipe: Recipe, tokenizer) -> PreparedData:
     train_raw, eval_raw, data_format = split_samples(recipe)
-    max_length = recipe.memory.max_seq_length
+    log.info("data: %d training and %d held-out %s samples", len(train_raw), len(eval_raw) if eval_raw else 0, data_format)
+    train, truncated, dropped = tokenise(train_raw, recipe, tokenizer, data_format, "training")
+    evaluation = tokenise(eval_raw, recipe, tokenizer, data_format, "held-out")[0] if eval_raw is not None else None
+    return PreparedData(train, evaluation, data_format, truncated, dropped, eval_raw)
 
-    def encode(sample):
-        segments = sample_segments(sample, data_format, tokenizer)
-        return tokenize_segments(segments, tokenizer, max_length, recipe.data.train_on_prompt)
 
-    columns = train_raw.column_names
-    train = train_raw.map(encode, remove_columns=columns, desc="tokenising")
-    truncated = sum(train["truncated"])
-    if truncated:
-        log.warning("%d of %d training samples were longer than max_seq_length=%d and were truncated",
-                    truncated, len(train), max_length)
-    train = train.remove_columns("truncated")
-    evaluation = None
-    if eval_raw is not None:
-        evaluation = eval_raw.map(encode, remove_columns=columns, desc="tokenising eval").remove_columns("truncated")
-    return PreparedData(train, evaluation, data_format, truncated, eval_raw)
+def data_collator(recipe: Recipe, tokenizer):
+    """Pad each micro-batch, or with packing concatenate it into one row without padding.
+
+    Packing uses transformers' DataCollatorWithFlattening: position_ids restart at every sample and the
+    model's mask keeps attention within each sample (the model must run with use_cache=False).
+    """
+    from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening
+
+    if recipe.data.packing:
+        return DataCollatorWithFlattening()
+    return DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=IGNORE_INDEX)

@@ -1,0 +1,39 @@
+"""``tuner data preview RECIPE [--set k=v] [-n N]``: show formatted, tokenised samples with the masked part marked."""
+from __future__ import annotations
+
+from tuner.commands._recipe_args import add_recipe_arguments, recipe_from_args
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("data", help="inspect a recipe's training data")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    preview = actions.add_parser("preview", help="print a few samples as the model is trained on them: "
+                                                 "learned tokens bold, masked (no loss) tokens dim")
+    add_recipe_arguments(preview)
+    preview.add_argument("-n", "--count", type=int, default=3, help="how many samples (default 3)")
+    preview.set_defaults(run=run_preview)
+
+
+def run_preview(args) -> int:
+    from rich.console import Console
+    from rich.text import Text
+
+    from tuner.train.preview import preview_examples
+
+    recipe = recipe_from_args(args)
+    data_format, examples = preview_examples(recipe, max(args.count, 1))
+    console = Console(highlight=False)
+    plain = not console.is_terminal  # no styles in a pipe or a log: masked text goes between « »
+    legend = "masked text between « »" if plain else "[bold]bold[/] = learned, [dim]dim[/] = masked"
+    masking = "loss on every token" if recipe.data.train_on_prompt or data_format == "text" else "loss on completions only"
+    console.print(f"format: {data_format} ({masking}; {legend}), max_seq_length {recipe.memory.max_seq_length}")
+    for index, example in enumerate(examples, 1):
+        cut = ", truncated" if example.truncated else ""
+        console.rule(f"sample {index}: {example.tokens} tokens, {example.trainable_tokens} learned{cut}")
+        text = Text()
+        for segment, trainable in example.segments:
+            if plain and not trainable:
+                segment = f"«{segment}»"
+            text.append(segment, style="bold" if trainable else "dim")
+        console.print(text)
+    return 0
