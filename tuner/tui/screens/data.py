@@ -15,7 +15,8 @@ from tuner.tui.widgets.fields import ChoiceField, InputField, ToggleField, value
 
 MASKED_STYLE = "#8a8a8a on #303030"
 LEARNED_STYLE = "bold #87d787"
-PREVIEW_KEYS = ("data.source", "data.split", "data.format", "data.train_on_prompt", "model.id")
+PREVIEW_KEYS = ("data.source", "data.split", "data.format", "data.train_on_prompt", "data.max_samples",
+                "training.seed", "memory.max_seq_length", "model.id")
 
 
 @dataclass
@@ -28,10 +29,10 @@ class PreviewLoaded(Message):
     error: str | None = None
 
 
-def preview_text(segments: list[tuple[str, bool]], train_on_prompt: bool) -> Text:
+def preview_text(segments: list[tuple[str, bool]]) -> Text:
     text = Text()
     for part, trainable in segments:
-        text.append(part, LEARNED_STYLE if trainable or train_on_prompt else MASKED_STYLE)
+        text.append(part, LEARNED_STYLE if trainable else MASKED_STYLE)
     return text
 
 
@@ -73,22 +74,19 @@ class DataScreen(WizardScreen):
 
     @work(thread=True, exclusive=True)
     def load_preview(self, key: tuple, recipe) -> None:
-        """Load one sample and the tokenizer off the UI thread (datasets and transformers are heavy)."""
-        from tuner.data.formats import detect_format, sample_segments
-        from tuner.data.sources import DataError, load_split
-        from tuner.loading.model import ModelLoadError, load_tokenizer
+        """The first training example exactly as the trainer tokenises and masks it (datasets and
+        transformers are heavy: off the UI thread)."""
+        from tuner.train.preview import preview_examples
 
         try:
-            dataset = load_split(recipe.data.source, recipe.data.split)
-            data_format = recipe.data.format
-            if data_format == "auto":
-                data_format = detect_format(dataset.column_names)
-            tokenizer = load_tokenizer(recipe)
-            segments = sample_segments(dataset[0], data_format, tokenizer)
-        except (DataError, ModelLoadError, ValueError, KeyError, OSError) as exc:
-            self.post_message(PreviewLoaded(key, error=str(exc)))
+            data_format, examples = preview_examples(recipe, count=1)
+        except Exception as exc:  # any data or tokenizer problem is shown in place of the example
+            self.post_message(PreviewLoaded(key, error=str(exc) or type(exc).__name__))
             return
-        self.post_message(PreviewLoaded(key, data_format, segments))
+        if not examples:
+            self.post_message(PreviewLoaded(key, error="the training split is empty"))
+            return
+        self.post_message(PreviewLoaded(key, data_format, examples[0].segments))
 
     def on_preview_loaded(self, message: PreviewLoaded) -> None:
         if message.key != self.preview_key:
@@ -99,5 +97,5 @@ class DataScreen(WizardScreen):
             self.query_one("#preview-format", Static).update("")
             return
         self.query_one("#preview-format", Static).update(f"format: {message.data_format}")
-        self.preview = preview_text(message.segments, self.app.draft.value("data.train_on_prompt"))
+        self.preview = preview_text(message.segments)
         preview.update(self.preview)
