@@ -47,6 +47,9 @@ def test_run_watch_keeps_the_latest_state_and_ignores_an_earlier_run(tmp_path):
     ], ["a log line"])
     assert (watch.step, watch.max_steps, watch.losses) == (2, 4, [2.0, 1.5])
     assert watch.memory_gib == {"rss": 0.5} and watch.tokens_per_s == 10.0 and list(watch.log) == ["a log line"]
+    watch.absorb([{"event": "step", "step": 3, "max_steps": 4, "peak_allocated_gib": 9.5,
+                   "peak_allocated_gib_per_rank": [9.1, 9.5], "time": 104.0}])
+    assert watch.memory_gib["allocated"] == 9.5 and watch.memory_per_rank == {"allocated": [9.1, 9.5]}
     watch.finish(0)
     assert watch.status == "finished" and watch.step == 4
 

@@ -25,7 +25,8 @@ class RunWatch:
     eval_losses: list[float] = field(default_factory=list)
     tokens_per_s: float | None = None
     eta_s: float | None = None
-    memory_gib: dict[str, float] = field(default_factory=dict)
+    memory_gib: dict[str, float] = field(default_factory=dict)  # peak over ranks, e.g. {"allocated": 12.1}
+    memory_per_rank: dict[str, list[float]] = field(default_factory=dict)  # with several ranks
     final_dir: str | None = None
     error: str | None = None
     cancelled: bool = False
@@ -66,6 +67,8 @@ class RunWatch:
             for key, value in event.items():
                 if key.startswith("peak_") and key.endswith("_gib"):
                     self.memory_gib[key.removeprefix("peak_").removesuffix("_gib")] = float(value)
+                elif key.startswith("peak_") and key.endswith("_gib_per_rank"):
+                    self.memory_per_rank[key.removeprefix("peak_").removesuffix("_gib_per_rank")] = list(value)
 
     def finish(self, exit_code: int) -> None:
         self.exit_code = exit_code

@@ -18,14 +18,20 @@ from tuner.tui.screens.confirm import ConfirmScreen
 
 
 def _memory_line(watch: RunWatch) -> str:
+    """Measured peak memory (the highest rank, and every rank when there are several) beside the plan."""
     if not watch.memory_gib:
         return "memory: not measured yet"
-    measured = ", ".join(f"{name.replace('_', ' ')} {gib:.2f} GiB" for name, gib in watch.memory_gib.items())
+    parts = []
+    for name, peak in watch.memory_gib.items():
+        ranks = watch.memory_per_rank.get(name)
+        each = f" (ranks: {' / '.join(f'{value:.2f}' for value in ranks)})" if ranks else ""
+        parts.append(f"{name.replace('_', ' ')} {peak:.2f} GiB{each}")
     planned = ""
     if watch.plan is not None and getattr(watch.plan, "devices", None):
         device = watch.plan.devices[0]
-        planned = f"  (plan: {device.total_gib:.2f} of {device.capacity_gib:.2f} GiB per device)"
-    return f"memory (rank 0): {measured}{planned}"
+        capacity = f" of {device.capacity_gib:.2f}" if device.capacity_gib is not None else ""
+        planned = f"  ·  plan: {device.total_gib:.2f}{capacity} GiB per device"
+    return f"peak memory: {', '.join(parts)}{planned}"
 
 
 def status_line(watch: RunWatch) -> str:
