@@ -14,7 +14,7 @@ from textual.binding import Binding
 
 from tuner.recipe.io import RecipeError
 from tuner.tui.draft import Draft
-from tuner.tui.messages import DraftChanged, FieldEdited, PlanUpdated, RunEventsArrived, RunFinished
+from tuner.tui.messages import FieldEdited, PlanUpdated, RunEventsArrived, RunFinished
 from tuner.tui.planning import CannotPlan, Planner
 from tuner.tui.run_watch import RunWatch
 from tuner.tui.screens.chat import ChatScreen
@@ -129,7 +129,6 @@ class TunerApp(App[int]):
         sync = getattr(self.screen, "sync", None)
         if sync:
             sync()
-        self.screen.post_message(DraftChanged())
 
     def replan(self) -> None:
         start = time.perf_counter()

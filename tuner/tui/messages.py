@@ -17,11 +17,6 @@ class FieldEdited(Message):
 
 
 @dataclass
-class DraftChanged(Message):
-    """The draft took new values (from a field, Auto-fit or an opened file)."""
-
-
-@dataclass
 class PlanUpdated(Message):
     """A memory plan was computed for the current draft (None: planner unavailable or recipe invalid)."""
 

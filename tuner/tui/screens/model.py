@@ -25,7 +25,7 @@ class ModelScreen(WizardScreen):
                 yield OptionList(id="model-list")
                 yield InputField("Model", "model.id", placeholder="hub org/name, local directory or builtin:demo",
                                  help="What to fine-tune; the list above fills this in. Enter applies a typed id.",
-                                 on_submit=True)
+                                 apply_on_enter=True)
             with Vertical(id="model-facts", classes="side"):
                 yield Label("Architecture", classes="section-title")
                 yield Static("", id="facts")

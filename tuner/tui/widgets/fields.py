@@ -7,7 +7,7 @@ in a fixed line below the form, so focus never shifts the layout under the mouse
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -120,6 +120,10 @@ def _parse_number(text: str) -> Any:
     return text  # validation names the field and what it should be
 
 
+def _parse_text(text: str) -> str | None:
+    return text.strip() or None
+
+
 def _show(value: Any) -> str:
     return "" if value is None else str(value)
 
@@ -128,15 +132,15 @@ class InputField(Horizontal):
     """A labelled text or number input for one field; empty means the default (or none)."""
 
     def __init__(self, label: str, field: str, *, number: bool = False, placeholder: str = "", help: str = "",
-                 parse: Callable[[str], Any] | None = None, on_submit: bool = False):
+                 apply_on_enter: bool = False):
         super().__init__(id=field.replace(".", "-"), classes="field input")
         self.label = label
         self.field = field
         self.placeholder = placeholder
         self.help = help
-        self.parse = parse or (_parse_number if number else (lambda text: text.strip() or None))
+        self.parse = _parse_number if number else _parse_text
         self.typing = False  # the user edited the box since it took focus
-        self.on_submit = on_submit  # apply on enter or leaving the box, not per keystroke (costly lookups)
+        self.apply_on_enter = apply_on_enter  # apply on enter or leaving the box, not per keystroke (costly lookups)
 
     def compose(self) -> ComposeResult:
         yield Label(self.label, classes="field-label")
@@ -154,7 +158,7 @@ class InputField(Horizontal):
     def on_input_changed(self, event: Input.Changed) -> None:
         event.stop()
         self.typing = True
-        if not self.on_submit:
+        if not self.apply_on_enter:
             self.post_message(FieldEdited({self.field: self.parse(event.value)}))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
@@ -162,6 +166,6 @@ class InputField(Horizontal):
         self.post_message(FieldEdited({self.field: self.parse(event.value)}))
 
     def on_descendant_blur(self) -> None:
-        if self.on_submit and self.typing:
+        if self.apply_on_enter and self.typing:
             self.post_message(FieldEdited({self.field: self.parse(self.query_one(Input).value)}))
         self.typing = False
