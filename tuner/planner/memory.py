@@ -30,9 +30,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 NF4_DOUBLE_QUANT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # 4 bits + 8-bit absmax per 64 + fp32 absmax per 256 blocks = 4.127 bits
 NF4_BYTES = 0.5 + 4 / 64  # 4 bits + fp32 absmax per 64-value block = 4.5 bits
 ADAM8BIT_BYTES = 2 + 2 * 4 / 256  # two 1-byte moments + an fp32 absmax per 256-value block each
-CUDA_CONTEXT_GIB = 0.6  # CUDA context, cuBLAS/cuDNN handles and workspaces of one process
+CUDA_CONTEXT_GIB = 0.75  # CUDA context, cuBLAS/cuDNN handles and workspaces of one process (measured on an H200)
 NCCL_GIB = 0.5  # NCCL communicator buffers when several GPUs talk
-ALLOCATOR_SLACK = 0.05  # PyTorch caching allocator: fragmentation and rounding, share of the tensors
+ALLOCATOR_ROUNDING = 0.02  # caching allocator: rounding, small-block pools, split remainders (share of tensors)
 CPU_PROCESS_GIB = 1.0  # a Python process with torch and transformers imported, before any tensor
 
 
@@ -454,9 +454,26 @@ def _overhead_items(s: _Setup, tensors: float) -> list[Item]:
     items = [Item("CUDA context and library workspaces", "overhead", CUDA_CONTEXT_GIB * GIB, source="measured")]
     if s.world > 1:
         items.append(Item("NCCL communicator buffers", "overhead", NCCL_GIB * GIB, source="nccl"))
-    items.append(Item(f"caching-allocator slack ({ALLOCATOR_SLACK:.0%} of tensors)", "overhead",
-                      ALLOCATOR_SLACK * tensors, source="allocator"))
-    return items
+    return items + _allocator_items(s, tensors)
+
+
+def _allocator_items(s: _Setup, tensors: float) -> list[Item]:
+    """What PyTorch's caching allocator reserves beyond the live tensors (max_memory_reserved - allocated).
+
+    The loss path allocates T x V buffers of two sizes (16-bit logits and their gradient, fp32 upcast,
+    log-softmax and its gradients); a freed fp32 block split by a 16-bit request cannot take the next fp32
+    one, so a whole fp32 logits segment stays cached through the forward/backward.  When the peak is the
+    optimizer step, the gradients, AdamW states and foreach temporaries (parameter-shaped) fill the
+    segments the loss buffers left only in part: all of them count.  Measured on an H200 (docs/memory.md).
+    """
+    logits = s.batch * s.seq * s.facts.vocab_size
+    return [
+        Item(f"caching-allocator rounding and split blocks ({ALLOCATOR_ROUNDING:.0%} of tensors)", "overhead",
+             ALLOCATOR_ROUNDING * tensors, source="allocator"),
+        Item("cached fp32 logits segment (s x b x V)", "overhead", 4 * logits, BACKWARD, source="allocator"),
+        Item("cached segments of the loss buffers, partly refilled by the step", "overhead", 12 * logits, STEP,
+             source="allocator"),
+    ]
 
 
 def _capacity(recipe) -> tuple[float | None, str]:

@@ -25,6 +25,16 @@ MERGED_DIR = "merged"
 PROFILE_DIR = "profile"
 
 
+def checkpointing_arguments(arguments_class, enabled: bool) -> dict:
+    """Non-reentrant activation checkpointing under the option's name in this transformers release
+    (``activation_checkpointing`` from 5.24, ``gradient_checkpointing`` before)."""
+    import dataclasses
+
+    names = {field.name for field in dataclasses.fields(arguments_class)}
+    name = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+    return {name: enabled, f"{name}_kwargs": {"use_reentrant": False} if enabled else None}
+
+
 def training_arguments(recipe: Recipe, run_dir: Path):
     from transformers import TrainingArguments
 
@@ -54,8 +64,7 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         data_seed=training.seed,
         bf16=mem.mixed_precision == "bf16",
         fp16=mem.mixed_precision == "fp16",
-        activation_checkpointing=mem.gradient_checkpointing,
-        activation_checkpointing_kwargs={"use_reentrant": False} if mem.gradient_checkpointing else None,
+        **checkpointing_arguments(TrainingArguments, mem.gradient_checkpointing),
         optim=mem.optimizer,
         torch_compile=mem.torch_compile,
         include_num_input_tokens_seen="non_padding",
