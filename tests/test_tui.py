@@ -1,0 +1,378 @@
+"""Pilot tests: the wizard driven by keys as a person would, asserting on its draft, messages and screens."""
+from __future__ import annotations
+
+import pytest
+from textual.widgets import Input, OptionList, ProgressBar, Sparkline, Static
+
+from conftest import run_tuner
+from tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, pilot_test, read_files, wait_until
+from tuner.recipe.io import load_recipe
+from tuner.tui.draft import Draft
+from tuner.tui.messages import PlanUpdated
+from tuner.tui.screens.confirm import ConfirmScreen
+from tuner.tui.screens.data import LEARNED_STYLE, MASKED_STYLE
+from tuner.tui.screens.help import HelpScreen
+from tuner.tui.widgets.fields import ChoiceField, ToggleField
+from tuner.tui.widgets.plan_bar import PlanPanel
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    """Each test works in an empty directory (runs/ and saved recipes land there) with a steady cursor."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
+    return tmp_path
+
+
+@pilot_test
+async def test_wizard_end_to_end_saves_what_review_showed(in_tmp, demo_model_path):
+    app = make_app()
+    messages = []
+    async with app.run_test(size=SIZE, message_hook=messages.append) as pilot:
+        await pilot.press("enter")  # Start: "New recipe"
+        assert app.current_mode == "model"
+        await pilot.press("enter")  # the first catalog entry: the demo model
+        assert app.draft.value("model.id") == "builtin:demo"
+
+        await pilot.press("ctrl+n")  # Hardware: nothing detected, the CPU topology by default
+        assert app.current_mode == "hardware"
+        assert app.draft.value("hardware.gpus_per_machine") == 0
+
+        await pilot.press("ctrl+n")  # Method: LoRA
+        assert app.current_mode == "method"
+        assert app.focused is app.screen.query_one("#method-kind", ChoiceField).radio_set
+        await pilot.press("right", "enter")  # Full -> LoRA
+        await pilot.pause()
+        assert app.draft.value("method.kind") == "lora"
+        if app.planner.available:
+            await pilot.press("f")  # Auto-fit
+            await app.workers.wait_for_complete()
+            await pilot.pause()
+            assert str(app.plan.verdict) != "does not fit"
+        else:
+            assert "planner unavailable" in app.screen.query_one(PlanPanel).status
+        assert any(isinstance(message, PlanUpdated) for message in messages)
+
+        for _ in range(3):  # Data, Training, Review
+            await pilot.press("ctrl+n")
+        assert app.current_mode == "review"
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        shown = dict(app.screen.files)
+        assert set(shown) == {"recipe.lock.yaml", "accelerate.yaml", "launch.sh"}
+        box = app.screen.query_one("#save-path", Input)
+        box.value = "saved.yaml"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+
+    saved = in_tmp / "saved.yaml"
+    assert load_recipe(saved).method.kind == "lora"
+    result = run_tuner("render", str(saved), cwd=in_tmp)
+    assert result.returncode == 0, result.stderr
+    assert read_files(in_tmp / load_recipe(saved).output.dir) == shown
+
+
+@pilot_test
+async def test_incompatible_choices_are_disabled_with_the_reason():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("method")
+        await pilot.pause()
+        distribution = app.screen.query_one("#distribution", ChoiceField)
+        fsdp = distribution.button("FSDP")
+        assert fsdp.disabled and "FSDP needs GPUs" in str(fsdp.tooltip)
+        flash = app.screen.query_one("#attention", ChoiceField).button("flash")
+        assert flash.disabled and "flash attention needs a CUDA GPU" in str(flash.tooltip)
+        offload = app.screen.query_one("#offload-optimizer", ChoiceField)
+        assert offload.button("cpu").disabled
+        assert "offload needs ZeRO or FSDP" in str(offload.button("cpu").tooltip)
+
+        why = app.screen.query_one("#why", Static)
+        distribution.radio_set.focus()  # the focused field's reasons show below the form, for keyboard users
+        await pilot.pause()
+        assert "FSDP: memory.distributed: FSDP needs GPUs" in str(why.render())
+        app.screen.query_one("#memory-micro_batch_size-input", Input).focus()
+        await pilot.pause()
+        assert str(why.render()) == ""
+        distribution.radio_set.focus()
+        await pilot.pause()
+
+        await pilot.press("right", "right", "right", "enter")  # Single -> DDP -> ZeRO-1 -> ZeRO-2: offload allowed
+        await pilot.pause()
+        assert app.draft.value("memory.zero_stage") == 2
+        assert not offload.button("cpu").disabled
+        assert app.draft.valid
+
+
+@pilot_test
+async def test_invalid_input_is_reported_next_to_the_form_and_not_planned():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("method")
+        await pilot.pause()
+        box = app.screen.query_one("#memory-micro_batch_size-input", Input)
+        box.focus()
+        box.value = ""
+        await pilot.press("0")
+        await pilot.pause()
+        errors = app.screen.query_one("#errors", Static)
+        assert errors.display and "memory.micro_batch_size" in str(errors.render())
+        assert app.plan is None and "errors" in app.plan_status
+        await pilot.press("backspace", "4")
+        await pilot.pause()
+        assert app.draft.valid and app.draft.value("memory.micro_batch_size") == 4
+        assert not errors.display
+
+
+@pilot_test
+async def test_plan_bar_changes_when_checkpointing_is_toggled():
+    pytest.importorskip("tuner.planner")
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("method")
+        await pilot.pause()
+        panel = app.screen.query_one(PlanPanel)
+        before = panel.plan.devices[0].terms["activations"]
+        bar_before = str(panel.render())
+        app.screen.query_one(ToggleField).checkbox.focus()
+        await pilot.press("space")
+        await pilot.pause()
+        assert app.draft.value("memory.gradient_checkpointing") is True
+        assert panel.plan.devices[0].terms["activations"] < before
+        assert str(panel.render()) != bar_before
+
+
+@pilot_test
+async def test_autofit_makes_a_recipe_fit_and_lists_the_alternatives():
+    pytest.importorskip("tuner.planner")
+    draft = Draft({"model": {"id": "meta-llama/Llama-3.1-8B"},
+                   "hardware": {"gpus_per_machine": 1, "gpu": "RTX4090", "host_ram_gb": 256}})
+    app = make_app(draft)
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("method")
+        await pilot.pause()
+        assert app.plan.verdict == "does not fit"
+        assert "does not fit" in str(app.screen.query_one(PlanPanel).render())
+        await pilot.press("f")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.plan.fits and app.draft.value("memory.distributed") == "deepspeed"
+        alternatives = app.screen.query_one("#alternatives", OptionList)
+        assert alternatives.display and alternatives.option_count >= 2
+        assert "GiB of 24.0 GiB" in str(alternatives.get_option_at_index(0).prompt)
+        alternatives.focus()
+        alternatives.highlighted = 1
+        await pilot.press("enter")  # take the second proposal instead
+        await pilot.pause()
+        assert app.draft.recipe == app.screen.proposals[1].recipe
+
+
+@pilot_test
+async def test_data_preview_shades_the_prompt(demo_model_path):
+    app = make_app(demo_draft())
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("data")
+        await pilot.pause()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        preview = app.screen.preview
+        prompt, completion = preview.plain.split("=")
+        assert prompt.startswith("reverse\n") and completion.endswith("</s>")
+        assert [(preview.plain[span.start:span.end], span.style) for span in preview.spans] == [
+            (prompt + "=", MASKED_STYLE), (completion, LEARNED_STYLE)]
+        assert completion.removesuffix("</s>") == prompt.removeprefix("reverse\n")[::-1]
+
+
+@pilot_test
+async def test_saving_over_a_file_asks_first(in_tmp):
+    target = in_tmp / "mine.yaml"
+    target.write_text("# my notes\n")
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("review")
+        await pilot.pause()
+        app.screen.query_one("#save-path", Input).value = str(target)
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        await pilot.pause()
+        assert target.read_text() == "# my notes\n"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        await pilot.press("y")
+        await pilot.pause()
+    assert load_recipe(target).name == "run"
+
+
+@pilot_test
+async def test_help_and_navigation_keys():
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert app.current_mode == "start" and not isinstance(app.screen, HelpScreen)
+        await pilot.press("ctrl+n")
+        assert app.current_mode == "model"
+        await pilot.press("ctrl+n", "ctrl+n")
+        assert app.current_mode == "method"
+        await pilot.press("escape")
+        assert app.current_mode == "hardware"
+
+
+@pytest.mark.slow
+@pilot_test
+async def test_run_screen_launches_and_shows_progress_and_loss(in_tmp, demo_model_path):
+    app = make_app(demo_draft({**QUICK_RUN, "output.dir": str(in_tmp / "runs" / "quick")}))
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("run")
+        await pilot.pause()
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: app.run_watch is not None and app.run_watch.exit_code is not None, timeout=150)
+        watch = app.run_watch
+        assert watch.status == "finished", list(watch.log)[-20:]
+        assert watch.step == 6 and len(watch.losses) >= 5
+        await pilot.pause()
+        assert app.screen.query_one("#progress", ProgressBar).percentage == 1.0
+        assert list(app.screen.query_one("#loss", Sparkline).data) == watch.losses
+        status = str(app.screen.query_one("#run-status", Static).render())
+        assert "finished" in status and "loss" in status and "tokens/s" in status
+        assert (in_tmp / "runs" / "quick" / "final").is_dir()
+
+
+@pytest.mark.slow
+@pilot_test
+async def test_cancel_stops_the_run(in_tmp, demo_model_path):
+    app = make_app(demo_draft({**QUICK_RUN, "training.max_steps": 100000, "data.max_samples": None}))
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("run")
+        await pilot.pause()
+        await pilot.press("ctrl+r")
+        await wait_until(pilot, lambda: app.run_watch.step >= 1, timeout=150)
+        app.switch_mode("review")  # leaving the screen does not stop the run
+        await pilot.pause(0.5)
+        assert app.run_watch.running
+        app.switch_mode("run")
+        await pilot.pause()
+        await pilot.press("ctrl+q")  # quitting asks first while a run is going
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        await pilot.pause()
+        assert app.is_running and app.run_watch.running
+        await pilot.press("ctrl+x")
+        await wait_until(pilot, lambda: app.run_watch.exit_code is not None, timeout=60)
+        assert app.run_watch.status == "cancelled"
+        assert app.run_watch.launch.process.poll() is not None
+        assert app.run_watch.step < 100000
+
+
+@pilot_test
+async def test_chat_streams_an_answer_from_the_demo_model(in_tmp, demo_model_path):
+    pytest.importorskip("tuner.infer.chat")
+    demo_draft({"inference.max_new_tokens": 8}).save(in_tmp / "short.yaml")  # a recipe: model and a short answer
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("chat")
+        await pilot.pause()
+        box = app.screen.query_one("#chat-model", Input)
+        box.focus()
+        box.value = "short.yaml"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.screen.session is not None, timeout=120)
+        assert "CPU" in str(app.screen.query_one("#placement", Static).render())
+        app.screen.query_one("#chat-message", Input).value = "reverse\nabc"
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: len(app.screen.session.history) == 2, timeout=120)
+        await pilot.pause()
+        conversation = "\n".join(app.screen.query_one("#conversation").lines)
+        assert "you> reverse" in conversation and "model> " in conversation
+        assert app.screen.session.history[1]["role"] == "assistant"
+
+
+@pilot_test
+async def test_start_opens_a_recipe_file_and_reports_a_bad_one(in_tmp):
+    (in_tmp / "bad.yaml").write_text("name: x\nmemory:\n  micro_batch_size: [\n")
+    demo_draft({"name": "mine"}).save(in_tmp / "mine.yaml")
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("down", "enter")  # "Open a recipe file…"
+        box = app.screen.query_one("#open-path", Input)
+        assert box.display and app.focused is box
+        box.value = "bad.yaml"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.current_mode == "start"
+        assert "bad.yaml:4: not valid YAML" in str(app.screen.query_one("#start-error", Static).render())
+        box.value = "mine.yaml"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.current_mode == "model" and app.draft.value("name") == "mine"
+        assert app.draft.path.name == "mine.yaml"
+
+
+@pilot_test
+async def test_a_recent_run_opens_on_the_run_screen(in_tmp):
+    import json
+
+    from tuner.recipe.io import recipe_to_yaml
+
+    run = in_tmp / "runs" / "earlier"
+    run.mkdir(parents=True)
+    (run / "recipe.lock.yaml").write_text(recipe_to_yaml(demo_draft({"name": "earlier"}).recipe))
+    (run / "events.jsonl").write_text("".join(json.dumps(event) + "\n" for event in [
+        {"event": "started", "max_steps": 4, "time": 1.0},
+        {"event": "step", "step": 2, "max_steps": 4, "loss": 1.25, "time": 2.0},
+    ]))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        runs = app.screen.query_one("#runs", OptionList)
+        assert "stopped at step 2" in str(runs.get_option_at_index(0).prompt)
+        runs.focus()
+        runs.highlighted = 0
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.current_mode == "run" and app.draft.value("name") == "earlier"
+        status = str(app.screen.query_one("#run-status", Static).render())
+        assert "stopped at step 2" in status and "loss 1.2500" in status
+
+
+@pilot_test
+async def test_a_model_the_planner_does_not_know_is_explained_not_fatal():
+    pytest.importorskip("tuner.planner")
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("model")
+        await pilot.pause()
+        box = app.screen.query_one("#model-id-input", Input)
+        box.focus()
+        box.value = "someorg/not-a-known-model"
+        await pilot.press("enter")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.draft.value("model.id") == "someorg/not-a-known-model"
+        assert "no architecture facts" in str(app.screen.query_one("#facts", Static).render())
+        app.switch_mode("method")
+        await pilot.pause()
+        assert app.plan is None
+        assert "no architecture facts" in str(app.screen.query_one(PlanPanel).render())
+
+
+@pilot_test
+async def test_the_mouse_works_from_the_first_click():
+    """Focus moving between fields must not shift the layout between mouse down and up."""
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("method")
+        await pilot.pause()
+        await pilot.click(app.screen.query_one(ToggleField).checkbox)
+        await pilot.pause()
+        assert app.draft.value("memory.gradient_checkpointing") is True
+        await pilot.click(app.screen.query_one("#distribution", ChoiceField).button("ZeRO-3"))
+        await pilot.pause()
+        assert app.draft.value("memory.zero_stage") == 3
+        fsdp = app.screen.query_one("#distribution", ChoiceField).button("FSDP")
+        await pilot.click(fsdp)  # disabled: nothing happens
+        await pilot.pause()
+        assert app.draft.value("memory.distributed") == "deepspeed"

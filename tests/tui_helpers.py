@@ -1,0 +1,177 @@
+"""Builders shared by the TUI tests: a wizard app on a fixed draft, in a clean working directory."""
+from __future__ import annotations
+
+import asyncio
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner.recipe.io import parse_yaml, read_recipe_text
+from tuner.recipe.registry import builtin_path
+from tuner.tui.app import TunerApp
+from tuner.tui.draft import Draft
+from tuner.tui.planning import Planner
+
+SIZE = (120, 36)
+
+# The demo recipe made to finish in seconds: few samples, few steps, frequent logs.
+QUICK_RUN = {
+    "training.max_steps": 6,
+    "memory.micro_batch_size": 4,
+    "memory.max_seq_length": 32,
+    "training.logging_steps": 1,
+    "training.warmup_steps": 0,
+    "data.max_samples": 200,
+    "data.eval_fraction": 0.0,
+}
+
+
+def demo_draft(changes: dict | None = None) -> Draft:
+    data, _ = parse_yaml(read_recipe_text(builtin_path("demo")))
+    draft = Draft(copy.deepcopy(data))
+    if changes:
+        draft.apply(changes)
+    return draft
+
+
+def make_app(draft: Draft | None = None, **kwargs) -> TunerApp:
+    return TunerApp(draft=draft, detect_hardware=False, **kwargs)
+
+
+async def wait_until(pilot, condition, timeout: float = 60.0, step: float = 0.2) -> None:
+    """Let the app run until ``condition()`` holds (workers and messages need the loop)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {condition}")
+        await pilot.pause(step)
+
+
+@dataclass
+class Device:
+    """The fields of a planner DevicePlan the wizard shows."""
+
+    name: str
+    capacity_gib: float | None
+    terms: dict
+    count: int = 1
+
+    @property
+    def total_gib(self) -> float:
+        return sum(self.terms.values())
+
+
+@dataclass
+class Plan:
+    """The fields of a planner MemoryPlan the wizard shows."""
+
+    devices: list
+    verdict: str
+    missing_gib: float = 0.0
+    host_ram_gib: float = 0.0
+    notes: list = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.verdict != "does not fit"
+
+
+@dataclass
+class Advice:
+    recipe: object
+    plan: Plan
+    reasons: list
+    changes: list
+
+    @property
+    def fits(self) -> bool:
+        return self.plan.fits
+
+    def summary(self) -> str:
+        gpu = self.plan.devices[0]
+        return f"{' + '.join(self.changes)}: {gpu.total_gib:.1f} GiB of {gpu.capacity_gib:.1f} GiB"
+
+
+MIB = 1 / 1024
+
+
+def fixed_plan(recipe) -> Plan:
+    """Plans with the numbers tuner's planner gave for these recipes, frozen, so snapshots test the UI
+    and not the planner's latest arithmetic."""
+    if not recipe.uses_gpu:
+        return Plan([Device("CPU RAM", recipe.hardware.host_ram_gb or 16.0, {
+            "weights": 2.8 * MIB, "optimizer": 5.6 * MIB, "activations": 86.1 * MIB, "logits_loss": 2.3 * MIB,
+            "overhead": 1.0})], "fits")
+    if recipe.memory.distributed == "deepspeed":
+        return Plan([Device("GPU (RTX4090)", 24.0, {"weights": 14.96, "gradients": 0.06, "activations": 0.96,
+                                                    "logits_loss": 2.94, "overhead": 1.55}),
+                     Device("host RAM", 256.0, {"optimizer": 89.74, "gradients": 29.92})], "fits", host_ram_gib=119.66)
+    return Plan([Device("GPU (RTX4090)", 24.0, {"weights": 14.96, "gradients": 14.96, "optimizer": 44.87,
+                                                "overhead": 4.34})], "does not fit", missing_gib=55.13)
+
+
+def fixed_advice(recipe) -> list[Advice]:
+    ladder = [
+        (["zero2", "gradient_checkpointing", "offload_optimizer"],
+         {"memory.distributed": "deepspeed", "memory.zero_stage": 2, "memory.gradient_checkpointing": True,
+          "memory.offload_optimizer": "cpu"}),
+        (["gradient_checkpointing", "zero3", "offload_optimizer"],
+         {"memory.distributed": "deepspeed", "memory.zero_stage": 3, "memory.gradient_checkpointing": True,
+          "memory.offload_optimizer": "cpu"}),
+    ]
+    proposals = []
+    for changes, values in ladder:
+        draft = Draft.from_recipe(recipe)
+        draft.apply(values)
+        proposals.append(Advice(draft.recipe, fixed_plan(draft.recipe), [f"apply {name}" for name in changes], changes))
+    return proposals
+
+
+FIXED_PLANNER = Planner(plan=fixed_plan, advise=fixed_advice)
+
+
+def pilot_test(scenario):
+    """Run an async pilot scenario as a plain test (no async pytest plugin needed)."""
+    import functools
+
+    @functools.wraps(scenario)
+    def test(*args, **kwargs):
+        asyncio.run(scenario(*args, **kwargs))
+
+    return test
+
+
+def read_files(directory: Path) -> dict[str, str]:
+    return {path.name: path.read_text() for path in sorted(directory.iterdir()) if path.is_file()}
+
+
+SNAPSHOTS = Path(__file__).parent / "__snapshots__" / "test_tui_snapshots"
+DOCS_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
+DOCS_SCREENSHOTS = {  # snapshot file -> docs/images name
+    "test_screen[start].svg": "tui-start.svg",
+    "test_screen[model].svg": "tui-model.svg",
+    "test_screen[hardware].svg": "tui-hardware.svg",
+    "test_screen[method].svg": "tui-method.svg",
+    "test_method_with_disabled_reasons_on_focus.svg": "tui-method-reasons.svg",
+    "test_method_after_autofit_on_a_gpu.svg": "tui-method-autofit.svg",
+    "test_screen[data].svg": "tui-data.svg",
+    "test_screen[training].svg": "tui-training.svg",
+    "test_screen[review].svg": "tui-review.svg",
+    "test_run_screen.svg": "tui-run.svg",
+    "test_chat_with_the_demo_model_loaded.svg": "tui-chat.svg",
+    "test_help.svg": "tui-help.svg",
+}
+
+
+def export_docs_images() -> None:
+    """Copy the accepted snapshots to docs/images (run after --snapshot-update)."""
+    import shutil
+
+    DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
+    for snapshot, image in DOCS_SCREENSHOTS.items():
+        shutil.copyfile(SNAPSHOTS / snapshot, DOCS_IMAGES / image)
+
+
+if __name__ == "__main__":
+    export_docs_images()

@@ -1,0 +1,236 @@
+"""The tuner wizard app: holds the draft recipe, the plan and the run; screens show and edit them.
+
+``run_app()`` is what ``tuner`` (no subcommand) calls.  Heavy libraries (torch,
+transformers, datasets) are imported only inside workers that need them.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+
+from tuner.recipe.io import RecipeError
+from tuner.tui.draft import Draft
+from tuner.tui.messages import FieldEdited, PlanUpdated, RunEventsArrived, RunFinished
+from tuner.tui.planning import CannotPlan, Planner
+from tuner.tui.run_watch import RunWatch
+from tuner.tui.screens.chat import ChatScreen
+from tuner.tui.screens.data import DataScreen
+from tuner.tui.screens.hardware import HardwareScreen
+from tuner.tui.screens.method import MethodScreen
+from tuner.tui.screens.model import ModelScreen
+from tuner.tui.screens.review import ReviewScreen
+from tuner.tui.screens.run import RunScreen
+from tuner.tui.screens.start import StartScreen
+from tuner.tui.screens.training import TrainingScreen
+from tuner.tui.widgets.steps import STEPS
+
+STEP_MODES = [mode for mode, _ in STEPS]
+RUN_POLL_S = 0.3
+
+
+class TunerApp(App[int]):
+    """The wizard.  Tests build it with a fixed draft and ``detect_hardware=False`` for stable screens."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "tuner"
+    SUB_TITLE = "plan, configure and launch a fine-tuning run"
+    ENABLE_COMMAND_PALETTE = False
+    MODES = {
+        "start": StartScreen,
+        "model": ModelScreen,
+        "hardware": HardwareScreen,
+        "method": MethodScreen,
+        "data": DataScreen,
+        "training": TrainingScreen,
+        "review": ReviewScreen,
+        "run": RunScreen,
+        "chat": ChatScreen,
+    }
+    DEFAULT_MODE = "start"
+    BINDINGS = [
+        Binding("ctrl+n", "next_step", "Next step", id="next_step", tooltip="Go to the next step of the wizard"),
+        Binding("escape", "previous_step", "Back", id="previous_step", tooltip="Go to the previous step"),
+        Binding("question_mark,f1", "help", "Help", id="help", key_display="?", tooltip="Keys and what each step does"),
+        Binding("ctrl+q", "quit", "Quit", id="quit", tooltip="Quit (asks first while a run is going)"),
+    ]
+
+    def __init__(self, draft: Draft | None = None, planner: Planner | None = None, *, detect_hardware: bool = True):
+        super().__init__()
+        self.draft = draft or Draft()
+        self.planner = planner or Planner()
+        self.detect_hardware = detect_hardware
+        self.plan = None
+        self.plan_status = ""
+        self.run_watch: RunWatch | None = None
+
+    def on_mount(self) -> None:
+        self.replan()
+
+    # --- navigation -------------------------------------------------------------------------
+    def action_goto(self, mode: str) -> None:
+        self.switch_mode(mode)
+
+    def _step_offset(self, offset: int) -> None:
+        current = self.current_mode
+        if current in STEP_MODES:
+            index = STEP_MODES.index(current) + offset
+        else:
+            index = 0 if offset > 0 else -1
+        if 0 <= index < len(STEP_MODES):
+            self.switch_mode(STEP_MODES[index])
+        elif index < 0:
+            self.switch_mode("start")
+
+    def action_next_step(self) -> None:
+        self._step_offset(+1)
+
+    def action_previous_step(self) -> None:
+        self._step_offset(-1)
+
+    def action_help(self) -> None:
+        from tuner.tui.screens.help import HelpScreen
+
+        self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        """Quit; a launched run is tied to this process's output pipe, so it is stopped cleanly first."""
+        if self.run_watch is None or not self.run_watch.running:
+            self.exit(0)
+            return
+        from tuner.tui.screens.confirm import ConfirmScreen
+
+        question = f"A run is going in {self.run_watch.run_dir}. Stop every rank and quit?"
+        self.push_screen(ConfirmScreen(question, yes="Stop and quit"),
+                         lambda yes: self.stop_and_quit() if yes else None)
+
+    @work(thread=True, group="cancel")
+    def stop_and_quit(self) -> None:
+        self.run_watch.cancelled = True
+        self.run_watch.launch.stop(grace_s=10)
+        self.call_from_thread(self.exit, 0)
+
+    # --- the draft and its plan -------------------------------------------------------------
+    def on_field_edited(self, event: FieldEdited) -> None:
+        if self.draft.holds(event.changes) and self.draft.valid:
+            return  # an echo of the draft's own value (a field synced from the draft)
+        self.draft.apply(event.changes)
+        self.draft_changed()
+
+    def load_draft(self, draft: Draft) -> None:
+        self.draft = draft
+        self.draft_changed()
+
+    def draft_changed(self) -> None:
+        self.replan()
+        sync = getattr(self.screen, "sync", None)
+        if sync:
+            sync()
+
+    def replan(self) -> None:
+        start = time.perf_counter()
+        recipe = self.draft.recipe
+        plan = None
+        if recipe is None:
+            self.plan_status = "The recipe has errors (listed below the form); the plan follows once they are fixed."
+        elif not self.planner.available:
+            self.plan_status = "planner unavailable: tuner.planner is not installed in this build."
+        else:
+            try:
+                plan = self.planner.plan(recipe)
+                self.plan_status = ""
+            except CannotPlan as exc:
+                self.plan_status = f"no plan: {exc}"
+        self.plan = plan
+        self.screen.post_message(PlanUpdated(plan, (time.perf_counter() - start) * 1000))
+
+    # --- the run ----------------------------------------------------------------------------
+    def start_run(self, resume: bool = False) -> RunWatch:
+        """Write the run directory and launch it through the same launcher as ``tuner run``."""
+        from tuner.launch.argv import launch_argv
+        from tuner.launch.runner import Launch
+        from tuner.recipe.io import validate_recipe
+        from tuner.render.run_directory import write_run_directory
+
+        recipe = self.draft.recipe
+        if recipe is None:
+            raise RecipeError(["the recipe has errors; fix them first:", *self.draft.errors])
+        if resume:
+            data = recipe.model_dump(mode="json")
+            data["training"]["resume"] = "auto"
+            recipe = validate_recipe(data)
+        run_dir = write_run_directory(recipe, force=not resume, keep_existing=resume)
+        started = time.time()
+        launch = Launch(launch_argv(run_dir), run_dir)
+        self.run_watch = RunWatch(run_dir=run_dir, launch=launch, plan=self.plan, since=started)
+        self.follow_run(self.run_watch)
+        return self.run_watch
+
+    @work(thread=True, exclusive=True, group="run")
+    def follow_run(self, watch: RunWatch) -> None:
+        """Poll the run's events and log off the UI thread; report back with messages."""
+        from textual.worker import get_current_worker
+
+        launch = watch.launch
+        offset = 0
+        worker = get_current_worker()
+        while not worker.is_cancelled:
+            alive = launch.running
+            events = launch.poll_events()
+            lines, offset = _new_log_lines(launch.log_path, offset)
+            if events or lines:
+                self.post_message(RunEventsArrived(events, lines))
+            if not alive:
+                exit_code = launch.wait()  # also drains the output into the log
+                events = launch.poll_events()
+                lines, offset = _new_log_lines(launch.log_path, offset)
+                if events or lines:
+                    self.post_message(RunEventsArrived(events, lines))
+                self.post_message(RunFinished(exit_code))
+                return
+            time.sleep(RUN_POLL_S)
+
+    @work(thread=True, group="cancel")
+    def cancel_run(self) -> None:
+        """Stop every rank (SIGINT, then harder); the follower reports the exit."""
+        if self.run_watch and self.run_watch.launch and self.run_watch.running:
+            self.run_watch.cancelled = True
+            self.run_watch.launch.stop(grace_s=10)
+
+    def on_run_events_arrived(self, message: RunEventsArrived) -> None:
+        if self.run_watch:
+            self.run_watch.absorb(message.events, message.log_lines)
+            self._show_run()
+
+    def on_run_finished(self, message: RunFinished) -> None:
+        if self.run_watch:
+            self.run_watch.finish(message.exit_code)
+            self._show_run()
+            self.notify(f"run {self.run_watch.status}: {self.run_watch.run_dir}", timeout=4)
+
+    def _show_run(self) -> None:
+        show = getattr(self.screen, "show_run", None)
+        if show:
+            show()
+
+
+def _new_log_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """Complete lines appended to the log since ``offset``."""
+    try:
+        with open(path, "rb") as stream:
+            stream.seek(offset)
+            chunk = stream.read()
+    except FileNotFoundError:
+        return [], offset
+    complete, _, _ = chunk.rpartition(b"\n")
+    if not complete:
+        return [], offset
+    return complete.decode("utf-8", errors="replace").splitlines(), offset + len(complete) + 1
+
+
+def run_app() -> int:
+    """Open the wizard; returns the process exit code."""
+    return TunerApp().run() or 0

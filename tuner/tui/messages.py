@@ -1,0 +1,39 @@
+"""Messages the wizard posts, named as things that happened ("attributes down, messages up")."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from textual.message import Message
+
+from tuner.tui.draft import Changes
+
+
+@dataclass
+class FieldEdited(Message):
+    """A form field changed; the app applies ``changes`` to the draft."""
+
+    changes: Changes
+
+
+@dataclass
+class PlanUpdated(Message):
+    """A memory plan was computed for the current draft (None: planner unavailable or recipe invalid)."""
+
+    plan: Any
+    elapsed_ms: float
+
+
+@dataclass
+class RunEventsArrived(Message):
+    """New events and log lines from the launched run."""
+
+    events: list[dict]
+    log_lines: list[str]
+
+
+@dataclass
+class RunFinished(Message):
+    """The launched process group exited."""
+
+    exit_code: int

@@ -1,0 +1,58 @@
+"""What every wizard step shares: the step bar, the draft's errors, the footer, ``sync`` from the draft."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual.app import ComposeResult
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Static
+
+from tuner.tui.widgets.fields import ChoiceField, ToggleField
+from tuner.tui.widgets.steps import StepBar
+
+if TYPE_CHECKING:
+    from tuner.tui.app import TunerApp
+
+
+class WizardScreen(Screen):
+    """A step of the wizard; subclasses yield their form in ``compose_body``."""
+
+    STEP = ""
+
+    app: "TunerApp"
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield StepBar(self.STEP)
+        yield from self.compose_body()
+        yield Static("", id="why")
+        yield Static("", id="errors")
+        yield Footer()
+
+    def compose_body(self) -> ComposeResult:
+        yield from ()
+
+    def on_screen_resume(self) -> None:
+        self.sync()
+
+    def on_mount(self) -> None:
+        self.sync()
+
+    def sync(self) -> None:
+        """Re-read everything shown from the app's draft."""
+        draft = self.app.draft
+        for field in self.query("ChoiceField, ToggleField, InputField"):
+            field.sync(draft)
+        self.show_reasons()
+        errors = self.query_one("#errors", Static)
+        errors.update("\n".join(f"✗ {line}" for line in draft.errors))
+        errors.display = bool(draft.errors)
+
+    def on_descendant_focus(self) -> None:
+        self.show_reasons()
+
+    def show_reasons(self) -> None:
+        """Why the focused field's greyed-out choices are refused (empty when it has none)."""
+        field = next((node for node in (self.focused.ancestors_with_self if self.focused else [])
+                      if isinstance(node, (ChoiceField, ToggleField))), None)
+        self.query_one("#why", Static).update("\n".join(field.reasons) if field else "")

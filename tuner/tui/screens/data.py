@@ -1,0 +1,101 @@
+"""Data: source and format, and one training example as the model sees it, the loss-free part shaded."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import Label, Static
+
+from tuner.tui.screens.base import WizardScreen
+from tuner.tui.widgets.fields import ChoiceField, InputField, ToggleField, value_choices
+
+MASKED_STYLE = "#8a8a8a on #303030"
+LEARNED_STYLE = "bold #87d787"
+PREVIEW_KEYS = ("data.source", "data.split", "data.format", "data.train_on_prompt", "data.max_samples",
+                "training.seed", "memory.max_seq_length", "model.id")
+
+
+@dataclass
+class PreviewLoaded(Message):
+    """One formatted sample (segments of text and whether they earn loss), or why there is none."""
+
+    key: tuple
+    data_format: str = ""
+    segments: list = None
+    error: str | None = None
+
+
+def preview_text(segments: list[tuple[str, bool]]) -> Text:
+    text = Text()
+    for part, trainable in segments:
+        text.append(part, LEARNED_STYLE if trainable else MASKED_STYLE)
+    return text
+
+
+class DataScreen(WizardScreen):
+    STEP = "data"
+
+    def compose_body(self) -> ComposeResult:
+        self.preview_key: tuple | None = None
+        self.preview: Text | None = None  # the example as shown, styled per segment
+        with Horizontal(classes="body"):
+            with Vertical(classes="form"):
+                yield InputField("Source", "data.source", placeholder="file.jsonl, cached dataset name or builtin:reverse")
+                yield InputField("Split", "data.split")
+                yield ChoiceField("Format", value_choices("data.format", ["auto", "text", "instruction", "chat"]),
+                                  id="data-format")
+                yield ToggleField("Loss on the prompt too", "data.train_on_prompt")
+                yield ToggleField("Packing", "data.packing")
+                yield InputField("Eval fraction", "data.eval_fraction", number=True)
+                yield InputField("Max samples", "data.max_samples", number=True, placeholder="all")
+            with Vertical(classes="side"):
+                yield Label("One training example", classes="section-title")
+                yield Static("", id="preview-format")
+                with VerticalScroll(id="preview-box"):
+                    yield Static("", id="preview")
+                legend = Text()
+                legend.append(" prompt: no loss ", MASKED_STYLE)
+                legend.append("  ")
+                legend.append(" completion: learned ", LEARNED_STYLE)
+                yield Static(legend, id="legend")
+
+    def sync(self) -> None:
+        super().sync()
+        draft = self.app.draft
+        key = tuple(draft.value(name) for name in PREVIEW_KEYS)
+        if key != self.preview_key:
+            self.preview_key = key
+            self.query_one("#preview", Static).update(Text("loading an example…", style="italic"))
+            self.load_preview(key, draft.last_valid)
+
+    @work(thread=True, exclusive=True)
+    def load_preview(self, key: tuple, recipe) -> None:
+        """The first training example exactly as the trainer tokenises and masks it (datasets and
+        transformers are heavy: off the UI thread)."""
+        from tuner.train.preview import preview_examples
+
+        try:
+            data_format, examples = preview_examples(recipe, count=1)
+        except Exception as exc:  # any data or tokenizer problem is shown in place of the example
+            self.post_message(PreviewLoaded(key, error=str(exc) or type(exc).__name__))
+            return
+        if not examples:
+            self.post_message(PreviewLoaded(key, error="the training split is empty"))
+            return
+        self.post_message(PreviewLoaded(key, data_format, examples[0].segments))
+
+    def on_preview_loaded(self, message: PreviewLoaded) -> None:
+        if message.key != self.preview_key:
+            return  # an answer to an older question
+        preview = self.query_one("#preview", Static)
+        if message.error:
+            preview.update(Text(f"no preview: {message.error}", style="red"))
+            self.query_one("#preview-format", Static).update("")
+            return
+        self.query_one("#preview-format", Static).update(f"format: {message.data_format}")
+        self.preview = preview_text(message.segments)
+        preview.update(self.preview)

@@ -1,0 +1,79 @@
+"""Hardware: this machine's GPUs prefilled (none here: the CPU), or any cluster typed in."""
+from __future__ import annotations
+
+from textual import work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Button, Label, Select, Static
+
+from tuner.catalog.gpus import known_gpu_names
+from tuner.tui.detect import DetectedGpus, detect_gpus
+from tuner.tui.messages import FieldEdited
+from tuner.tui.screens.base import WizardScreen
+from tuner.tui.widgets.fields import InputField
+
+
+class HardwareScreen(WizardScreen):
+    STEP = "hardware"
+
+    def compose_body(self) -> ComposeResult:
+        with Horizontal(classes="body"):
+            with Vertical(classes="form"):
+                yield InputField("Machines", "hardware.machines", number=True)
+                yield InputField("GPUs per machine", "hardware.gpus_per_machine", number=True,
+                                 help="0 trains on the CPU")
+                with Horizontal(classes="field input"):
+                    yield Label("GPU type", classes="field-label")
+                    yield Select([(name, name) for name in known_gpu_names()], prompt="custom / none",
+                                 id="gpu-type", compact=True)
+                yield InputField("GPU memory (GiB)", "hardware.gpu_memory_gb", number=True,
+                                 help="Overrides the catalog memory of the GPU type")
+                yield InputField("Processes (CPU)", "hardware.num_processes", number=True,
+                                 help="On the CPU: how many gloo processes; on GPUs it must be machines x GPUs")
+                yield InputField("Host RAM (GiB)", "hardware.host_ram_gb", number=True,
+                                 help="Per machine; checked against CPU offload")
+                yield InputField("NVMe path", "hardware.nvme_path", placeholder="/local/nvme (ZeRO-Infinity)")
+                yield InputField("Main node address", "hardware.main_process_ip", placeholder="10.0.0.1 (multi-node)")
+            with Vertical(classes="side"):
+                yield Label("This machine", classes="section-title")
+                yield Static("looking for GPUs…" if self.app.detect_hardware else "detection off", id="detected")
+                yield Button("Use this machine", id="use-detected", disabled=True)
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        if self.app.detect_hardware:
+            self.detect()
+
+    @work(thread=True, exclusive=True)
+    def detect(self) -> None:
+        import psutil
+
+        found = detect_gpus()
+        self.app.call_from_thread(self._show_detected, found, psutil.virtual_memory().total / 2**30)
+
+    def _show_detected(self, found: DetectedGpus | None, ram_gib: float) -> None:
+        self.detected = found
+        text = (f"{found.count} × {found.name}, {found.memory_gib:.1f} GiB each" if found
+                else "no NVIDIA GPU found: training runs on the CPU")
+        text += f"\nhost RAM: {ram_gib:.0f} GiB"
+        self.query_one("#detected", Static).update(text)
+        self.query_one("#use-detected", Button).disabled = found is None
+        if found and "hardware" not in self.app.draft.data:  # prefill a new recipe, never an opened one
+            self.post_message(FieldEdited(found.recipe_changes()))
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "use-detected" and getattr(self, "detected", None):
+            self.post_message(FieldEdited(self.detected.recipe_changes()))
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        value = None if event.value is Select.NULL else event.value
+        self.post_message(FieldEdited({"hardware.gpu": value}))
+
+    def sync(self) -> None:
+        super().sync()
+        select = self.query_one("#gpu-type", Select)
+        gpu = self.app.draft.value("hardware.gpu")
+        wanted = gpu if gpu in known_gpu_names() else Select.NULL
+        if select.value != wanted:
+            with select.prevent(Select.Changed):
+                select.value = wanted

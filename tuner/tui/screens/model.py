@@ -1,0 +1,76 @@
+"""Model: pick from the offline catalog, or type a local path or hub id; see the facts used for planning."""
+from __future__ import annotations
+
+from rich.markup import escape
+from textual import work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Input, Label, OptionList, Static
+from textual.widgets.option_list import Option
+
+from tuner.tui.catalog import catalog_entries, describe_model
+from tuner.tui.messages import FieldEdited
+from tuner.tui.screens.base import WizardScreen
+from tuner.tui.widgets.fields import InputField
+
+
+class ModelScreen(WizardScreen):
+    STEP = "model"
+
+    def compose_body(self) -> ComposeResult:
+        self.entries = catalog_entries()
+        with Horizontal(classes="body"):
+            with Vertical(id="model-pick", classes="form"):
+                yield Input(placeholder="search: family, size, name", id="model-search", compact=True)
+                yield OptionList(id="model-list")
+                yield InputField("Model", "model.id", placeholder="hub org/name, local directory or builtin:demo",
+                                 help="What to fine-tune; the list above fills this in. Enter applies a typed id.",
+                                 apply_on_enter=True)
+            with Vertical(id="model-facts", classes="side"):
+                yield Label("Architecture", classes="section-title")
+                yield Static("", id="facts")
+
+    def on_mount(self) -> None:
+        self._fill_list("")
+        super().on_mount()
+        self.query_one("#model-list", OptionList).focus()
+
+    def _fill_list(self, query: str) -> None:
+        listing = self.query_one("#model-list", OptionList)
+        listing.clear_options()
+        for entry in self.entries:
+            if entry.matches(query):
+                listing.add_option(Option(f"{entry.id:<34} {entry.summary}", id=entry.id))
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "model-search":
+            self._fill_list(event.value)
+
+    def on_field_edited(self, event: FieldEdited) -> None:
+        """A typed model id may need the hub cache (transformers): look it up off the UI thread first."""
+        model_id = event.changes.get("model.id")
+        if not model_id or any(entry.id == model_id for entry in self.entries):
+            return
+        event.stop()
+        self.query_one("#facts", Static).update(f"looking up {escape(model_id)}…")
+        self.look_up(model_id)
+
+    @work(thread=True, exclusive=True)
+    def look_up(self, model_id: str) -> None:
+        describe_model(model_id, self.entries)  # warms the catalog's facts cache, so planning is quick
+        self.app.call_from_thread(self._take_model, model_id)
+
+    def _take_model(self, model_id: str) -> None:
+        self.app.draft.apply({"model.id": model_id})
+        self.app.draft_changed()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.post_message(FieldEdited({"model.id": event.option.id}))
+
+    def sync(self) -> None:
+        super().sync()
+        model_id = self.app.draft.value("model.id")
+        source, facts = describe_model(model_id, self.entries)
+        lines = [f"[b]{escape(model_id)}[/b]", f"[dim]{escape(source)}[/dim]", ""]
+        lines += [f"{label:<16} {escape(str(value))}" for label, value in facts.items()]
+        self.query_one("#facts", Static).update("\n".join(lines))

@@ -1,0 +1,135 @@
+"""Run: launch through the same launcher as ``tuner run``; watch log, progress, loss, speed and memory.
+
+The app owns the run (a worker follows it), so leaving this screen never stops it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Button, Label, Log, ProgressBar, Sparkline, Static
+
+from tuner.recipe.io import RecipeError
+from tuner.tui.run_watch import RunWatch
+from tuner.tui.screens.base import WizardScreen
+from tuner.tui.screens.confirm import ConfirmScreen
+
+
+def _memory_line(watch: RunWatch) -> str:
+    """Measured peak memory (the highest rank, and every rank when there are several) beside the plan."""
+    if not watch.memory_gib:
+        return "memory: not measured yet"
+    parts = []
+    for name, peak in watch.memory_gib.items():
+        ranks = watch.memory_per_rank.get(name)
+        each = f" (ranks: {' / '.join(f'{value:.2f}' for value in ranks)})" if ranks else ""
+        parts.append(f"{name.replace('_', ' ')} {peak:.2f} GiB{each}")
+    planned = ""
+    if watch.plan is not None and getattr(watch.plan, "devices", None):
+        device = watch.plan.devices[0]
+        capacity = f" of {device.capacity_gib:.2f}" if device.capacity_gib is not None else ""
+        planned = f"  ·  plan: {device.total_gib:.2f}{capacity} GiB per device"
+    return f"peak memory: {', '.join(parts)}{planned}"
+
+
+def status_line(watch: RunWatch) -> str:
+    parts = [f"{watch.status}", f"step {watch.step}/{watch.max_steps or '?'}"]
+    if watch.losses:
+        parts.append(f"loss {watch.losses[-1]:.4f}")
+    if watch.eval_losses:
+        parts.append(f"eval loss {watch.eval_losses[-1]:.4f}")
+    if watch.tokens_per_s is not None:
+        parts.append(f"{watch.tokens_per_s:,.0f} tokens/s")
+    if watch.eta_s is not None and watch.running:
+        parts.append(f"ETA {watch.eta_s:.0f} s")
+    return "  ·  ".join(parts)
+
+
+class RunScreen(WizardScreen):
+    STEP = "run"
+    BINDINGS = [
+        Binding("ctrl+r", "launch", "Launch", id="launch", tooltip="Write the run directory and start training"),
+        Binding("ctrl+x", "cancel", "Cancel run", id="cancel", tooltip="Stop every rank cleanly"),
+        Binding("ctrl+e", "resume", "Resume", id="resume", tooltip="Continue from the newest checkpoint"),
+    ]
+
+    def compose_body(self) -> ComposeResult:
+        self._log_shown = 0
+        self._log_watch = None
+        with Vertical(classes="body", id="run-body"):
+            yield Static("", id="run-dir")
+            with Horizontal(id="run-buttons"):
+                yield Button("Launch (ctrl+r)", id="launch", variant="primary")
+                yield Button("Cancel (ctrl+x)", id="cancel", variant="error")
+                yield Button("Resume (ctrl+e)", id="resume")
+            yield Static("", id="run-status")
+            yield ProgressBar(id="progress", show_eta=False)
+            yield Label("loss", classes="section-title")
+            yield Sparkline([], id="loss")
+            yield Static("", id="memory")
+            yield Log(id="log", max_lines=400)
+
+    def sync(self) -> None:
+        super().sync()
+        self.show_run()
+
+    def show_run(self) -> None:
+        watch = self.app.run_watch
+        running = bool(watch and watch.running)
+        self.query_one("#launch", Button).disabled = running or not self.app.draft.valid
+        self.query_one("#cancel", Button).disabled = not running
+        self.query_one("#resume", Button).disabled = running or not self.app.draft.valid
+        if watch is None:
+            recipe = self.app.draft.recipe
+            where = recipe.output.dir if recipe else "(fix the recipe first)"
+            self.query_one("#run-dir", Static).update(f"not launched yet; the run will write {where}")
+            self.query_one("#run-status", Static).update("")
+            return
+        self.query_one("#run-dir", Static).update(f"run directory: {watch.run_dir}")
+        self.query_one("#run-status", Static).update(status_line(watch))
+        self.query_one("#progress", ProgressBar).update(total=watch.max_steps, progress=watch.step)
+        self.query_one("#loss", Sparkline).data = list(watch.losses)
+        self.query_one("#memory", Static).update(_memory_line(watch))
+        log = self.query_one("#log", Log)
+        if self._log_watch is not watch:
+            log.clear()
+            self._log_watch, self._log_shown = watch, 0
+        lines = list(watch.log)
+        new = lines[self._log_shown:] if self._log_shown <= len(lines) else lines
+        if new:
+            log.write_lines(new)
+        self._log_shown = len(lines)
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        {"launch": self.action_launch, "cancel": self.action_cancel, "resume": self.action_resume}[event.button.id]()
+
+    def action_launch(self) -> None:
+        recipe = self.app.draft.recipe
+        if recipe is None or (self.app.run_watch and self.app.run_watch.running):
+            return
+        run_dir = Path(recipe.output.dir)
+        if run_dir.exists() and any(run_dir.iterdir()):
+            self.app.push_screen(
+                ConfirmScreen(f"{run_dir} holds an earlier run. Overwrite its configuration files and start afresh?"),
+                lambda yes: self._launch(resume=False) if yes else None)
+        else:
+            self._launch(resume=False)
+
+    def action_resume(self) -> None:
+        if self.app.draft.valid and not (self.app.run_watch and self.app.run_watch.running):
+            self._launch(resume=True)
+
+    def _launch(self, resume: bool) -> None:
+        try:
+            self.app.start_run(resume=resume)
+        except (RecipeError, OSError) as exc:
+            self.notify(str(exc), severity="error", timeout=8)
+            return
+        self.show_run()
+
+    def action_cancel(self) -> None:
+        if self.app.run_watch and self.app.run_watch.running:
+            self.query_one("#run-status", Static).update("stopping every rank…")
+            self.app.cancel_run()

@@ -1,0 +1,92 @@
+"""Start: a new recipe, an existing file, a built-in recipe, a recent run, or chat."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, Label, OptionList, Static
+from textual.widgets.option_list import Option
+
+from tuner.recipe.io import RecipeError
+from tuner.recipe.registry import builtin_names, builtin_path, describe
+from tuner.tui.draft import Draft
+from tuner.tui.run_watch import recent_runs
+
+RUNS_ROOT = Path("runs")
+
+
+class StartScreen(Screen):
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("Plan a fine-tuning run: choose a model, the hardware and a method, see the memory plan fit, "
+                     "then launch and watch it. Everything ends up in one recipe file that `tuner run` replays.",
+                     id="intro")
+        with Horizontal(id="start-columns"):
+            with Vertical(id="start-actions"):
+                yield Label("Begin", classes="section-title")
+                options = [Option("New recipe", id="new"), Option("Open a recipe file…", id="open")]
+                options += [Option(f"Built-in recipe: {name} ({describe(name)})", id=f"builtin:{name}")
+                            for name in builtin_names()]
+                options.append(Option("Chat with a model or a finished run", id="chat"))
+                yield OptionList(*options, id="actions")
+                yield Input(placeholder="path/to/recipe.yaml, then enter", id="open-path")
+                yield Static("", id="start-error")
+            with Vertical(id="start-runs"):
+                yield Label("Recent runs", classes="section-title")
+                yield OptionList(id="runs")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#open-path", Input).display = False
+        self.query_one("#actions", OptionList).focus()
+
+    def on_screen_resume(self) -> None:
+        runs = self.query_one("#runs", OptionList)
+        runs.clear_options()
+        found = recent_runs(RUNS_ROOT)
+        for watch in found:
+            progress = f"step {watch.step}/{watch.max_steps}" if watch.max_steps else ""
+            loss = f"loss {watch.losses[-1]:.3f}" if watch.losses else ""
+            runs.add_option(Option(f"{watch.run_dir.name:<24} {watch.status:<18} {progress:<14} {loss}",
+                                   id=str(watch.run_dir)))
+        if not found:
+            runs.add_option(Option(f"none yet under {RUNS_ROOT}/", disabled=True))
+
+    def _open(self, draft: Draft, mode: str = "model") -> None:
+        self.app.load_draft(draft)
+        self.app.switch_mode(mode)
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        choice = event.option.id or ""
+        error = self.query_one("#start-error", Static)
+        error.update("")
+        try:
+            if event.option_list.id == "runs":
+                from tuner.tui.run_watch import replay
+
+                run_dir = Path(choice)
+                self.app.load_draft(Draft.from_file(run_dir / "recipe.lock.yaml"))
+                self.app.run_watch = replay(run_dir)
+                self.app.switch_mode("run")
+            elif choice == "new":
+                self._open(Draft())
+            elif choice == "open":
+                box = self.query_one("#open-path", Input)
+                box.display = True
+                box.focus()
+            elif choice.startswith("builtin:"):
+                draft = Draft.from_file(builtin_path(choice.removeprefix("builtin:")))
+                draft.path = None  # a copy: saving must not write into the built-in recipes
+                self._open(draft)
+            elif choice == "chat":
+                self.app.switch_mode("chat")
+        except RecipeError as exc:
+            error.update(str(exc))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        try:
+            self._open(Draft.from_file(event.value.strip()))
+        except RecipeError as exc:
+            self.query_one("#start-error", Static).update(str(exc))

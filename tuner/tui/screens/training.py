@@ -1,0 +1,32 @@
+"""Training: learning rate, schedule, length, checkpoints, output directory and resume."""
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+
+from tuner.tui.screens.base import WizardScreen
+from tuner.tui.widgets.fields import ChoiceField, InputField, value_choices
+
+
+class TrainingScreen(WizardScreen):
+    STEP = "training"
+
+    def compose_body(self) -> ComposeResult:
+        with Horizontal(classes="body"):
+            with Vertical(classes="form"):
+                yield InputField("Run name", "name")
+                yield InputField("Learning rate", "training.learning_rate", number=True)
+                yield ChoiceField("Schedule", value_choices("training.lr_scheduler",
+                                                       ["linear", "cosine", "constant", "constant_with_warmup"]),
+                                  id="schedule")
+                with Horizontal(classes="pair"):
+                    yield InputField("Epochs", "training.epochs", number=True)
+                    yield InputField("Max steps", "training.max_steps", number=True, placeholder="from epochs")
+                with Horizontal(classes="pair"):
+                    yield InputField("Warmup steps", "training.warmup_steps", number=True)
+                    yield InputField("Log every", "training.logging_steps", number=True)
+                with Horizontal(classes="pair"):
+                    yield InputField("Save every", "training.save_steps", number=True, placeholder="end only")
+                    yield InputField("Eval every", "training.eval_steps", number=True, placeholder="each epoch")
+                yield InputField("Output directory", "output.dir", placeholder="runs/<name>")
+                yield InputField("Resume", "training.resume", placeholder="never, auto or a checkpoint directory")
