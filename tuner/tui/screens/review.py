@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -12,6 +13,7 @@ from textual.message import Message
 from textual.widgets import Button, Input, Label, Static, TabbedContent, TabPane
 
 from tuner.recipe.io import RecipeError
+from tuner.recipe.warnings import recipe_warnings
 from tuner.tui.screens.base import WizardScreen
 from tuner.tui.screens.confirm import ConfirmScreen
 
@@ -82,7 +84,9 @@ class ReviewScreen(WizardScreen):
             self._show(message)
 
     def _show(self, rendered: FilesRendered) -> None:
-        self.query_one("#command", Static).update(rendered.error or f"$ {rendered.command}")
+        warnings = recipe_warnings(rendered.recipe) if rendered.recipe is not None else []
+        lines = [*(f"warning: {warning}" for warning in warnings), rendered.error or f"$ {rendered.command}"]
+        self.query_one("#command", Static).update(Text("\n".join(lines)))  # Text: paths and ids are never markup
         if rendered.files != self.files or not rendered.files:
             self.files = rendered.files
             self.call_later(self._show_files)
