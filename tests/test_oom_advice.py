@@ -48,3 +48,14 @@ def test_top_of_the_ladder_says_what_is_left() -> None:
 def test_cpu_demo_gets_advice_too() -> None:
     rung, message = out_of_memory_advice(load_recipe(builtin_path("demo")))
     assert rung == "micro_batch" and "memory.micro_batch_size=16" in message
+
+
+def test_advice_never_proposes_a_recipe_past_a_field_limit(capsys) -> None:
+    """Halving a micro-batch of 2 with accumulation 65536 would need 131072 steps (found by fuzzing)."""
+    from tuner.cli import main
+
+    settings = ["model.id=meta-llama/Llama-3.2-1B", "hardware.gpus_per_machine=1", "hardware.gpu=24GB",
+                "memory.mixed_precision=bf16", "model.dtype=bfloat16", "memory.micro_batch_size=2",
+                "memory.gradient_accumulation_steps=65536", "memory.max_seq_length=8192"]
+    code = main(["plan", "demo", "--advise", "--json", *[arg for s in settings for arg in ("--set", s)]])
+    assert code in (0, 1), capsys.readouterr().err

@@ -201,6 +201,17 @@ def _finish(recipe):
     return validate_recipe(recipe.model_dump(mode="json"))
 
 
+def _runnable(candidate) -> bool:
+    """Whether a candidate passes validation (e.g. accumulation within its limit of 65536)."""
+    from tuner.recipe.io import RecipeError
+
+    try:
+        _finish(candidate)
+    except RecipeError:
+        return False
+    return True
+
+
 def largest_micro_batch(recipe, limit: int = 4096) -> tuple[int, int] | None:
     """The largest micro-batch that still fits, and the accumulation that keeps the recipe's effective batch."""
     mem = recipe.memory
@@ -241,7 +252,8 @@ def advise(recipe, limit: int = 5) -> list[Advice]:
         memory_plan = plan(candidate)
         changes = _rungs(base, tactics)
         scored.append((memory_plan.fits, _cost(changes), memory_plan.gpu.total_gib, tactics, candidate, memory_plan, changes))
-    fitting = sorted((s for s in scored if s[0]), key=lambda s: (s[1], s[2]))
+    fitting = [s for s in sorted((s for s in scored if s[0]), key=lambda s: (s[1], s[2]))
+               if s[4] is recipe or _runnable(s[4])]  # a rung can push a field past its limit (found by fuzzing)
     if not fitting:
         best = min(scored, key=lambda s: s[5].missing_gib)
         _, cost, _, _, candidate, memory_plan, changes = best
