@@ -5,6 +5,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from tuner.events import EVENTS_FILE, read_events
 from tuner.launch.session import launch_and_follow
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import builtin_path
@@ -24,6 +25,16 @@ def _print_examples(title: str, result) -> None:
     for word, expected, answer in result.examples:
         mark = "ok " if answer == expected else "   "
         print(f"  {mark} reverse {word!r:10} -> {answer!r:12} (expected {expected!r})")
+
+
+def loss_summary(run_dir: Path) -> str:
+    """First training loss and last held-out loss of a run, from its events (what LoRA demos improve)."""
+    events = read_events(run_dir / EVENTS_FILE)
+    first = next((e["loss"] for e in events if e.get("event") == "step" and "loss" in e), None)
+    last = next((e["eval_loss"] for e in reversed(events) if "eval_loss" in e), None)
+    if first is None or last is None:
+        return ""
+    return f"loss {first:.3f} at the first step -> held-out loss {last:.3f} at the end"
 
 
 def run(args) -> int:
@@ -46,5 +57,8 @@ def run(args) -> int:
         return code
     after = exact_match(recipe, run_dir / "final", samples)
     _print_examples("after training", after)
+    summary = loss_summary(run_dir)
+    if summary:
+        print(summary)
     print(f"demo finished in {time.monotonic() - start:.0f} s: exact match {before.accuracy:.1%} -> {after.accuracy:.1%}")
     return 0
