@@ -10,6 +10,7 @@ from tuner.launch.session import launch_and_follow
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.render.run_directory import write_run_directory
+from tuner.run_layout import FINAL_DIR
 
 
 def register(subparsers) -> None:
@@ -55,7 +56,7 @@ def run(args) -> int:
     code = launch_and_follow(run_dir)
     if code != 0:
         return code
-    after = exact_match(recipe, run_dir / "final", samples)
+    after = exact_match(recipe, run_dir / FINAL_DIR, samples)
     _print_examples("after training", after)
     summary = loss_summary(run_dir)
     if summary:

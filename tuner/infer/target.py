@@ -14,8 +14,8 @@ from tuner.loading.model import ModelLoadError, resolve_model_path
 from tuner.recipe.io import RecipeSource, apply_overrides, load_recipe, validate_recipe
 from tuner.recipe.registry import resolve_recipe_argument
 from tuner.recipe.schema import Recipe
+from tuner.run_layout import FINAL_DIR
 
-FINAL_DIR = "final"  # where training saves the result (tuner.train writes it; infer does not import train)
 ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CONFIG = "config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"

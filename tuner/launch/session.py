@@ -8,6 +8,7 @@ from tuner.launch.argv import launch_argv
 from tuner.launch.failures import describe_failure
 from tuner.launch.progress import ProgressView
 from tuner.launch.runner import Launch
+from tuner.run_layout import CHECKPOINTS_DIR
 
 
 def launch_and_follow(run_dir: Path, quiet: bool = False) -> int:
@@ -20,7 +21,7 @@ def launch_and_follow(run_dir: Path, quiet: bool = False) -> int:
     except KeyboardInterrupt:
         print("stopping every rank ...", file=sys.stderr)
         code = launch.stop()
-        checkpoints = sorted((run_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: p.stat().st_mtime)
+        checkpoints = sorted((run_dir / CHECKPOINTS_DIR).glob("checkpoint-*"), key=lambda p: p.stat().st_mtime)
         where = f"last checkpoint: {checkpoints[-1]}" if checkpoints else "no checkpoint was saved"
         print(f"stopped; {where}. Continue with: tuner run {run_dir / 'recipe.lock.yaml'} --resume", file=sys.stderr)
         return code or 130

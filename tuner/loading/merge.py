@@ -12,11 +12,12 @@ from pathlib import Path
 from tuner.launch.argv import LOCK_FILE
 from tuner.loading.model import ModelLoadError, load_model, load_tokenizer
 from tuner.recipe.schema import Recipe
+from tuner.run_layout import FINAL_DIR
 
 
 def find_adapter(run: Path) -> Path:
     """The adapter folder of a run directory (its final/), or ``run`` itself when it holds an adapter."""
-    for candidate in (run, run / "final"):
+    for candidate in (run, run / FINAL_DIR):
         if (candidate / "adapter_config.json").is_file():
             return candidate
     raise ModelLoadError(f"{run}: no LoRA adapter here (no adapter_config.json in it or in its final/ folder); "

@@ -17,10 +17,10 @@ from tuner.events import EVENTS_FILE, write_event
 from tuner.recipe import RecipeError, load_recipe
 from tuner.recipe.schema import Recipe
 from tuner.render.deepspeed_config import DEEPSPEED_CONFIG
+from tuner.run_layout import FINAL_DIR
 
 log = logging.getLogger("tuner")
 
-FINAL_DIR = "final"
 MERGED_DIR = "merged"
 PROFILE_DIR = "profile"
 

@@ -19,11 +19,11 @@ from tuner.fileio import atomic_write_text
 from tuner.launch.argv import LOCK_FILE
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import Recipe
+from tuner.run_layout import CHECKPOINTS_DIR
 from tuner.train.integrity import checkpoint_problem
 
 log = logging.getLogger("tuner")
 
-CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_INFO = "tuner_checkpoint.json"
 _CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 
