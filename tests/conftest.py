@@ -26,7 +26,7 @@ def tuner_home(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_model_path(tuner_home) -> Path:
-    from tuner.builtin.model import builtin_model_path
+    from tuner.loading.demo_model import builtin_model_path
 
     return builtin_model_path("builtin:demo")
 

@@ -8,7 +8,8 @@ import pytest
 
 from tuner.recipe.io import load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
-from tuner.train.checkpoints import CHECKPOINT_INFO, checkpoint_states, incomplete_reason, latest_complete_checkpoint
+from tuner.run_layout import CHECKPOINT_INFO
+from tuner.train.checkpoints import checkpoint_states, incomplete_reason, latest_complete_checkpoint
 from tuner.train.integrity import checkpoint_problem
 
 

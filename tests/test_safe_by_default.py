@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from tuner.cli import main
-from tuner.launch.argv import launch_argv, shell_command
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.recipe.schema import Recipe
 from tuner.recipe.warnings import recipe_warnings
+from tuner.render.launch_command import launch_argv, shell_command
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTILE = [

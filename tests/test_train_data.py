@@ -10,10 +10,10 @@ import json
 import pytest
 
 from tuner.data.formats import DEFAULT_CHAT_TEMPLATE, IGNORE_INDEX, chat_segments
+from tuner.data.prepare import data_collator, encode_sample, prepare_data, split_samples
+from tuner.data.preview import labelled_segments, preview_examples
 from tuner.data.sources import DataError
 from tuner.recipe.io import validate_recipe
-from tuner.train.dataset import data_collator, encode_sample, prepare_data, split_samples
-from tuner.train.preview import labelled_segments, preview_examples
 
 M = IGNORE_INDEX
 
@@ -216,7 +216,7 @@ def test_labelled_segments_and_preview(tmp_path, tokenizer, capsys):
     assert labelled_segments(input_ids, labels, tokenizer) == [("reverse\nab=", False), ("ba</s>", True)]
 
     path = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "reverse", "input": "xyz", "output": "zyx"}])
-    data_format, examples = preview_examples(recipe_for(path), count=5)
+    data_format, examples = preview_examples(recipe_for(path), tokenizer, count=5)
     assert data_format == "instruction" and len(examples) == 1
     assert examples[0].segments == [("reverse\nxyz=", False), ("zyx</s>", True)]
     assert (examples[0].tokens, examples[0].trainable_tokens) == (16, 4)

@@ -19,8 +19,9 @@ import pytest
 from tuner.events import read_events
 from tuner.recipe.io import load_recipe
 from tuner.render.run_directory import write_run_directory
+from tuner.run_layout import CHECKPOINT_INFO
 from tuner.train.__main__ import main as train_main
-from tuner.train.checkpoints import CHECKPOINT_INFO, latest_complete_checkpoint, resume_settings
+from tuner.train.checkpoints import latest_complete_checkpoint, resume_settings
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -419,7 +419,7 @@ def check_model(recipe: Recipe | None) -> Check:
     """The recipe's model is on disk (or in the hub cache) before any process starts loading it."""
     if recipe is None:
         return Check("model", "ok", "no recipe given")
-    from tuner.builtin.model import is_builtin
+    from tuner.catalog.demo import is_builtin
     from tuner.loading.model import ModelLoadError, resolve_model_path
 
     model_id = recipe.model.id

@@ -10,8 +10,6 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-EVENTS_FILE = "events.jsonl"
-
 
 def write_event(path: Path, event: str, /, **fields: Any) -> dict[str, Any]:
     """Append one event (flushed at once so readers see it while the run goes on)."""

@@ -1,4 +1,40 @@
-"""Names inside a run directory that several floors share (training writes them; infer, merge and demo read them)."""
+"""Every name inside a run directory, defined once: render writes them, training fills them, launch, infer,
+merge, demo and the wizard read them.  Pure constants (bottom floor): any module may import them.
 
-FINAL_DIR = "final"  # the trained model or adapter, its tokenizer and the lock recipe
-CHECKPOINTS_DIR = "checkpoints"  # the Trainer's checkpoint-N folders
+runs/<name>/
+  recipe.lock.yaml   the resolved recipe (every default explicit): the training entrypoint's only input
+  accelerate.yaml    Accelerate's launch config;  deepspeed.json  when DeepSpeed is used
+  launch.sh          the exact launch command;     slurm.sbatch    for GPU runs
+  events.jsonl       one JSON object per line (started, step, eval, checkpoint, memory, finished, error)
+  train.log          every rank's output
+  memory.json        the plan's prediction beside the measured peak, written at the end
+  checkpoints/checkpoint-N/  the Trainer's checkpoints, each with tuner_checkpoint.json written last
+  final/             the trained model or adapter, its tokenizer and the lock recipe
+  merged/            an adapter merged into its base (output.save: merged, or `tuner merge`)
+  offload/           weights placed on disk by device_map="auto" at inference
+  profile/           the torch profiler trace of `--profile N`
+  .tuner-run.lock    held by the tuner that launched the run, while it runs
+"""
+
+LOCK_FILE = "recipe.lock.yaml"
+ACCELERATE_CONFIG = "accelerate.yaml"
+DEEPSPEED_CONFIG = "deepspeed.json"
+LAUNCH_SCRIPT = "launch.sh"
+SLURM_SCRIPT = "slurm.sbatch"
+EVENTS_FILE = "events.jsonl"
+LOG_FILE = "train.log"
+MEMORY_REPORT = "memory.json"
+CHECKPOINTS_DIR = "checkpoints"
+CHECKPOINT_PREFIX = "checkpoint-"  # the Trainer's own folder names: checkpoint-<global step>
+CHECKPOINT_INFO = "tuner_checkpoint.json"  # written last into a checkpoint: its settings, and that it is complete
+FINAL_DIR = "final"
+MERGED_DIR = "merged"
+OFFLOAD_DIR = "offload"
+PROFILE_DIR = "profile"
+RUN_LOCK = ".tuner-run.lock"
+
+# What `tuner render` writes: the files a re-render may replace (the rest of a run directory is the run's own).
+RENDERED_FILES = (LOCK_FILE, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, SLURM_SCRIPT)
+# What a run adds to its directory.
+RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR,
+               PROFILE_DIR, RUN_LOCK)

@@ -277,13 +277,12 @@ def _catalog_key(model_id: str) -> str | None:
 
 def _demo_config() -> dict:
     """The built demo model's config.json when it has been built, else its recipe (same numbers)."""
-    from tuner.builtin.model import DEMO_CONFIG, SPECIAL_TOKENS, tuner_home
+    from tuner.catalog.demo import DEMO_CONFIG, DEMO_VOCAB_SIZE, demo_model_dir
 
-    built = tuner_home() / "models" / "demo" / "config.json"
+    built = demo_model_dir() / "config.json"
     if built.is_file():
         return json.loads(built.read_text())
-    # the demo tokenizer has one token per printable ASCII character plus newline, and the special tokens
-    return {"model_type": "llama", "vocab_size": 95 + 1 + len(SPECIAL_TOKENS), **DEMO_CONFIG}
+    return {"model_type": "llama", "vocab_size": DEMO_VOCAB_SIZE, **DEMO_CONFIG}
 
 
 @lru_cache(maxsize=64)

@@ -18,10 +18,11 @@ def run_preview(args) -> int:
     from rich.console import Console
     from rich.text import Text
 
-    from tuner.train.preview import preview_examples
+    from tuner.data.preview import preview_examples
+    from tuner.loading.model import load_tokenizer
 
     recipe = recipe_from_args(args)
-    data_format, examples = preview_examples(recipe, max(args.count, 1))
+    data_format, examples = preview_examples(recipe, load_tokenizer(recipe), max(args.count, 1))
     console = Console(highlight=False)
     plain = not console.is_terminal  # no styles in a pipe or a log: masked text goes between « »
     legend = "masked text between « »" if plain else "[bold]bold[/] = learned, [dim]dim[/] = masked"

@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from tuner.events import EVENTS_FILE, read_events
+from tuner.events import read_events
 from tuner.launch.session import launch_and_follow
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import builtin_path
+from tuner.recipe.schema import Recipe
 from tuner.render.run_directory import write_run_directory
-from tuner.run_layout import FINAL_DIR
+from tuner.run_layout import EVENTS_FILE, FINAL_DIR
 
 
 def register(subparsers) -> None:
@@ -19,6 +21,36 @@ def register(subparsers) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("-o", "--output", help="run directory (default: runs/demo-<time>)")
     parser.set_defaults(run=run)
+
+
+@dataclass
+class ExactMatch:
+    accuracy: float
+    examples: list[tuple[str, str, str]]  # (input, expected, answer)
+
+
+def held_out_samples(recipe: Recipe) -> list[dict]:
+    """The evaluation split the training run holds out (same seed, same split)."""
+    from tuner.data.prepare import split_samples
+
+    _, held_out, _ = split_samples(recipe)
+    return list(held_out)
+
+
+def exact_match(recipe: Recipe, model_path: str | Path, samples: list[dict], shown: int = 5) -> ExactMatch:
+    """Greedy answers of the model at ``model_path`` compared with the expected outputs."""
+    from tuner.data.formats import prompt_text
+    from tuner.infer.generate import generate_answers
+    from tuner.loading.model import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(recipe, str(model_path))
+    model = load_model(recipe, str(model_path))
+    prompts = [prompt_text(sample, "instruction", tokenizer) for sample in samples]
+    longest = max(len(tokenizer(sample["output"], add_special_tokens=False)["input_ids"]) for sample in samples)
+    answers = generate_answers(model, tokenizer, prompts, max_new_tokens=longest + 1)
+    results = [(s["input"], s["output"], a.strip()) for s, a in zip(samples, answers)]
+    correct = sum(expected == answer for _, expected, answer in results)
+    return ExactMatch(correct / len(results), results[:shown])
 
 
 def _print_examples(title: str, result) -> None:
@@ -39,7 +71,6 @@ def loss_summary(run_dir: Path) -> str:
 
 
 def run(args) -> int:
-    from tuner.builtin.demo import exact_match, held_out_samples
     from tuner.loading.model import resolve_model_path
 
     start = time.monotonic()

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.recipe.io import RecipeError, load_recipe
+from tuner.run_layout import MERGED_DIR
 
 
 def register(subparsers) -> None:
@@ -15,15 +16,15 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    from tuner.launch.argv import LOCK_FILE
     from tuner.loading.merge import find_adapter, merge_adapter
+    from tuner.run_layout import LOCK_FILE
 
     run_dir = Path(args.run_dir)
     adapter = find_adapter(run_dir)
     lock = next((p for p in (adapter / LOCK_FILE, run_dir / LOCK_FILE) if p.is_file()), None)
     if lock is None:
         raise RecipeError([f"{run_dir}: no {LOCK_FILE} beside the adapter; merge needs it to find the base model."])
-    output = merge_adapter(load_recipe(lock), adapter, Path(args.output) if args.output else run_dir / "merged",
+    output = merge_adapter(load_recipe(lock), adapter, Path(args.output) if args.output else run_dir / MERGED_DIR,
                            force=args.force)
     print(f"merged model saved in {output}")
     return 0

@@ -5,12 +5,13 @@ import sys
 
 from tuner.commands._recipe_args import add_recipe_arguments, recipe_from_args
 from tuner.doctor import check_disk
-from tuner.launch.argv import launch_argv, shell_command
 from tuner.launch.preflight import check_memory
 from tuner.launch.session import launch_and_follow
 from tuner.recipe.io import RecipeError
-from tuner.render.launch_script import LAUNCH_SCRIPT, SLURM_SCRIPT, node_commands
+from tuner.render.launch_command import launch_argv, shell_command
+from tuner.render.launch_script import node_commands
 from tuner.render.run_directory import write_run_directory
+from tuner.run_layout import LAUNCH_SCRIPT, SLURM_SCRIPT
 
 
 def register(subparsers) -> None:
@@ -57,7 +58,8 @@ def run(args) -> int:
 
 def report_resume(run_dir) -> None:
     """Say which checkpoint the ranks will resume from, and why newer ones are skipped, before they start."""
-    from tuner.train.checkpoints import CHECKPOINTS_DIR, checkpoint_states
+    from tuner.run_layout import CHECKPOINTS_DIR
+    from tuner.train.checkpoints import checkpoint_states
 
     for checkpoint, problem in checkpoint_states(run_dir / CHECKPOINTS_DIR):
         if problem is None:

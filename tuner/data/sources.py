@@ -5,8 +5,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.builtin.model import tuner_home
-from tuner.builtin.task import BUILTIN_DATASETS, builtin_dataset_path
+from tuner.data.reverse import BUILTIN_DATASETS, builtin_dataset_path
+from tuner.home import tuner_home
 
 FILE_LOADERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 

@@ -9,12 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from tuner.launch.argv import LOCK_FILE
 from tuner.loading.model import ModelLoadError, resolve_model_path
 from tuner.recipe.io import RecipeSource, apply_overrides, load_recipe, validate_recipe
 from tuner.recipe.registry import resolve_recipe_argument
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import FINAL_DIR
+from tuner.run_layout import FINAL_DIR, LOCK_FILE, OFFLOAD_DIR
 
 ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CONFIG = "config.json"
@@ -36,7 +35,7 @@ class InferenceTarget:
         configured = self.recipe.inference.offload_folder
         if configured:
             return Path(configured).expanduser()
-        return self.run_dir / "offload" if self.run_dir else None
+        return self.run_dir / OFFLOAD_DIR if self.run_dir else None
 
     def describe(self) -> str:
         adapter = f" + adapter {self.adapter}" if self.adapter else ""

@@ -16,9 +16,8 @@ from collections import deque
 from pathlib import Path
 from typing import Callable
 
-from tuner.events import EVENTS_FILE, EventFollower
-
-LOG_FILE = "train.log"
+from tuner.events import EventFollower
+from tuner.run_layout import EVENTS_FILE, LOG_FILE
 
 
 def executable_argv(argv: list[str]) -> list[str]:

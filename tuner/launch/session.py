@@ -4,10 +4,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tuner.launch.argv import launch_argv
 from tuner.launch.failures import describe_failure
 from tuner.launch.progress import ProgressView
 from tuner.launch.runner import Launch
+from tuner.render.launch_command import launch_argv
 from tuner.run_layout import CHECKPOINTS_DIR
 
 

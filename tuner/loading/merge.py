@@ -9,10 +9,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tuner.launch.argv import LOCK_FILE
 from tuner.loading.model import ModelLoadError, load_model, load_tokenizer
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import FINAL_DIR
+from tuner.run_layout import FINAL_DIR, LOCK_FILE
 
 
 def find_adapter(run: Path) -> Path:

@@ -10,7 +10,8 @@ import logging
 import re
 from pathlib import Path
 
-from tuner.builtin.model import builtin_model_path, is_builtin
+from tuner.catalog.demo import is_builtin
+from tuner.loading.demo_model import builtin_model_path
 from tuner.recipe.schema import Recipe
 
 log = logging.getLogger("tuner")

@@ -290,6 +290,15 @@ def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
     return validate_recipe(apply_overrides(data, overrides, source), source)
 
 
+def with_output_dir(recipe: Recipe, directory: str | Path) -> Recipe:
+    """The recipe run in ``directory`` instead of its own output.dir (``-o``), checked like any other value."""
+    if str(directory) == recipe.output.dir:
+        return recipe
+    data = recipe.model_dump(mode="json")
+    data["output"]["dir"] = str(directory)
+    return validate_recipe(data, RecipeSource(path="-o/--output"))
+
+
 def recipe_to_yaml(recipe: Recipe) -> str:
     """The fully resolved recipe as YAML: every default explicit, sections in schema order."""
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100)

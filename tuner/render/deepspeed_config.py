@@ -11,8 +11,6 @@ from typing import Any
 
 from tuner.recipe.schema import Recipe
 
-DEEPSPEED_CONFIG = "deepspeed.json"
-
 
 def _offload(device: str, nvme_path: str | None, pin_memory: bool) -> dict[str, Any]:
     offload: dict[str, Any] = {"device": device, "pin_memory": pin_memory}

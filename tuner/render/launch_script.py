@@ -11,11 +11,10 @@ import re
 import shlex
 from pathlib import Path
 
-from tuner.launch.argv import launch_argv, shell_command
 from tuner.recipe.schema import Recipe
+from tuner.render.launch_command import launch_argv, shell_command
+from tuner.run_layout import LAUNCH_SCRIPT, SLURM_SCRIPT
 
-LAUNCH_SCRIPT = "launch.sh"
-SLURM_SCRIPT = "slurm.sbatch"
 MAIN_PROCESS_IP_VARIABLE = "MAIN_PROCESS_IP"
 
 

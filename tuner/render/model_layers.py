@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.builtin.model import builtin_model_path, is_builtin
+from tuner.catalog.demo import DEMO_ARCHITECTURE, demo_model_dir, is_builtin
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import ModelSection
 
 
 def _config_source(model: ModelSection) -> str:
-    if is_builtin(model.id):
-        return str(builtin_model_path(model.id))
     return str(Path(model.id).expanduser()) if Path(model.id).expanduser().exists() else model.id
 
 
@@ -26,6 +24,9 @@ def model_class(model: ModelSection):
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    if is_builtin(model.id):
+        demo_model_dir(model.id)  # refuses an unknown built-in name
+        return getattr(transformers, DEMO_ARCHITECTURE)  # known without building it
     source = _config_source(model)
     try:
         config = AutoConfig.from_pretrained(source, revision=model.revision, trust_remote_code=model.trust_remote_code)

@@ -3,21 +3,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.events import EVENTS_FILE
 from tuner.fileio import atomic_write_directory, atomic_write_text
-from tuner.launch.argv import ACCELERATE_CONFIG, LOCK_FILE
-from tuner.recipe.io import RecipeError, recipe_to_yaml
+from tuner.recipe.io import RecipeError, recipe_to_yaml, with_output_dir
 from tuner.recipe.schema import Recipe
 from tuner.render.accelerate_config import render_accelerate_config
-from tuner.render.deepspeed_config import DEEPSPEED_CONFIG, render_deepspeed_config
-from tuner.render.launch_script import LAUNCH_SCRIPT, SLURM_SCRIPT, render_launch_script, render_slurm_script
+from tuner.render.deepspeed_config import render_deepspeed_config
+from tuner.render.launch_script import render_launch_script, render_slurm_script
+from tuner.run_layout import ACCELERATE_CONFIG, DEEPSPEED_CONFIG, EVENTS_FILE, LAUNCH_SCRIPT, LOCK_FILE, SLURM_SCRIPT
 
 EXECUTABLES = (LAUNCH_SCRIPT, SLURM_SCRIPT)
 
 
 def render_run_files(recipe: Recipe, run_dir: str | Path | None = None) -> dict[str, str]:
     """File name -> text for the run directory (what the Review screen shows and ``tuner render`` writes)."""
-    run_dir = Path(run_dir or recipe.output.dir)
+    if run_dir is not None:  # the lock names the directory the files are written to (`tuner render -o DIR`)
+        recipe = with_output_dir(recipe, run_dir)
+    run_dir = Path(recipe.output.dir)
     mem = recipe.memory
     deepspeed_file = str(run_dir / DEEPSPEED_CONFIG) if mem.distributed == "deepspeed" else None
     layer_classes = None

@@ -13,16 +13,12 @@ import os
 import sys
 from pathlib import Path
 
-from tuner.events import EVENTS_FILE, write_event
+from tuner.events import write_event
 from tuner.recipe import RecipeError, load_recipe
 from tuner.recipe.schema import Recipe
-from tuner.render.deepspeed_config import DEEPSPEED_CONFIG
-from tuner.run_layout import FINAL_DIR
+from tuner.run_layout import DEEPSPEED_CONFIG, EVENTS_FILE, FINAL_DIR, MEMORY_REPORT, MERGED_DIR, PROFILE_DIR
 
 log = logging.getLogger("tuner")
-
-MERGED_DIR = "merged"
-PROFILE_DIR = "profile"
 
 
 def checkpointing_arguments(arguments_class, enabled: bool) -> dict:
@@ -38,7 +34,7 @@ def checkpointing_arguments(arguments_class, enabled: bool) -> dict:
 def training_arguments(recipe: Recipe, run_dir: Path):
     from transformers import TrainingArguments
 
-    from tuner.train.checkpoints import CHECKPOINTS_DIR
+    from tuner.run_layout import CHECKPOINTS_DIR
 
     mem, training = recipe.memory, recipe.training
     evaluate = recipe.data.eval_fraction > 0
@@ -123,11 +119,11 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from transformers import Trainer
 
     from tuner.fileio import atomic_write_text
-    from tuner.launch.argv import LOCK_FILE
     from tuner.loading.model import load_tokenizer
+    from tuner.run_layout import LOCK_FILE
     from tuner.train.callbacks import EventsCallback, ProfilerCallback, memory_per_rank
     from tuner.train.checkpoints import CheckpointInfoCallback, resume_checkpoint
-    from tuner.train.dataset import data_collator, prepare_data
+    from tuner.data.prepare import data_collator, prepare_data
     from tuner.train.rank_trace import RankTrace, tracing_ranks
 
     events = run_dir / EVENTS_FILE
@@ -176,7 +172,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
         from tuner.loading.merge import merge_adapter
 
         merged = merge_adapter(recipe, final, run_dir / MERGED_DIR, force=True)
-    atomic_write_text(run_dir / "memory.json", json.dumps(report, indent=2) + "\n")
+    atomic_write_text(run_dir / MEMORY_REPORT, json.dumps(report, indent=2) + "\n")
     log.info("%s", report["line"])
     write_event(events, "memory", **report)
     write_event(events, "finished", step=trainer.state.global_step, final_dir=str(final),

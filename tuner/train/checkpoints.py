@@ -16,15 +16,13 @@ from typing import Any, Iterator
 from transformers import TrainerCallback
 
 from tuner.fileio import atomic_write_text
-from tuner.launch.argv import LOCK_FILE
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import CHECKPOINTS_DIR
+from tuner.run_layout import CHECKPOINT_INFO, CHECKPOINTS_DIR, LOCK_FILE
 from tuner.train.integrity import checkpoint_problem
 
 log = logging.getLogger("tuner")
 
-CHECKPOINT_INFO = "tuner_checkpoint.json"
 _CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 
 

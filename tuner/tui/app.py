@@ -150,9 +150,9 @@ class TunerApp(App[int]):
     # --- the run ----------------------------------------------------------------------------
     def start_run(self, resume: bool = False) -> RunWatch:
         """Write the run directory and launch it through the same launcher as ``tuner run``."""
-        from tuner.launch.argv import launch_argv
         from tuner.launch.runner import Launch
         from tuner.recipe.io import validate_recipe
+        from tuner.render.launch_command import launch_argv
         from tuner.render.run_directory import write_run_directory
 
         recipe = self.draft.recipe

@@ -50,7 +50,7 @@ def _entry(model_id: str, facts) -> ModelEntry:
 
 
 def _demo_without_catalog() -> ModelEntry:
-    from tuner.builtin.model import DEMO_CONFIG
+    from tuner.catalog.demo import DEMO_CONFIG
 
     return ModelEntry(DEMO_ID, "llama      ~0.8M  ctx 256",
                       {"hidden size": DEMO_CONFIG["hidden_size"], "layers": DEMO_CONFIG["num_hidden_layers"],

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.run_layout import LOCK_FILE
+
 LOG_LINES = 400
 
 
@@ -84,7 +86,8 @@ class RunWatch:
 
 def replay(run_dir: Path) -> RunWatch:
     """The state of a run from its events file (recent runs on the Start screen)."""
-    from tuner.events import EVENTS_FILE, read_events
+    from tuner.events import read_events
+    from tuner.run_layout import EVENTS_FILE
 
     watch = RunWatch(run_dir=run_dir, status="not started")
     events = read_events(run_dir / EVENTS_FILE)
@@ -103,6 +106,6 @@ def recent_runs(root: Path, limit: int = 8) -> list[RunWatch]:
     """Run directories under ``root`` (newest first), each replayed from its events."""
     if not root.is_dir():
         return []
-    runs = [path for path in root.iterdir() if (path / "recipe.lock.yaml").is_file()]
+    runs = [path for path in root.iterdir() if (path / LOCK_FILE).is_file()]
     runs.sort(key=lambda path: path.stat().st_mtime, reverse=True)
     return [replay(path) for path in runs[:limit]]

@@ -76,10 +76,11 @@ class DataScreen(WizardScreen):
     def load_preview(self, key: tuple, recipe) -> None:
         """The first training example exactly as the trainer tokenises and masks it (datasets and
         transformers are heavy: off the UI thread)."""
-        from tuner.train.preview import preview_examples
+        from tuner.data.preview import preview_examples
+        from tuner.loading.model import load_tokenizer
 
         try:
-            data_format, examples = preview_examples(recipe, count=1)
+            data_format, examples = preview_examples(recipe, load_tokenizer(recipe), count=1)
         except Exception as exc:  # any data or tokenizer problem is shown in place of the example
             self.post_message(PreviewLoaded(key, error=str(exc) or type(exc).__name__))
             return

@@ -29,7 +29,7 @@ def highlighted(name: str, text: str):
 
 def rendered_files(recipe) -> tuple[dict[str, str], str]:
     """What ``tuner render`` writes for this recipe and the command ``tuner run`` launches."""
-    from tuner.launch.argv import launch_argv, shell_command
+    from tuner.render.launch_command import launch_argv, shell_command
     from tuner.render.run_directory import render_run_files
 
     return render_run_files(recipe), shell_command(launch_argv(Path(recipe.output.dir)))

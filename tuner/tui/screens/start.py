@@ -11,6 +11,7 @@ from textual.widgets.option_list import Option
 
 from tuner.recipe.io import RecipeError
 from tuner.recipe.registry import builtin_names, builtin_path, describe
+from tuner.run_layout import LOCK_FILE
 from tuner.tui.draft import Draft
 from tuner.tui.run_watch import recent_runs
 
@@ -67,7 +68,7 @@ class StartScreen(Screen):
                 from tuner.tui.run_watch import replay
 
                 run_dir = Path(choice)
-                self.app.load_draft(Draft.from_file(run_dir / "recipe.lock.yaml"))
+                self.app.load_draft(Draft.from_file(run_dir / LOCK_FILE))
                 self.app.run_watch = replay(run_dir)
                 self.app.switch_mode("run")
             elif choice == "new":

@@ -6,28 +6,11 @@ through the ordinary ``from_pretrained`` path like any user model.
 """
 from __future__ import annotations
 
-import os
 import string
 from pathlib import Path
 
-BUILTIN_PREFIX = "builtin:"
-DEMO_MODEL = "demo"
+from tuner.catalog.demo import DEMO_CONFIG, SPECIAL_TOKENS, demo_model_dir
 
-# A Llama-shaped decoder of ~0.8M parameters: large enough to learn word reversal,
-# small enough to train in well under a minute on two CPU cores.
-DEMO_CONFIG = dict(
-    hidden_size=128,
-    intermediate_size=344,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=True,
-    rope_theta=10000.0,
-)
-
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
 # A compact template keeps the demo's sequences short: "reverse\nabc=cba</s>".
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -37,26 +20,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def tuner_home() -> Path:
-    """Where tuner caches what it builds: ``$TUNER_HOME`` or the user's cache directory."""
-    configured = os.environ.get("TUNER_HOME")
-    if configured:
-        return Path(configured).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("tuner"))
-
-
-def is_builtin(model_id: str) -> bool:
-    return model_id.startswith(BUILTIN_PREFIX)
-
-
 def builtin_model_path(model_id: str) -> Path:
     """Directory of a built-in model, building it on first use."""
-    name = model_id.removeprefix(BUILTIN_PREFIX)
-    if name != DEMO_MODEL:
-        raise ValueError(f"unknown built-in model {model_id!r}; the built-in model is {BUILTIN_PREFIX}{DEMO_MODEL}")
-    path = tuner_home() / "models" / name
+    path = demo_model_dir(model_id)
     if not (path / "config.json").is_file():
         build_demo_model(path)
     return path

@@ -8,8 +8,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from tuner.data.formats import (FORMAT_COLUMNS, IGNORE_INDEX, detect_format, sample_problem, sample_segments,
-                                tokenize_segments)
+from tuner.data.formats import (
+    FORMAT_COLUMNS,
+    IGNORE_INDEX,
+    detect_format,
+    sample_problem,
+    sample_segments,
+    tokenize_segments,
+)
 from tuner.data.sources import DataError, Samples, listed, load_split
 from tuner.recipe.schema import Recipe
 

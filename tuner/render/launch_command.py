@@ -4,8 +4,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-ACCELERATE_CONFIG = "accelerate.yaml"
-LOCK_FILE = "recipe.lock.yaml"
+from tuner.run_layout import ACCELERATE_CONFIG, LOCK_FILE
 
 
 def launch_argv(run_dir: str | Path, machine_rank: int | str | None = None,

@@ -38,13 +38,11 @@ def labelled_segments(input_ids: list[int], labels: list[int], tokenizer) -> lis
     return segments
 
 
-def preview_examples(recipe: Recipe, count: int = 3) -> tuple[str, list[PreviewExample]]:
+def preview_examples(recipe: Recipe, tokenizer, count: int = 3) -> tuple[str, list[PreviewExample]]:
     """The data format and the first ``count`` training samples as the Trainer will see them."""
-    from tuner.loading.model import load_tokenizer
-    from tuner.train.dataset import encode_sample, split_samples
+    from tuner.data.prepare import encode_sample, split_samples
 
     train, _, data_format = split_samples(recipe)
-    tokenizer = load_tokenizer(recipe)
     examples = []
     for sample in train.select(range(min(count, len(train)))):
         encoded = encode_sample(sample, data_format, tokenizer, recipe)
