@@ -13,6 +13,7 @@ import os
 import pytest
 
 from tuner.planner import plan
+from tuner.planner.memory import TRAINING_STEP
 from tuner.planner.simulate import simulate, why_not_simulable
 from tuner.recipe.io import validate_recipe
 
@@ -62,11 +63,10 @@ def _recipe(path, method, checkpointing, attention, seq, batch):
 @pytest.mark.parametrize("arch, method, checkpointing, attention, seq, batch", list(_cells()))
 def test_analytic_plan_within_15_percent_of_simulation(model_dirs, arch, method, checkpointing, attention, seq, batch):
     recipe = _recipe(model_dirs / arch, method, checkpointing, attention, seq, batch)
-    device = plan(recipe).devices[0]
-    predicted = device.total_gib - device.terms["overhead"]  # the trace sees tensors only
+    predicted = plan(recipe).devices[0].phase_gib(TRAINING_STEP, ("allocated",))  # the trace sees tensors only
     simulated = simulate(recipe)
     assert simulated.error is None
-    assert predicted == pytest.approx(simulated.peak_gib, rel=TOLERANCE), (device.terms, simulated.peak_by_category)
+    assert predicted == pytest.approx(simulated.peak_gib, rel=TOLERANCE), simulated.peak_by_category
 
 
 def test_unsimulable_cases_say_why():

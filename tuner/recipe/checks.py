@@ -157,7 +157,39 @@ def _training(recipe: Recipe) -> list[Problem]:
     return problems
 
 
-RULES = (_topology, _sharding, _method, _precision, _training)
+def _long_context(recipe: Recipe) -> list[Problem]:
+    mem, lora = recipe.memory, recipe.method.lora
+    problems = []
+    if mem.activation_offloading and not mem.gradient_checkpointing:
+        problems.append(Problem(
+            "memory.activation_offloading",
+            "activation offloading holds the checkpointed layer inputs in CPU RAM: set gradient_checkpointing: true "
+            "too, or activation_offloading: false."))
+    if mem.activation_offloading and not recipe.uses_gpu:
+        problems.append(Problem(
+            "memory.activation_offloading",
+            "on the CPU the activations already live in CPU RAM (and transformers' offload pins host memory, which "
+            "needs a GPU): set activation_offloading: false."))
+    if mem.chunked_loss and (mem.distributed == "fsdp" or (mem.distributed == "deepspeed" and mem.zero_stage == 3)):
+        problems.append(Problem(
+            "memory.chunked_loss",
+            "the chunked loss reads the output head's weight outside its forward, where ZeRO-3 and FSDP keep it "
+            "sharded: use zero_stage 2 (or ddp), or set chunked_loss: false."))
+    if mem.chunked_loss and mem.liger:
+        problems.append(Problem(
+            "memory.chunked_loss",
+            "liger's fused linear cross-entropy already computes the loss in chunks (on GPU): set chunked_loss: false "
+            "or liger: false."))
+    adapted = ([] if lora.target_modules == "all-linear" else list(lora.target_modules)) + list(lora.modules_to_save)
+    if mem.chunked_loss and recipe.method.kind != "full" and "lm_head" in adapted:
+        problems.append(Problem(
+            "memory.chunked_loss",
+            "the chunked loss multiplies by the output head's own weight, so it cannot train lm_head through an adapter "
+            "or modules_to_save: remove lm_head there, or set chunked_loss: false."))
+    return problems
+
+
+RULES = (_topology, _sharding, _method, _precision, _training, _long_context)
 
 
 def find_problems(recipe: Recipe) -> list[Problem]:

@@ -141,6 +141,18 @@ class MemorySection(Section):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass instead of storing them (~30% slower, far less memory)."
     )
+    activation_offloading: bool = Field(
+        False,
+        description="Hold the checkpointed layer inputs in pinned CPU RAM instead of GPU memory (transformers' "
+        "activation-checkpointing offload): frees layers x tokens x hidden size of GPU memory, at the cost of a copy "
+        "each way per step. Needs gradient_checkpointing and a GPU.",
+    )
+    chunked_loss: bool = Field(
+        False,
+        description="Compute the output head and cross-entropy in chunks of tokens (torch.nn.functional."
+        "linear_cross_entropy), so the tokens x vocabulary logits are never built whole. Not with ZeRO-3 or FSDP "
+        "(the output head is sharded outside its own forward), nor with liger (its fused loss does the same on GPU).",
+    )
     attention: Literal["auto", "flash", "sdpa", "eager"] = Field(
         "auto",
         description="Attention kernel: flash (flash-attn 2, CUDA only), sdpa (PyTorch fused), eager (stores the "
