@@ -89,7 +89,10 @@ def run(args) -> int:
     if args.simulate:
         from tuner.planner.simulate import simulate
 
-        simulation = simulate(recipe)
+        adapt = None
+        if recipe.memory.chunked_loss:
+            from tuner.loading.chunked_loss import enable_chunked_loss as adapt
+        simulation = simulate(recipe, adapt)
     if args.json:
         import json
 

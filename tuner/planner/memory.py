@@ -298,6 +298,21 @@ def _frozen_weight_items(s: _Setup) -> list[Item]:
     return items
 
 
+def _frozen_autocast_copies(s: _Setup) -> list[Item]:
+    """fp32 frozen weights under autocast: each linear casts its weight to 16 bits on every use (autocast caches
+    casts only of tensors that require grad) and keeps the copy for the backward of its input, until that backward
+    (under checkpointing only the recomputed layer's, plus the output head's)."""
+    f, counts = s.facts, s.facts.param_counts
+    layers = counts.attention + counts.mlp
+    head = Item("autocast 16-bit copy of the frozen fp32 output head", "weights",
+                (counts.lm_head or counts.embeddings) * 2, BACKWARD, source="autocast")
+    if s.checkpointing:
+        return [head, Item("autocast 16-bit copies of one recomputed layer's frozen weights", "weights",
+                           layers / f.num_layers * 2, LAYER_BACKWARD, source="autocast")]
+    return [head, Item("autocast 16-bit copies of the frozen fp32 linear weights", "weights", layers * 2, BACKWARD,
+                       source="autocast")]
+
+
 def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
     """(GPU items, host items per GPU, notes) for weights, adapters, gradients and optimizer states."""
     f, counts = s.facts, s.facts.param_counts
@@ -361,6 +376,8 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
                                 BACKWARD, source="autocast"))
         else:
             gpu.extend(frozen_items)
+            if s.mixed and s.weight_bytes == 4 and s.quant_bits is None:
+                gpu.extend(_frozen_autocast_copies(s))
 
     # -------- trainable parameters' gradients and optimizer states
     if full:
@@ -556,8 +573,13 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
     span = attention_span(s)
     # the backward of one layer holds the gradients of the SwiGLU intermediates, then (eager) those of
     # the span x span probabilities and scores; the MLP's are freed before the attention's backward starts
-    layer_backward = tokens * max(4 * a * f.intermediate_size * max(f.experts_per_token, 1),
-                                  6 * f.num_heads * span if s.eager else 0)
+    mlp_backward = 4 * a * f.intermediate_size * max(f.experts_per_token, 1)
+    targets = _lora_linears(s)
+    if targets and a == 2:
+        # PEFT casts each adapted layer's input to the adapters' fp32: backward through the widest adapter holds the
+        # fp32 gradients of its input and of its dropout beside the 16-bit ones
+        mlp_backward += 2 * 4 * max(lin.in_features for lin in targets)
+    layer_backward = tokens * max(mlp_backward, 6 * f.num_heads * span if s.eager else 0)
     items, host = [], []
     if s.checkpointing:
         inputs = Item(f"checkpointed layer inputs ({f.num_layers} layers)", "activations",

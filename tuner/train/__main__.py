@@ -86,7 +86,7 @@ def build_model(recipe: Recipe):
     if recipe.method.kind in ("lora", "qlora"):
         model = apply_lora(model, recipe)
     if recipe.memory.chunked_loss:
-        from tuner.train.chunked_loss import enable_chunked_loss
+        from tuner.loading.chunked_loss import enable_chunked_loss
 
         enable_chunked_loss(model)
         log.info("loss: chunked linear cross-entropy (the tokens x vocabulary logits are never built whole)")
