@@ -20,8 +20,13 @@ def _recipe(model_id: str, gpus: int, stage: int | None, **memory):
     })
 
 
+STEP_BUFFERS = ("temporaries", "reduced gradients")  # the optimizer step's temporaries, stage 1's reduce buffer
+
+
 def _model_states(memory_plan, device: int = 0, skip=("bucket", "gathered", "fp32 gradients for the step")) -> float:
-    """Bytes of weights, gradients and optimizer states on one device (optionally without the named items)."""
+    """Bytes of weights, gradients and optimizer states on one device, without the transient step buffers the
+    estimators leave out (and optionally the named items)."""
+    skip = tuple(skip) + STEP_BUFFERS
     items = memory_plan.devices[device].items
     return sum(i.bytes for i in items if i.category in ("weights", "gradients", "optimizer", "lora_adapter")
                and not any(word in i.name for word in skip))

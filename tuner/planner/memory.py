@@ -49,7 +49,8 @@ CUDA_CONTEXT_GIB = 0.75  # CUDA context, cuBLAS/cuDNN handles and workspaces of 
 NCCL_GIB = 0.5  # NCCL communicator buffers when several GPUs talk
 ALLOCATOR_ROUNDING = 0.02  # caching allocator: rounding, small-block pools, split remainders (share of tensors)
 CPU_PROCESS_GIB = 1.0  # a Python process with torch and transformers imported, before any tensor
-SAFETENSORS_SHARD_BYTES = 50e9  # transformers 5 save_pretrained's default max_shard_size ("50GB")
+SAFETENSORS_SHARD_BYTES = 50e9
+ZERO3_MAX_LIVE_PARAMETERS = 1e9  # DeepSpeed's stage3_max_live_parameters (and stage3_max_reuse_distance) default  # transformers 5 save_pretrained's default max_shard_size ("50GB")
 
 
 @dataclass(frozen=True)
@@ -342,11 +343,14 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
             for item in frozen_items:
                 place(Item(item.name + f" (ZeRO-3 shard 1/{n})", item.category, item.bytes / n, item.phase, item.source),
                       s.offload_params)
-            largest = _largest_module_params(f)
-            gpu.append(Item("ZeRO-3 gathered live parameters (current + prefetched module)", "weights",
-                            2 * 2 * largest, source="ds-estimator"))
+            # DeepSpeed releases a gathered parameter only when more than stage3_max_live_parameters (1e9) are live
+            # or its reuse lies beyond stage3_max_reuse_distance (1e9): up to 1e9 parameters stay gathered through the
+            # backward (all of a smaller model, as traced on gloo ranks), at least the estimator's two largest modules
+            live = max(2 * _largest_module_params(f), min(counts.total, ZERO3_MAX_LIVE_PARAMETERS))
+            gpu.append(Item("ZeRO-3 gathered live parameters (up to stage3_max_live_parameters)", "weights",
+                            live * w16, BACKWARD, source="ds-live"))
             gpu.append(Item("ZeRO-3 prefetch and reduce buckets (0.9h^2 + h^2 elements)", "gradients",
-                            1.9 * f.hidden_size**2 * w16, source="hf-deepspeed"))
+                            1.9 * f.hidden_size**2 * w16, BACKWARD, source="hf-deepspeed"))
         else:
             gpu.extend(frozen_items)
     elif fsdp:
@@ -390,29 +394,59 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
 
     grad_persistent = s.accumulation > 1
     if deepspeed:
-        grad_shard = n if s.zero >= 2 else 1
-        grads16 = Item(f"{'16-bit' if s.mixed else 'fp32'} gradients" + (f" (partition 1/{grad_shard})" if grad_shard > 1 else ""),
-                       "gradients", trainable * param_bytes / grad_shard, source="zero")
+        # Per rank, as traced on gloo ranks (tests/test_rank_memory.py): stage 1/2 reduce the 16-bit gradients during
+        # backward (stage 1 keeps them whole until the reduce, stage 2 keeps its partition) and free them once the step
+        # has its fp32 copy; stage 3 keeps a persistent 16-bit partition buffer.  Every stage keeps an fp32 master
+        # partition, also when the parameters are fp32.
+        label = "16-bit" if s.mixed else "fp32"
+        opt_shard = n if s.zero >= 1 else 1
+        between_steps = ALWAYS if grad_persistent else BACKWARD
         if s.offload_optimizer != "none" and s.zero >= 2:
             # ZeRO-Offload reduces gradients through small GPU buckets straight into fp32 host buffers
             gpu.append(Item("gradient reduce buckets (h^2 elements)", "gradients", f.hidden_size**2 * param_bytes * 2,
                             source="hf-deepspeed"))
+        elif s.zero >= 3:
+            gpu.append(Item(f"{label} gradient partition (1/{n})", "gradients", trainable * param_bytes / n,
+                            source="zero"))
+        elif s.zero == 2:
+            gpu.append(Item(f"{label} gradient partition (1/{n})", "gradients", trainable * param_bytes / n,
+                            between_steps, source="zero"))
         else:
-            gpu.append(grads16)
-        opt_shard = n if s.zero >= 1 else 1
-        opt_items = [Item("Adam moments (fp32)", "optimizer", trainable * 8 / opt_shard, source="zero")]
-        if param_bytes != 4:
-            opt_items.append(Item("fp32 master weights", "optimizer", trainable * 4 / opt_shard, source="zero"))
-        if param_bytes != 4 or s.offload_optimizer != "none":
-            # stage 1/2 upcast the whole gradient partition for the step; stage 3 one sub-group (1e9 elements) at a time
-            step_elements = trainable / opt_shard if s.zero < 3 else min(trainable / opt_shard, 1e9)
-            opt_items.append(Item("fp32 gradients for the step", "gradients", step_elements * 4, source="ds-estimator"))
+            gpu.append(Item(f"{label} gradients", "gradients", trainable * param_bytes, between_steps, source="zero"))
+            if s.zero == 1:
+                gpu.append(Item(f"{label} partition of the reduced gradients (1/{n}) buffer", "gradients",
+                                trainable * param_bytes / n, LAYER_BACKWARD, source="zero"))
+        opt_items = [Item("Adam moments (fp32)", "optimizer", trainable * 8 / opt_shard, source="zero"),
+                     Item("fp32 master weights", "optimizer", trainable * 4 / opt_shard, source="zero")]
+        # stage 1/2 upcast the whole gradient partition for the step; stage 3 one sub-group (1e9 elements) at a time
+        step_elements = trainable / opt_shard if s.zero < 3 else min(trainable / opt_shard, 1e9)
+        opt_items.append(Item("fp32 gradients for the step", "gradients", step_elements * 4,
+                              ALWAYS if s.offload_optimizer != "none" else STEP, source="ds-estimator"))
         for item in opt_items:
             place(item, s.offload_optimizer)
+        if s.offload_optimizer == "none" and s.optimizer == "adamw_torch":
+            # the Trainer's torch AdamW steps the flat fp32 partitions: foreach on CUDA makes one partition-sized
+            # temporary, the CPU's single-tensor loop two
+            gpu.append(Item("AdamW step temporaries (flat fp32 partition)", "optimizer",
+                            trainable * 4 / opt_shard * (1 if s.on_gpu else 2), STEP, source="torch-adamw"))
     elif fsdp:
         shard = s.shard_group if s.fsdp != "no_shard" else 1
+        # each layer's gradients are reduce-scattered into their shard as its backward ends: the shards fill up
+        # through the backward (traced on gloo ranks), beside the unsharded gradients of the module being reduced
         place(Item("fp32 gradients (sharded)" if shard > 1 else "gradients", "gradients",
-                   trainable * param_bytes / shard, ALWAYS if grad_persistent else STEP, source="fsdp"), s.offload_optimizer)
+                   trainable * param_bytes / shard, ALWAYS if grad_persistent else (LAYER_BACKWARD, STEP),
+                   source="fsdp"), s.offload_optimizer)
+        if shard > 1 and s.offload_optimizer == "none":
+            # the root's gradients (output head first, embeddings last) wait for the root's reduce-scatter after
+            # every layer's; a layer's wait only for its own backward to end.  Computed in the compute dtype.
+            counts = f.param_counts
+            if full:
+                head = counts.lm_head or counts.embeddings
+                module = head + max(_layer_params(f), counts.embeddings if counts.lm_head else 0)
+            else:
+                module = trainable / f.num_layers
+            gpu.append(Item("unsharded gradients awaiting reduce-scatter (output head, and a layer's)", "gradients",
+                            module * (2 if s.mixed else param_bytes), LAYER_BACKWARD, source="fsdp"))
         place(Item("Adam moments", "optimizer", trainable * 2 * param_bytes / shard, source="torch-adamw"),
               s.offload_optimizer)
         if s.optimizer == "adamw_torch" and s.offload_optimizer == "none":
