@@ -86,6 +86,14 @@ class LoraSection(Section):
         "[embed_tokens, lm_head] after adding tokens).",
     )
 
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _names_as_a_list(cls, value):
+        """``q_proj,v_proj`` (as ``--set`` passes an unbracketed list) or one name means those names."""
+        if isinstance(value, str) and value != "all-linear":
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
+
 
 class QuantizationSection(Section):
     bits: Literal[4, 8] = Field(4, description="Bits per frozen base weight with bitsandbytes: 4 (QLoRA) or 8.")
