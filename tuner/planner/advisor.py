@@ -215,11 +215,15 @@ def advise(recipe, limit: int = 5) -> list[Advice]:
     if not fitting:
         best = min(scored, key=lambda s: s[5].missing_gib)
         _, cost, _, _, candidate, memory_plan, changes = best
-        gpu = memory_plan.gpu
-        why = (f"nothing fits on {gpu.name}: {memory_plan.missing_gib:.1f} GiB missing per device even with "
-               f"{' + '.join(changes) or 'the recipe as is'}; add GPUs, use larger ones, shorten max_seq_length"
-               + ("" if recipe.method.allow_method_change or recipe.method.kind == "qlora"
-                  else ", or set method.allow_method_change to allow LoRA/QLoRA") + ".")
+        limiting = memory_plan.limiting
+        if limiting.kind == "host":
+            fix = "set hardware.host_ram_gb to the machines' RAM, use machines with more"
+        else:
+            fix = "add GPUs, use larger ones, shorten max_seq_length" + (
+                "" if recipe.method.allow_method_change or recipe.method.kind == "qlora"
+                else ", or set method.allow_method_change to allow LoRA/QLoRA")
+        why = (f"nothing fits on {limiting.name}: {memory_plan.missing_gib:.1f} GiB missing while {limiting.moment} "
+               f"even with {' + '.join(changes) or 'the recipe as is'}; {fix}.")
         return [Advice(candidate, memory_plan, cost, [why] + _reasons(candidate, changes, before, memory_plan), changes,
                        overrides=_overrides(recipe, candidate))]
     advice = []

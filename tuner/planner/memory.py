@@ -172,10 +172,14 @@ class MemoryPlan:
 
     @property
     def limiting(self) -> DevicePlan:
-        """The device with the least headroom (relative to its capacity; the largest total where none is known)."""
+        """The device that decides the verdict: the largest shortfall, else the least headroom relative to its
+        capacity (the training device where no capacity is known)."""
         checked = [d for d in self.devices if d.capacity_gib]
         if not checked:
-            return max(self.devices, key=lambda d: d.total_gib)
+            return self.gpu
+        short = [d for d in checked if d.headroom_gib < 0]
+        if short:
+            return min(short, key=lambda d: d.headroom_gib)
         return min(checked, key=lambda d: d.headroom_gib / d.capacity_gib)
 
     def to_dict(self) -> dict:
@@ -234,6 +238,7 @@ class _Setup:
     activation_offloading: bool
     packing: bool
     evaluates: bool
+    resumable: bool  # checkpoints are saved during training, or the run resumes: plan the resume
     save: str  # output.save
     fsdp_full_state_dict: bool
     fsdp_ram_efficient_loading: bool
@@ -260,6 +265,7 @@ def _setup(recipe) -> _Setup:
         gpus_per_machine=recipe.hardware.gpus_per_machine, liger=mem.liger and recipe.uses_gpu,
         chunked_loss=mem.chunked_loss, activation_offloading=mem.activation_offloading and mem.gradient_checkpointing,
         packing=recipe.data.packing, evaluates=recipe.data.eval_fraction > 0, save=recipe.output.save,
+        resumable=recipe.training.save_steps is not None or recipe.training.resume != "never",
         fsdp_full_state_dict=mem.fsdp.state_dict_type == "full",
         fsdp_ram_efficient_loading=mem.fsdp.cpu_ram_efficient_loading,
     )
@@ -712,9 +718,10 @@ def _host_phase_items(s: _Setup) -> tuple[list[Item], list[str]]:
     if deepspeed and s.zero == 3:
         items.append(Item("saving: 16-bit weights gathered on rank 0 (stage3_gather_16bit_weights_on_model_save)",
                           "weights", total * w16, SAVE, source="ds-save"))
-    elif fsdp and s.fsdp_full_state_dict:
-        items.append(Item("saving: full state dict gathered on rank 0 (fsdp.state_dict_type: full)", "weights",
-                          total * master, SAVE, source="fsdp"))
+    elif fsdp:
+        if s.fsdp_full_state_dict:  # sharded: each rank writes its own shard, nothing is gathered
+            items.append(Item("saving: full state dict gathered on rank 0 (fsdp.state_dict_type: full)", "weights",
+                              total * master, SAVE, source="fsdp"))
     elif s.kind == "full":
         weights = total * (w16 if deepspeed else s.weight_bytes)
         items.append(Item("saving: safetensors copies a shard (up to 50 GB) into host RAM on rank 0", "weights",
@@ -722,7 +729,9 @@ def _host_phase_items(s: _Setup) -> tuple[list[Item], list[str]]:
     else:
         items.append(Item("saving: the adapter on rank 0", "lora_adapter", lora_bytes, SAVE, source="peft"))
     # resuming: checkpoints are read into host RAM by every process before they reach the GPU
-    if deepspeed:
+    if not s.resumable:
+        pass
+    elif deepspeed:
         model_states = total * w16 / (n if s.zero == 3 else 1) if s.kind == "full" else lora_bytes
         optimizer = trainable * 12 / (n if s.zero >= 1 else 1)
         items.append(Item("resuming: each process loads its model states and optimizer partition to the CPU",
@@ -730,6 +739,9 @@ def _host_phase_items(s: _Setup) -> tuple[list[Item], list[str]]:
     elif fsdp and s.fsdp_full_state_dict:
         items.append(Item("resuming: full model and optimizer state dicts loaded on rank 0", "optimizer",
                           total * master + trainable * 2 * master, RESUME, source="fsdp"))
+    elif fsdp:
+        items.append(Item("resuming: each process reads its model and optimizer shards", "optimizer",
+                          (total + trainable * 2) * master / n * per_machine, RESUME, source="fsdp"))
     elif s.kind == "full":
         items.append(Item("resuming: each process loads the checkpoint's weights to the CPU", "weights",
                           total * s.weight_bytes * per_machine, RESUME, source="hf-loading"))
@@ -741,7 +753,7 @@ def _host_phase_items(s: _Setup) -> tuple[list[Item], list[str]]:
 
 def _cpu_phase_items(s: _Setup) -> list[Item]:
     """On a CPU recipe, per process: resuming full weights reads a copy before load_state_dict copies it in."""
-    if s.kind != "full":
+    if s.kind != "full" or not s.resumable:
         return []
     return [Item("resuming: the checkpoint's weights read before they are copied in", "weights",
                  s.facts.total_params * s.weight_bytes, RESUME, source="hf-loading")]
