@@ -78,7 +78,8 @@ def _candidates(recipe) -> list[Tactics]:
     elif base.sharding.startswith("fsdp:"):
         shardings = [base.sharding, "fsdp:shard_grad_op", "fsdp:full_shard"]
     else:
-        shardings = (["ddp"] if world > 1 else ["none"]) + [rung.value for rung in SHARDING_RUNGS]
+        # on one GPU ZeRO-1/2 shard nothing; ZeRO-3 is what lets DeepSpeed offload
+        shardings = ["ddp", *(rung.value for rung in SHARDING_RUNGS)] if world > 1 else ["none", Rung.ZERO3.value]
     level = sharding_level(base.sharding, machines)
     shardings = list(dict.fromkeys(s for s in shardings if s == base.sharding or sharding_level(s, machines) > level))
     batches = [base.micro_batch]
