@@ -100,7 +100,8 @@ def run(args) -> int:
         if advice is not None:
             data = {"plan": data, "advice": [_advice_dict(a) for a in advice]}
         if simulation is not None:
-            data = {**({"plan": data} if "plan" not in data else data), "simulation": simulation.to_dict()}
+            data = {**({"plan": data} if "plan" not in data else data),
+                    "simulation": {**simulation.to_dict(), "planned_gib": round(simulated_step_gib(memory_plan), 4)}}
         print(json.dumps(data, indent=2))
     else:
         from rich.console import Console
@@ -179,6 +180,13 @@ def print_advice(console, advice) -> None:
                       f"(gradient_accumulation_steps {best.accumulation_for_largest} keeps the effective batch)")
 
 
+def simulated_step_gib(memory_plan) -> float:
+    """What a fake-tensor trace of one step sees of the plan: the training step's live tensors."""
+    from tuner.planner.memory import TRAINING_STEP
+
+    return memory_plan.gpu.phase_gib(TRAINING_STEP, ("allocated",))
+
+
 def print_simulation(console, simulation, memory_plan) -> None:
     console.print()
     if simulation.error:
@@ -193,7 +201,7 @@ def print_simulation(console, simulation, memory_plan) -> None:
         table.add_row(category, f"{gib:.3f}")
     table.add_section()
     table.add_row("simulated peak", f"{simulation.peak_gib:.3f}")
-    table.add_row("analytic, allocated (tensors only)", f"{memory_plan.gpu.allocated_gib:.3f}")
+    table.add_row("analytic, allocated in the training step", f"{simulated_step_gib(memory_plan):.3f}")
     console.print(table)
     for note in simulation.notes:
         console.print(f"[dim]note: {note}[/]")
