@@ -13,6 +13,8 @@ runs/<name>/
   merged/            an adapter merged into its base (output.save: merged, or `tuner merge`)
   offload/           weights placed on disk by device_map="auto" at inference
   profile/           the torch profiler trace of `--profile N`
+  tensorboard/       TensorBoard event files (training.report_to: [tensorboard])
+  mlruns/            the MLflow file store (report_to: [mlflow]);  wandb/  W&B offline runs;  trackio/  trackio's database
   .tuner-run.lock    held by the tuner that launched the run, while it runs
 """
 
@@ -31,10 +33,14 @@ FINAL_DIR = "final"
 MERGED_DIR = "merged"
 OFFLOAD_DIR = "offload"
 PROFILE_DIR = "profile"
+TENSORBOARD_DIR = "tensorboard"
+MLFLOW_DIR = "mlruns"
+WANDB_DIR = "wandb"  # W&B names it: WANDB_DIR points at the run directory and W&B writes its wandb/ folder there
+TRACKIO_DIR = "trackio"
 RUN_LOCK = ".tuner-run.lock"
 
 # What `tuner render` writes: the files a re-render may replace (the rest of a run directory is the run's own).
 RENDERED_FILES = (LOCK_FILE, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, SLURM_SCRIPT)
 # What a run adds to its directory.
 RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR,
-               PROFILE_DIR, RUN_LOCK)
+               PROFILE_DIR, TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR, RUN_LOCK)

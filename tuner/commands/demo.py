@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from tuner.doctor import require_trackers
 from tuner.events import read_events
 from tuner.launch.session import launch_and_follow
 from tuner.recipe.io import load_recipe
@@ -76,6 +77,7 @@ def run(args) -> int:
     start = time.monotonic()
     path = Path(args.recipe) if Path(args.recipe).exists() else builtin_path(args.recipe)
     recipe = load_recipe(path, args.overrides)
+    require_trackers(recipe)
     print(f"demo model: {resolve_model_path(recipe.model.id)}")
     samples = held_out_samples(recipe)
     before = exact_match(recipe, resolve_model_path(recipe.model.id), samples)

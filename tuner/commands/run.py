@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from tuner.commands._recipe_args import add_recipe_arguments, recipe_from_args
-from tuner.doctor import check_disk
+from tuner.doctor import check_disk, require_trackers
 from tuner.launch.preflight import check_memory
 from tuner.launch.session import launch_and_follow
 from tuner.recipe.io import RecipeError
@@ -38,6 +38,7 @@ def run(args) -> int:
         if not args.force:
             raise RecipeError([f"output.dir: {disk.detail}.", f"{disk.fix}; or pass --force to launch anyway."])
         print(f"launching anyway (--force): {disk.detail}", file=sys.stderr)
+    require_trackers(recipe)  # a tracker training.report_to names must be installed: said now, not by every rank
     run_dir = write_run_directory(recipe, force=args.force, keep_existing=args.resume)
     commands = node_commands(recipe, run_dir)
     if args.dry_run:
