@@ -12,6 +12,8 @@ runs/<name>/
   final/             the trained model or adapter, its tokenizer and the lock recipe
   merged/            an adapter merged into its base (output.save: merged, or `tuner merge`)
   offload/           weights placed on disk by device_map="auto" at inference
+  serve/             what `tuner serve` hands transformers' server: links to the model (or base + adapter) and
+                     tokenizer, and the chat template of the run's prompt format when the tokenizer has none
   profile/           the torch profiler trace of `--profile N`
   tensorboard/       TensorBoard event files (training.report_to: [tensorboard])
   mlruns/            the MLflow file store (report_to: [mlflow]);  wandb/  W&B offline runs;  trackio/  trackio's database
@@ -32,6 +34,7 @@ CHECKPOINT_INFO = "tuner_checkpoint.json"  # written last into a checkpoint: its
 FINAL_DIR = "final"
 MERGED_DIR = "merged"
 OFFLOAD_DIR = "offload"
+SERVE_DIR = "serve"
 PROFILE_DIR = "profile"
 TENSORBOARD_DIR = "tensorboard"
 MLFLOW_DIR = "mlruns"
@@ -43,4 +46,4 @@ RUN_LOCK = ".tuner-run.lock"
 RENDERED_FILES = (LOCK_FILE, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, SLURM_SCRIPT)
 # What a run adds to its directory.
 RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR,
-               PROFILE_DIR, TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR, RUN_LOCK)
+               SERVE_DIR, PROFILE_DIR, TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR, RUN_LOCK)
