@@ -20,6 +20,7 @@ from conftest import REPO
 from tuner.cli import main
 from tuner.data.formats import ALPACA_PROMPT, DEFAULT_CHAT_TEMPLATE
 from tuner.infer.target import resolve_target
+from tuner.loading.model import ModelLoadError
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.render.run_directory import write_run_directory
@@ -78,6 +79,10 @@ def test_base_plus_adapter_loads_in_transformers_as_tuner_loads_it(tmp_path, dem
     assert torch.allclose(served_logits, tuner_logits, atol=1e-5)
     assert (served_logits - base_logits).abs().max() > 0.1, "the adapter (and its saved norm) changed the answer"
     assert not any(path.is_file() and not path.is_symlink() for path in served.path.iterdir()), "links, no copies"
+    (served.path / "notes.txt").write_text("mine")
+    with pytest.raises(ModelLoadError, match="holds files tuner did not put there"):
+        serving_folder(target)
+    assert (served.path / "notes.txt").read_text() == "mine"
 
 
 def test_a_model_without_chat_template_is_served_in_the_prompt_format_tuner_trains(tmp_path, demo_model_path):

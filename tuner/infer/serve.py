@@ -82,6 +82,10 @@ def serving_folder(target: InferenceTarget, folder: Path | None = None) -> Servi
         temporary = tempfile.TemporaryDirectory(prefix="tuner-serve-")
         folder = Path(temporary.name)
     if folder.is_dir() and not folder.is_symlink():  # tuner's own: links and a template, rebuilt every time
+        foreign = [entry.name for entry in folder.iterdir() if not entry.is_symlink() and entry.name != CHAT_TEMPLATE_FILE]
+        if foreign:
+            raise ModelLoadError(f"{folder}: holds files tuner did not put there ({', '.join(sorted(foreign)[:3])}); "
+                                 "move them away, as tuner serve rebuilds this folder.")
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
     sources = [local_model_dir(target)]
