@@ -90,10 +90,8 @@ def build_model(recipe: Recipe):
 
 def planned_gib(recipe: Recipe) -> float | None:
     """The planner's peak for the training device (a GPU, or the process's CPU RAM), or None where it cannot plan."""
-    try:
-        from tuner.planner import plan
-    except ImportError:
-        return None
+    from tuner.planner import plan
+
     try:
         return float(plan(recipe).devices[0].total_gib)
     except Exception as exc:  # the run is done; a planner gap must not fail it
