@@ -125,10 +125,19 @@ def _disk_check(recipe: Recipe) -> list[str]:
 
 
 def _check_data(recipe: Recipe) -> None:
-    """Every data problem (columns, rows, encodings, sizes) as a DataError naming the file and line, before launch."""
+    """Every data problem (columns, rows, encodings, sizes) as a DataError naming the file and line, before launch.
+    Quietly: datasets' progress bars would bury the refusals printed after them."""
+    from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
+
     from tuner.data.prepare import split_samples
 
-    split_samples(recipe)
+    shown = is_progress_bar_enabled()
+    disable_progress_bar()
+    try:
+        split_samples(recipe)
+    finally:
+        if shown:
+            enable_progress_bar()
 
 
 def _resume_notes(recipe: Recipe, run_dir: Path) -> list[str]:
