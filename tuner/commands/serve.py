@@ -46,8 +46,9 @@ def serve(args, target) -> int:
 
     from tuner.infer.load import default_context, planner_facts
     from tuner.infer.placement import placement_of, placement_table
-    from tuner.infer.serve import Server, check_port_free, serving_folder
+    from tuner.infer.serve import Server, check_port_free, require_server, serving_folder
 
+    require_server()
     check_port_free(args.host, args.port)
     served = serving_folder(target)
     console = Console(stderr=True)
@@ -93,7 +94,7 @@ def serving_gpus(args, recipe) -> tuple[int, str, float]:
 def print_vllm(args, target) -> int:
     from tuner.data.formats import chat_template_for
     from tuner.infer.load import default_context, planner_facts
-    from tuner.infer.serve import CHAT_TEMPLATE_FILE, merged_if_any
+    from tuner.infer.serve import merged_if_any, write_chat_template
     from tuner.infer.vllm import VllmPlanError, adapter_modules_to_save, plan_vllm, vllm_serve_argv
     from tuner.loading.model import ModelLoadError, load_tokenizer
     from tuner.recipe.io import RecipeError
@@ -125,13 +126,10 @@ def print_vllm(args, target) -> int:
               file=sys.stderr)
     chat_template = None
     if tokenizer is not None and not tokenizer.chat_template:  # the run's prompt format, as vLLM takes it
-        text = chat_template_for(tokenizer, recipe.data.format)
-        if target.run_dir is not None:
-            path = target.run_dir / SERVE_DIR / CHAT_TEMPLATE_FILE
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-            chat_template = str(path)
+        if target.run_dir is not None:  # a file beside the run, or the template itself in single-line form
+            chat_template = str(write_chat_template(target.run_dir / SERVE_DIR, tokenizer, recipe.data.format))
         else:
+            text = chat_template_for(tokenizer, recipe.data.format)
             chat_template = text.replace("\\", "\\\\").replace("\n", "\\n")
     argv = vllm_serve_argv(
         target.model_path, plan, recipe.model.dtype, args.host, args.port, served_name=recipe.name,

@@ -21,7 +21,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner.infer.target import ADAPTER_CONFIG, MODEL_CONFIG, InferenceTarget
+from tuner.fileio import atomic_write_text
+from tuner.infer.target import MODEL_CONFIG, InferenceTarget
 from tuner.loading.model import ModelLoadError, cannot_load, load_tokenizer
 from tuner.run_layout import MERGED_DIR, SERVE_DIR
 
@@ -98,13 +99,25 @@ def serving_folder(target: InferenceTarget, folder: Path | None = None) -> Servi
     tokenizer = load_tokenizer(target.recipe, str(folder))
     wrote = not tokenizer.chat_template
     if wrote:
-        from tuner.data.formats import chat_template_for
-
-        template = folder / CHAT_TEMPLATE_FILE
-        if template.is_symlink():
-            template.unlink()
-        template.write_text(chat_template_for(tokenizer, target.recipe.data.format), encoding="utf-8")
+        write_chat_template(folder, tokenizer, target.recipe.data.format)
     return ServingFolder(folder, target, wrote, temporary)
+
+
+def write_chat_template(folder: Path, tokenizer, data_format: str) -> Path:
+    """Save the template of the prompt format tuner trains with where transformers reads a tokenizer's template
+    (and what vLLM's --chat-template takes), replacing a link of that name."""
+    from tuner.data.formats import chat_template_for
+
+    return atomic_write_text(folder / CHAT_TEMPLATE_FILE, chat_template_for(tokenizer, data_format))
+
+
+def require_server() -> None:
+    """transformers' server needs its extra (FastAPI, uvicorn, openai's types)."""
+    from transformers.utils.import_utils import is_serve_available
+
+    if not is_serve_available():
+        raise ModelLoadError("tuner serve runs transformers' server, whose packages are not installed: "
+                             "pip install 'tuner[serve]' (transformers[serving]).")
 
 
 def check_port_free(host: str, port: int) -> None:
