@@ -4,7 +4,6 @@ from __future__ import annotations
 import sys
 
 from tuner.commands._recipe_args import add_recipe_arguments, recipe_from_args
-from tuner.doctor import require_trackers
 from tuner.launch.progress import ProgressView
 from tuner.launch.run import PreparedRun, RunOutcome, RunRefused, follow_run, prepare_run
 from tuner.recipe.io import RecipeError
@@ -25,7 +24,6 @@ def register(subparsers) -> None:
 
 def prepare_or_refuse(recipe, **options) -> PreparedRun:
     """:func:`prepare_run`, its refusal ending with the command line's override and its notes on stderr."""
-    require_trackers(recipe)  # a tracker training.report_to names must be installed: said now, not by every rank
     try:
         prepared = prepare_run(recipe, **options)
     except RunRefused as exc:
