@@ -4,8 +4,8 @@ Run: python benchmarks/trace_agreement.py [SET ...]      (sets: fit, held-out, h
 
 ``fit`` is tests/test_planner_simulation.py's L8 design (three architectures, fp32, no autocast): the cells the
 activation terms were calibrated on.  The ``held-out`` sets use three other shapes (MQA Mistral, an MHA Llama with
-a large vocabulary, an untied Qwen2 with biases) at other lengths and batches, in the same L8 design; they were
-fixed before the planner changes of issue 15 and never used to choose a term: ``held-out`` in fp32,
+a large vocabulary, an untied Qwen2 with biases) at other lengths and batches, in the same L8 design; they are run
+to compare planners and never used to choose a term: ``held-out`` in fp32,
 ``held-out-autocast`` with fp32 weights under bf16 autocast, ``held-out-bf16`` with bf16 weights and no autocast.
 For each cell: the plan's allocated tensors of the training step against MemTracker's peak; then the median and
 worst absolute error per set.  To compare with another version of the planner, run this file with that version's
