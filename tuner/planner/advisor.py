@@ -1,10 +1,10 @@
 """The advisor: the ladder of memory tactics, searched cheapest first until a plan fits.
 
-Every tactic slows training down by an estimated share of throughput (``RUNG_COST``,
-explained in docs/memory.md).  The advisor plans every compatible combination of
-sharding, gradient checkpointing, offload, micro-batch size and (when the recipe allows
-it) method, keeps those that fit, and ranks them by their summed cost.  A smaller
-micro-batch always comes with more gradient accumulation, so the effective batch stays.
+The rungs and what each changes in a recipe are defined once in :mod:`tuner.recipe.tactics`.  Every tactic slows
+training down by an estimated share of throughput (``RUNG_COST``, explained in docs/memory.md).  The advisor plans
+every compatible combination of sharding, gradient checkpointing, activation offloading, the chunked loss, offload,
+micro-batch size and (when the recipe allows it) method, keeps those whose every phase fits, and ranks them by their
+summed cost.  A smaller micro-batch always comes with more gradient accumulation, so the effective batch stays.
 """
 from __future__ import annotations
 
@@ -106,8 +106,7 @@ def _candidates(recipe) -> list[Tactics]:
             opt_off = base.offload_optimizer
         if par_off != "none" and base.offload_params != "none":
             par_off = base.offload_params
-        out.append(Tactics(sharding, ckpt, opt_off, par_off, mb, meth, chunked or base.chunked_loss,
-                           act_off or base.activation_offloading))
+        out.append(Tactics(sharding, ckpt, opt_off, par_off, mb, meth, chunked, act_off))
     return list(dict.fromkeys(out))
 
 
