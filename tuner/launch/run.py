@@ -100,13 +100,14 @@ def _memory_check(recipe: Recipe) -> tuple[list[str], str | None]:
         memory = plan(recipe)
     except UnknownModelError as exc:
         raise RecipeError([f"model.id: {exc}"]) from None
-    device = memory.gpu
-    usage = f"{device.total_gib:.1f} GiB of {device.capacity_gib or 0:.1f} GiB"
+    device = memory.limiting  # the device that decides the verdict: a GPU, the CPU, or a machine's host RAM
+    usage = f"{device.total_gib:.1f} GiB of {device.capacity_gib or 0:.1f} GiB, {device.phase}"
     if memory.verdict == "tight":
         return [], f"note: the plan is tight on {device.name} ({usage}); an out-of-memory stop is possible."
     if memory.verdict != "does not fit":
         return [], None
-    lines = [f"predicted not to fit: {memory.missing_gib:.1f} GiB missing on each {device.name} (needs {usage})."]
+    where = f"each {device.name}" if device.kind == "gpu" else device.name
+    lines = [f"predicted not to fit: {memory.missing_gib:.1f} GiB missing on {where} (needs {usage})."]
     advice = advise(recipe)
     if advice and advice[0].fits:
         lines.append(f"cheapest fix: {advice[0].summary()}")

@@ -62,8 +62,14 @@ class Advice:
     def summary(self) -> str:
         if not self.fits:
             return self.reasons[0]
-        head = "as is" if not self.changes else " + ".join(self.changes)
+        head = "as is" if not self.changes else rung_list(self.changes)
         return f"{head}: {self.plan.gpu.total_gib:.1f} GiB of {self.plan.gpu.capacity_gib:.1f} GiB, ~{self.cost:.0%} slower"
+
+
+def rung_list(rungs: list[Rung]) -> str:
+    """'micro_batch ×3 + gradient_checkpointing': each rung once, with how often it is climbed."""
+    counts = {rung: rungs.count(rung) for rung in dict.fromkeys(rungs)}
+    return " + ".join(f"{rung} ×{count}" if count > 1 else str(rung) for rung, count in counts.items())
 
 
 def _cost(rungs: list[Rung]) -> float:
@@ -218,12 +224,14 @@ def advise(recipe, limit: int = 5) -> list[Advice]:
         limiting = memory_plan.limiting
         if limiting.kind == "host":
             fix = "set hardware.host_ram_gb to the machines' RAM, use machines with more"
+        elif limiting.kind == "cpu":
+            fix = "give the run more RAM (hardware.host_ram_gb), shorten max_seq_length, or train on a GPU"
         else:
             fix = "add GPUs, use larger ones, shorten max_seq_length" + (
                 "" if recipe.method.allow_method_change or recipe.method.kind == "qlora"
                 else ", or set method.allow_method_change to allow LoRA/QLoRA")
         why = (f"nothing fits on {limiting.name}: {memory_plan.missing_gib:.1f} GiB missing while {limiting.moment} "
-               f"even with {' + '.join(changes) or 'the recipe as is'}; {fix}.")
+               f"even with {rung_list(changes) or 'the recipe as is'}; {fix}.")
         return [Advice(candidate, memory_plan, cost, [why] + _reasons(candidate, changes, before, memory_plan), changes,
                        overrides=_overrides(recipe, candidate))]
     advice = []

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from enum import StrEnum
+from enum import Enum
 
 from tuner.recipe.schema import Recipe
 
 
-class Rung(StrEnum):
+class Rung(str, Enum):
     """The ladder, cheapest first: the order in which an out-of-memory run climbs it."""
+
+    def __str__(self) -> str:  # the name users read and type, as enum.StrEnum (Python 3.11+) would print it
+        return self.value
 
     ZERO1 = "zero1"  # shard the optimizer states
     CHUNKED_LOSS = "chunked_loss"  # never build the tokens x vocabulary logits
