@@ -7,8 +7,50 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
+
+
+class TooLarge(ValueError):
+    """An input is longer than its limit; nothing past the limit was read."""
+
+
+class NotARegularFile(OSError):
+    """An input that is a device or a socket: reading it could never end (/dev/zero) or never start."""
+
+    def __init__(self, path: str | os.PathLike, kind: str):
+        super().__init__(errno.EINVAL, f"not a regular file ({kind})", str(path))
+        self.kind = kind
+
+
+def _kind(mode: int) -> str | None:
+    """What a non-file, non-pipe input is; None for a regular file or a pipe (read those, bounded)."""
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return None
+
+
+def open_input(path: str | os.PathLike):
+    """Open an input file for reading in binary; a directory, a device or a socket is refused before any read."""
+    stream = open(path, "rb")  # a directory raises IsADirectoryError here
+    kind = _kind(os.fstat(stream.fileno()).st_mode)
+    if kind:
+        stream.close()
+        raise NotARegularFile(path, kind)
+    return stream
+
+
+def read_limited(path: str | os.PathLike, limit: int) -> bytes:
+    """The whole of a file or pipe of at most ``limit`` bytes; :class:`TooLarge` once it goes past, having read
+    ``limit + 1`` bytes and no more."""
+    with open_input(path) as stream:
+        data = stream.read(limit + 1)  # a buffered read waits for the bytes or the end of a pipe
+    if len(data) > limit:
+        raise TooLarge(f"{path}: more than {limit} bytes")
+    return data
 
 
 def _umask() -> int:
