@@ -1,6 +1,7 @@
-"""Atomic file writes: a temporary file in the same directory, then a rename.
+"""Atomic file writes (a temporary file in the same directory, then a rename) and bounded reads.
 
-A crash between the two leaves the old file (or nothing), never half a file.
+A crash between write and rename leaves the old file (or nothing), never half a file.  Inputs are read up to
+a limit and no further, and devices (/dev/zero) are refused before a byte is read.
 """
 from __future__ import annotations
 
@@ -17,36 +18,37 @@ class TooLarge(ValueError):
 
 
 class NotARegularFile(OSError):
-    """An input that is a device or a socket: reading it could never end (/dev/zero) or never start."""
+    """An input that is a directory, a device, a socket (or, where refused, a pipe): reading it could never end
+    (/dev/zero), never start, or means nothing."""
 
     def __init__(self, path: str | os.PathLike, kind: str):
         super().__init__(errno.EINVAL, f"not a regular file ({kind})", str(path))
         self.kind = kind
 
 
-def _kind(mode: int) -> str | None:
-    """What a non-file, non-pipe input is; None for a regular file or a pipe (read those, bounded)."""
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return None
+_SPECIAL = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a pipe"), (stat.S_ISCHR, "a device"),
+            (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
 
 
-def open_input(path: str | os.PathLike):
-    """Open an input file for reading in binary; a directory, a device or a socket is refused before any read."""
-    stream = open(path, "rb")  # a directory raises IsADirectoryError here
-    kind = _kind(os.fstat(stream.fileno()).st_mode)
-    if kind:
-        stream.close()
+def special_kind(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it is not a regular file ("a directory", "a pipe", "a device", "a socket"), else None."""
+    mode = os.stat(path).st_mode  # follows links: /dev/stdin is whatever stdin is
+    return next((kind for test, kind in _SPECIAL if test(mode)), None)
+
+
+def open_input(path: str | os.PathLike, pipes: bool = True):
+    """Open an input for reading in binary: a regular file, or a pipe when ``pipes``; anything else is refused
+    (:class:`NotARegularFile`) before a byte is read."""
+    kind = special_kind(path)
+    if kind and not (pipes and kind == "a pipe"):
         raise NotARegularFile(path, kind)
-    return stream
+    return open(path, "rb")
 
 
-def read_limited(path: str | os.PathLike, limit: int) -> bytes:
-    """The whole of a file or pipe of at most ``limit`` bytes; :class:`TooLarge` once it goes past, having read
+def read_limited(path: str | os.PathLike, limit: int, pipes: bool = True) -> bytes:
+    """The whole of a file (or pipe) of at most ``limit`` bytes; :class:`TooLarge` once it goes past, having read
     ``limit + 1`` bytes and no more."""
-    with open_input(path) as stream:
+    with open_input(path, pipes) as stream:
         data = stream.read(limit + 1)  # a buffered read waits for the bytes or the end of a pipe
     if len(data) > limit:
         raise TooLarge(f"{path}: more than {limit} bytes")

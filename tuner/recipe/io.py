@@ -160,8 +160,6 @@ def read_recipe_text(path: str | Path) -> str:
         raw = read_limited(path, MAX_FILE_BYTES)
     except FileNotFoundError:
         raise RecipeError([f"{path}: no such file. List the built-in recipes with: tuner recipes ls"]) from None
-    except IsADirectoryError:
-        raise RecipeError([f"{path}: is a directory; give the recipe's .yaml file."]) from None
     except NotARegularFile as exc:
         raise RecipeError([f"{path}: not a regular file ({exc.kind}); give the recipe's .yaml file."]) from None
     except TooLarge:
