@@ -66,8 +66,8 @@ def check_samples(samples: Samples, data_format: str) -> None:
     measured = samples.lines is not None  # a local file's rows were measured while it was scanned
     problems = samples.problems()
     try:
-        batches = dataset.select_columns(used).with_format("arrow").iter(batch_size=10_000)
-        rows = (sample for batch in batches for sample in batch.to_pylist())  # ~10x faster than row by row
+        batches = dataset.select_columns(used).iter(batch_size=10_000)  # decoded as rows are, ~5x faster than rows
+        rows = (dict(zip(batch, values)) for batch in batches for values in zip(*batch.values()))
         for index, sample in enumerate(rows):
             problem = sample_problem(sample, data_format)
             if problem is None and not measured and (size := _text_bytes(sample)) > sources.MAX_ROW_BYTES:
