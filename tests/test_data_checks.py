@@ -119,3 +119,22 @@ def test_good_data_gives_its_counts(tmp_path) -> None:
     path.write_text('instruction,output\n"multi\nline",b\nc,d\n\ne,f\n')
     summary = check_data(recipe_for(path, eval_fraction=0.34))
     assert (summary.train, summary.held_out, summary.data_format) == (2, 1, "instruction")
+
+
+def test_prompt_files_for_infer_are_read_line_by_line_with_the_same_limits(tmp_path, monkeypatch) -> None:
+    import tuner.data.sources
+    from tuner.infer.batch import read_prompt_file
+
+    monkeypatch.setattr(tuner.data.sources, "MAX_ROW_BYTES", 20_000)
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n{"prompt": "' + b"x" * 30_000 + b'"}\n'
+                     + b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}\n"
+                     + json.dumps({"messages": [{"role": "wizard", "content": "hi"}, {"role": "user", "content": "q"}]}).encode()
+                     + b"\n")
+    good, bad = read_prompt_file(path)
+    assert [p.line for p in good] == [1]
+    reasons = {b.line: b.reason for b in bad}
+    assert reasons[2].startswith("not UTF-8 (byte 0xe9)")
+    assert reasons[3].startswith("the row is 30014 bytes; a row may hold 20000 bytes")
+    assert reasons[4].startswith("nested too deeply")
+    assert reasons[5] == "role 'wizard' is not one of system, user, assistant, tool."

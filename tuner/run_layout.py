@@ -10,7 +10,8 @@ runs/<name>/
   memory.json        the plan's prediction beside the measured peak, written at the end
   checkpoints/checkpoint-N/  the Trainer's checkpoints, each with tuner_checkpoint.json written last
   final/             the trained model or adapter, its tokenizer and the lock recipe
-  merged/            an adapter merged into its base (output.save: merged, or `tuner merge`)
+  merged/            an adapter merged into its base (output.save: merged, or `tuner merge`), with tuner_files.json
+  slurm-<job>.log    Slurm's output of each job submitted with slurm.sbatch
   offload/           weights placed on disk by device_map="auto" at inference
   profile/           the torch profiler trace of `--profile N`
   .tuner-run.lock    held by the tuner that launched the run, while it runs
@@ -32,9 +33,13 @@ MERGED_DIR = "merged"
 OFFLOAD_DIR = "offload"
 PROFILE_DIR = "profile"
 RUN_LOCK = ".tuner-run.lock"
+SLURM_LOG = "slurm-%j.log"  # sbatch's name pattern (%j: the job id)
+# Written last into a folder tuner saves whole (merged/, `tuner merge -o`): the names of everything tuner put
+# there.  `--force` replaces such a folder only when it holds nothing else.
+TUNER_FILES = "tuner_files.json"
 
 # What `tuner render` writes: the files a re-render may replace (the rest of a run directory is the run's own).
 RENDERED_FILES = (LOCK_FILE, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, SLURM_SCRIPT)
-# What a run adds to its directory.
+# What a run adds to its directory (a re-render keeps all of it); Slurm's logs match SLURM_LOG.
 RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR,
                PROFILE_DIR, RUN_LOCK)

@@ -96,12 +96,12 @@ class Samples:
         return RowProblems(self.source, self.lines)
 
 
-def _bounded_lines(path: Path) -> Iterator[tuple[int, bytes | None, int]]:
+def bounded_lines(path: Path, pipes: bool = False) -> Iterator[tuple[int, bytes | None, int]]:
     """(line number, the line without its ending or None when longer than MAX_ROW_BYTES, its size in bytes).
 
     Never holds more than MAX_ROW_BYTES of one line: the rest of a longer line is read in chunks and counted.
     """
-    with open_input(path, pipes=False) as stream:
+    with open_input(path, pipes) as stream:
         for number in count(1):
             line = stream.readline(MAX_ROW_BYTES + 2)  # the row and its \r\n
             if not line:
@@ -118,10 +118,12 @@ def _bounded_lines(path: Path) -> Iterator[tuple[int, bytes | None, int]]:
 
 
 def too_large(size: int) -> str:
+    """Why a row of ``size`` bytes is refused."""
     return f"the row is {size} bytes; a row may hold {MAX_ROW_BYTES} bytes (split the sample, or shorten it)"
 
 
-def _not_utf8(raw: bytes, exc: UnicodeDecodeError) -> str:
+def not_utf8(raw: bytes, exc: UnicodeDecodeError) -> str:
+    """Why a line that does not decode is refused."""
     return f"not UTF-8 (byte {raw[exc.start]:#04x}); save the file as UTF-8"
 
 
@@ -163,14 +165,14 @@ def _json_lines_rows(path: Path, source: str) -> list[int]:
     rows: list[int] = []
     problems = RowProblems(source)
     empty = 0
-    for number, raw, size in _bounded_lines(path):
+    for number, raw, size in bounded_lines(path):
         if raw is None:
             problems.add(too_large(size), number)
             continue
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            problems.add(_not_utf8(raw, exc), number)
+            problems.add(not_utf8(raw, exc), number)
             continue
         if not text.strip():
             continue
@@ -198,7 +200,7 @@ def _json_array_rows(path: Path, source: str) -> list[int]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise DataError(f"data.source: {source}:{line}: {_not_utf8(raw, exc)}.") from None
+        raise DataError(f"data.source: {source}:{line}: {not_utf8(raw, exc)}.") from None
     decoder, rows, problems = json.JSONDecoder(), [], RowProblems(source)
     position, line, counted = text.index("[") + 1, 1, 0
 
@@ -253,7 +255,7 @@ def _csv_rows(path: Path, source: str) -> list[int]:
     consumed = [0]  # bytes of the file the csv reader has been given
 
     def decoded() -> Iterator[str]:
-        for number, raw, size in _bounded_lines(path):
+        for number, raw, size in bounded_lines(path):
             consumed[0] += size
             if raw is None:
                 problems.add(too_large(size), number)
@@ -262,7 +264,7 @@ def _csv_rows(path: Path, source: str) -> list[int]:
                     yield raw.decode("utf-8") + "\n"
                     continue
                 except UnicodeDecodeError as exc:
-                    problems.add(_not_utf8(raw, exc), number)
+                    problems.add(not_utf8(raw, exc), number)
             yield "\n"  # in place of a line that cannot be read: the line numbers after it stay right
 
     csv.field_size_limit(max(csv.field_size_limit(), MAX_ROW_BYTES))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuner.recipe.schema import Recipe
 from tuner.render.launch_command import launch_argv, shell_command
-from tuner.run_layout import LAUNCH_SCRIPT, SLURM_SCRIPT
+from tuner.run_layout import LAUNCH_SCRIPT, SLURM_LOG, SLURM_SCRIPT
 
 MAIN_PROCESS_IP_VARIABLE = "MAIN_PROCESS_IP"
 
@@ -82,7 +82,7 @@ def render_slurm_script(recipe: Recipe, run_dir: str | Path) -> str:
         f"#SBATCH --gpus-per-node={hw.gpus_per_machine}",
     ]
     if re.fullmatch(r"[A-Za-z0-9._/-]+", str(run_dir)):  # #SBATCH lines take no shell quoting
-        lines.append(f"#SBATCH --output={run_dir}/slurm-%j.log")
+        lines.append(f"#SBATCH --output={run_dir}/{SLURM_LOG}")
     lines.append("set -euo pipefail")
     if hw.machines == 1:
         lines.append(f"srun --kill-on-bad-exit=1 {script}")

@@ -118,7 +118,7 @@ def memory_report(recipe: Recipe, per_rank: dict[str, list[float]]) -> dict:
 def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from transformers import Trainer
 
-    from tuner.fileio import atomic_write_text
+    from tuner.fileio import atomic_write_text, umask_permissions
     from tuner.loading.model import load_tokenizer
     from tuner.run_layout import LOCK_FILE
     from tuner.train.callbacks import EventsCallback, ProfilerCallback, memory_per_rank
@@ -167,6 +167,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     if not trainer.is_world_process_zero():
         return 0
     atomic_write_text(final / LOCK_FILE, lock_text)
+    umask_permissions(final)  # safetensors leaves its files 0600
     merged = None
     if recipe.method.kind != "full" and recipe.output.save in ("merged", "full"):
         from tuner.loading.merge import merge_adapter

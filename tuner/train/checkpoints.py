@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from transformers import TrainerCallback
 
-from tuner.fileio import atomic_write_text
+from tuner.fileio import atomic_write_text, umask_permissions
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import Recipe
 from tuner.run_layout import CHECKPOINT_INFO, CHECKPOINTS_DIR, LOCK_FILE
@@ -131,6 +131,7 @@ class CheckpointInfoCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        umask_permissions(checkpoint)  # safetensors leaves its files 0600
         atomic_write_text(checkpoint / LOCK_FILE, self.lock_text)
         info = {"step": state.global_step, "settings": resume_settings(self.recipe, args.world_size)}
         atomic_write_text(checkpoint / CHECKPOINT_INFO, json.dumps(info, indent=2) + "\n")
