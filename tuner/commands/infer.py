@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from tuner.commands._inference_args import add_inference_arguments, load_from_args
+from tuner.commands._types import at_least, utf8_text
 
 EXIT_BAD_LINES = 2
 
@@ -18,10 +19,10 @@ def register(subparsers) -> None:
         "infer", help="answer one prompt or a JSONL file of prompts with device_map=auto placement")
     add_inference_arguments(parser)
     what = parser.add_argument_group("prompts")
-    what.add_argument("--prompt", metavar="TEXT", help="one prompt (a user turn); the answer goes to stdout")
+    what.add_argument("--prompt", metavar="TEXT", type=utf8_text, help="one prompt (a user turn); the answer goes to stdout")
     what.add_argument("--input", metavar="FILE", help='JSON lines, each {"prompt": ...} or {"messages": [...]}')
     what.add_argument("--output", metavar="FILE", help="JSON lines answers, one per input line, in input order")
-    what.add_argument("--batch-size", type=int, default=8, metavar="N", help="prompts generated together (default 8)")
+    what.add_argument("--batch-size", type=at_least(1), default=8, metavar="N", help="prompts generated together (default 8)")
     what.add_argument("--force", action="store_true",
                       help="overwrite --output when it holds answers tuner wrote (never the --input file)")
     parser.set_defaults(run=run)
