@@ -19,7 +19,7 @@ from tuner.fileio import atomic_write_text, umask_permissions
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import Recipe
 from tuner.run_layout import CHECKPOINT_INFO, CHECKPOINTS_DIR, LOCK_FILE
-from tuner.train.integrity import checkpoint_problem
+from tuner.train.integrity import checkpoint_problem, file_digests
 
 log = logging.getLogger("tuner")
 
@@ -133,5 +133,6 @@ class CheckpointInfoCallback(TrainerCallback):
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         umask_permissions(checkpoint)  # safetensors leaves its files 0600
         atomic_write_text(checkpoint / LOCK_FILE, self.lock_text)
-        info = {"step": state.global_step, "settings": resume_settings(self.recipe, args.world_size)}
+        info = {"step": state.global_step, "settings": resume_settings(self.recipe, args.world_size),
+                "files": file_digests(checkpoint)}
         atomic_write_text(checkpoint / CHECKPOINT_INFO, json.dumps(info, indent=2) + "\n")
