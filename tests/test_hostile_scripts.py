@@ -8,16 +8,14 @@ receives; the test asserts it is exactly the launch command, byte for byte, and 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from fake_launchers import install_fakes, run_rendered_scripts
 from render_cases import CASES, case_recipe
 
 from tuner.cli import main
 from tuner.recipe.io import RecipeError, with_output_dir
-from tuner.render.launch_command import launch_argv
 from tuner.render.run_directory import render_run_files
 from tuner.run_layout import LAUNCH_SCRIPT, SLURM_SCRIPT
 
@@ -33,82 +31,27 @@ ODD_HOSTS = ["fe80::1%eth0", "node-1.cluster.", "::1", "10.0.0.1"]
 NOT_HOSTS = ["$(touch pwned)", "`touch pwned`", "a;touch pwned", "fe80::1%$(touch pwned)", "-rf", "a b",
              "host\ntouch pwned", "x" * 64, "node_1", "", "10.0.0.1:29500"]
 
-FAKES = {
-    # every argument, NUL-separated: exactly what the script passed, and where it ran
-    "accelerate": '#!/usr/bin/env bash\nprintf "%s\\0" "$PWD" "$@" "--end-of-call--" >> "$ARGV_DUMP"\n',
-    # Slurm's srun: run the command once per node, as that node
-    "srun": '#!/usr/bin/env bash\nwhile [[ "$1" == -* ]]; do shift; done\n'
-            'for ((node = 0; node < ${FAKE_NODES:-1}; node++)); do SLURM_NODEID=$node "$@" || exit; done\n',
-    "scontrol": '#!/usr/bin/env bash\n[[ "$1 $2" == "show hostnames" ]] || exit 1\nprintf "node001\\nnode002\\n"\n',
-}
-
-
-@pytest.fixture
-def fakes(tmp_path) -> dict[str, str]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in FAKES.items():
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "ARGV_DUMP": str(tmp_path / "argv"),
-            "SLURM_JOB_NODELIST": "node[001-002]"}
-
-
-def calls(dump: Path) -> list[list[str]]:
-    """Each call of the fake accelerate since the last look, as [cwd, *argv]."""
-    words = [word.decode() for word in dump.read_bytes().split(b"\0")[:-1]] if dump.exists() else []
-    dump.unlink(missing_ok=True)
-    found, call = [], []
-    for word in words:
-        if word == "--end-of-call--":
-            found.append(call)
-            call = []
-        else:
-            call.append(word)
-    return found
-
-
-def write_scripts(project: Path, recipe, run_dir: str) -> dict[str, Path]:
-    scripts = {}
+def write_scripts(project: Path, recipe, run_dir: str) -> None:
     for name, text in render_run_files(recipe, run_dir).items():
         path = project / run_dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         path.chmod(0o755)
-        scripts[name] = path
-    return scripts
 
 
 @pytest.mark.parametrize("topology", sorted(CASES))
-def test_every_script_runs_only_the_launch_command(topology, tmp_path, fakes, demo_model_path) -> None:
+def test_every_script_runs_only_the_launch_command(topology, tmp_path, demo_model_path) -> None:
     project = tmp_path / "project"
     project.mkdir()
+    env = install_fakes(tmp_path)
     base = case_recipe(topology)
-    machines = base.hardware.machines
     for index, run_dir in enumerate(HOSTILE_DIRS):
         recipe = with_output_dir(base, run_dir)
-        if machines > 1:
+        if recipe.hardware.machines > 1:
             recipe = recipe.model_copy(update={"hardware": recipe.hardware.model_copy(
                 update={"main_process_ip": ODD_HOSTS[index % len(ODD_HOSTS)]})})
-        scripts = write_scripts(project, recipe, run_dir)
-        env = {**os.environ, **fakes}
-        env.pop("MAIN_PROCESS_IP", None)
-        if machines == 1:
-            subprocess.run(["bash", str(scripts[LAUNCH_SCRIPT])], cwd=tmp_path, env=env, check=True, timeout=30)
-            assert calls(Path(fakes["ARGV_DUMP"])) == [[str(project), *launch_argv(run_dir)[1:]]], run_dir
-        else:
-            for rank in range(machines):
-                subprocess.run(["bash", str(scripts[LAUNCH_SCRIPT]), str(rank)], cwd=tmp_path, env=env, check=True,
-                               timeout=30)
-                expected = launch_argv(run_dir, machine_rank=rank, main_process_ip=recipe.hardware.main_process_ip)
-                assert calls(Path(fakes["ARGV_DUMP"])) == [[str(project), *expected[1:]]], run_dir
-        if SLURM_SCRIPT in scripts:  # sbatch runs the script from the directory it was submitted in
-            subprocess.run(["bash", str(scripts[SLURM_SCRIPT])], cwd=project, env={**env, "FAKE_NODES": str(machines)},
-                           check=True, timeout=30)
-            expected = ([launch_argv(run_dir)] if machines == 1 else
-                        [launch_argv(run_dir, machine_rank=rank, main_process_ip="node001") for rank in range(machines)])
-            assert calls(Path(fakes["ARGV_DUMP"])) == [[str(project), *argv[1:]] for argv in expected], run_dir
-    assert not list(tmp_path.rglob("pwned")), "a value was executed by the shell"
+        write_scripts(project, recipe, run_dir)
+        run_rendered_scripts(project, run_dir, recipe, env)
 
 
 @pytest.mark.parametrize("address", NOT_HOSTS)

@@ -33,11 +33,16 @@ def _admits_only_numbers(annotation) -> bool:
     return False
 
 
-def control_character(text: str) -> str | None:
-    """The first control character (newline, tab, NUL, ESC, ...) in ``text``, escaped for a message; None if none."""
+_NOT_TEXT = {"Cc": "a control character", "Cs": "a byte that is not UTF-8"}  # unicodedata categories
+
+
+def not_text(text: str) -> str | None:
+    """What in ``text`` cannot be one line of text -- a control character (newline, tab, NUL, ESC, ...) or a lone
+    surrogate (a byte that was not UTF-8, or a YAML "\\ud800") -- escaped for a message; None when nothing."""
     for character in text:
-        if unicodedata.category(character) == "Cc":
-            return repr(character)[1:-1]
+        kind = _NOT_TEXT.get(unicodedata.category(character))
+        if kind:
+            return f"{kind} ({ascii(character)[1:-1]})"
     return None
 
 
@@ -68,12 +73,11 @@ class Section(BaseModel):
 
     @field_validator("*", mode="after")
     @classmethod
-    def _no_control_characters(cls, value):
+    def _one_line_of_text(cls, value):
         for text in (value if isinstance(value, list) else [value]):
-            found = control_character(text) if isinstance(text, str) else None
+            found = not_text(text) if isinstance(text, str) else None
             if found:
-                raise ValueError(f"contains a control character ({found}); remove it (names and paths are one line "
-                                 "of printable text)")
+                raise ValueError(f"contains {found}; remove it (names and paths are one line of text)")
         return value
 
 
