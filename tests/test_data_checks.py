@@ -70,7 +70,6 @@ def test_bad_data_is_refused_naming_file_and_line(name, tmp_path, capsys) -> Non
 
 def test_a_100_mb_row_is_refused_with_its_line_before_anything_reads_it_whole(tmp_path, capsys) -> None:
     import resource
-    import time
 
     path = tmp_path / "huge.jsonl"
     with open(path, "wb") as stream:
@@ -80,10 +79,8 @@ def test_a_100_mb_row_is_refused_with_its_line_before_anything_reads_it_whole(tm
             stream.write(chunk)
         stream.write(b'"}\n{"text": "fine"}\n')
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    started = time.monotonic()
     size = len(b'{"text": "') + 100 * 2**20 + len(b'"}')
     message = refused(path, rf"huge\.jsonl:2: the row is {size} bytes; a row may hold {MAX_ROW_BYTES} bytes", capsys)
-    assert time.monotonic() - started < 30
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mib < 200, f"checking grew the process by {grown_mib:.0f} MiB"
     assert "line 3" not in message

@@ -88,3 +88,9 @@ def test_names_typed_as_numbers_or_dates_by_yaml_keep_their_text(tmp_path, text,
     assert recipe.model.revision == text  # a tag or an all-digit commit prefix, as written
     assert load_recipe(builtin_path("demo"), [f"name={text}"]).name == name
     assert recipe_from_yaml(recipe_to_yaml(recipe)).name == name  # the lock file reads back the same
+
+
+def test_a_name_no_file_system_allows_is_refused_naming_the_field():
+    with pytest.raises(RecipeError, match=r"--set output.dir: output.dir: has a part longer than 255 bytes"):
+        load_recipe(builtin_path("demo"), ["output.dir=runs/" + "9" * 300])
+    assert load_recipe(builtin_path("demo"), ["output.dir=runs/" + "9" * 255]).output.dir.endswith("9" * 255)

@@ -33,6 +33,7 @@ def _admits_only_numbers(annotation) -> bool:
     return False
 
 
+MAX_NAME_BYTES = 255  # one file or folder name (every text may become part of a path)
 _NOT_TEXT = {"Cc": "a control character", "Cs": "a byte that is not UTF-8"}  # unicodedata categories
 
 
@@ -75,9 +76,14 @@ class Section(BaseModel):
     @classmethod
     def _one_line_of_text(cls, value):
         for text in (value if isinstance(value, list) else [value]):
-            found = not_text(text) if isinstance(text, str) else None
+            if not isinstance(text, str):
+                continue
+            found = not_text(text)
             if found:
                 raise ValueError(f"contains {found}; remove it (names and paths are one line of text)")
+            if any(len(part.encode()) > MAX_NAME_BYTES for part in text.split("/")):
+                raise ValueError(f"has a part longer than {MAX_NAME_BYTES} bytes between slashes; a file system "
+                                 "allows no longer file name: shorten it")
         return value
 
 
