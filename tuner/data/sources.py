@@ -122,9 +122,18 @@ def too_large(size: int) -> str:
     return f"the row is {size} bytes; a row may hold {MAX_ROW_BYTES} bytes (split the sample, or shorten it)"
 
 
-def not_utf8(raw: bytes, exc: UnicodeDecodeError) -> str:
-    """Why a line that does not decode is refused."""
+def _not_utf8(raw: bytes, exc: UnicodeDecodeError) -> str:
     return f"not UTF-8 (byte {raw[exc.start]:#04x}); save the file as UTF-8"
+
+
+def decode_line(raw: bytes | None, size: int) -> tuple[str | None, str | None]:
+    """A line from :func:`bounded_lines` as text, or (None, why not): too large, or not UTF-8."""
+    if raw is None:
+        return None, too_large(size)
+    try:
+        return raw.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        return None, _not_utf8(raw, exc)
 
 
 def _depth(value) -> int:
@@ -166,13 +175,9 @@ def _json_lines_rows(path: Path, source: str) -> list[int]:
     problems = RowProblems(source)
     empty = 0
     for number, raw, size in bounded_lines(path):
-        if raw is None:
-            problems.add(too_large(size), number)
-            continue
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            problems.add(not_utf8(raw, exc), number)
+        text, problem = decode_line(raw, size)
+        if problem:
+            problems.add(problem, number)
             continue
         if not text.strip():
             continue
@@ -200,7 +205,7 @@ def _json_array_rows(path: Path, source: str) -> list[int]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise DataError(f"data.source: {source}:{line}: {not_utf8(raw, exc)}.") from None
+        raise DataError(f"data.source: {source}:{line}: {_not_utf8(raw, exc)}.") from None
     decoder, rows, problems = json.JSONDecoder(), [], RowProblems(source)
     position, line, counted = text.index("[") + 1, 1, 0
 
@@ -219,17 +224,17 @@ def _json_array_rows(path: Path, source: str) -> list[int]:
             break
         try:
             value, end = decoder.raw_decode(text, position)
-            problem = json_row_problem(value, text.count("[", position, end) + text.count("{", position, end))
         except json.JSONDecodeError as exc:
-            value, end, problem = None, len(text), f"not valid JSON ({exc.msg})"
-            line = exc.lineno
-        except RecursionError:
-            value, end, problem = None, len(text), _TOO_DEEP
-        if not problem and len(text[position:end].encode()) > MAX_ROW_BYTES:
-            problem = too_large(len(text[position:end].encode()))
-        if problem:
-            problems.add(problem, line)
+            problems.add(f"not valid JSON ({exc.msg})", exc.lineno)
             break  # the elements after a broken one cannot be told apart
+        except RecursionError:
+            problems.add(_TOO_DEEP, line)
+            break
+        size = len(text[position:end].encode())
+        problem = json_row_problem(value, text.count("[", position, end) + text.count("{", position, end))
+        if problem or size > MAX_ROW_BYTES:
+            problems.add(problem or too_large(size), line)
+            break
         rows.append(line)
         position = skip_space(end)
         if position < len(text) and text[position] == ",":
@@ -257,15 +262,10 @@ def _csv_rows(path: Path, source: str) -> list[int]:
     def decoded() -> Iterator[str]:
         for number, raw, size in bounded_lines(path):
             consumed[0] += size
-            if raw is None:
-                problems.add(too_large(size), number)
-            else:
-                try:
-                    yield raw.decode("utf-8") + "\n"
-                    continue
-                except UnicodeDecodeError as exc:
-                    problems.add(not_utf8(raw, exc), number)
-            yield "\n"  # in place of a line that cannot be read: the line numbers after it stay right
+            text, problem = decode_line(raw, size)
+            if problem:
+                problems.add(problem, number)
+            yield "\n" if text is None else text + "\n"  # a line that cannot be read leaves a blank: numbers stay right
 
     csv.field_size_limit(max(csv.field_size_limit(), MAX_ROW_BYTES))
     reader = csv.reader(decoded())

@@ -58,7 +58,7 @@ def parse_prompt_line(text: str, line: int) -> PromptLine | BadLine:
 
 def read_prompt_file(path: str | Path) -> tuple[list[PromptLine], list[BadLine]]:
     """Every non-blank line parsed, each read up to the row limit; bad lines are collected, not raised."""
-    from tuner.data.sources import bounded_lines, not_utf8, too_large
+    from tuner.data.sources import bounded_lines, decode_line
     from tuner.fileio import NotARegularFile
 
     path = Path(path)
@@ -66,15 +66,10 @@ def read_prompt_file(path: str | Path) -> tuple[list[PromptLine], list[BadLine]]
     bad: list[BadLine] = []
     try:
         for number, raw, size in bounded_lines(path, pipes=True):
-            if raw is None:
-                bad.append(BadLine(number, f"{too_large(size)}."))
-                continue
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                bad.append(BadLine(number, f"{not_utf8(raw, exc)}."))
-                continue
-            if text.strip():
+            text, problem = decode_line(raw, size)
+            if problem:
+                bad.append(BadLine(number, f"{problem}."))
+            elif text.strip():
                 parsed = parse_prompt_line(text, number)
                 (good if isinstance(parsed, PromptLine) else bad).append(parsed)
     except FileNotFoundError:
