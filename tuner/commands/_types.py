@@ -81,6 +81,15 @@ def gpus(text: str) -> tuple[int, str]:
     return count, match.group(2)
 
 
+def host(text: str) -> str:
+    """An IP address or a host name to listen on (what hardware.main_process_ip accepts)."""
+    from tuner.recipe.schema import is_host
+
+    if not is_host(text):
+        raise argparse.ArgumentTypeError(f"must be a host name or an IP address, e.g. 127.0.0.1 or 0.0.0.0 (got {text!r})")
+    return text
+
+
 def memory_budget(text: str) -> tuple[int | str, str]:
     """``0=20GiB`` or ``cpu=64GiB`` -> (device, size) for accelerate's max_memory."""
     from accelerate.utils.modeling import convert_file_size_to_int

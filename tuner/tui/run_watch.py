@@ -18,7 +18,7 @@ LOG_LINES = 400
 @dataclass
 class RunWatch:
     run_dir: Path
-    launch: Any = None  # tuner.launch.runner.Launch while the process lives
+    live: bool = False  # launched from this wizard (a replayed run is not)
     plan: Any = None  # the memory plan the run was launched with, to compare measured memory against
     status: str = "starting"
     step: int = 0
@@ -32,13 +32,15 @@ class RunWatch:
     final_dir: str | None = None
     error: str | None = None
     cancelled: bool = False
+    outcome: list[str] = field(default_factory=list)  # how it ended, or why it did not start (tuner.launch.run)
+    can_override: bool = False  # refused by a check the user may override ("Launch anyway")
     exit_code: int | None = None
     log: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     since: float = 0.0  # events older than the launch belong to an earlier run in the same directory
 
     @property
     def running(self) -> bool:
-        return self.exit_code is None and self.launch is not None
+        return self.live and self.exit_code is None
 
     def absorb(self, events: list[dict], log_lines: list[str] = ()) -> None:
         self.log.extend(log_lines)
@@ -72,8 +74,16 @@ class RunWatch:
                 elif key.startswith("peak_") and key.endswith("_gib_per_rank"):
                     self.memory_per_rank[key.removeprefix("peak_").removesuffix("_gib_per_rank")] = list(value)
 
-    def finish(self, exit_code: int) -> None:
+    def refuse(self, lines: list[str], can_override: bool) -> None:
+        """The run did not start: the checks refused it, or it must be started on every machine."""
+        self.status = "not started"
+        self.exit_code = 2
+        self.outcome = list(lines)
+        self.can_override = can_override
+
+    def finish(self, exit_code: int, lines: list[str] = ()) -> None:
         self.exit_code = exit_code
+        self.outcome = list(lines)
         if self.cancelled:
             self.status = "cancelled"
         elif exit_code == 0:

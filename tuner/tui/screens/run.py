@@ -1,11 +1,11 @@
-"""Run: launch through the same launcher as ``tuner run``; watch log, progress, loss, speed and memory.
+"""Run: launch through the run contract ``tuner run`` uses; watch log, progress, loss, speed and memory; read the
+refusal, the per-machine commands or the summary it ends with.
 
 The app owns the run (a worker follows it), so leaving this screen never stops it.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -14,7 +14,6 @@ from textual.widgets import Button, Label, Log, ProgressBar, Sparkline, Static
 from tuner.recipe.io import RecipeError
 from tuner.tui.run_watch import RunWatch
 from tuner.tui.screens.base import WizardScreen
-from tuner.tui.screens.confirm import ConfirmScreen
 
 
 def _memory_line(watch: RunWatch) -> str:
@@ -64,6 +63,8 @@ class RunScreen(WizardScreen):
                 yield Button("Launch (ctrl+r)", id="launch", variant="primary")
                 yield Button("Cancel (ctrl+x)", id="cancel", variant="error")
                 yield Button("Resume (ctrl+e)", id="resume")
+                yield Button("Launch anyway", id="override", variant="warning")
+            yield Static("", id="run-summary")
             yield Static("", id="run-status")
             yield ProgressBar(id="progress", show_eta=False)
             yield Label("loss", classes="section-title")
@@ -81,6 +82,9 @@ class RunScreen(WizardScreen):
         self.query_one("#launch", Button).disabled = running or not self.app.draft.valid
         self.query_one("#cancel", Button).disabled = not running
         self.query_one("#resume", Button).disabled = running or not self.app.draft.valid
+        override = self.query_one("#override", Button)
+        override.display = bool(watch and watch.can_override and not running)
+        self.query_one("#run-summary", Static).update(Text("\n".join(watch.outcome)) if watch else "")
         if watch is None:
             recipe = self.app.draft.recipe
             where = recipe.output.dir if recipe else "(fix the recipe first)"
@@ -103,28 +107,27 @@ class RunScreen(WizardScreen):
         self._log_shown = len(lines)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
-        {"launch": self.action_launch, "cancel": self.action_cancel, "resume": self.action_resume}[event.button.id]()
+        {"launch": self.action_launch, "cancel": self.action_cancel, "resume": self.action_resume,
+         "override": self.action_override}[event.button.id]()
 
     def action_launch(self) -> None:
-        recipe = self.app.draft.recipe
-        if recipe is None or (self.app.run_watch and self.app.run_watch.running):
-            return
-        run_dir = Path(recipe.output.dir)
-        if run_dir.exists() and any(run_dir.iterdir()):
-            self.app.push_screen(
-                ConfirmScreen(f"{run_dir} holds an earlier run. Overwrite its configuration files and start afresh?"),
-                lambda yes: self._launch(resume=False) if yes else None)
-        else:
-            self._launch(resume=False)
+        self._launch(resume=False)
 
     def action_resume(self) -> None:
-        if self.app.draft.valid and not (self.app.run_watch and self.app.run_watch.running):
-            self._launch(resume=True)
+        self._launch(resume=True)
 
-    def _launch(self, resume: bool) -> None:
+    def action_override(self) -> None:
+        """The explicit override of the refusal shown above (what ``--force`` is to ``tuner run``)."""
+        watch = self.app.run_watch
+        if watch is not None and watch.can_override:
+            self._launch(resume=False, force=True)
+
+    def _launch(self, resume: bool, force: bool = False) -> None:
+        if not self.app.draft.valid or (self.app.run_watch and self.app.run_watch.running):
+            return
         try:
-            self.app.start_run(resume=resume)
-        except (RecipeError, OSError) as exc:
+            self.app.start_run(resume=resume, force=force)
+        except RecipeError as exc:
             self.notify(str(exc), severity="error", timeout=8)
             return
         self.show_run()
