@@ -71,6 +71,40 @@ def test_a_damaged_newest_checkpoint_is_skipped_with_the_reason(checkpoints, dam
     assert states[1] == ("checkpoint-1", None) and states[0][0] == "checkpoint-2" and expected in states[0][1]
 
 
+def flip_bytes(path, where: float) -> None:
+    """Damage the file in place without changing its size (a bad disk block, a bit flip in transfer)."""
+    data = bytearray(path.read_bytes())
+    at = int(len(data) * where)
+    data[at:at + 4] = bytes(255 - byte for byte in data[at:at + 4])
+    path.write_bytes(bytes(data))
+
+
+def rewrite_header(path, old: bytes, new: bytes) -> None:
+    """Change the safetensors header keeping every byte count: offsets that no longer add up."""
+    data = path.read_bytes()
+    assert len(old) == len(new) and data.count(old) >= 1
+    path.write_bytes(data.replace(old, new, 1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage, expected", [
+    pytest.param(lambda c: flip_bytes(c / "model.safetensors", 0.6), "model.safetensors: changed since it was saved",
+                 id="weights data"),
+    pytest.param(lambda c: flip_bytes(c / "optimizer.pt", 0.3), "optimizer.pt: changed since it was saved", id="optimizer"),
+    pytest.param(lambda c: rewrite_header(c / "model.safetensors", b'"data_offsets":[0,', b'"data_offsets":[8,'),
+                 "model.safetensors: damaged header (", id="header offsets"),
+    pytest.param(lambda c: rewrite_header(c / "model.safetensors", b'"dtype":"F32"', b'"dtype":"F16"'),
+                 "model.safetensors: damaged header (", id="header dtype"),
+])
+def test_a_checkpoint_damaged_without_changing_size_is_skipped(checkpoints, damage, expected) -> None:
+    newest = checkpoints / "checkpoint-2"
+    sizes = {p.name: p.stat().st_size for p in newest.iterdir()}
+    damage(newest)
+    assert {p.name: p.stat().st_size for p in newest.iterdir()} == sizes
+    assert expected in incomplete_reason(newest)
+    assert latest_complete_checkpoint(checkpoints) == checkpoints / "checkpoint-1"
+
+
 def test_sharded_weights_with_a_missing_shard(tmp_path) -> None:
     checkpoint = tmp_path / "checkpoint-10"
     checkpoint.mkdir()

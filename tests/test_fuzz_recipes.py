@@ -9,11 +9,13 @@ the total tried is printed at the end and kept in pytest's cache (``pytest --cac
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
 import os
 import re
+import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -23,8 +25,9 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
+from render_cases import CASES as TOPOLOGIES
 
-from tuner.cli import main
+from tuner.cli import build_parser, main
 from tuner.recipe.io import load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
 from tuner.recipe.schema import Recipe
@@ -77,7 +80,7 @@ def assert_clean(code: int, err: str, where: str | None = None) -> None:
         return
     assert "Traceback" not in err, err
     if err.startswith("usage: "):  # argparse's own report, e.g. --set followed by a value starting with '-'
-        assert re.search(r"^tuner( \w+)?: error: argument ", err, re.M), err
+        assert re.match(r"tuner( \w+)*: error: \S", err.rstrip().splitlines()[-1]), err  # usage lines, one error
         return
     assert err.startswith("error: "), err
     assert err.strip() and "\n\n" not in err.strip(), f"not one paragraph: {err!r}"
@@ -322,6 +325,8 @@ JSONL_LINES = st.one_of(
 
 @settings(FUZZ, max_examples=max(10, EXAMPLES // 3))
 @example(lines=['{"text": {"\\u0000": {}}}'], data_format="auto", tail=b"")  # datasets' KeyError on decoding
+@example(lines=['{"text": {}}'], data_format="auto", tail=b"")  # datasets' Json feature: a dict, not text
+@example(lines=['{"messages": [{"role": "user", "content": {}}]}'], data_format="auto", tail=b"")
 @given(lines=st.lists(JSONL_LINES, max_size=6), data_format=st.sampled_from(["auto", "text", "instruction", "chat"]),
        tail=st.binary(max_size=6))
 def test_data_files_end_in_samples_or_a_message_naming_lines(lines, data_format, tail) -> None:
@@ -335,6 +340,163 @@ def test_data_files_end_in_samples_or_a_message_naming_lines(lines, data_format,
         assert "Traceback" not in err, err
         progress = err.rfind("\r")  # datasets' progress bars come first on stderr
         assert_clean(code, err[err.index("\n", progress) + 1:] if progress >= 0 else err, r"data\.(source|format)")
+
+
+# -- rendered scripts: hostile values in every field a script may show, run under fake launchers -----------------
+
+SHELL_TRICKS = ["$(touch pwned)", "`touch pwned`", "a;touch pwned", "x'; touch pwned; '", '"; touch pwned; "',
+                "a\ntouch pwned", "a\rtouch pwned", "fe80::1%$(touch pwned)", "a&&touch pwned", "|touch pwned", "$IFS",
+                "!!", "~root", "*", "--help", "-rf", "a b", "%s%n", "{a,b}", "\\", "\u202etouch pwned", "ünï ✓",
+                "node-1.cluster", "10.0.0.1", "::1"]
+SCRIPT_VALUES = st.one_of(st.sampled_from(SHELL_TRICKS), NASTY_TEXT,
+                          st.builds("".join, st.lists(st.sampled_from(SHELL_TRICKS + ["x", "/", "."]), max_size=4)))
+SCRIPT_FIELDS = [("output", "dir"), ("hardware", "main_process_ip"), ("name",), ("hardware", "nvme_path"),
+                 ("model", "id"), ("data", "source"), ("hardware", "gpu"), ("inference", "offload_folder")]
+
+
+def _inside(value: str) -> str:
+    """A run directory below runs/ however hostile the text: the script, not the file system, is under test."""
+    return "runs/" + (value.replace("..", "_.").lstrip("/") or "x")
+
+
+@settings(FUZZ, max_examples=max(10, EXAMPLES // 3))
+@given(topology=st.sampled_from(sorted(TOPOLOGIES)), field=st.sampled_from(SCRIPT_FIELDS), value=SCRIPT_VALUES,
+       via_option=st.booleans())
+def test_rendered_scripts_run_only_the_launch_command(topology, field, value, via_option) -> None:
+    """A hostile value anywhere a script may show it: refused naming the field, or rendered into scripts that, run
+    as every machine and as a Slurm job under fake launchers, pass exactly the launch command and run nothing else."""
+    import copy
+
+    from fake_launchers import install_fakes, run_rendered_scripts
+
+    CASES["rendered scripts, run"] += 1
+    data = {"name": topology, **copy.deepcopy(TOPOLOGIES[topology])}
+    if field == ("output", "dir"):
+        value = _inside(value)
+    options = ["-o", value] if via_option and field == ("output", "dir") else []
+    if not options:
+        _set_path(data, field, value)
+    with tempfile.TemporaryDirectory() as tmp:
+        project = Path(tmp) / "project"
+        project.mkdir()
+        (project / "recipe.yaml").write_text(yaml.safe_dump(data), encoding="ascii")  # "\\ud800" escaped, as typed
+        previous = os.getcwd()
+        os.chdir(project)
+        try:
+            code, _, err = run_cli("render", "recipe.yaml", *options)
+        finally:
+            os.chdir(previous)
+        # refused at a field's line (a cross-field rule may name the partner field), at -o, or at render time
+        # naming the field (FSDP reads the model's config)
+        assert_clean(code, err, rf"(recipe\.yaml:\d+: |-o/--output: )?({'|'.join(SECTIONS)})\b" if code == 2 else None)
+        if code != 0:
+            return
+        REACHED["scripts run"] += 1
+        run_dir = value if options else load_recipe(project / "recipe.yaml").output.dir
+        recipe = load_recipe(project / run_dir / "recipe.lock.yaml")
+        run_rendered_scripts(project, run_dir, recipe, install_fakes(Path(tmp)))
+
+
+# -- every command's arguments ----------------------------------------------------------------------------------
+
+def _subcommands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(command words, its parser) for every runnable command, e.g. (("recipes", "cp"), parser)."""
+    subs = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+    for action in subs:
+        for name, sub in action.choices.items():
+            yield from _subcommands(sub, path + (name,))
+
+
+COMMAND_PARSERS = dict(_subcommands(build_parser()))
+ARGUMENT_VALUES = st.one_of(
+    NASTY_TEXT, st.integers(-3, 100).map(str),
+    st.sampled_from(["0", "-1", "1e9", "nan", "inf", "-inf", "1.5", "1e-9", "99999999999999999999", "8xA100-80GB",
+                     "0xA100", "65x48GB", "x", "cpu=1GiB", "0=lots", "demo", "demo-lora", "builtin:demo", "recipe.yaml",
+                     "runs/demo", "missing.yaml", "folder", "/dev/zero", "prompts.jsonl", "answers.jsonl", ".", "..",
+                     "memory.micro_batch_size=true", "name=x", "model.id=acme/x", "\udcff"]),
+)
+PATH_OPTIONS = {"-o", "--output", "--input", "--offload-folder", "--adapter"}
+# A value each argument accepts, so that most command lines get past argparse into the command itself.
+GOOD_VALUES = {
+    "recipe": "demo", "name": "demo", "dest": "copy.yaml", "run_dir": "runs/demo", "overrides": "data.max_samples=8",
+    "max_new_tokens": "2", "temperature": "0.7", "top_p": "0.9", "context": "64", "batch_size": "2", "count": "2",
+    "seq": "512", "batch": "2", "gpus": "1xA100-80GB", "max_memory": "cpu=2GiB", "model": "builtin:demo",
+    "prompt": "reverse\nab", "input": "prompts.jsonl", "output": "out/answers.jsonl", "system": "be brief",
+    "offload_folder": "out/offload", "adapter": "runs/demo",
+}
+
+
+def _value(draw, action: argparse.Action) -> str:
+    """Mostly a value the argument accepts; one time in four a hostile one."""
+    if draw(st.integers(0, 3)):
+        if action.choices:
+            return draw(st.sampled_from([str(choice) for choice in action.choices]))
+        if action.dest in GOOD_VALUES:
+            return GOOD_VALUES[action.dest]
+    return draw(ARGUMENT_VALUES)
+
+
+@st.composite
+def command_lines(draw) -> list[str]:
+    words = draw(st.sampled_from(sorted(COMMAND_PARSERS)))
+    argv = list(words)
+    for action in COMMAND_PARSERS[words]._actions:
+        if action.option_strings:
+            if action.nargs == 0 and action.dest in ("help", "version"):
+                continue
+            times = draw(st.sampled_from([0, 0, 1, 2] if isinstance(action, argparse._AppendAction) else [0, 0, 1]))
+            for _ in range(times):
+                flag = draw(st.sampled_from(action.option_strings))
+                argv += [flag] if action.nargs == 0 else [flag, _value(draw, action)]
+        elif action.nargs != 0 and draw(st.integers(0, 9)):  # a positional, left out now and then
+            argv.append(_value(draw, action))
+    return argv
+
+
+@settings(FUZZ, max_examples=max(20, EXAMPLES // 5))  # infer and chat load a model: about a second each
+@given(argv=command_lines())
+def test_every_commands_arguments_end_in_a_result_or_a_message(argv) -> None:
+    """Random arguments for every command, run in a scratch folder: a result, or argparse's usage error, or one
+    message; never a traceback.  `run` is always a --dry-run and `demo` (which trains) is only parsed."""
+    CASES["command lines"] += 1
+    with tempfile.TemporaryDirectory() as tmp:
+        project = Path(tmp)
+        (project / "folder").mkdir()
+        (project / "recipe.yaml").write_text(recipe_to_yaml(Recipe()))
+        (project / "prompts.jsonl").write_text('{"prompt": "reverse\\nab"}\n{"prompt": 1}\n')
+        if argv[0] == "run":
+            argv = [*argv, "--dry-run"]
+        previous, stdin = os.getcwd(), sys.stdin
+        os.chdir(project)
+        sys.stdin = io.TextIOWrapper(io.BytesIO(b"reverse\\\nab\n\xff\n/reset\n"))  # for chat
+        try:
+            if argv[0] == "demo":
+                out, err = io.StringIO(), io.StringIO()
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                    try:
+                        build_parser().parse_args(argv)
+                        code = 0
+                    except SystemExit as exc:
+                        code = exc.code
+                err = err.getvalue()
+            else:
+                code, _, err = run_cli(*argv)
+        finally:
+            os.chdir(previous)
+            sys.stdin = stdin
+        assert "Traceback" not in err, err
+        assert code in (0, 1, 2), f"{argv}: exit code {code}: {err}"  # 1: plan does not fit, a doctor check failed
+        REACHED[f"command lines past argparse: {argv[0]}"] += not err.startswith("usage: ")
+        REACHED[f"command lines that ran to exit 0: {argv[0]}"] += code == 0
+        if code == 2 and not re.search(r"^(error: |usage: )", err, re.M):
+            # infer and chat answer what they can and exit 2 for the lines or messages they reported
+            assert re.search(r"^(warning: \S+:\d+: |message \d+ is not UTF-8)", err, re.M), err
+        elif code == 2:
+            start = re.search(r"^(error: |usage: )", err, re.M).start()  # after the placement table, progress bars
+            lines = [line for line in err[start:].splitlines() if not line.startswith("warning: ")]
+            assert_clean(code, "\n".join(lines))
 
 
 # -- the real process, for a handful of the worst ---------------------------------------------------------------

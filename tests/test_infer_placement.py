@@ -1,11 +1,13 @@
 """Placement arithmetic: memory budgets, KV-cache size, and where layers and bytes are reported."""
 from __future__ import annotations
 
+import argparse
+
 import pytest
 from rich.console import Console
 
-from tuner.commands._inference_args import parse_max_memory
 from tuner.catalog.models import facts_from_config, model_facts
+from tuner.commands._types import memory_budget
 from tuner.infer.placement import (
     GIB,
     hardware_memory_map,
@@ -14,7 +16,6 @@ from tuner.infer.placement import (
     placement_table,
     summarise_placement,
 )
-from tuner.loading.model import ModelLoadError
 from tuner.recipe.io import validate_recipe
 
 LLAMA3_8B = model_facts("meta-llama/Llama-3.1-8B")  # the planner's catalog: 32 layers, 8 KV heads of 128
@@ -100,8 +101,7 @@ def test_cpu_only_placement_has_no_warnings_and_renders():
 
 
 def test_max_memory_flags():
-    assert parse_max_memory([]) is None
-    assert parse_max_memory(["0=20GiB", "CPU=64GiB"]) == {0: "20GiB", "cpu": "64GiB"}
-    for bad in (["gpu0=20GiB"], ["cpu"], ["cpu=lots"]):
-        with pytest.raises(ModelLoadError, match="--max-memory"):
-            parse_max_memory(bad)
+    assert [memory_budget(entry) for entry in ("0=20GiB", "CPU=64GiB")] == [(0, "20GiB"), ("cpu", "64GiB")]
+    for bad in ("gpu0=20GiB", "cpu", "cpu=lots"):
+        with pytest.raises(argparse.ArgumentTypeError, match="DEVICE=SIZE"):
+            memory_budget(bad)

@@ -67,3 +67,22 @@ def test_loading_logs_the_attention_it_chose(demo_model_path, caplog) -> None:
     caplog.set_level(logging.INFO, logger="tuner")
     load_model(recipe_for("builtin:demo"))
     assert any(record.getMessage().startswith("attention: ") for record in caplog.records)
+
+
+@pytest.mark.parametrize("command", [["validate", "-q"], ["render", "-o", "{tmp}/run"], ["plan"], ["doctor"],
+                                     ["infer", "--prompt", "hi"],
+                                     ["render", "-o", "{tmp}/run", "--set", "hardware.gpus_per_machine=2", "--set",
+                                      "hardware.gpu=A100-80GB", "--set", "memory.distributed=fsdp"]])
+@pytest.mark.parametrize("model", ["acme/not-in-any-cache", "folder-without-config"])
+def test_a_model_tuner_cannot_find_is_one_paragraph_from_every_command(command, model, tmp_path, capsys,
+                                                                       monkeypatch) -> None:
+    from tuner.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder-without-config").mkdir()
+    code = main([command[0], "demo", *[arg.format(tmp=tmp_path) for arg in command[1:]], "--set", f"model.id={model}"])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert code in (0, 1, 2), err  # validate and a plain render need no model; doctor's check fails (exit 1)
+    if code == 2:
+        assert err.startswith("error: ") and err.count("\n") == 1 and "model.id" in err, err

@@ -66,3 +66,41 @@ def test_alias_bomb_is_refused_quickly(tmp_path):
 def test_missing_file_says_how_to_find_recipes(tmp_path):
     with pytest.raises(RecipeError, match="tuner recipes ls"):
         load_recipe(tmp_path / "nope.yaml")
+
+
+# -- bounded reads: a recipe is read up to its limit and no further ------------------------------------------------
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_a_device_is_refused_without_reading_it_all(device, tuner_cli):
+    result = tuner_cli("validate", device, timeout=30)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"error: {device}: ") and "not a regular file" in result.stderr
+
+
+def test_an_endless_stream_is_refused_at_the_limit(tmp_path):
+    import subprocess
+    import sys
+
+    from tuner.recipe.io import MAX_FILE_BYTES
+
+    # `tuner validate <(yes x)`: a pipe that never ends, under a memory limit a full read would hit
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2**31, 2**31)); "
+            "from tuner.cli import main; sys.exit(main(['validate', '/dev/stdin']))")
+    yes = subprocess.Popen(["yes", "name: x"], stdout=subprocess.PIPE)
+    try:
+        result = subprocess.run([sys.executable, "-c", code], stdin=yes.stdout, capture_output=True, text=True,
+                                timeout=60, cwd=Path(__file__).parents[1])
+    finally:
+        yes.kill()
+        yes.wait()
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == f"error: /dev/stdin: more than {MAX_FILE_BYTES} bytes is too large for a recipe.\n"
+
+
+def test_a_short_stream_is_read_like_a_file(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "tuner", "validate", "-q", "/dev/stdin"], input="name: piped\n",
+                            capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1])
+    assert result.returncode == 0, result.stderr

@@ -82,3 +82,29 @@ def test_every_builtin_recipe_is_valid_and_round_trips(name):
 def test_recipes_folder_has_the_demo():
     assert (recipes_dir() / "demo.yaml").is_file()
     assert "demo" in builtin_names()
+
+
+@pytest.mark.parametrize("assignment", ["memory.micro_batch_size=true", "training.epochs=true", "memory.zero_stage=false",
+                                        "hardware.main_process_port=yes", "training.max_steps=on"])
+def test_true_and_false_are_not_numbers(assignment):
+    field = assignment.partition("=")[0]
+    with pytest.raises(RecipeError, match=rf"--set {field}: {field}: must be a number, not (true|false)"):
+        load_recipe(builtin_path("demo"), [assignment, "memory.distributed=deepspeed"])
+
+
+@pytest.mark.parametrize("text, name", [("123", "123"), ("2018-01-01", "2018-01-01"), ("1e3", "1e3"), ("0x1F", "0x1F"),
+                                        ("1_000", "1_000"), ("007", "007"), ("1.50", "1.50")])
+def test_names_typed_as_numbers_or_dates_by_yaml_keep_their_text(tmp_path, text, name):
+    path = tmp_path / "r.yaml"
+    path.write_text(f"name: {text}\nmodel:\n  revision: {text}\n")
+    recipe = load_recipe(path)
+    assert recipe.name == name and recipe.output.dir == f"runs/{name}"
+    assert recipe.model.revision == text  # a tag or an all-digit commit prefix, as written
+    assert load_recipe(builtin_path("demo"), [f"name={text}"]).name == name
+    assert recipe_from_yaml(recipe_to_yaml(recipe)).name == name  # the lock file reads back the same
+
+
+def test_a_name_no_file_system_allows_is_refused_naming_the_field():
+    with pytest.raises(RecipeError, match=r"--set output.dir: output.dir: has a part longer than 255 bytes"):
+        load_recipe(builtin_path("demo"), ["output.dir=runs/" + "9" * 300])
+    assert load_recipe(builtin_path("demo"), ["output.dir=runs/" + "9" * 255]).output.dir.endswith("9" * 255)

@@ -21,9 +21,20 @@ from tuner.render.launch_command import launch_argv, shell_command
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTILE = [
-    "with space", "it's", 'say "hi"', "$(touch pwned)", "a;touch pwned", "`touch pwned`", "line\nbreak",
-    "tab\there", "*", "-rf", "$HOME", "back\\slash", "ünï ✓", "a|b&c>d",
+    "with space", "it's", 'say "hi"', "$(touch pwned)", "a;touch pwned", "`touch pwned`", "*", "-rf", "$HOME",
+    "back\\slash", "ünï ✓", "a|b&c>d",
 ]
+# refused when the recipe is read, wherever they appear: a newline in a comment line of a script is a new command
+CONTROL = ["line\nbreak", "tab\there", "nul\x00", "escape\x1b[2J", "cr\rlf", "del\x7f"]
+
+
+@pytest.mark.parametrize("name", CONTROL)
+def test_control_characters_in_names_and_paths_are_refused_naming_the_field(name, tmp_path, capsys) -> None:
+    assert main(["render", "demo", "-o", str(tmp_path / name)]) == 2
+    assert capsys.readouterr().err.startswith("error: -o/--output: output.dir: contains a control character")
+    assert main(["validate", "demo", "--set", f"model.id={json.dumps(name)}"]) == 2  # a YAML "quoted\\nvalue"
+    assert capsys.readouterr().err.startswith("error: --set model.id: model.id: contains a control character")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", HOSTILE)
@@ -154,7 +165,7 @@ def test_recipes_are_data_and_launches_use_argument_lists() -> None:
 @pytest.mark.slow
 def test_multi_node_launch_sh_passes_rank_address_and_names_literally(tmp_path, monkeypatch, fake_accelerate, capsys) -> None:
     monkeypatch.chdir(tmp_path)
-    address = "$(touch pwned) 'x'"
+    address = "fe80::1"
     run_dir = Path("runs") / "it's; $(touch pwned)"
     assert main(["render", "demo", "-o", str(run_dir), "--set", "hardware.machines=2", "--set", "hardware.gpus_per_machine=1",
                  "--set", "hardware.gpu=24GB", "--set", "memory.distributed=ddp", "--set", "memory.mixed_precision=bf16",
@@ -168,6 +179,11 @@ def test_multi_node_launch_sh_passes_rank_address_and_names_literally(tmp_path, 
     subprocess.run(["bash", str(script), "1", "--extra"], env=env, check=True, timeout=30)
     seen = json.loads(Path(fake_accelerate["ARGV_DUMP"]).read_text())["argv"]
     assert seen == launch_argv(run_dir, machine_rank=1, main_process_ip=address)[1:] + ["--extra"]
+    # the address Slurm (or a user) puts in MAIN_PROCESS_IP at run time is passed on as one word, never run
+    hostile = "$(touch pwned) 'x'"
+    subprocess.run(["bash", str(script), "0"], env={**env, "MAIN_PROCESS_IP": hostile}, check=True, timeout=30)
+    seen = json.loads(Path(fake_accelerate["ARGV_DUMP"]).read_text())["argv"]
+    assert seen == launch_argv(run_dir, machine_rank=0, main_process_ip=hostile)[1:]
     bad = subprocess.run(["bash", str(script), "1; touch pwned"], env=env, capture_output=True, timeout=30)
     assert bad.returncode == 2
     assert not list(tmp_path.rglob("pwned"))

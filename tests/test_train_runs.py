@@ -56,6 +56,11 @@ def check_finished_run(run_dir: Path) -> dict:
     assert memory["measured_gib"] > 0.1 and "measured" in memory["line"]
     final = run_dir / "final"
     assert {"tokenizer.json", "recipe.lock.yaml"} <= {p.name for p in final.iterdir()}
+    umask = os.umask(0)
+    os.umask(umask)
+    saved = [path for path in [*final.iterdir(), *run_dir.glob("checkpoints/*/*")] if path.is_file()]
+    modes = {path.name: path.stat().st_mode & 0o777 for path in saved}
+    assert set(modes.values()) == {0o666 & ~umask}, modes  # what tuner saves is as readable as any file it writes
     return finished
 
 

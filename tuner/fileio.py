@@ -1,14 +1,60 @@
-"""Atomic file writes: a temporary file in the same directory, then a rename.
+"""Atomic file writes (a temporary file in the same directory, then a rename) and bounded reads.
 
-A crash between the two leaves the old file (or nothing), never half a file.
+A crash between write and rename leaves the old file (or nothing), never half a file.  Inputs are read up to
+a limit and no further, and devices (/dev/zero) are refused before a byte is read.
 """
 from __future__ import annotations
 
 import errno
 import os
 import shutil
+import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+
+class TooLarge(ValueError):
+    """An input is longer than its limit; nothing past the limit was read."""
+
+
+class NotARegularFile(OSError):
+    """An input that is a directory, a device, a socket (or, where refused, a pipe): reading it could never end
+    (/dev/zero), never start, or means nothing."""
+
+    def __init__(self, path: str | os.PathLike, kind: str):
+        super().__init__(errno.EINVAL, f"not a regular file ({kind})", str(path))
+        self.kind = kind
+
+
+_SPECIAL = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a pipe"), (stat.S_ISCHR, "a device"),
+            (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it is not a regular file ("a directory", "a pipe", "a device", "a socket"), else None."""
+    mode = os.stat(path).st_mode  # follows links: /dev/stdin is whatever stdin is
+    return next((kind for test, kind in _SPECIAL if test(mode)), None)
+
+
+def open_input(path: str | os.PathLike, pipes: bool = True):
+    """Open an input for reading in binary: a regular file, or a pipe when ``pipes``; anything else is refused
+    (:class:`NotARegularFile`) before a byte is read."""
+    kind = special_kind(path)
+    if kind and not (pipes and kind == "a pipe"):
+        raise NotARegularFile(path, kind)
+    return open(path, "rb")
+
+
+def read_limited(path: str | os.PathLike, limit: int, pipes: bool = True) -> bytes:
+    """The whole of a file (or pipe) of at most ``limit`` bytes; :class:`TooLarge` once it goes past, having read
+    ``limit + 1`` bytes and no more."""
+    with open_input(path, pipes) as stream:
+        data = stream.read(limit + 1)  # a buffered read waits for the bytes or the end of a pipe
+    if len(data) > limit:
+        raise TooLarge(f"{path}: more than {limit} bytes")
+    return data
 
 
 def _umask() -> int:
@@ -85,32 +131,145 @@ def create_exclusive_text(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
-def atomic_write_directory(directory: str | os.PathLike, files: dict[str, str],
-                           modes: dict[str, int] | None = None) -> Path:
-    """Create ``directory`` holding ``files`` (name -> text) all at once, or not at all.
-
-    The files are written into a hidden sibling directory that is then renamed into place, so a
-    crash or a full disk half-way leaves no directory that looks like a run.  ``directory`` must
-    not exist yet (an existing one is rewritten file by file with :func:`atomic_write_text`).
-    """
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
+def _staging_for(directory: Path, role: str = "") -> Path:
+    """A new hidden sibling of ``directory`` (same filesystem, so a rename moves it); its permissions follow the umask.
+    A failure names ``directory``, the folder the user asked for, not the hidden one."""
     try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.{role}", suffix=".tmp", dir=directory.parent))
         os.chmod(staging, 0o777 & ~_umask())
-        for name, text in files.items():
-            atomic_write_text(staging / name, text, mode=(modes or {}).get(name))
-        os.rename(staging, directory)  # fails if directory appeared meanwhile: never merges into it
+    except OSError as exc:
+        raise type(exc)(exc.errno, exc.strerror, str(directory)) from exc
+    return staging
+
+
+def _named(exc: OSError, staging: Path, directory: Path) -> OSError:
+    """The error with a path inside ``staging`` written as the path inside ``directory`` the user will look for."""
+    if exc.filename and str(exc.filename).startswith(str(staging)):
+        return type(exc)(exc.errno, exc.strerror, str(directory) + str(exc.filename)[len(str(staging)):])
+    return exc
+
+
+def umask_permissions(directory: str | os.PathLike) -> None:
+    """Give everything under ``directory`` the permissions a plain save would (0666/0777 less the umask); libraries
+    that write through temporary files (safetensors) leave 0600 behind.  Best effort: a file another user owns
+    keeps its mode."""
+    umask = _umask()
+    for root, _, files in os.walk(directory):  # every folder is a root once
+        for path in [root, *(os.path.join(root, name) for name in files)]:
+            try:
+                mode = os.stat(path).st_mode
+                os.chmod(path, (0o777 if stat.S_ISDIR(mode) or mode & 0o111 else 0o666) & ~umask)
+            except OSError:
+                continue
+
+
+@contextmanager
+def staged_directory(directory: str | os.PathLike, existing: str = "refuse") -> Iterator[Path]:
+    """A fresh hidden sibling of ``directory`` to fill; when the block ends without error, its files get the
+    umask's permissions and it takes ``directory``'s place in one rename, so a crash or a full disk half-way
+    leaves no half-written folder.  If ``directory`` exists by then: ``"refuse"`` fails (never merges into it),
+    ``"replace"`` swaps the old one out and removes it after, ``"keep"`` keeps it and discards the new one.
+    Whether an existing folder may be replaced is the caller's to check first (:func:`check_destination`)."""
+    directory = Path(directory)
+    staging = _staging_for(directory)
+    try:
+        yield staging
+        umask_permissions(staging)
+        if existing != "refuse" and os.path.lexists(directory):
+            if existing == "keep":
+                shutil.rmtree(staging)
+                return
+            old = _staging_for(directory, "old.")
+            os.rename(directory, old)
+            try:
+                os.rename(staging, directory)
+            except BaseException:
+                os.rename(old, directory)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(staging, directory)  # fails if directory appeared meanwhile (and holds anything)
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        if exc.filename and str(exc.filename).startswith(str(staging)):  # name the files the user will look for
-            raise type(exc)(exc.errno, exc.strerror, str(directory) + str(exc.filename)[len(str(staging)):]) from exc
-        raise
+        raise _named(exc, staging, directory) from exc
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     _sync_directory(directory.parent)
+
+
+def atomic_write_directory(directory: str | os.PathLike, files: dict[str, str],
+                           modes: dict[str, int] | None = None) -> Path:
+    """Create ``directory`` holding ``files`` (name -> text) all at once, or not at all.
+
+    ``directory`` must not exist yet (:func:`replace_files` rewrites files in an existing one).
+    """
+    with staged_directory(directory) as staging:
+        for name, text in files.items():
+            atomic_write_text(staging / name, text, mode=(modes or {}).get(name))
+    return Path(directory)
+
+
+def replace_files(directory: str | os.PathLike, files: dict[str, str], modes: dict[str, int] | None = None,
+                  remove: Iterable[str] = ()) -> Path:
+    """Rewrite ``files`` in an existing ``directory`` and delete the names in ``remove``; nothing else in it is
+    touched.  Every new file is written and synced in a hidden sibling before the first one is renamed into
+    place, so a full disk changes nothing; a file being replaced keeps its permissions unless ``modes`` says."""
+    directory = Path(directory)
+    staging = _staging_for(directory)
+    try:
+        for name, text in files.items():
+            atomic_write_text(staging / name, text, mode=(modes or {}).get(name, _default_mode(directory / name)))
+        for name in files:
+            os.replace(staging / name, directory / name)
+        for name in remove:
+            (directory / name).unlink(missing_ok=True)
+    except OSError as exc:
+        raise _named(exc, staging, directory) from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    _sync_directory(directory)
     return directory
+
+
+class DestinationRefused(Exception):
+    """A folder tuner will not write into or replace; ``str()`` is the message for the user (exit code 2)."""
+
+
+MAX_NAMED = 5  # foreign files named in one message
+
+
+def check_destination(directory: str | os.PathLike, *, owned: Callable[[str], bool] | None = None,
+                      holding: Iterable[tuple[Path, str]] = (), inside: Iterable[tuple[Path, str]] = ()) -> None:
+    """Refuse a folder tuner would write into or replace, before anything is written: a symbolic link, a file, the
+    current folder or one above it, a folder that is or holds one of ``holding`` (path, what it is), one that is or
+    lies inside one of ``inside``, or (with ``owned``) one holding an entry whose name ``owned`` does not accept."""
+    directory = Path(directory)
+    if directory.is_symlink():
+        raise DestinationRefused(f"{directory}: is a symbolic link (to {os.readlink(directory)}); give the folder "
+                                 "itself, or another.")
+    if directory.exists() and not directory.is_dir():
+        raise DestinationRefused(f"{directory}: is a file, not a folder; choose another folder.")
+    resolved = directory.resolve()
+    for path, what in inside:
+        path = path.resolve()
+        if resolved == path or path in resolved.parents:
+            relation = "is" if resolved == path else "is inside"
+            raise DestinationRefused(f"{directory}: {relation} {what}; tuner will not write there. Choose another "
+                                     "folder.")
+    for path, what in [(Path.cwd(), "the current folder"), *holding]:
+        path = path.resolve()
+        if resolved == path or resolved in path.parents:
+            relation = "is" if resolved == path else "holds"
+            raise DestinationRefused(f"{directory}: {relation} {what}; tuner will not replace it. Choose a new folder.")
+    if owned is not None and directory.is_dir():
+        foreign = sorted(entry.name for entry in directory.iterdir() if not owned(entry.name))
+        if foreign:
+            shown = ", ".join(foreign[:MAX_NAMED]) + (f" and {len(foreign) - MAX_NAMED} more" if len(foreign) > MAX_NAMED
+                                                      else "")
+            raise DestinationRefused(f"{directory}: holds files tuner did not write ({shown}); --force replaces only "
+                                     "what tuner wrote. Choose another folder, or move those files away.")
 
 
 _OS_ERROR_ADVICE = {

@@ -10,7 +10,8 @@ runs/<name>/
   memory.json        the plan's prediction beside the measured peak, written at the end
   checkpoints/checkpoint-N/  the Trainer's checkpoints, each with tuner_checkpoint.json written last
   final/             the trained model or adapter, its tokenizer and the lock recipe
-  merged/            an adapter merged into its base (output.save: merged, or `tuner merge`)
+  merged/            an adapter merged into its base (output.save: merged, or `tuner merge`), with tuner_files.json
+  slurm-<job>.log    Slurm's output of each job submitted with slurm.sbatch
   offload/           weights placed on disk by device_map="auto" at inference
   serve/             what `tuner serve` hands transformers' server: links to the model (or base + adapter) and
                      tokenizer, and the chat template of the run's prompt format when the tokenizer has none
@@ -41,9 +42,13 @@ MLFLOW_DIR = "mlruns"
 WANDB_DIR = "wandb"  # W&B names it: WANDB_DIR points at the run directory and W&B writes its wandb/ folder there
 TRACKIO_DIR = "trackio"
 RUN_LOCK = ".tuner-run.lock"  # suffix of the lock file beside the run directory
+SLURM_LOG = "slurm-%j.log"  # sbatch's name pattern (%j: the job id)
+# Written last into a folder tuner saves whole (merged/, `tuner merge -o`): the names of everything tuner put
+# there.  `--force` replaces such a folder only when it holds nothing else.
+TUNER_FILES = "tuner_files.json"
 
 # What `tuner render` writes: the files a re-render may replace (the rest of a run directory is the run's own).
 RENDERED_FILES = (LOCK_FILE, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, SLURM_SCRIPT)
-# What a run adds to its directory.
+# What a run adds to its directory (a re-render keeps all of it); Slurm's logs match SLURM_LOG.
 RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR, SERVE_DIR,
                PROFILE_DIR, TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR)

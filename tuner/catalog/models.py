@@ -317,6 +317,50 @@ def model_facts(model_id: str, revision: str | None = None, trust_remote_code: b
         f"{', '.join(catalog_ids())}.")
 
 
+MAX_CONFIG_BYTES = 4 * 2**20  # a config.json is a few KiB
+CODE_CONFIGS = ("config.json", "tokenizer_config.json")  # where a model names the classes it ships (auto_map)
+
+
+def _local_or_cached(model_id: str, revision: str | None, name: str) -> Path | None:
+    """``name`` in the local model folder ``model_id``, or in the Hugging Face cache's copy of it; None if neither."""
+    try:
+        folder = Path(model_id).expanduser()
+        if folder.is_dir():
+            return folder / name if (folder / name).is_file() else None
+    except (OSError, RuntimeError):  # a name too long for the filesystem, ~user of no one
+        return None
+    if "/" not in model_id:
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model_id, name, revision=revision)
+    except Exception:  # not a valid hub id: nothing cached under it
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def custom_code(model_id: str, revision: str | None = None) -> list[str]:
+    """The classes a model ships as Python code (``auto_map`` in its config.json or tokenizer_config.json), read
+    from a local folder or the Hugging Face cache without running anything; empty when there are none (or the
+    model is not on this machine yet)."""
+    from tuner.fileio import read_limited
+
+    if model_id.startswith("builtin:"):
+        return []
+    found: set[str] = set()
+    for name in CODE_CONFIGS:
+        path = _local_or_cached(model_id, revision, name)
+        try:
+            config = json.loads(read_limited(path, MAX_CONFIG_BYTES, pipes=False)) if path else None
+        except (OSError, ValueError, RecursionError):
+            continue  # unreadable here; loading it reports that in its own words
+        auto_map = config.get("auto_map") if isinstance(config, dict) else None
+        for value in (auto_map.values() if isinstance(auto_map, dict) else ()):
+            found.update(ref for ref in (value if isinstance(value, list) else [value]) if isinstance(ref, str) and ref)
+    return sorted(found)
+
+
 def _cached_hub_config(model_id: str, revision: str | None, trust_remote_code: bool) -> dict | None:
     """config.json of a hub model from the local cache only (AutoConfig with local_files_only)."""
     if "/" not in model_id:

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from tuner.commands._recipe_args import add_recipe_arguments
-from tuner.loading.model import ModelLoadError
+from tuner.commands._types import at_least, memory_budget, recipe_field
 
 
 def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,42 +16,21 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
                       help="model directory or hub id (replaces the recipe's model.id)")
     load.add_argument("--adapter", metavar="DIR", help="LoRA adapter folder or tuner run directory to apply")
     load.add_argument("--bits", type=int, choices=(4, 8), help="quantise the base weights with bitsandbytes")
-    load.add_argument("--max-memory", action="append", default=[], metavar="DEVICE=SIZE",
+    load.add_argument("--max-memory", action="append", default=[], metavar="DEVICE=SIZE", type=memory_budget,
                       help="memory budget per device, e.g. --max-memory 0=20GiB --max-memory cpu=64GiB "
                            "(replaces the budget derived from the recipe's hardware; the rest goes to disk)")
     load.add_argument("--offload-folder", metavar="DIR",
                       help="where weights that fit nowhere else go (default: inference.offload_folder, "
                            "<run dir>/offload, or a temporary folder)")
-    load.add_argument("--context", type=int, metavar="TOKENS",
+    load.add_argument("--context", type=at_least(1), metavar="TOKENS",
                       help="context length the KV cache is predicted for "
                            "(default: memory.max_seq_length + max new tokens)")
     sample = parser.add_argument_group("sampling (default: the recipe's inference section)")
-    sample.add_argument("--max-new-tokens", type=int, metavar="N")
-    sample.add_argument("--temperature", type=float)
-    sample.add_argument("--top-p", type=float)
+    sample.add_argument("--max-new-tokens", type=recipe_field("inference.max_new_tokens"), metavar="N")
+    sample.add_argument("--temperature", type=recipe_field("inference.temperature"))
+    sample.add_argument("--top-p", type=recipe_field("inference.top_p"))
     sample.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=None,
                         help="always pick the most likely token (--no-greedy samples)")
-
-
-def parse_max_memory(entries: list[str]) -> dict[int | str, str] | None:
-    """``["0=20GiB", "cpu=64GiB"]`` -> accelerate's max_memory; None when no entry was given."""
-    from accelerate.utils.modeling import convert_file_size_to_int
-
-    if not entries:
-        return None
-    budget: dict[int | str, str] = {}
-    for entry in entries:
-        device, sep, size = entry.partition("=")
-        device = device.strip().lower()
-        try:
-            if not sep or not (device.isdigit() or device == "cpu"):
-                raise ValueError
-            convert_file_size_to_int(size.strip())
-        except ValueError:
-            raise ModelLoadError(f"--max-memory {entry}: expected DEVICE=SIZE with DEVICE a GPU index or cpu and "
-                                 "SIZE like 20GiB or 500MB.") from None
-        budget[int(device) if device.isdigit() else device] = size.strip()
-    return budget
 
 
 def load_from_args(args: argparse.Namespace, batch: int = 1):
@@ -71,7 +50,7 @@ def load_from_args(args: argparse.Namespace, batch: int = 1):
     for warning in recipe_warnings(target.recipe):  # before loading: remote code runs while the model loads
         print(f"warning: {warning}", file=sys.stderr)
     sampling = Sampling.from_recipe(target.recipe, args.max_new_tokens, args.greedy, args.temperature, args.top_p)
-    max_memory = parse_max_memory(args.max_memory)
+    max_memory = dict(args.max_memory) or None
     context = args.context or default_context(target, sampling.max_new_tokens)
     loaded = load_for_inference(target, batch=batch, context=context,
                                 bits=args.bits, max_memory=max_memory, offload_folder=args.offload_folder)

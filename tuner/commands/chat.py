@@ -8,6 +8,9 @@ from __future__ import annotations
 import sys
 
 from tuner.commands._inference_args import add_inference_arguments, load_from_args
+from tuner.commands._types import not_utf8, utf8_text
+
+EXIT_SKIPPED = 2  # a piped conversation had messages that could not be sent
 
 HELP = ("end a line with \\ to continue the message; /reset forgets the conversation, /exit or Ctrl-D quits, "
         "Ctrl-C stops an answer")
@@ -16,7 +19,7 @@ HELP = ("end a line with \\ to continue the message; /reset forgets the conversa
 def register(subparsers) -> None:
     parser = subparsers.add_parser("chat", help="chat with a model, a recipe's model or a trained run (streams tokens)")
     add_inference_arguments(parser)
-    parser.add_argument("--system", metavar="TEXT", help="system prompt at the start of the conversation")
+    parser.add_argument("--system", metavar="TEXT", type=utf8_text, help="system prompt at the start of the conversation")
     parser.set_defaults(run=run)
 
 
@@ -39,18 +42,26 @@ def run(args) -> int:
     loaded, sampling = load_from_args(args)
     session = ChatSession(loaded.model, loaded.tokenizer, sampling, loaded.target.recipe.data.format, args.system)
     interactive = sys.stdin.isatty()
+    sys.stdin.reconfigure(errors="surrogateescape")  # a byte that is not UTF-8 fails its message, not the session
     print(HELP, file=sys.stderr)
+    number = skipped = 0
     while True:
         message = _read(interactive)
         if message is None or message.strip() == "/exit":
             if interactive:
                 print()
-            return 0
+            return EXIT_SKIPPED if skipped and not interactive else 0
         if message.strip() == "/reset":
             session.reset()
             print("(conversation cleared)", file=sys.stderr)
             continue
         if not message.strip():
+            continue
+        number += 1
+        problem = not_utf8(message)
+        if problem:
+            skipped += 1
+            print(f"message {number} is {problem}; not sent", file=sys.stderr)
             continue
         answer = session.send(message)
         try:

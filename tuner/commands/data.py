@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from tuner.commands._recipe_args import add_recipe_arguments, recipe_from_args
+from tuner.commands._types import at_least
 
 
 def register(subparsers) -> None:
@@ -10,7 +11,7 @@ def register(subparsers) -> None:
     preview = actions.add_parser("preview", help="print a few samples as the model is trained on them: "
                                                  "learned tokens bold, masked (no loss) tokens dim")
     add_recipe_arguments(preview)
-    preview.add_argument("-n", "--count", type=int, default=3, help="how many samples (default 3)")
+    preview.add_argument("-n", "--count", type=at_least(1), default=3, help="how many samples (default 3)")
     preview.set_defaults(run=run_preview)
 
 
@@ -22,7 +23,7 @@ def run_preview(args) -> int:
     from tuner.loading.model import load_tokenizer
 
     recipe = recipe_from_args(args)
-    data_format, examples = preview_examples(recipe, load_tokenizer(recipe), max(args.count, 1))
+    data_format, examples = preview_examples(recipe, load_tokenizer(recipe), args.count)
     console = Console(highlight=False)
     plain = not console.is_terminal  # no styles in a pipe or a log: masked text goes between « »
     legend = "masked text between « »" if plain else "[bold]bold[/] = learned, [dim]dim[/] = masked"

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from tuner.commands._inference_args import add_inference_arguments, load_from_args
+from tuner.commands._types import at_least, utf8_text
 
 EXIT_BAD_LINES = 2
 
@@ -18,11 +19,12 @@ def register(subparsers) -> None:
         "infer", help="answer one prompt or a JSONL file of prompts with device_map=auto placement")
     add_inference_arguments(parser)
     what = parser.add_argument_group("prompts")
-    what.add_argument("--prompt", metavar="TEXT", help="one prompt (a user turn); the answer goes to stdout")
+    what.add_argument("--prompt", metavar="TEXT", type=utf8_text, help="one prompt (a user turn); the answer goes to stdout")
     what.add_argument("--input", metavar="FILE", help='JSON lines, each {"prompt": ...} or {"messages": [...]}')
     what.add_argument("--output", metavar="FILE", help="JSON lines answers, one per input line, in input order")
-    what.add_argument("--batch-size", type=int, default=8, metavar="N", help="prompts generated together (default 8)")
-    what.add_argument("--force", action="store_true", help="overwrite --output if it exists")
+    what.add_argument("--batch-size", type=at_least(1), default=8, metavar="N", help="prompts generated together (default 8)")
+    what.add_argument("--force", action="store_true",
+                      help="overwrite --output when it holds answers tuner wrote (never the --input file)")
     parser.set_defaults(run=run)
 
 
@@ -44,13 +46,12 @@ def run(args) -> int:
 
 def _run_batch(args) -> int:
     from tuner.data.sources import DataError
-    from tuner.infer.batch import answer_records, read_prompt_file, write_answers
+    from tuner.infer.batch import answer_records, check_output, read_prompt_file, write_answers
     from tuner.infer.generate import generate_answers, render_prompt
 
     if args.output is None:
         raise DataError("--input needs --output FILE for the answers.")
-    if Path(args.output).exists() and not args.force:
-        raise DataError(f"--output {args.output}: the file exists; pass --force to overwrite it.")
+    check_output(Path(args.output), Path(args.input), args.force)
     prompts, bad = read_prompt_file(args.input)
     for line in bad:
         print(f"warning: {line.message(args.input)}", file=sys.stderr)

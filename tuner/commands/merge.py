@@ -11,20 +11,22 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("merge", help="merge a LoRA/QLoRA run's adapter into its base model (standalone model)")
     parser.add_argument("run_dir", metavar="RUN", help="run directory (uses its final/ adapter) or a checkpoint folder holding an adapter")
     parser.add_argument("-o", "--output", help="where to save the merged model (default: RUN/merged)")
-    parser.add_argument("--force", action="store_true", help="replace an existing output folder")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a merged model tuner saved there before (never a folder holding other files)")
     parser.set_defaults(run=run)
 
 
 def run(args) -> int:
-    from tuner.loading.merge import find_adapter, merge_adapter
+    from tuner.loading.merge import find_adapter, merge_adapter, run_of
     from tuner.run_layout import LOCK_FILE
 
     run_dir = Path(args.run_dir)
     adapter = find_adapter(run_dir)
-    lock = next((p for p in (adapter / LOCK_FILE, run_dir / LOCK_FILE) if p.is_file()), None)
+    run = run_of(adapter)
+    lock = next((p for p in (adapter / LOCK_FILE, run_dir / LOCK_FILE, run / LOCK_FILE) if p.is_file()), None)
     if lock is None:
         raise RecipeError([f"{run_dir}: no {LOCK_FILE} beside the adapter; merge needs it to find the base model."])
-    output = merge_adapter(load_recipe(lock), adapter, Path(args.output) if args.output else run_dir / MERGED_DIR,
+    output = merge_adapter(load_recipe(lock), adapter, Path(args.output) if args.output else run / MERGED_DIR,
                            force=args.force)
     print(f"merged model saved in {output}")
     return 0

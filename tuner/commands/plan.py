@@ -6,9 +6,8 @@ Exit code 0 when the plan (or, with --advise, the best advice) fits, 1 when noth
 """
 from __future__ import annotations
 
-import re
-
 from tuner.commands._recipe_args import add_recipe_arguments
+from tuner.commands._types import gpus, recipe_field
 
 EXIT_DOES_NOT_FIT = 1
 
@@ -18,9 +17,9 @@ def register(subparsers) -> None:
     add_recipe_arguments(parser, required=False)
     adhoc = parser.add_argument_group("ad hoc planning (each flag is a recipe override)")
     adhoc.add_argument("--model", help="model.id: hub id, local directory or builtin:demo")
-    adhoc.add_argument("--gpus", help="hardware: N x GPU type, e.g. 8xA100-80GB, 1xRTX4090 or 2x48GB")
-    adhoc.add_argument("--seq", type=int, help="memory.max_seq_length")
-    adhoc.add_argument("--batch", type=int, help="memory.micro_batch_size")
+    adhoc.add_argument("--gpus", type=gpus, help="hardware: N x GPU type, e.g. 8xA100-80GB, 1xRTX4090 or 2x48GB")
+    adhoc.add_argument("--seq", type=recipe_field("memory.max_seq_length"), help="memory.max_seq_length")
+    adhoc.add_argument("--batch", type=recipe_field("memory.micro_batch_size"), help="memory.micro_batch_size")
     adhoc.add_argument("--method", choices=("full", "lora", "qlora"), help="method.kind (qlora: 4-bit NF4)")
     adhoc.add_argument("--gradient-checkpointing", action="store_true", help="memory.gradient_checkpointing: true")
     adhoc.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="DeepSpeed ZeRO stage (memory.zero_stage)")
@@ -31,22 +30,13 @@ def register(subparsers) -> None:
     parser.set_defaults(run=run)
 
 
-_GPUS = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(.+?)\s*$")
-
-
-def split_gpus(text: str) -> tuple[int, str]:
-    """``8xA100-80GB`` -> (8, "A100-80GB"); ``48GB`` -> (1, "48GB")."""
-    count, gpu = _GPUS.match(text).groups()
-    return int(count or 1), gpu
-
-
 def adhoc_overrides(args) -> list[str]:
     """The ad hoc flags as ``--set`` style overrides."""
     sets = []
     if args.model:
         sets.append(f"model.id={args.model}")
     if args.gpus:
-        count, gpu = split_gpus(args.gpus)
+        count, gpu = args.gpus
         sets += [f"hardware.gpus_per_machine={count}", f"hardware.gpu={gpu}", "hardware.num_processes=null"]
         if count > 1 and args.zero is None:
             sets.append("memory.distributed=ddp")

@@ -7,6 +7,7 @@ import shlex
 import sys
 
 from tuner.commands._recipe_args import add_recipe_arguments
+from tuner.commands._types import at_least, gpus, host, recipe_field
 
 
 def register(subparsers) -> None:
@@ -16,14 +17,16 @@ def register(subparsers) -> None:
                          help="a tuner run directory (runs/<name>), a recipe, or a built-in recipe name")
     parser.add_argument("--model", metavar="PATH_OR_ID", help="model directory or hub id (replaces the recipe's model)")
     parser.add_argument("--adapter", metavar="DIR", help="LoRA adapter folder or tuner run directory to apply")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    parser.add_argument("--host", default="127.0.0.1", type=host,
+                        help="address to listen on (default: 127.0.0.1, this machine only)")
+    parser.add_argument("--port", type=recipe_field("hardware.main_process_port"), default=8000,
+                        help="port to listen on (default: 8000)")
     parser.add_argument("--bits", type=int, choices=(4, 8), help="quantise the weights with bitsandbytes while loading")
-    parser.add_argument("--context", type=int, metavar="TOKENS",
+    parser.add_argument("--context", type=at_least(1), metavar="TOKENS",
                         help="longest conversation planned for (default: memory.max_seq_length + inference.max_new_tokens)")
     parser.add_argument("--print", dest="print_command", choices=("vllm",),
                         help="print the `vllm serve` command for this model instead of serving it here")
-    parser.add_argument("--gpus", metavar="NxGPU",
+    parser.add_argument("--gpus", metavar="NxGPU", type=gpus,
                         help="with --print vllm: the GPUs of the serving machine, e.g. 8xH100-80GB "
                              "(default: the recipe's hardware)")
     parser.set_defaults(run=run)
@@ -71,11 +74,10 @@ def serve(args, target) -> int:
 def serving_gpus(args, recipe) -> tuple[int, str, float]:
     """GPUs per machine, their name and GiB: ``--gpus``, else the recipe's hardware."""
     from tuner.catalog.gpus import lookup_gpu
-    from tuner.commands.plan import split_gpus
     from tuner.recipe.io import RecipeError
 
     hardware = recipe.hardware
-    count, name = split_gpus(args.gpus) if args.gpus else (hardware.gpus_per_machine, hardware.gpu)
+    count, name = args.gpus or (hardware.gpus_per_machine, hardware.gpu)
     if not args.gpus and hardware.gpu_memory_gb:
         return count, name or f"{hardware.gpu_memory_gb:g}GB", hardware.gpu_memory_gb
     if name is None:

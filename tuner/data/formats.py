@@ -19,7 +19,8 @@ DEFAULT_CHAT_TEMPLATE = (
     "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )
-
+# The roles a conversation may use: what chat templates (and tuner's default one) know how to render.
+CHAT_ROLES = ("system", "user", "assistant", "tool")
 
 
 def _jinja_text(text: str) -> str:
@@ -88,6 +89,8 @@ def sample_problem(sample: dict[str, Any], data_format: str) -> str | None:
     for message in messages:
         if not isinstance(message, dict) or not is_text(message.get("role")) or not isinstance(message.get("content"), str):
             return "a message lacks a 'role' or a string 'content'"
+        if message["role"] not in CHAT_ROLES:
+            return f"role {message['role']!r} is not one of {', '.join(CHAT_ROLES)}"
     return None
 
 

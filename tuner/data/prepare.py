@@ -16,7 +16,8 @@ from tuner.data.formats import (
     sample_segments,
     tokenize_segments,
 )
-from tuner.data.sources import DataError, Samples, listed, load_split
+from tuner.data import sources
+from tuner.data.sources import DataError, Samples, load_split
 from tuner.recipe.schema import Recipe
 
 log = logging.getLogger("tuner")
@@ -46,20 +47,37 @@ def resolve_format(requested: str, columns: list[str]) -> str:
     return requested
 
 
+def _text_bytes(value) -> int:
+    """UTF-8 bytes of the text in a sample's used columns (nested lists and messages included)."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, dict):
+        return sum(_text_bytes(item) for item in value.values())
+    if isinstance(value, list):
+        return sum(_text_bytes(item) for item in value)
+    return 0
+
+
 def check_samples(samples: Samples, data_format: str) -> None:
-    """Refuse the data when any row does not fit the layout, naming the first few rows (file lines for JSONL)."""
+    """Refuse the data when any row does not fit the layout (or, for sources read without a line scan, is larger
+    than a row may be), naming the first rows by their file lines (row numbers for parquet and hub datasets)."""
     dataset = samples.dataset
     used = sorted((FORMAT_COLUMNS[data_format] | {"input"}) & set(dataset.column_names))
+    measured = samples.lines is not None  # a local file's rows were measured while it was scanned
+    problems = samples.problems()
     try:
-        bad = [f"{samples.where(index)}: {problem}"
-               for index, sample in enumerate(dataset.select_columns(used))
-               if (problem := sample_problem(sample, data_format))]
+        batches = dataset.select_columns(used).iter(batch_size=10_000)  # decoded as rows are, ~5x faster than rows
+        rows = (dict(zip(batch, values)) for batch in batches for values in zip(*batch.values()))
+        for index, sample in enumerate(rows):
+            problem = sample_problem(sample, data_format)
+            if problem is None and not measured and (size := _text_bytes(sample)) > sources.MAX_ROW_BYTES:
+                problem = sources.too_large(size)
+            if problem:
+                problems.add_row(index, problem)
     except (KeyError, TypeError, ValueError) as exc:  # datasets cannot decode some nested shapes, e.g. {"\x00": {}}
-        raise DataError(f"data.source: the samples cannot be read ({exc!r}); the column(s) {', '.join(used)} should "
-                        "hold text (for chat, a list of role/content messages).") from None
-    if bad:
-        raise DataError(f"data.source: {len(bad)} of {len(dataset)} samples cannot be read as {data_format} samples: "
-                        f"{listed(bad)}. Fix or remove them, or set data.format.")
+        raise DataError(f"data.source: {samples.source}: the samples cannot be read ({exc!r}); the column(s) "
+                        f"{', '.join(used)} should hold text (for chat, a list of role/content messages).") from None
+    problems.raise_any(len(dataset), f"Fix or remove those rows, or set data.format (they are read as {data_format}).")
 
 
 def split_samples(recipe: Recipe):
@@ -79,6 +97,24 @@ def split_samples(recipe: Recipe):
     if n_eval >= len(dataset):
         raise DataError(f"data.eval_fraction: {len(dataset)} samples leave none for training; lower eval_fraction.")
     return dataset.select(range(n_eval, len(dataset))), dataset.select(range(n_eval)), data_format
+
+
+@dataclass(frozen=True)
+class DataSummary:
+    train: int
+    held_out: int
+    data_format: str
+
+
+def check_data(recipe: Recipe) -> DataSummary:
+    """Every check of the data that needs no tokenizer: the file is readable row by row (UTF-8, JSON/CSV shape,
+    row sizes, nesting), the columns fit the format, every row fits it, and the split leaves samples to train on.
+
+    Raises DataError naming the file and line.  ``tuner run`` calls it before it writes or launches anything;
+    preview and the training entrypoint run the same checks (:func:`split_samples`).
+    """
+    train, held_out, data_format = split_samples(recipe)
+    return DataSummary(len(train), len(held_out) if held_out is not None else 0, data_format)
 
 
 def encode_sample(sample: dict, data_format: str, tokenizer, recipe: Recipe) -> dict:

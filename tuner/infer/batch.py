@@ -7,9 +7,11 @@ Blank lines are not inputs and are skipped.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.data.formats import CHAT_ROLES
 from tuner.data.sources import DataError
 
 EXPECTED = "expected an object with 'prompt' (text) or 'messages' (a list of {role, content} ending with a user turn)"
@@ -37,6 +39,8 @@ def parse_prompt_line(text: str, line: int) -> PromptLine | BadLine:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
         return BadLine(line, f"not valid JSON ({exc.msg} at column {exc.colno}); {EXPECTED}.")
+    except RecursionError:
+        return BadLine(line, f"nested too deeply; {EXPECTED}.")
     if not isinstance(record, dict):
         return BadLine(line, f"got a JSON {type(record).__name__}; {EXPECTED}.")
     if isinstance(record.get("prompt"), str):
@@ -46,24 +50,32 @@ def parse_prompt_line(text: str, line: int) -> PromptLine | BadLine:
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)
     if not well_formed or messages[-1]["role"] != "user":
         return BadLine(line, f"{EXPECTED}.")
+    unknown = next((m["role"] for m in messages if m["role"] not in CHAT_ROLES), None)
+    if unknown is not None:
+        return BadLine(line, f"role {unknown!r} is not one of {', '.join(CHAT_ROLES)}.")
     return PromptLine(line, [{"role": m["role"], "content": m["content"]} for m in messages], record)
 
 
 def read_prompt_file(path: str | Path) -> tuple[list[PromptLine], list[BadLine]]:
-    """Every non-blank line parsed; bad lines are collected, not raised."""
+    """Every non-blank line parsed, each read up to the row limit; bad lines are collected, not raised."""
+    from tuner.data.sources import bounded_lines, decode_line
+    from tuner.fileio import NotARegularFile
+
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"--input {path}: no such file.") from None
-    except UnicodeDecodeError:
-        raise DataError(f"--input {path}: not UTF-8 text; save the file as UTF-8 JSON lines.") from None
     good: list[PromptLine] = []
     bad: list[BadLine] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if raw.strip():
-            parsed = parse_prompt_line(raw, number)
-            (good if isinstance(parsed, PromptLine) else bad).append(parsed)
+    try:
+        for number, raw, size in bounded_lines(path, pipes=True):
+            text, problem = decode_line(raw, size)
+            if problem:
+                bad.append(BadLine(number, f"{problem}."))
+            elif text.strip():
+                parsed = parse_prompt_line(text, number)
+                (good if isinstance(parsed, PromptLine) else bad).append(parsed)
+    except FileNotFoundError:
+        raise DataError(f"--input {path}: no such file.") from None
+    except NotARegularFile as exc:
+        raise DataError(f"--input {path}: not a regular file ({exc.kind}); give the JSON-lines file of prompts.") from None
     return good, bad
 
 
@@ -72,6 +84,45 @@ def answer_records(prompts: list[PromptLine], answers: list[str], bad: list[BadL
     records = {p.line: {**p.record, "line": p.line, "answer": a} for p, a in zip(prompts, answers, strict=True)}
     records.update({b.line: {"line": b.line, "error": b.reason} for b in bad})
     return [records[line] for line in sorted(records)]
+
+
+def answers_file_problem(path: Path) -> str | None:
+    """Why ``path`` does not look like an answers file tuner wrote (each line {"line": N, "answer" | "error": ...}),
+    judged from its first line; None when it does (or is empty)."""
+    from tuner.data.sources import MAX_ROW_BYTES
+    from tuner.fileio import open_input
+
+    with open_input(path, pipes=False) as stream:
+        first = stream.readline(MAX_ROW_BYTES)
+    if not first.strip():
+        return None
+    try:
+        record = json.loads(first)
+    except (ValueError, RecursionError):
+        return "its first line is not JSON"
+    if isinstance(record, dict) and isinstance(record.get("line"), int) and ("answer" in record or "error" in record):
+        return None
+    return 'its first line is not {"line": N, "answer": ...}'
+
+
+def check_output(output: Path, prompts: Path, force: bool) -> None:
+    """Refuse, before a model is loaded, an --output that would overwrite the prompts, a folder, a link, an existing
+    file without ``force``, or (with it) a file that is not tuner's answers."""
+    where = f"--output {output}"
+    if output.is_symlink():
+        raise DataError(f"{where}: is a symbolic link (to {os.readlink(output)}); give the file itself, or another.")
+    if output.is_dir():
+        raise DataError(f"{where}: is a folder; --output names the answers file (JSON lines).")
+    if output.exists() and prompts.exists() and output.samefile(prompts):
+        raise DataError(f"{where}: is the --input file; the answers would replace the prompts. Choose another --output.")
+    if not output.exists():
+        return
+    if not force:
+        raise DataError(f"{where}: the file exists; pass --force to overwrite it.")
+    problem = answers_file_problem(output)
+    if problem:
+        raise DataError(f"{where}: not an answers file tuner wrote ({problem}); --force replaces only tuner's answers. "
+                        "Choose another --output, or move the file away.")
 
 
 def write_answers(path: str | Path, records: list[dict]) -> Path:

@@ -101,7 +101,7 @@ def resolve_target(argument: str | None = None, overrides: Iterable[str] = (), m
         path = resolve_model_path(recipe.model.id)
         target = InferenceTarget(recipe, path, path)
     else:
-        source = RecipeSource()
+        source = RecipeSource(path="--model")
         recipe = validate_recipe(apply_overrides({"model": {"id": model}}, overrides, source), source)
         path = resolve_model_path(recipe.model.id)
         target = InferenceTarget(recipe, path, path, use_recipe_hardware=False)

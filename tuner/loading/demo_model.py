@@ -10,6 +10,7 @@ import string
 from pathlib import Path
 
 from tuner.catalog.demo import DEMO_CONFIG, SPECIAL_TOKENS, demo_model_dir
+from tuner.fileio import staged_directory
 
 # A compact template keeps the demo's sequences short: "reverse\nabc=cba</s>".
 CHAT_TEMPLATE = (
@@ -51,9 +52,6 @@ def _train_tokenizer():
 
 def build_demo_model(path: Path) -> Path:
     """Build the demo model with random weights (seeded) and save it atomically at ``path``."""
-    import shutil
-    import tempfile
-
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -67,16 +65,7 @@ def build_demo_model(path: Path) -> Path:
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    try:
+    with staged_directory(path, existing="keep") as staging:  # another process may finish first: keep its model
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        if path.exists():  # another process finished first
-            shutil.rmtree(staging)
-        else:
-            staging.rename(path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return path

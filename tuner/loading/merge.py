@@ -2,16 +2,21 @@
 
 The base is loaded unquantised in the recipe's dtype even for QLoRA: merging into 4-bit weights
 would round the update away, and a merged model is meant to be served or quantised afresh.
+
+The merged folder is tuner's whole: it is saved into a fresh hidden sibling, ``tuner_files.json`` (the names
+of everything saved there) is written last, and the folder is swapped into place.  ``--force`` replaces an
+existing folder only when it holds nothing but the files its own ``tuner_files.json`` names.
 """
 from __future__ import annotations
 
+import json
 import shutil
-import tempfile
 from pathlib import Path
 
+from tuner.fileio import DestinationRefused, atomic_write_text, check_destination, staged_directory
 from tuner.loading.model import ModelLoadError, load_model, load_tokenizer
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import FINAL_DIR, LOCK_FILE
+from tuner.run_layout import CHECKPOINTS_DIR, FINAL_DIR, LOCK_FILE, TUNER_FILES
 
 
 def find_adapter(run: Path) -> Path:
@@ -23,29 +28,57 @@ def find_adapter(run: Path) -> Path:
                          "merge takes the run directory of a lora/qlora run, or one of its checkpoints.")
 
 
+def run_of(adapter: Path) -> Path:
+    """The run directory an adapter belongs to (``final/`` or ``checkpoints/checkpoint-N`` of a run), or the adapter
+    folder itself when it stands alone."""
+    if adapter.name == FINAL_DIR:
+        return adapter.parent
+    if adapter.parent.name == CHECKPOINTS_DIR:
+        return adapter.parent.parent
+    return adapter
+
+
+def written_by_tuner(folder: Path) -> set[str]:
+    """The names tuner saved into ``folder`` (its ``tuner_files.json``); empty when it has none or cannot be read."""
+    try:
+        files = json.loads((folder / TUNER_FILES).read_text(encoding="utf-8")).get("files", [])
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {name for name in files if isinstance(name, str)} | {TUNER_FILES}
+
+
+def check_merge_output(output: Path, adapter: Path, force: bool) -> None:
+    """Refuse, before the model is loaded, an output that is not tuner's to write: the run (or a folder holding it),
+    its final model or checkpoints, the current folder, a link, a folder with files tuner did not save there;
+    an existing merged folder without ``force``."""
+    run = run_of(adapter)
+    try:
+        check_destination(output, owned=written_by_tuner(output).__contains__,
+                          holding=[(run, f"the run {run}"), (adapter, f"the adapter {adapter}")],
+                          inside=[(run / FINAL_DIR, f"the run's final model {run / FINAL_DIR}"),
+                                  (run / CHECKPOINTS_DIR, f"the run's checkpoints {run / CHECKPOINTS_DIR}")])
+    except DestinationRefused as exc:
+        raise ModelLoadError(str(exc)) from None
+    if output.is_dir() and any(output.iterdir()) and not force:
+        raise ModelLoadError(f"{output}: already exists; pass --force to replace it, or choose another --output.")
+
+
 def merge_adapter(recipe: Recipe, adapter: Path, output: Path, force: bool = False) -> Path:
     """Load the base model, apply the adapter at ``adapter``, merge, and save model, tokenizer and lock at ``output``."""
     from peft import PeftModel
 
-    if output.exists() and any(output.iterdir()) and not force:
-        raise ModelLoadError(f"{output}: already exists; pass --force to replace it, or choose another --output.")
+    check_merge_output(output, adapter, force)
     unquantised = recipe.model_copy(deep=True)
     unquantised.method.quantization = None
-    model = PeftModel.from_pretrained(load_model(unquantised), str(adapter)).merge_and_unload()
-    model.config.use_cache = True
-    tokenizer = load_tokenizer(recipe, str(adapter))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}-", dir=output.parent))
-    try:
+    with staged_directory(output, existing="replace") as staging:  # first: an unwritable place fails at once
+        model = PeftModel.from_pretrained(load_model(unquantised), str(adapter)).merge_and_unload()
+        model.config.use_cache = True
+        tokenizer = load_tokenizer(recipe, str(adapter))
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         lock = adapter / LOCK_FILE
         if lock.is_file():
             shutil.copyfile(lock, staging / LOCK_FILE)
-        if output.exists():
-            shutil.rmtree(output)
-        staging.rename(output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        names = sorted(entry.name for entry in staging.iterdir())
+        atomic_write_text(staging / TUNER_FILES, json.dumps({"written_by": "tuner merge", "files": names}, indent=2) + "\n")
     return output

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tuner.catalog.demo import is_builtin
 from tuner.loading.demo_model import builtin_model_path
+from tuner.recipe.checks import remote_code_problem
 from tuner.recipe.schema import Recipe
 
 log = logging.getLogger("tuner")
@@ -94,10 +95,19 @@ def choose_liger(requested: bool, model_type: str, on_gpu: bool) -> tuple[bool, 
     return True, f"fused RMSNorm/SwiGLU/RoPE/linear-cross-entropy kernels for {model_type}"
 
 
+def refuse_custom_code(recipe: Recipe, source: str) -> None:
+    """The recipe's rule for code shipped with a model, applied to the folder or id actually loaded (``--model``
+    or a run's final/ may differ from model.id): refused in tuner's words, before transformers would run it."""
+    problem = remote_code_problem(source, recipe.model.revision, recipe.model.trust_remote_code)
+    if problem:
+        raise ModelLoadError(f"model.trust_remote_code: {problem}")
+
+
 def load_tokenizer(recipe: Recipe, path: str | None = None):
     from transformers import AutoTokenizer
 
     source = path or resolve_model_path(recipe.model.id)
+    refuse_custom_code(recipe, source)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             source, revision=recipe.model.revision, trust_remote_code=recipe.model.trust_remote_code)
@@ -135,6 +145,7 @@ def load_model(recipe: Recipe, path: str | None = None, **kwargs):
     from transformers import AutoModelForCausalLM
 
     source = path or resolve_model_path(recipe.model.id)
+    refuse_custom_code(recipe, source)
     attention, reason = choose_attention(recipe.memory.attention)
     log.info("attention: %s (%s)", attention, reason)
     arguments = dict(

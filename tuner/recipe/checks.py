@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.catalog.gpus import AmbiguousGpuError, known_gpu_names, lookup_gpu
+from tuner.catalog.models import custom_code
 from tuner.recipe.schema import Recipe
 
 
@@ -215,7 +216,24 @@ def _long_context(recipe: Recipe) -> list[Problem]:
     return problems
 
 
-RULES = (_topology, _sharding, _method, _lora_targets, _precision, _training, _long_context)
+def remote_code_problem(model_id: str, revision: str | None, trust_remote_code: bool) -> str | None:
+    """Why a model cannot be loaded as the recipe stands: it ships code (config.json's auto_map) the recipe does not
+    allow to run.  Read from a local folder or the Hugging Face cache, before anything runs it."""
+    classes = custom_code(model_id, revision)
+    if not classes or trust_remote_code:
+        return None
+    return (f"{model_id} ships its own Python code ({', '.join(classes)}), which runs on every rank when the model "
+            "loads; set model.trust_remote_code: true if you trust its author (and pin model.revision to a commit "
+            "you reviewed), or use a model without custom code.")
+
+
+def _model(recipe: Recipe) -> list[Problem]:
+    model = recipe.model
+    problem = remote_code_problem(model.id, model.revision, model.trust_remote_code)
+    return [Problem("model.trust_remote_code", problem, anchor="model.id")] if problem else []
+
+
+RULES = (_model, _topology, _sharding, _method, _lora_targets, _precision, _training, _long_context)
 
 
 def find_problems(recipe: Recipe) -> list[Problem]:

@@ -13,6 +13,7 @@ from typing import Any, Iterable
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from tuner.fileio import NotARegularFile, TooLarge, read_limited
 from tuner.recipe.checks import find_problems
 from tuner.recipe.schema import Recipe
 
@@ -39,6 +40,9 @@ class RecipeSource:
     path: str | None = None
     key_lines: dict[tuple[str, ...], int] = field(default_factory=dict)
     overridden: set[tuple[str, ...]] = field(default_factory=set)
+    # the text as written of values YAML typed as numbers, dates or booleans: where the schema wants text
+    # (``name: 2018-01-01``, ``revision: 007``) the recipe gets exactly what was written
+    texts: dict[tuple[str, ...], str] = field(default_factory=dict)
 
     def where(self, loc: tuple[str, ...]) -> str:
         for assigned in sorted(self.overridden):  # the value at loc was set, or created, by an override
@@ -54,9 +58,13 @@ class RecipeSource:
         return self.path or "recipe"
 
 
-def _walk_mapping(node: yaml.Node, prefix: tuple[str, ...], lines: dict, budget: list[int], path: str | None,
+_TEXT_TAGS = (_STR_TAG, "tag:yaml.org,2002:null")
+
+
+def _walk_mapping(node: yaml.Node, prefix: tuple[str, ...], source: RecipeSource, budget: list[int],
                   loader: yaml.SafeLoader) -> None:
     """Record the line of every key; refuse duplicate and non-name keys, unreadable values, alias bombs, deep nesting."""
+    path, lines = source.path, source.key_lines
     where = path or "recipe"
     budget[0] -= 1
     if budget[0] < 0:
@@ -84,17 +92,19 @@ def _walk_mapping(node: yaml.Node, prefix: tuple[str, ...], lines: dict, budget:
                                    f"{seen[key]}); keep one of them."])
             seen[key] = line
             lines[prefix + (key,)] = line
-            _walk_mapping(value_node, prefix + (key,), lines, budget, path, loader)
+            _walk_mapping(value_node, prefix + (key,), source, budget, loader)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             lines.setdefault(prefix + (str(index),), item.start_mark.line + 1)
-            _walk_mapping(item, prefix + (str(index),), lines, budget, path, loader)
+            _walk_mapping(item, prefix + (str(index),), source, budget, loader)
     else:
         try:  # a scalar YAML can tokenise but Python cannot hold: year 0, an integer of 5000 digits
             loader.construct_object(node)
         except (ValueError, OverflowError) as exc:
             raise RecipeError([f"{where}:{node.start_mark.line + 1}: {_dotted(prefix) or 'recipe'}: "
                                f"cannot read this value: {exc}."]) from None
+        if node.tag not in _TEXT_TAGS:
+            source.texts[prefix] = node.value
 
 
 def _dotted(loc: Iterable[str]) -> str:
@@ -129,7 +139,7 @@ def parse_yaml(text: str, path: str | None = None) -> tuple[dict[str, Any], Reci
             raise RecipeError([f"{where}:{node.start_mark.line + 1}: a recipe must be a mapping of sections "
                                f"(model:, hardware:, method:, ...), not a {node.tag.rsplit(':', 1)[-1]}."])
         source = RecipeSource(path=path)
-        _walk_mapping(node, (), source.key_lines, [MAX_YAML_NODES], path, loader)
+        _walk_mapping(node, (), source, [MAX_YAML_NODES], loader)
         data = loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise _yaml_problem(exc, where) from None
@@ -143,17 +153,19 @@ def parse_yaml(text: str, path: str | None = None) -> tuple[dict[str, Any], Reci
 
 
 def read_recipe_text(path: str | Path) -> str:
+    """The recipe file's text, read up to :data:`MAX_FILE_BYTES` and no further (a pipe such as ``<(yes)`` is cut
+    off at the limit, a device such as /dev/zero refused before reading)."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_limited(path, MAX_FILE_BYTES)
     except FileNotFoundError:
         raise RecipeError([f"{path}: no such file. List the built-in recipes with: tuner recipes ls"]) from None
-    except IsADirectoryError:
-        raise RecipeError([f"{path}: is a directory; give the recipe's .yaml file."]) from None
+    except NotARegularFile as exc:
+        raise RecipeError([f"{path}: not a regular file ({exc.kind}); give the recipe's .yaml file."]) from None
+    except TooLarge:
+        raise RecipeError([f"{path}: more than {MAX_FILE_BYTES} bytes is too large for a recipe."]) from None
     except OSError as exc:
         raise RecipeError([f"{path}: cannot read: {exc.strerror}."]) from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise RecipeError([f"{path}: {len(raw)} bytes is too large for a recipe (limit {MAX_FILE_BYTES})."])
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -181,6 +193,7 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str], source: Reci
     result = copy.deepcopy(data)
     for assignment in overrides:
         parts, value = parse_override(assignment)
+        raw_value = assignment.partition("=")[2]
         target = result
         for depth, part in enumerate(parts[:-1]):
             child = target.get(part)
@@ -191,6 +204,8 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str], source: Reci
             target = child
         target[parts[-1]] = value
         source.overridden.add(parts)
+        if value is not None and not isinstance(value, (str, dict, list)):
+            source.texts[parts] = raw_value.strip()
     return result
 
 
@@ -220,6 +235,41 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
         if found:
             return found
     return None
+
+
+def _wants_text(loc: tuple[str, ...]) -> bool:
+    """Whether the schema field at ``loc`` (a list item when the last part is an index) holds free text."""
+    import typing
+
+    model: type[BaseModel] | None = Recipe
+    annotation: Any = None
+    for depth, part in enumerate(loc):
+        if model is None:
+            return depth == len(loc) - 1 and part.isdigit() and any(
+                typing.get_origin(arg) is list and typing.get_args(arg) == (str,)
+                for arg in (annotation, *typing.get_args(annotation)))
+        info = model.model_fields.get(part)
+        if info is None:
+            return False
+        annotation, model = info.annotation, _model_in(info.annotation)
+    return annotation is str or str in typing.get_args(annotation)
+
+
+def _restore_texts(data: Any, texts: dict[tuple[str, ...], str]) -> None:
+    """Put back the written text of numbers, dates and booleans that sit where the schema wants text."""
+    for loc, text in texts.items():
+        parent = data
+        for part in loc[:-1]:
+            parent = parent.get(part) if isinstance(parent, dict) else (
+                parent[int(part)] if isinstance(parent, list) and part.isdigit() and int(part) < len(parent) else None)
+        key: Any = loc[-1]
+        if isinstance(parent, list) and key.isdigit() and int(key) < len(parent):
+            key = int(key)
+        elif not (isinstance(parent, dict) and key in parent):
+            continue
+        value = parent[key]
+        if value is not None and not isinstance(value, (str, dict, list)) and _wants_text(loc):
+            parent[key] = text
 
 
 def _input_loc(loc: tuple, data: Any) -> tuple[str, ...]:
@@ -252,6 +302,8 @@ def _format_validation_error(error: ValidationError, data: dict, source: RecipeS
             message = message.replace("Input should be", "must be")
         elif item["type"] == "model_type":
             message = "must be a section of key: value lines"
+        elif item["type"] == "value_error":  # the schema's own words
+            message = message.removeprefix("Value error, ")
         given = item.get("input")
         shown = repr(given) if not isinstance(given, (dict, list)) else type(given).__name__
         if len(shown) > 60:
@@ -273,6 +325,7 @@ def validate_recipe(data: Any, source: RecipeSource | None = None) -> Recipe:
     source = source or RecipeSource()
     if not isinstance(data, dict):
         raise RecipeError([f"{source.where(())}: a recipe must be a mapping of sections, not {type(data).__name__}."])
+    _restore_texts(data, source.texts)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:

@@ -6,20 +6,88 @@ fields live in :mod:`tuner.recipe.checks` so each can name the field to change.
 """
 from __future__ import annotations
 
+import ipaddress
+import re
+import typing
+import unicodedata
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 SCHEMA_VERSION = 1
 # Experiment trackers the Trainer reports to (its own integrations); each is also the name of tuner's pip extra.
 Tracker = Literal["tensorboard", "mlflow", "wandb", "trackio"]
 TRACKERS: tuple[str, ...] = get_args(Tracker)
 
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+_ZONE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _admits_only_numbers(annotation) -> bool:
+    """int/float fields and Literal[0, 1, ...]: where YAML's true/false would silently read as 1/0."""
+    if annotation in (int, float):
+        return True
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Literal:
+        return all(isinstance(arg, (int, float)) and not isinstance(arg, bool) for arg in args)
+    if args and origin is not list:  # a union: numbers (or none) only
+        return any(_admits_only_numbers(arg) for arg in args) and all(
+            arg is type(None) or _admits_only_numbers(arg) for arg in args)
+    return False
+
+
+MAX_NAME_BYTES = 255  # one file or folder name (every text may become part of a path)
+_NOT_TEXT = {"Cc": "a control character", "Cs": "a byte that is not UTF-8"}  # unicodedata categories
+
+
+def not_text(text: str) -> str | None:
+    """What in ``text`` cannot be one line of text -- a control character (newline, tab, NUL, ESC, ...) or a lone
+    surrogate (a byte that was not UTF-8, or a YAML "\\ud800") -- escaped for a message; None when nothing."""
+    for character in text:
+        kind = _NOT_TEXT.get(unicodedata.category(character))
+        if kind:
+            return f"{kind} ({ascii(character)[1:-1]})"
+    return None
+
+
+def is_host(text: str) -> bool:
+    """An IPv4/IPv6 address or a DNS host name (RFC 1123 labels): nothing a shell or a URL would read twice."""
+    address, _, zone = text.partition("%")  # an IPv6 zone (fe80::1%eth0) names an interface, nothing more
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        ip = None
+    if ip is not None:
+        return not zone or (ip.version == 6 and bool(_ZONE.match(zone)))
+    return len(text) <= 253 and all(_HOST_LABEL.match(label) for label in text.removesuffix(".").split("."))
+
 
 class Section(BaseModel):
-    """Base for every recipe section: unknown keys are errors, assignments are validated."""
+    """Base for every recipe section: unknown keys are errors, assignments are validated; true/false are not
+    numbers, and no text holds a control character (every value may end up in a script, a path or a log line)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _booleans_are_not_numbers(cls, value, info: ValidationInfo):
+        if isinstance(value, bool) and _admits_only_numbers(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"must be a number, not {str(value).lower()}")
+        return value
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _one_line_of_text(cls, value):
+        for text in (value if isinstance(value, list) else [value]):
+            if not isinstance(text, str):
+                continue
+            found = not_text(text)
+            if found:
+                raise ValueError(f"contains {found}; remove it (names and paths are one line of text)")
+            if any(len(part.encode()) > MAX_NAME_BYTES for part in text.split("/")):
+                raise ValueError(f"has a part longer than {MAX_NAME_BYTES} bytes between slashes; a file system "
+                                 "allows no longer file name: shorten it")
+        return value
 
 
 class ModelSection(Section):
@@ -67,12 +135,19 @@ class HardwareSection(Section):
     )
     nvme_path: str | None = Field(None, description="Local NVMe directory for DeepSpeed ZeRO-Infinity offload.")
     main_process_ip: str | None = Field(
-        None, description="Address of machine rank 0; required when machines > 1."
+        None, description="Address of machine rank 0 (an IP address or a host name); required when machines > 1."
     )
     main_process_port: int = Field(29500, ge=1, le=65535, description="TCP port of the rendezvous on machine rank 0.")
     rdzv_backend: Literal["static", "c10d"] = Field(
         "static", description="Rendezvous backend for multi-node launches (c10d tolerates nodes joining late)."
     )
+
+    @field_validator("main_process_ip")
+    @classmethod
+    def _a_host(cls, value: str | None) -> str | None:
+        if value is not None and not is_host(value):
+            raise ValueError("must be a host name or an IP address (e.g. 10.0.0.1 or node001.cluster)")
+        return value
 
 
 class LoraSection(Section):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuner.recipe.schema import Recipe
 from tuner.render.launch_command import launch_argv, shell_command
-from tuner.run_layout import LAUNCH_SCRIPT, SLURM_SCRIPT
+from tuner.run_layout import LAUNCH_SCRIPT, SLURM_LOG, SLURM_SCRIPT
 
 MAIN_PROCESS_IP_VARIABLE = "MAIN_PROCESS_IP"
 
@@ -42,14 +42,15 @@ def render_launch_script(recipe: Recipe, run_dir: str | Path) -> str:
         lines += ["# Written by tuner: the exact command `tuner run` launches.", "set -euo pipefail",
                   *_change_to_project(run_dir), shell_command(launch_argv(run_dir)) + ' "$@"']
         return "\n".join(lines) + "\n"
-    ip, port = recipe.hardware.main_process_ip, recipe.hardware.main_process_port
+    ip, port = shlex.quote(str(recipe.hardware.main_process_ip)), recipe.hardware.main_process_port
+    script = shlex.quote(str(run_dir / LAUNCH_SCRIPT))
     last = machines - 1
-    lines += [
+    lines += [  # comments too show every value shell-quoted: the text a user copies must be safe to paste
         f"# Written by tuner: the launch command for a run on {machines} machines.",
         f"# Start it once on every machine with that machine's rank, 0 to {last}; rank 0 ({ip}) hosts the",
         f"# rendezvous on port {port}:",
-        f"#   machine 0: {run_dir / LAUNCH_SCRIPT} 0",
-        f"#   machine {last}: {run_dir / LAUNCH_SCRIPT} {last}",
+        f"#   machine 0: {script} 0",
+        f"#   machine {last}: {script} {last}",
         f"# {MAIN_PROCESS_IP_VARIABLE}=<address> replaces rank 0's address (the Slurm script sets it).",
         "set -euo pipefail",
         *_change_to_project(run_dir),
@@ -57,7 +58,7 @@ def render_launch_script(recipe: Recipe, run_dir: str | Path) -> str:
         'machine_rank="${1:?$usage}"',
         f'[[ "$machine_rank" =~ ^[0-9]+$ ]] && (( machine_rank <= {last} )) || {{ echo "$usage" >&2; exit 2; }}',
         "shift",
-        f"main_process_ip=${{{MAIN_PROCESS_IP_VARIABLE}:-{shlex.quote(str(ip))}}}",
+        f"main_process_ip=${{{MAIN_PROCESS_IP_VARIABLE}:-{ip}}}",
     ]
     placeholders = {"@RANK@": '"$machine_rank"', "@IP@": '"$main_process_ip"'}
     argv = launch_argv(run_dir, machine_rank="@RANK@", main_process_ip="@IP@")
@@ -73,15 +74,15 @@ def render_slurm_script(recipe: Recipe, run_dir: str | Path) -> str:
     script = shlex.quote(str(run_dir / LAUNCH_SCRIPT))
     lines = [
         "#!/usr/bin/env bash",
-        f"# Written by tuner: submit from the project directory with `sbatch {run_dir / SLURM_SCRIPT}`.",
-        f"# Every node runs {run_dir / LAUNCH_SCRIPT}; the first node of the allocation is rank 0.",
+        f"# Written by tuner: submit from the project directory with `sbatch {shlex.quote(str(run_dir / SLURM_SCRIPT))}`.",
+        f"# Every node runs {script}; the first node of the allocation is rank 0.",
         f"#SBATCH --job-name={recipe.name}",
         f"#SBATCH --nodes={hw.machines}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --gpus-per-node={hw.gpus_per_machine}",
     ]
     if re.fullmatch(r"[A-Za-z0-9._/-]+", str(run_dir)):  # #SBATCH lines take no shell quoting
-        lines.append(f"#SBATCH --output={run_dir}/slurm-%j.log")
+        lines.append(f"#SBATCH --output={run_dir}/{SLURM_LOG}")
     lines.append("set -euo pipefail")
     if hw.machines == 1:
         lines.append(f"srun --kill-on-bad-exit=1 {script}")

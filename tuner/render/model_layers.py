@@ -28,10 +28,14 @@ def model_class(model: ModelSection):
         demo_model_dir(model.id)  # refuses an unknown built-in name
         return getattr(transformers, DEMO_ARCHITECTURE)  # known without building it
     source = _config_source(model)
+    if Path(source).is_dir() and not (Path(source) / "config.json").is_file():
+        raise RecipeError([f"model.id: {model.id}: the directory has no config.json; point at a saved Hugging Face "
+                           "model (the folder save_pretrained wrote)."])
     try:
         config = AutoConfig.from_pretrained(source, revision=model.revision, trust_remote_code=model.trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise RecipeError([f"model.id: cannot read the config of {model.id!r} to find FSDP's layer class: {exc}. "
+        reason = " ".join(str(exc).split()).rstrip(".")  # transformers' messages span lines
+        raise RecipeError([f"model.id: cannot read the config of {model.id!r} to find FSDP's layer class ({reason}). "
                            "Download the model first (its config.json is enough) or point model.id at a local directory."]) from None
     auto_map = getattr(config, "auto_map", None) or {}
     if model.trust_remote_code and "AutoModelForCausalLM" in auto_map:

@@ -1,15 +1,25 @@
 """A run directory: every file a launch needs, rendered from one recipe and written atomically."""
 from __future__ import annotations
 
+from fnmatch import fnmatch
 from pathlib import Path
 
-from tuner.fileio import atomic_write_directory, atomic_write_text
+from tuner.fileio import DestinationRefused, atomic_write_directory, check_destination, replace_files
 from tuner.recipe.io import RecipeError, recipe_to_yaml, with_output_dir
 from tuner.recipe.schema import Recipe
 from tuner.render.accelerate_config import render_accelerate_config
 from tuner.render.deepspeed_config import render_deepspeed_config
 from tuner.render.launch_script import render_launch_script, render_slurm_script
-from tuner.run_layout import ACCELERATE_CONFIG, DEEPSPEED_CONFIG, EVENTS_FILE, LAUNCH_SCRIPT, LOCK_FILE, SLURM_SCRIPT
+from tuner.run_layout import (
+    ACCELERATE_CONFIG,
+    DEEPSPEED_CONFIG,
+    LAUNCH_SCRIPT,
+    LOCK_FILE,
+    RENDERED_FILES,
+    RUN_OUTPUTS,
+    SLURM_LOG,
+    SLURM_SCRIPT,
+)
 
 EXECUTABLES = (LAUNCH_SCRIPT, SLURM_SCRIPT)
 
@@ -38,23 +48,45 @@ def render_run_files(recipe: Recipe, run_dir: str | Path | None = None) -> dict[
     return files
 
 
+def _own_entry(name: str) -> bool:
+    """A name tuner puts in a run directory: a rendered file, a run output, a Slurm log, or a temporary file of
+    tuner's own that a kill left behind (``.recipe.lock.yaml.x1y2.tmp``)."""
+    if name in RENDERED_FILES or name in RUN_OUTPUTS or fnmatch(name, SLURM_LOG.replace("%j", "*")):
+        return True
+    return name.endswith(".tmp") and any(name.startswith(f".{own}.") for own in (*RENDERED_FILES, *RUN_OUTPUTS))
+
+
+def holds_only_rendered_files(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds files and only files `tuner render` writes (what ``tuner run --dry-run`` leaves):
+    no run has started there, so a launch may replace them without --force."""
+    run_dir = Path(run_dir)
+    if run_dir.is_symlink() or not run_dir.is_dir():
+        return False
+    names = [entry.name for entry in run_dir.iterdir()]
+    return bool(names) and all(name in RENDERED_FILES for name in names)
+
+
 def write_run_directory(recipe: Recipe, run_dir: str | Path | None = None, *, force: bool = False,
                         keep_existing: bool = False) -> Path:
-    """Write the run files; refuse to touch an existing run directory unless ``force`` or ``keep_existing``
-    (resume: the directory and its checkpoints are the point)."""
-    run_dir = Path(run_dir or recipe.output.dir)
-    if run_dir.exists() and any(run_dir.iterdir()) and not (force or keep_existing):
-        raise RecipeError([f"{run_dir}: the run directory already exists; pass --force to overwrite its files, "
-                           "--resume to continue it, or change output.dir."])
-    files = render_run_files(recipe, run_dir)
+    """Write the run files into a new directory, or (``force``, or ``keep_existing`` to resume) replace the rendered
+    files of an existing one, keeping everything the run has written (events, log, checkpoints, final model).
+
+    Refused before anything is written: a symbolic link, the current folder or one above it, and (unless
+    resuming) a folder holding files tuner did not write."""
+    if run_dir is not None:
+        recipe = with_output_dir(recipe, run_dir)  # checked like any recipe value (no control characters)
+    run_dir = Path(recipe.output.dir)
+    try:
+        check_destination(run_dir, owned=None if keep_existing else _own_entry)
+    except DestinationRefused as exc:
+        raise RecipeError([str(exc)]) from None
+    existing = run_dir.is_dir() and any(run_dir.iterdir())
+    if existing and not (force or keep_existing):
+        raise RecipeError([f"{run_dir}: the run directory already exists; pass --force to replace its rendered files "
+                           "(its events, log and checkpoints are kept), --resume to continue it, or change output.dir."])
+    files = render_run_files(recipe)
     modes = {name: 0o755 for name in EXECUTABLES}
-    if not run_dir.exists() or not any(run_dir.iterdir()):
+    if not existing:
         return atomic_write_directory(run_dir, files, modes)  # whole or not at all: a full disk leaves no half run
-    if force:
-        # a fresh run: its progress must not show the old one's, nor its files outlive a change of topology
-        for stale in (EVENTS_FILE, DEEPSPEED_CONFIG, SLURM_SCRIPT):
-            if stale not in files:
-                (run_dir / stale).unlink(missing_ok=True)
-    for name, text in files.items():
-        atomic_write_text(run_dir / name, text, mode=modes.get(name))
-    return run_dir
+    # files rendered before and not now (a DeepSpeed config after a change of topology) go too
+    return replace_files(run_dir, files, modes, remove=[name for name in RENDERED_FILES if name not in files])

@@ -125,7 +125,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from transformers import Trainer
 
     from tuner.data.prepare import data_collator, prepare_data
-    from tuner.fileio import atomic_write_text
+    from tuner.fileio import atomic_write_text, umask_permissions
     from tuner.launch.checkpoints import resume_checkpoint
     from tuner.loading.model import load_tokenizer
     from tuner.run_layout import LOCK_FILE
@@ -176,6 +176,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     if not trainer.is_world_process_zero():
         return 0
     atomic_write_text(final / LOCK_FILE, lock_text)
+    umask_permissions(final)  # safetensors leaves its files 0600
     merged = None
     if recipe.method.kind != "full" and recipe.output.save in ("merged", "full"):
         from tuner.loading.merge import merge_adapter

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from tuner.fileio import atomic_write_text
+from tuner.fileio import atomic_write_text, umask_permissions
 from tuner.launch.checkpoints import resume_settings
+from tuner.launch.integrity import file_digests
 from tuner.recipe.schema import Recipe
 from tuner.run_layout import CHECKPOINT_INFO, CHECKPOINT_PREFIX, LOCK_FILE
 
@@ -24,6 +25,8 @@ class CheckpointInfoCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         checkpoint = Path(args.output_dir) / f"{CHECKPOINT_PREFIX}{state.global_step}"
+        umask_permissions(checkpoint)  # safetensors leaves its files 0600
         atomic_write_text(checkpoint / LOCK_FILE, self.lock_text)
-        info = {"step": state.global_step, "settings": resume_settings(self.recipe, args.world_size)}
+        info = {"step": state.global_step, "settings": resume_settings(self.recipe, args.world_size),
+                "files": file_digests(checkpoint)}
         atomic_write_text(checkpoint / CHECKPOINT_INFO, json.dumps(info, indent=2) + "\n")

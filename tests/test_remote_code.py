@@ -1,0 +1,95 @@
+"""A model that ships its own code (config.json's ``auto_map``) is found before anything loads it, from a local
+folder or the Hugging Face cache: refused naming ``model.trust_remote_code`` when the recipe does not allow it,
+a warning naming the model when it does.  Never transformers' own wording, and its code never runs uninvited."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tuner.cli import main
+
+AUTO_MAP = {"AutoConfig": "configuration_acme.AcmeConfig", "AutoModelForCausalLM": "modeling_acme.AcmeForCausalLM"}
+PAYLOAD = "import pathlib\npathlib.Path('pwned').write_text('remote code ran')\n"
+
+
+def with_custom_code(model_dir, demo_model_path):
+    shutil.copytree(demo_model_path, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "auto_map": AUTO_MAP}))
+    for module in ("configuration_acme.py", "modeling_acme.py"):
+        (model_dir / module).write_text(PAYLOAD)
+    return model_dir
+
+
+@pytest.fixture
+def custom_model(tmp_path, demo_model_path):
+    return with_custom_code(tmp_path / "acme-model", demo_model_path)
+
+
+@pytest.fixture
+def cached_custom_model(tmp_path, demo_model_path, monkeypatch):
+    """acme/custom-7b in a Hugging Face cache of its own, as `hf download` leaves it."""
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hub"
+    repo = cache / "models--acme--custom-7b"
+    with_custom_code(repo / "snapshots" / ("a" * 40), demo_model_path)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    return "acme/custom-7b"
+
+
+def run_cli(capsys, *args) -> tuple[int, str]:
+    code = main([str(arg) for arg in args])
+    return code, capsys.readouterr().err
+
+
+COMMANDS = {
+    "validate": ["validate", "-q", "demo"],
+    "plan": ["plan", "demo"],
+    "render": ["render", "demo", "-o", "{tmp}/run"],
+    "doctor": ["doctor", "demo"],
+    "infer": ["infer", "demo", "--prompt", "hi"],
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("where", ["local folder", "hub cache"])
+def test_custom_code_is_refused_naming_the_setting(command, where, custom_model, cached_custom_model, tmp_path,
+                                                   capsys, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    model_id = str(custom_model) if where == "local folder" else cached_custom_model
+    args = [arg.format(tmp=tmp_path) for arg in COMMANDS[command]]
+    code, err = run_cli(capsys, *args, "--set", f"model.id={model_id}")
+    assert code == 2, err
+    assert err.startswith("error: --set model.id: model.trust_remote_code: "), err
+    assert f"{model_id} ships its own Python code (configuration_acme.AcmeConfig, modeling_acme.AcmeForCausalLM)" in err
+    assert "trust_remote_code=True" not in err and "huggingface.co" not in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists() and not list(tmp_path.rglob("pwned"))
+
+
+def test_infer_with_a_custom_code_folder_as_model_is_refused_before_loading(custom_model, tmp_path, capsys,
+                                                                         monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, err = run_cli(capsys, "infer", "--model", custom_model, "--prompt", "hi")
+    assert code == 2 and "Traceback" not in err, err
+    assert err.startswith(f"error: --model: model.trust_remote_code: {custom_model} ships its own Python code"), err
+    code, err = run_cli(capsys, "infer", "demo", "--model", custom_model, "--prompt", "hi")
+    assert code == 2 and "model.trust_remote_code" in err and "trust_remote_code=True" not in err, err
+    assert not list(tmp_path.rglob("pwned"))
+
+
+def test_trusting_it_is_a_warning_naming_the_model(custom_model, capsys) -> None:
+    code, err = run_cli(capsys, "validate", "-q", "demo", "--set", f"model.id={custom_model}",
+                        "--set", "model.trust_remote_code=true")
+    assert code == 0, err
+    assert err.startswith("warning: model.trust_remote_code: ") and str(custom_model) in err
+    assert "modeling_acme.AcmeForCausalLM" in err
+
+
+def test_a_model_without_custom_code_says_nothing(demo_model_path, capsys) -> None:
+    code, err = run_cli(capsys, "validate", "-q", "demo", "--set", f"model.id={demo_model_path}")
+    assert code == 0 and err == ""
