@@ -30,11 +30,22 @@ def test_dry_run_writes_and_prints_the_files_and_command_and_runs_nothing(tmp_pa
         "accelerate launch --config_file runs/dry/accelerate.yaml -m tuner.train runs/dry/recipe.lock.yaml")
     assert not (run_dir / "train.log").exists() and not (run_dir / "events.jsonl").exists()
 
+    # what a dry run left (no run started there) is replaced without --force, stale files included
     again = tuner_cli("run", "demo", "--dry-run", *sets("name=dry"), cwd=tmp_path)
-    assert again.returncode == 2 and "--force" in again.stderr
+    assert again.returncode == 0, again.stderr
+    assert not (run_dir / "deepspeed.json").exists()  # no longer a DeepSpeed run: no stale config left behind
+
+    (run_dir / "events.jsonl").write_text("")  # a run has started there: its folder is replaced only when forced
+    refused = tuner_cli("run", "demo", "--dry-run", *sets("name=dry"), cwd=tmp_path)
+    assert refused.returncode == 2 and "--force" in refused.stderr
     forced = tuner_cli("run", "demo", "--dry-run", "--force", *sets("name=dry"), cwd=tmp_path)
     assert forced.returncode == 0, forced.stderr
-    assert not (run_dir / "deepspeed.json").exists()  # no longer a DeepSpeed run: no stale config left behind
+    assert (run_dir / "events.jsonl").exists()  # --force replaces the rendered files and keeps what the run wrote
+
+    (run_dir / "notes.txt").write_text("mine")  # a file tuner did not write: no override replaces that folder
+    foreign = tuner_cli("run", "demo", "--dry-run", "--force", *sets("name=dry"), cwd=tmp_path)
+    assert foreign.returncode == 2 and "notes.txt" in foreign.stderr
+    assert (run_dir / "notes.txt").read_text() == "mine"
 
 
 def test_multi_node_run_says_what_to_start_on_each_machine(tmp_path, tuner_cli):

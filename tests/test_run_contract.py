@@ -43,7 +43,7 @@ def test_bad_data_is_refused_before_the_run_directory_exists(tmp_path):
     data.write_text('{"text": "fine"}\n{"prompt": "no text column"}\n')
     with pytest.raises(Exception) as failed:
         prepare_run(demo(tmp_path, f"data.source={data}", "data.format=text"))
-    assert type(failed.value).__name__ == "DataError" and "line 2" in str(failed.value)
+    assert type(failed.value).__name__ == "DataError" and f"{data}:2:" in str(failed.value)
     assert not (tmp_path / "run").exists()
 
 

@@ -29,7 +29,7 @@ from tuner.recipe.io import RecipeError, validate_recipe, with_output_dir
 from tuner.recipe.schema import Recipe
 from tuner.render.launch_command import launch_argv, shell_command
 from tuner.render.launch_script import node_commands
-from tuner.render.run_directory import write_run_directory
+from tuner.render.run_directory import check_run_directory, holds_only_rendered_files, write_run_directory
 from tuner.run_layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, SLURM_SCRIPT
 from tuner.run_lock import RunLock, RunLocked
 
@@ -126,20 +126,23 @@ def _disk_check(recipe: Recipe) -> list[str]:
     return [f"output.dir: {disk.detail}.", f"{disk.fix}."] if disk.status == "fail" else []
 
 
-def _check_data(recipe: Recipe) -> None:
-    """Every data problem (columns, rows, encodings, sizes) as a DataError naming the file and line, before launch.
-    Quietly: datasets' progress bars would bury the refusals printed after them."""
+def _check_data(recipe: Recipe) -> str:
+    """Every data problem (columns, rows, encodings, sizes) as a DataError naming the file and line, before launch;
+    returns the note saying how many samples the run trains on.  Quietly: datasets' progress bars would bury the
+    refusals printed after them."""
     from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
 
-    from tuner.data.prepare import split_samples
+    from tuner.data.prepare import check_data
 
     shown = is_progress_bar_enabled()
     disable_progress_bar()
     try:
-        split_samples(recipe)
+        data = check_data(recipe)
     finally:
         if shown:
             enable_progress_bar()
+    held_out = f", {data.held_out} held out for evaluation" if data.held_out else ""
+    return f"data: {data.train} {data.data_format} samples to train on{held_out}"
 
 
 def _resume_notes(recipe: Recipe, run_dir: Path) -> list[str]:
@@ -175,25 +178,27 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
     if output_dir is not None:
         recipe = with_output_dir(recipe, output_dir)
     run_dir = Path(recipe.output.dir)
-    refusals, tight = _memory_check(recipe)
-    refusals += _disk_check(recipe)
     resuming = recipe.training.resume != "never"
     if run_dir.exists() and not run_dir.is_dir():
         raise RecipeError([f"output.dir: {run_dir} is a file, not a directory; choose another output.dir."])
-    existing = run_dir.is_dir() and any(run_dir.iterdir())
-    if existing and not resuming:
-        refusals.append(f"{run_dir}: the run directory already exists; overriding replaces tuner's files in it "
-                        "(resume continues it instead, or change output.dir).")
+    check_run_directory(run_dir, keep_existing=resuming)  # files tuner did not write are never replaced
+    refusals, tight = _memory_check(recipe)
+    refusals += _disk_check(recipe)
+    # what `tuner run --dry-run` left (rendered files, no run yet) is replaced without asking
+    dry_run_left = holds_only_rendered_files(run_dir)
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not (resuming or dry_run_left):
+        refusals.append(f"{run_dir}: the run directory already exists; overriding replaces tuner's files in it and "
+                        "keeps its events, log and checkpoints (resume continues it instead, or change output.dir).")
     notes = _resume_notes(recipe, run_dir) if resuming else []
     require_trackers(recipe)  # a tracker training.report_to names must be installed: said now, not by every rank
-    _check_data(recipe)
+    data_note = _check_data(recipe)
     if refusals and not force:
         raise RunRefused(refusals)
-    notes = ([tight] if tight else []) + [f"launching anyway: {line}" for line in refusals] + notes
+    notes = [data_note] + ([tight] if tight else []) + [f"launching anyway: {line}" for line in refusals] + notes
     lock = RunLock(run_dir)
     try:
         lock.acquire()
-        write_run_directory(recipe, force=force, keep_existing=resuming)
+        write_run_directory(recipe, force=force or dry_run_left, keep_existing=resuming)
     except RunLocked as exc:
         raise RecipeError([str(exc)]) from None
     except BaseException:

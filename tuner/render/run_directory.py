@@ -56,6 +56,16 @@ def _own_entry(name: str) -> bool:
     return name.endswith(".tmp") and any(name.startswith(f".{own}.") for own in (*RENDERED_FILES, *RUN_OUTPUTS))
 
 
+def check_run_directory(run_dir: str | Path, *, keep_existing: bool = False) -> None:
+    """Refuse a destination tuner may not write a run into: a symbolic link, the current folder or one above it,
+    and (unless resuming, ``keep_existing``) a folder holding files tuner did not write.  A RecipeError, which no
+    override passes."""
+    try:
+        check_destination(Path(run_dir), owned=None if keep_existing else _own_entry)
+    except DestinationRefused as exc:
+        raise RecipeError([str(exc)]) from None
+
+
 def holds_only_rendered_files(run_dir: str | Path) -> bool:
     """Whether ``run_dir`` holds files and only files `tuner render` writes (what ``tuner run --dry-run`` leaves):
     no run has started there, so a launch may replace them without --force."""
@@ -76,10 +86,7 @@ def write_run_directory(recipe: Recipe, run_dir: str | Path | None = None, *, fo
     if run_dir is not None:
         recipe = with_output_dir(recipe, run_dir)  # checked like any recipe value (no control characters)
     run_dir = Path(recipe.output.dir)
-    try:
-        check_destination(run_dir, owned=None if keep_existing else _own_entry)
-    except DestinationRefused as exc:
-        raise RecipeError([str(exc)]) from None
+    check_run_directory(run_dir, keep_existing=keep_existing)
     existing = run_dir.is_dir() and any(run_dir.iterdir())
     if existing and not (force or keep_existing):
         raise RecipeError([f"{run_dir}: the run directory already exists; pass --force to replace its rendered files "
