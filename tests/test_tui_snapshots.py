@@ -75,7 +75,6 @@ def test_run_screen(snap_compare):
 
 
 def test_chat_with_the_demo_model_loaded(snap_compare):
-    pytest.importorskip("tuner.infer.chat")
 
     async def show(pilot):
         pilot.app.switch_mode("chat")

@@ -319,18 +319,20 @@ def _disk_paths(recipe: Recipe | None) -> dict[str, Path]:
     return paths
 
 
-def checkpoint_disk_gib(recipe: Recipe) -> float | None:
+def checkpoint_disk_gib(recipe: Recipe, planned=None) -> float | None:
     """Disk the run's checkpoints take: kept checkpoints plus the one being written plus the final save.
 
     Each holds the saved weights (all of them, or only the adapter) and Adam's two fp32 moments and
-    master copy (12 bytes) per trainable parameter.  None while no planner can count the parameters.
+    master copy (12 bytes) per trainable parameter.  ``planned``: the recipe's memory plan when the
+    caller has it already.  None while no planner can count the parameters.
     """
-    try:
-        from tuner.planner import plan
+    if planned is None:
+        try:
+            from tuner.planner import plan
 
-        planned = plan(recipe)
-    except Exception:
-        return None
+            planned = plan(recipe)
+        except Exception:
+            return None
     weight_bytes = {"float32": 4}.get(recipe.model.dtype, 2)
     saved = planned.params["total"] if recipe.output.save in ("full", "merged") else planned.trainable_params
     per_checkpoint = saved * weight_bytes + planned.trainable_params * 12
@@ -338,8 +340,8 @@ def checkpoint_disk_gib(recipe: Recipe) -> float | None:
     return (kept * per_checkpoint + saved * weight_bytes) / GIB
 
 
-def check_disk(recipe: Recipe | None) -> Check:
-    needed = checkpoint_disk_gib(recipe) if recipe is not None else None
+def check_disk(recipe: Recipe | None, planned=None) -> Check:
+    needed = checkpoint_disk_gib(recipe, planned) if recipe is not None else None
     problems, warnings, found = [], [], []
     for role, path in _disk_paths(recipe).items():
         where = _existing_parent(path)

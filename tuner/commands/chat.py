@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from tuner.commands._inference_args import add_inference_arguments, load_from_args
+from tuner.commands._inference_args import add_inference_arguments, load_from_args, prompt_format_from_args
 
 HELP = ("end a line with \\ to continue the message; /reset forgets the conversation, /exit or Ctrl-D quits, "
         "Ctrl-C stops an answer")
@@ -37,7 +37,8 @@ def run(args) -> int:
     from tuner.infer.chat import ChatSession
 
     loaded, sampling = load_from_args(args)
-    session = ChatSession(loaded.model, loaded.tokenizer, sampling, loaded.target.recipe.data.format, args.system)
+    prompt = prompt_format_from_args(args, loaded)
+    session = ChatSession(loaded.model, loaded.tokenizer, sampling, prompt.data_format, args.system, prompt.instruction)
     interactive = sys.stdin.isatty()
     print(HELP, file=sys.stderr)
     while True:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.data.formats import ALPACA_PROMPT, DEFAULT_CHAT_TEMPLATE
+from tuner.data.formats import DEFAULT_CHAT_TEMPLATE, prompt_text
 
 
 @dataclass(frozen=True)
@@ -48,14 +48,25 @@ def render_prompt(tokenizer, messages: list[dict[str, str]], data_format: str = 
     """The text that asks the model to answer the last user turn, formatted as tuner trains.
 
     The tokenizer's chat template when it has one; otherwise tuner's default chat template for
-    conversations and chat-trained models, the Alpaca prompt for instruction-trained models, and the
-    bare text for anything else (a base model continues it).
+    conversations and chat-trained models, the Alpaca prompt for instruction-trained models (the
+    turn's first line is the instruction, the rest its input, as :func:`user_turn` joins them), and
+    the bare text for anything else (a base model continues it).
     """
+    if data_format == "instruction" and not tokenizer.chat_template:
+        instruction, _, given = messages[-1]["content"].partition("\n")
+        return prompt_text({"instruction": instruction, "input": given, "output": "-"}, "instruction", tokenizer)
     if tokenizer.chat_template or data_format == "chat" or len(messages) > 1:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                              chat_template=tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE)
-    text = messages[-1]["content"]
-    return ALPACA_PROMPT.format(instruction=text) if data_format == "instruction" else text
+    return messages[-1]["content"]
+
+
+def user_turn(message: str, instruction: str | None) -> str:
+    """A message as the user turn of an instruction-trained run: its instruction, then the message as the
+    input, joined as training joins them (a message that already starts with the instruction is kept)."""
+    if not instruction or message.split("\n", 1)[0] == instruction:
+        return message
+    return f"{instruction}\n{message}"
 
 
 def generate_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, greedy: bool = True,

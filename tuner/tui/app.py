@@ -14,7 +14,7 @@ from textual.binding import Binding
 
 from tuner.recipe.io import RecipeError
 from tuner.tui.draft import Draft
-from tuner.tui.messages import FieldEdited, PlanUpdated, RunEventsArrived, RunFinished
+from tuner.tui.messages import DiskChecked, FieldEdited, PlanUpdated, RunEventsArrived, RunFinished
 from tuner.tui.planning import CannotPlan, Planner
 from tuner.tui.run_watch import RunWatch
 from tuner.tui.screens.chat import ChatScreen
@@ -51,6 +51,7 @@ class TunerApp(App[int]):
         "chat": ChatScreen,
     }
     DEFAULT_MODE = "start"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]  # a screen class for 80-column terminals
     BINDINGS = [
         Binding("ctrl+n", "next_step", "Next step", id="next_step", tooltip="Go to the next step of the wizard"),
         Binding("escape", "previous_step", "Back", id="previous_step", tooltip="Go to the previous step"),
@@ -65,7 +66,9 @@ class TunerApp(App[int]):
         self.detect_hardware = detect_hardware
         self.plan = None
         self.plan_status = ""
+        self.disk_check = None  # tuner.doctor.check_disk of the planned recipe, once a worker has it
         self.run_watch: RunWatch | None = None
+        self.chat_target: str | None = None  # what "Chat with this run" asked Chat to load
 
     def on_mount(self) -> None:
         self.replan()
@@ -91,6 +94,11 @@ class TunerApp(App[int]):
     def action_previous_step(self) -> None:
         self._step_offset(-1)
 
+    def chat_with(self, target: str) -> None:
+        """Open Chat on ``target`` (a finished run's directory), prefilled and loading."""
+        self.chat_target = target
+        self.switch_mode("chat")
+
     def action_help(self) -> None:
         from tuner.tui.screens.help import HelpScreen
 
@@ -115,12 +123,13 @@ class TunerApp(App[int]):
 
     # --- the draft and its plan -------------------------------------------------------------
     def on_field_edited(self, event: FieldEdited) -> None:
-        if self.draft.holds(event.changes) and self.draft.valid:
+        if event.typed is None and self.draft.holds(event.changes):
             return  # an echo of the draft's own value (a field synced from the draft)
-        self.draft.apply(event.changes)
+        self.draft.apply(event.changes, typed=event.typed)
         self.draft_changed()
 
     def load_draft(self, draft: Draft) -> None:
+        """A new recipe (new, opened, built-in or a run's): screens drop what they showed of the old one."""
         self.draft = draft
         self.draft_changed()
 
@@ -132,12 +141,10 @@ class TunerApp(App[int]):
 
     def replan(self) -> None:
         start = time.perf_counter()
-        recipe = self.draft.recipe
+        recipe = self.draft.plannable
         plan = None
         if recipe is None:
             self.plan_status = "The recipe has errors (listed below the form); the plan follows once they are fixed."
-        elif not self.planner.available:
-            self.plan_status = "planner unavailable: tuner.planner is not installed in this build."
         else:
             try:
                 plan = self.planner.plan(recipe)
@@ -146,6 +153,20 @@ class TunerApp(App[int]):
                 self.plan_status = f"no plan: {exc}"
         self.plan = plan
         self.screen.post_message(PlanUpdated(plan, (time.perf_counter() - start) * 1000))
+        self.disk_check = None
+        if plan is not None:
+            self.check_disk(recipe, plan)
+
+    @work(thread=True, exclusive=True, group="disk")
+    def check_disk(self, recipe, plan) -> None:
+        """Free space under output.dir against what the checkpoints need (file system calls: off the UI thread)."""
+        check = self.planner.disk(recipe, plan)
+        self.call_from_thread(self._disk_checked, recipe, check)
+
+    def _disk_checked(self, recipe, check) -> None:
+        if recipe is self.draft.plannable:  # else an answer about an older draft
+            self.disk_check = check
+            self.screen.post_message(DiskChecked(check))
 
     # --- the run ----------------------------------------------------------------------------
     def start_run(self, resume: bool = False) -> RunWatch:

@@ -1,13 +1,16 @@
 """The wizard's one door to the memory planner, so a change of its interface is fixed here only.
 
-``plan`` and ``advise`` come from :mod:`tuner.planner`; while it cannot be imported the
-wizard shows "planner unavailable" instead of guessing numbers of its own.
+Plans and advice are the planner's own :class:`~tuner.planner.MemoryPlan` and :class:`~tuner.planner.Advice`;
+tests pass frozen functions in their place.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
+from tuner.doctor import Check, check_disk
+from tuner.planner import Advice, MemoryPlan
+from tuner.planner import advise as planner_advise
+from tuner.planner import plan as planner_plan
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import Recipe
 
@@ -16,53 +19,35 @@ class CannotPlan(Exception):
     """The planner cannot plan this recipe; ``str()`` says why (shown where the plan would be)."""
 
 
-@dataclass(frozen=True)
-class Proposal:
-    """One advisor alternative: the changed recipe, its plan and why it was proposed."""
-
-    recipe: Recipe
-    plan: Any
-    reasons: list[str]
-    summary: str  # one line: what changes and what it costs
-    fits: bool
-
-
 class Planner:
-    """Plans and advice for a recipe; ``available`` is False when :mod:`tuner.planner` is missing."""
+    """Plans, advice and the disk check for a recipe (``disk`` reads the file system: call it off the UI thread)."""
 
-    def __init__(self, plan: Callable[[Recipe], Any] | None = None, advise: Callable[[Recipe], list] | None = None):
-        if plan is None:
-            plan, advise = _import_planner()
-        self._plan, self._advise = plan, advise
+    def __init__(self, plan: Callable[[Recipe], MemoryPlan] = planner_plan,
+                 advise: Callable[[Recipe], list[Advice]] = planner_advise,
+                 disk: Callable[[Recipe, MemoryPlan], Check] = check_disk):
+        self._plan, self._advise, self.disk = plan, advise, disk
 
-    @property
-    def available(self) -> bool:
-        return self._plan is not None
-
-    def plan(self, recipe: Recipe) -> Any | None:
-        """The plan, or None without a planner; raises CannotPlan with the planner's message."""
-        if self._plan is None:
-            return None
+    def plan(self, recipe: Recipe) -> MemoryPlan:
+        """The plan; raises CannotPlan with the planner's message."""
         try:
             return self._plan(recipe)
         except (RecipeError, ValueError) as exc:  # e.g. UnknownModelError: no architecture facts for model.id
             raise CannotPlan(str(exc)) from None
 
-    def advise(self, recipe: Recipe) -> list[Proposal]:
-        if self._advise is None:
-            return []
-        return [_proposal(item) for item in self._advise(recipe)]
+    def advise(self, recipe: Recipe) -> list[Advice]:
+        try:
+            return self._advise(recipe)
+        except (RecipeError, ValueError) as exc:
+            raise CannotPlan(str(exc)) from None
 
 
-def _import_planner():
-    try:
-        from tuner.planner import advise, plan
-    except ImportError:
-        return None, None
-    return plan, advise
+def worth_showing(advice: list[Advice], tolerance_gib: float = 0.05) -> list[Advice]:
+    """The advisor's proposals without those another fitting one beats: as fast or faster, and as small
+    or smaller (the demo on eight GPUs fits as is; four costlier ways to use the same 1.3 GiB add nothing)."""
+    def beaten(candidate: Advice) -> bool:
+        return any(other is not candidate and other.fits and other.cost <= candidate.cost
+                   and other.plan.gpu.total_gib <= candidate.plan.gpu.total_gib + tolerance_gib
+                   and (other.cost, other.plan.gpu.total_gib) != (candidate.cost, candidate.plan.gpu.total_gib)
+                   for other in advice)
 
-
-def _proposal(advice: Any) -> Proposal:
-    """From a :class:`tuner.planner.Advice`."""
-    return Proposal(recipe=advice.recipe, plan=advice.plan, reasons=list(advice.reasons),
-                    summary=advice.summary(), fits=bool(advice.fits))
+    return [item for item in advice if not (item.fits and beaten(item))]

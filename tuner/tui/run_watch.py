@@ -1,18 +1,46 @@
 """What the Run screen shows of a launched run, folded from its events and log lines.
 
+The Run screen's log is event-driven: one readable line per event (the same words ``tuner run``
+prints), tuner's own log lines and any error or traceback; progress-bar frames, the Trainer's raw
+dicts and library chatter stay in ``train.log``.
+
 Pure Python (no textual): the app's worker feeds it, the screen reads it; a finished
 run's events file replays into the same state.
 """
 from __future__ import annotations
 
+import re
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.launch.progress import step_summary
 from tuner.run_layout import LOCK_FILE
 
 LOG_LINES = 400
+TUNER_PREFIX = "[tuner] "
+FAILURE = re.compile(r"^(error:|Traceback \(most recent call last\)|\S*(Error|Exception)\b.*:)")
+RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torchrun's tee of each rank's output
+
+
+def event_line(event: dict) -> str | None:
+    """The log line for one event (None: the event shows elsewhere, e.g. the progress bar)."""
+    kind = event.get("event")
+    if kind == "started":
+        resumed = event.get("resumed_from_step")
+        head = f"started: {event.get('max_steps', '?')} steps, {event.get('world_size', 1)} process(es)"
+        return head + (f", resuming at step {resumed}" if resumed else "")
+    if kind in ("step", "eval"):
+        return step_summary(event)
+    if kind == "checkpoint":
+        return f"checkpoint saved: {event.get('path')}"
+    if kind == "finished":
+        return f"finished: {event.get('final_dir') or 'the final model is saved'}"
+    if kind == "error":
+        return f"error: {event.get('message')}"
+    return None
 
 
 @dataclass
@@ -27,6 +55,7 @@ class RunWatch:
     eval_losses: list[float] = field(default_factory=list)
     tokens_per_s: float | None = None
     eta_s: float | None = None
+    eta_at: float | None = None  # when eta_s was measured (the event's time): the ETA counts down from there
     memory_gib: dict[str, float] = field(default_factory=dict)  # peak over ranks, e.g. {"allocated": 12.1}
     memory_per_rank: dict[str, list[float]] = field(default_factory=dict)  # with several ranks
     final_dir: str | None = None
@@ -35,13 +64,21 @@ class RunWatch:
     exit_code: int | None = None
     log: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     since: float = 0.0  # events older than the launch belong to an earlier run in the same directory
+    in_traceback: bool = False
 
     @property
     def running(self) -> bool:
         return self.exit_code is None and self.launch is not None
 
+    def eta_left(self, now: float | None = None) -> float | None:
+        """Seconds left: the last measured ETA, counted down since it was measured."""
+        if self.eta_s is None or self.eta_at is None:
+            return None
+        return max(self.eta_s - ((now or time.time()) - self.eta_at), 0.0)
+
     def absorb(self, events: list[dict], log_lines: list[str] = ()) -> None:
-        self.log.extend(log_lines)
+        for line in log_lines:
+            self._take_log_line(line)
         for event in events:
             if event.get("time", self.since) < self.since:
                 continue
@@ -65,12 +102,28 @@ class RunWatch:
             if "tokens_per_s" in event:
                 self.tokens_per_s = float(event["tokens_per_s"])
             if "eta_s" in event:
-                self.eta_s = float(event["eta_s"])
+                self.eta_s, self.eta_at = float(event["eta_s"]), float(event.get("time", time.time()))
             for key, value in event.items():
                 if key.startswith("peak_") and key.endswith("_gib"):
                     self.memory_gib[key.removeprefix("peak_").removesuffix("_gib")] = float(value)
                 elif key.startswith("peak_") and key.endswith("_gib_per_rank"):
                     self.memory_per_rank[key.removeprefix("peak_").removesuffix("_gib_per_rank")] = list(value)
+            line = event_line(event)
+            if line:
+                self.log.append(line)
+
+    def _take_log_line(self, line: str) -> None:
+        """Keep tuner's own lines and failures; a traceback is kept whole, up to its exception line."""
+        line = RANK_PREFIX.sub("", line.rstrip())
+        if self.in_traceback:
+            self.log.append(line)
+            self.in_traceback = line.startswith((" ", "\t")) or not line
+            return
+        if line.startswith(TUNER_PREFIX):
+            self.log.append(line.removeprefix(TUNER_PREFIX))
+        elif FAILURE.match(line):
+            self.log.append(line)
+            self.in_traceback = line.startswith("Traceback")
 
     def finish(self, exit_code: int) -> None:
         self.exit_code = exit_code

@@ -70,15 +70,21 @@ class DataScreen(WizardScreen):
         if key != self.preview_key:
             self.preview_key = key
             self.query_one("#preview", Static).update(Text("loading an example…", style="italic"))
-            self.load_preview(key, draft.last_valid)
+            self.load_preview(key, draft.resolved)
 
     @work(thread=True, exclusive=True)
     def load_preview(self, key: tuple, recipe) -> None:
         """The first training example exactly as the trainer tokenises and masks it (datasets and
         transformers are heavy: off the UI thread)."""
         from tuner.data.preview import preview_examples
+        from tuner.doctor import check_model
         from tuner.loading.model import load_tokenizer
 
+        model = check_model(recipe)
+        if model.status != "ok":  # never a download (or minutes of retries offline) behind "loading an example"
+            self.post_message(PreviewLoaded(key, error=f"the preview reads the model's tokenizer from this machine: "
+                                                       f"{model.detail} ({model.fix})"))
+            return
         try:
             data_format, examples = preview_examples(recipe, load_tokenizer(recipe), count=1)
         except Exception as exc:  # any data or tokenizer problem is shown in place of the example

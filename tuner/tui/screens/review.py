@@ -51,6 +51,7 @@ class ReviewScreen(WizardScreen):
 
     def compose_body(self) -> ComposeResult:
         self.files: dict[str, str] = {}
+        self.suggested: tuple | None = None  # (draft, file name) last put in the save box
         with TabbedContent(id="files"):
             yield TabPane("no files", Static("the recipe has errors"))
         yield Static("", id="command")
@@ -63,8 +64,10 @@ class ReviewScreen(WizardScreen):
         super().sync()
         draft = self.app.draft
         box = self.query_one("#save-path", Input)
-        if not box.value:
-            box.value = str(draft.path or f"{draft.last_valid.name}.yaml")
+        suggested = str(draft.path or f"{draft.value('name')}.yaml")
+        if self.suggested is None or box.value == self.suggested[1] or self.suggested[0] is not draft:
+            box.value = suggested  # a new recipe, or a name change the user has not overridden here
+        self.suggested = (draft, suggested)
         if draft.recipe is None:
             self._show(FilesRendered(None, error="fix the errors below to see the files"))
             return

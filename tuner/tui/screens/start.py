@@ -14,29 +14,34 @@ from tuner.recipe.registry import builtin_names, builtin_path, describe
 from tuner.run_layout import LOCK_FILE
 from tuner.tui.draft import Draft
 from tuner.tui.run_watch import recent_runs
+from tuner.tui.widgets.lists import PickList
 
 RUNS_ROOT = Path("runs")
+ABOUT = {
+    "new": "Start from the defaults: the demo model on this machine.",
+    "open": "Edit a recipe YAML file; saving asks before replacing it.",
+    "chat": "Talk to a model, a recipe's model or a finished run, in the format it was trained on.",
+}
 
 
 class StartScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Static("Plan a fine-tuning run: choose a model, the hardware and a method, see the memory plan fit, "
-                     "then launch and watch it. Everything ends up in one recipe file that `tuner run` replays.",
-                     id="intro")
+        yield Static("Plan a fine-tuning run: model, hardware, method; see the memory plan fit; launch and watch it. "
+                     "Everything ends up in one recipe file that `tuner run` replays.", id="intro")
         with Horizontal(id="start-columns"):
             with Vertical(id="start-actions"):
                 yield Label("Begin", classes="section-title")
                 options = [Option("New recipe", id="new"), Option("Open a recipe file…", id="open")]
-                options += [Option(f"Built-in recipe: {name} ({describe(name)})", id=f"builtin:{name}")
-                            for name in builtin_names()]
-                options.append(Option("Chat with a model or a finished run", id="chat"))
-                yield OptionList(*options, id="actions")
+                options += [Option(f"Built-in recipe: {name}", id=f"builtin:{name}") for name in builtin_names()]
+                options.append(Option("Chat with a model or a run", id="chat"))
+                yield PickList(*options, id="actions")
+                yield Static("", id="about")
                 yield Input(placeholder="path/to/recipe.yaml, then enter", id="open-path")
                 yield Static("", id="start-error")
             with Vertical(id="start-runs"):
                 yield Label("Recent runs", classes="section-title")
-                yield OptionList(id="runs")
+                yield PickList(id="runs")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -50,10 +55,15 @@ class StartScreen(Screen):
         for watch in found:
             progress = f"step {watch.step}/{watch.max_steps}" if watch.max_steps else ""
             loss = f"loss {watch.losses[-1]:.3f}" if watch.losses else ""
-            runs.add_option(Option(f"{watch.run_dir.name:<24} {watch.status:<18} {progress:<14} {loss}",
-                                   id=str(watch.run_dir)))
+            line = "  ".join(part for part in (watch.run_dir.name, watch.status, progress, loss) if part)
+            runs.add_option(Option(line, id=str(watch.run_dir)))
         if not found:
             runs.add_option(Option(f"none yet under {RUNS_ROOT}/", disabled=True))
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option_list.id == "actions":
+            choice = event.option.id or ""
+            self.query_one("#about", Static).update(ABOUT.get(choice) or describe(choice.removeprefix("builtin:")))
 
     def _open(self, draft: Draft, mode: str = "model") -> None:
         self.app.load_draft(draft)
