@@ -160,9 +160,14 @@ def check_bf16(recipe: Recipe | None) -> Check:
                  "set memory.mixed_precision: fp16 and model.dtype: float16 (or float32)")
 
 
+def needs_bitsandbytes(recipe: Recipe) -> bool:
+    """Whether the recipe uses bitsandbytes: a quantised base model or an 8-bit / paged optimizer."""
+    return (recipe.method.quantization is not None or "8bit" in recipe.memory.optimizer
+            or "paged" in recipe.memory.optimizer)
+
+
 def check_bitsandbytes(recipe: Recipe | None) -> Check:
-    needed = recipe is not None and (recipe.method.kind == "qlora" or "8bit" in recipe.memory.optimizer
-                                     or "paged" in recipe.memory.optimizer)
+    needed = recipe is not None and needs_bitsandbytes(recipe)
     missing: Status = "fail" if needed else "warn"
     try:
         with _quiet():
