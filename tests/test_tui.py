@@ -92,7 +92,7 @@ async def test_incompatible_choices_are_disabled_with_the_reason():
         why = app.screen.query_one("#why", Static)
         distribution.radio_set.focus()  # the focused field's reasons show below the form, for keyboard users
         await pilot.pause()
-        assert "FSDP: memory.distributed: FSDP needs GPUs" in str(why.render())
+        assert "FSDP: FSDP needs GPUs" in str(why.render())
         app.screen.query_one("#memory-micro_batch_size-input", Input).focus()
         await pilot.pause()
         assert str(why.render()) == ""

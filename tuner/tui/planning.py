@@ -41,13 +41,15 @@ class Planner:
             raise CannotPlan(str(exc)) from None
 
 
-def worth_showing(advice: list[Advice], tolerance_gib: float = 0.05) -> list[Advice]:
-    """The advisor's proposals without those another fitting one beats: as fast or faster, and as small
-    or smaller (the demo on eight GPUs fits as is; four costlier ways to use the same 1.3 GiB add nothing)."""
+def worth_showing(advice: list[Advice], share: float = 0.02) -> list[Advice]:
+    """The advisor's proposals without those another fitting one beats: as fast or faster, and no more than
+    ``share`` of the GPU larger (the demo fits as is on eight A100s; costlier ways to save a few MiB add nothing)."""
     def beaten(candidate: Advice) -> bool:
+        gpu = candidate.plan.gpu
+        tolerance = share * (gpu.capacity_gib or gpu.total_gib)
         return any(other is not candidate and other.fits and other.cost <= candidate.cost
-                   and other.plan.gpu.total_gib <= candidate.plan.gpu.total_gib + tolerance_gib
-                   and (other.cost, other.plan.gpu.total_gib) != (candidate.cost, candidate.plan.gpu.total_gib)
+                   and other.plan.gpu.total_gib <= gpu.total_gib + tolerance
+                   and (other.cost, other.plan.gpu.total_gib) != (candidate.cost, gpu.total_gib)
                    for other in advice)
 
     return [item for item in advice if not (item.fits and beaten(item))]

@@ -159,7 +159,9 @@ class MethodScreen(WizardScreen):
             self.notify("Auto-fit needs a recipe without errors.", severity="warning")
             return
         self._ask(recipe)
-        self.query_one("#alternatives", PickList).focus()
+        listing = self.query_one("#alternatives", PickList)
+        listing.display = True
+        listing.focus()
 
     def _ask(self, recipe: Recipe) -> None:
         draft = self.app.draft
@@ -197,8 +199,14 @@ class MethodScreen(WizardScreen):
             listing.add_option(Option(prompt, id=str(len(self.alternatives) - 1), disabled=not advice.fits))
         listing.highlight_first()
         self._show_alternative(listing.highlighted)
-        if listing.has_focus or self.focused is None:
-            listing.scroll_visible()
+        self.call_after_refresh(self._reveal)
+
+    def _reveal(self) -> None:
+        """Bring the list and the changes under it into view (a short terminal scrolls the side panel)."""
+        listing = self.query_one("#alternatives", PickList)
+        if listing.has_focus:
+            self.query_one("#proposal", Static).scroll_visible(animate=False)
+            listing.scroll_visible(animate=False)
 
     def _show_alternative(self, index: int | None) -> None:
         box = self.query_one("#proposal", Static)

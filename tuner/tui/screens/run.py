@@ -77,10 +77,10 @@ class RunScreen(WizardScreen):
         with Vertical(classes="body", id="run-body"):
             yield Static("", id="run-dir")
             with Horizontal(id="run-buttons"):
-                yield Button("Launch (ctrl+r)", id="launch", variant="primary", compact=True)
-                yield Button("Cancel (ctrl+x)", id="cancel", variant="error", compact=True)
-                yield Button("Resume (ctrl+e)", id="resume", compact=True)
-                yield Button("Chat with this run (ctrl+t)", id="chat", variant="success", compact=True)
+                yield Button("Launch ^r", id="launch", variant="primary", compact=True)
+                yield Button("Cancel ^x", id="cancel", variant="error", compact=True)
+                yield Button("Resume ^e", id="resume", compact=True)
+                yield Button("Chat with this run ^t", id="chat", variant="success", compact=True)
             yield Static("", id="run-status")
             yield ProgressBar(id="progress", show_eta=False)
             yield Static("", id="loss-line")

@@ -73,7 +73,8 @@ class ChoiceField(Vertical):
             button.disabled = refusal is not None
             button.tooltip = refusal or self.help or None
             if refusal:
-                refused.setdefault(refusal, []).append(choice.label)
+                field, _, why = refusal.partition(": ")  # the field is this one's own: say only why
+                refused.setdefault(why if field in choice.changes else refusal, []).append(choice.label)
             if chosen and not button.value:
                 button.value = True  # RadioSet turns the old one off; the echo is ignored below
         self.reasons = [f"{', '.join(labels)}: {reason}" for reason, labels in refused.items()]
