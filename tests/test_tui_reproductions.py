@@ -124,7 +124,7 @@ async def test_2_autofit_follows_the_draft_and_never_touches_model_or_hardware(s
         await pilot.press("f")  # nothing fits: listed, not choosable
         await settle(pilot)
         assert listing.option_count == 1 and listing.get_option_at_index(0).disabled
-        assert str(listing.get_option_at_index(0).prompt).startswith("nothing fits")
+        assert str(listing.get_option_at_index(0).prompt).startswith("1. nothing fits")
         before = dict(app.draft.data)
         listing.focus()
         await pilot.press("enter")

@@ -99,5 +99,6 @@ def prompt_format_from_args(args: argparse.Namespace, loaded):
         return PromptFormat(recipe.data.format, args.instruction)
     found = trained_prompt_format(recipe, args.instruction)
     if found.note:
-        print(f"prompt format: {found.note}", file=sys.stderr)
+        change = " (--instruction TEXT to change)" if found.instruction and not args.instruction else ""
+        print(f"prompt format: {found.note}{change}", file=sys.stderr)
     return found

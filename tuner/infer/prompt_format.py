@@ -45,6 +45,6 @@ def trained_prompt_format(recipe: Recipe, instruction: str | None = None) -> Pro
     shared = instruction or (found.pop() if len(found) == 1 else None)
     if shared:
         return PromptFormat(data_format, shared, f"instruction {shared!r} with each message as its input, "
-                                                 "as the run was trained (--instruction TEXT to change)")
+                                                 "as the run was trained")
     return PromptFormat(data_format, None, "instruction data with many instructions: a message's first line is "
                                            "the instruction, the rest its input")

@@ -17,6 +17,7 @@ from tuner.tui.draft import Draft
 from tuner.tui.messages import DiskChecked, FieldEdited, PlanUpdated, RunEventsArrived, RunFinished
 from tuner.tui.planning import CannotPlan, Planner
 from tuner.tui.run_watch import RunWatch
+from tuner.tui.screens.base import NARROW_BELOW
 from tuner.tui.screens.chat import ChatScreen
 from tuner.tui.screens.data import DataScreen
 from tuner.tui.screens.hardware import HardwareScreen
@@ -51,7 +52,7 @@ class TunerApp(App[int]):
         "chat": ChatScreen,
     }
     DEFAULT_MODE = "start"
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]  # a screen class for 80-column terminals
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]  # a screen class for 80-column terminals
     BINDINGS = [
         Binding("ctrl+n", "next_step", "Next step", id="next_step", tooltip="Go to the next step of the wizard"),
         Binding("escape", "previous_step", "Back", id="previous_step", tooltip="Go to the previous step"),

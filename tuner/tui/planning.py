@@ -47,9 +47,11 @@ def worth_showing(advice: list[Advice], share: float = 0.02) -> list[Advice]:
     def beaten(candidate: Advice) -> bool:
         gpu = candidate.plan.gpu
         tolerance = share * (gpu.capacity_gib or gpu.total_gib)
-        return any(other is not candidate and other.fits and other.cost <= candidate.cost
-                   and other.plan.gpu.total_gib <= gpu.total_gib + tolerance
-                   and (other.cost, other.plan.gpu.total_gib) != (candidate.cost, gpu.total_gib)
-                   for other in advice)
+        def beats(other: Advice) -> bool:
+            if other.cost == candidate.cost:  # as fast: the smaller one
+                return other.plan.gpu.total_gib < gpu.total_gib
+            return other.cost < candidate.cost and other.plan.gpu.total_gib <= gpu.total_gib + tolerance
+
+        return any(other is not candidate and other.fits and beats(other) for other in advice)
 
     return [item for item in advice if not (item.fits and beaten(item))]

@@ -21,7 +21,7 @@ from tuner.run_layout import LOCK_FILE
 
 LOG_LINES = 400
 TUNER_PREFIX = "[tuner] "
-FAILURE = re.compile(r"^(error:|Traceback \(most recent call last\)|\S*(Error|Exception)\b.*:)")
+FAILURE = re.compile(r"^(error:|\S*(Error|Exception)\b.*:)")
 RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torchrun's tee of each rank's output
 
 
@@ -64,7 +64,7 @@ class RunWatch:
     exit_code: int | None = None
     log: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     since: float = 0.0  # events older than the launch belong to an earlier run in the same directory
-    in_traceback: bool = False
+    traceback: list[str] | None = None  # the frames of a traceback being read
 
     @property
     def running(self) -> bool:
@@ -113,17 +113,25 @@ class RunWatch:
                 self.log.append(line)
 
     def _take_log_line(self, line: str) -> None:
-        """Keep tuner's own lines and failures; a traceback is kept whole, up to its exception line."""
+        """Keep tuner's own lines and failures.  A traceback is shortened to its last frame and exception
+        (train.log has it whole); one that ends in KeyboardInterrupt is the cancel the status already says."""
         line = RANK_PREFIX.sub("", line.rstrip())
-        if self.in_traceback:
-            self.log.append(line)
-            self.in_traceback = line.startswith((" ", "\t")) or not line
+        if self.traceback is not None:
+            if line.startswith((" ", "\t")) or not line:
+                self.traceback.append(line)
+                return
+            frames, self.traceback = [frame for frame in self.traceback if frame.strip()], None
+            if line != "KeyboardInterrupt":
+                last = [frame for frame in frames if frame.lstrip().startswith("File ")][-1:]
+                where = frames[frames.index(last[0]):][:2] if last else []
+                self.log.extend(["Traceback, last frame:", *where, line])
             return
         if line.startswith(TUNER_PREFIX):
             self.log.append(line.removeprefix(TUNER_PREFIX))
+        elif line.startswith("Traceback (most recent call last)"):
+            self.traceback = []
         elif FAILURE.match(line):
             self.log.append(line)
-            self.in_traceback = line.startswith("Traceback")
 
     def finish(self, exit_code: int) -> None:
         self.exit_code = exit_code

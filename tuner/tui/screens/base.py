@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from tuner.tui.app import TunerApp
 
 MAX_ERROR_LINES = 4
+NARROW_BELOW = 100  # columns: screens get the -narrow class (80x24 terminals), see TunerApp.HORIZONTAL_BREAKPOINTS
 
 
 class WizardScreen(Screen):

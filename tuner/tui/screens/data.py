@@ -43,7 +43,7 @@ class DataScreen(WizardScreen):
         self.preview_key: tuple | None = None
         self.preview: Text | None = None  # the example as shown, styled per segment
         with Horizontal(classes="body"):
-            with Vertical(classes="form"):
+            with VerticalScroll(classes="form", can_focus=False):  # scrolls on a short terminal
                 yield InputField("Source", "data.source", placeholder="file.jsonl, cached dataset name or builtin:reverse")
                 yield InputField("Split", "data.split")
                 yield ChoiceField("Format", value_choices("data.format", ["auto", "text", "instruction", "chat"]),
@@ -58,9 +58,9 @@ class DataScreen(WizardScreen):
                 with VerticalScroll(id="preview-box"):
                     yield Static("", id="preview")
                 legend = Text()
-                legend.append(" prompt: no loss ", MASKED_STYLE)
+                legend.append(" prompt, no loss ", MASKED_STYLE)
                 legend.append("  ")
-                legend.append(" completion: learned ", LEARNED_STYLE)
+                legend.append(" learned ", LEARNED_STYLE)
                 yield Static(legend, id="legend")
 
     def sync(self) -> None:

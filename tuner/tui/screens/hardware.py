@@ -18,7 +18,7 @@ class HardwareScreen(WizardScreen):
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(classes="body"):
-            with VerticalScroll(classes="form"):
+            with VerticalScroll(classes="form", can_focus=False):  # tab goes to the fields
                 yield InputField("Machines", "hardware.machines", number=True)
                 yield InputField("GPUs per machine", "hardware.gpus_per_machine", number=True,
                                  help="0 trains on the CPU")
@@ -39,6 +39,7 @@ class HardwareScreen(WizardScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
+        self.query_one("#hardware-machines-input").focus()
         if self.app.detect_hardware:
             self.detect()
 

@@ -77,7 +77,7 @@ class MethodScreen(WizardScreen):
         self.advised: tuple | None = None  # (draft, model id) the list was made for; None: no list shown
         self.advised_recipe: Recipe | None = None
         with Horizontal(classes="body"):
-            with VerticalScroll(classes="form", id="method-form"):
+            with VerticalScroll(classes="form", id="method-form", can_focus=False):  # tab goes to the fields
                 yield ChoiceField("Method", METHODS, id="method-kind", help=_help(MethodSection, "kind"))
                 with Horizontal(classes="pair"):
                     yield InputField("LoRA rank", "method.lora.r", number=True)
@@ -195,7 +195,8 @@ class MethodScreen(WizardScreen):
                 continue
             seen.append(changes)
             self.alternatives.append(Alternative(advice, changes))
-            prompt = advice.summary() if advice.fits else f"nothing fits: {advice.summary()}"
+            number = f"{len(self.alternatives)}. "
+            prompt = number + (advice.summary() if advice.fits else f"nothing fits: {advice.summary()}")
             listing.add_option(Option(prompt, id=str(len(self.alternatives) - 1), disabled=not advice.fits))
         listing.highlight_first()
         self._show_alternative(listing.highlighted)
@@ -204,9 +205,8 @@ class MethodScreen(WizardScreen):
     def _reveal(self) -> None:
         """Bring the list and the changes under it into view (a short terminal scrolls the side panel)."""
         listing = self.query_one("#alternatives", PickList)
-        if listing.has_focus:
-            self.query_one("#proposal", Static).scroll_visible(animate=False)
-            listing.scroll_visible(animate=False)
+        if listing.has_focus:  # the changes are the side panel's last lines, the list just above them
+            self.query_one("#plan-side", VerticalScroll).scroll_end(animate=False)
 
     def _show_alternative(self, index: int | None) -> None:
         box = self.query_one("#proposal", Static)

@@ -10,7 +10,7 @@ from textual.widgets.option_list import Option, OptionDoesNotExist
 
 from tuner.tui.catalog import catalog_entries, describe_model
 from tuner.tui.messages import FieldEdited
-from tuner.tui.screens.base import WizardScreen
+from tuner.tui.screens.base import NARROW_BELOW, WizardScreen
 from tuner.tui.widgets.fields import InputField
 from tuner.tui.widgets.lists import PickList
 
@@ -41,7 +41,7 @@ class ModelScreen(WizardScreen):
     def _fill_list(self, query: str) -> None:
         listing = self.query_one("#model-list", OptionList)
         listing.clear_options()
-        narrow = self.has_class("-narrow")  # 80 columns: the id and its size; the facts show the rest
+        narrow = self.app.size.width < NARROW_BELOW  # 80 columns: the id and its size; the facts show the rest
         for entry in self.entries:
             if entry.matches(query):
                 shown = f"{entry.id}  {entry.size}" if narrow else f"{entry.id:<34} {entry.summary}"

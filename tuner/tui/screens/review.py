@@ -58,7 +58,7 @@ class ReviewScreen(WizardScreen):
         with Horizontal(id="save-row"):
             yield Label("Save as", classes="field-label")
             yield Input(id="save-path", compact=True)
-            yield Button("Save (ctrl+s)", id="save", variant="primary")
+            yield Button("Save ^s", id="save", variant="primary", compact=True)
 
     def sync(self) -> None:
         super().sync()

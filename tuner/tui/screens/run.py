@@ -114,12 +114,15 @@ class RunScreen(WizardScreen):
         progress.display = bool(watch and watch.max_steps)  # no animation before there is anything to measure
         chart = self.query_one("#loss", Sparkline)
         chart.display = bool(watch and len(watch.losses) > 1)  # one point is not a curve
+        self.refresh_bindings()  # ^t only once there is a finished run to chat with
+        summary = self.query_one("#run-summary", Static)
+        summary.display = bool(str(summary.render()).strip())  # no blank line until there is a summary
+        for name in ("#run-status", "#loss-line", "#memory"):
+            self.query_one(name, Static).display = watch is not None
         if watch is None:
             recipe = self.app.draft.recipe
             where = recipe.output.dir if recipe else "(fix the recipe first)"
             self.query_one("#run-dir", Static).update(Text(f"not launched yet; the run will write {where}"))
-            for name in ("#run-status", "#loss-line", "#memory"):
-                self.query_one(name, Static).update("")
             return
         self.query_one("#run-dir", Static).update(Text(f"run directory: {watch.run_dir}  (full log: train.log)"))
         self.query_one("#run-status", Static).update(status_line(watch))
@@ -137,6 +140,12 @@ class RunScreen(WizardScreen):
         for line in new:
             log.write(Text(line))
         self._log_shown = len(lines)
+
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action == "chat":
+            watch = self.app.run_watch
+            return watch is not None and watch.status == "finished"
+        return True
 
     def action_chat(self) -> None:
         watch = self.app.run_watch

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
@@ -37,7 +38,7 @@ class StartScreen(Screen):
                 options.append(Option("Chat with a model or a run", id="chat"))
                 yield PickList(*options, id="actions")
                 yield Static("", id="about")
-                yield Input(placeholder="path/to/recipe.yaml, then enter", id="open-path")
+                yield Input(placeholder="path/to/recipe.yaml, then enter", id="open-path", compact=True)
                 yield Static("", id="start-error")
             with Vertical(id="start-runs"):
                 yield Label("Recent runs", classes="section-title")
@@ -46,6 +47,7 @@ class StartScreen(Screen):
 
     def on_mount(self) -> None:
         self.query_one("#open-path", Input).display = False
+        self.query_one("#start-error", Static).display = False
         self.query_one("#actions", OptionList).focus()
 
     def on_screen_resume(self) -> None:
@@ -66,13 +68,13 @@ class StartScreen(Screen):
             self.query_one("#about", Static).update(ABOUT.get(choice) or describe(choice.removeprefix("builtin:")))
 
     def _open(self, draft: Draft, mode: str = "model") -> None:
+        self.query_one("#open-path", Input).display = False
         self.app.load_draft(draft)
         self.app.switch_mode(mode)
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         choice = event.option.id or ""
-        error = self.query_one("#start-error", Static)
-        error.update("")
+        self._error("")
         try:
             if event.option_list.id == "runs":
                 from tuner.tui.run_watch import replay
@@ -94,10 +96,15 @@ class StartScreen(Screen):
             elif choice == "chat":
                 self.app.switch_mode("chat")
         except RecipeError as exc:
-            error.update(str(exc))
+            self._error(str(exc))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         try:
             self._open(Draft.from_file(event.value.strip()))
         except RecipeError as exc:
-            self.query_one("#start-error", Static).update(str(exc))
+            self._error(str(exc))
+
+    def _error(self, text: str) -> None:
+        error = self.query_one("#start-error", Static)
+        error.update(Text(text))  # Text: a file's contents quoted in the message are never markup
+        error.display = bool(text)

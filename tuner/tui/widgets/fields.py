@@ -167,6 +167,7 @@ class InputField(Vertical):
         self.parse = _parse_number if number else _parse_text
         self.apply_on_enter = apply_on_enter  # apply on enter or leaving the box, not per keystroke (costly lookups)
         self.pending = False  # typed but not yet applied (apply_on_enter)
+        self.typing = False  # the user typed in the box since it took focus
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="field-row"):
@@ -181,7 +182,7 @@ class InputField(Vertical):
 
     def sync(self, draft: Draft) -> None:
         box = self.box
-        if not box.has_focus:  # never fight the user's typing (the draft holds what this box typed anyway)
+        if not (self.typing and box.has_focus):  # never fight the user's typing (the draft holds it anyway)
             shown = draft.shown(self.field)
             if box.value != shown:
                 with box.prevent(Input.Changed):
@@ -194,6 +195,7 @@ class InputField(Vertical):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         event.stop()
+        self.typing = True
         if self.apply_on_enter:
             self.pending = True
         else:
@@ -206,6 +208,7 @@ class InputField(Vertical):
     def on_descendant_blur(self) -> None:
         if self.pending:
             self._edited(self.box.value)
+        self.typing = False
 
 
 class SelectField(Vertical):

@@ -56,6 +56,8 @@ def gib(value: float) -> str:
     """Readable at every scale: the demo model's kilobytes and a 70B model's gigabytes."""
     if abs(value) >= 0.1:
         return f"{value:.2f} GiB"
+    if 0 < abs(value) * 1024 < 0.1:
+        return "<0.1 MiB"
     return f"{value * 1024:.1f} MiB"
 
 
@@ -91,14 +93,23 @@ def device_heading(device: DevicePlan) -> Text:
     return out
 
 
-def legend(terms: dict[str, float]) -> Text:
-    """What each colour of a bar stands for, with its amount (every bar gets its own)."""
-    out = Text()
+def legend(terms: dict[str, float], width: int) -> Text:
+    """What each colour of a bar stands for, with its amount (every bar gets its own), packed into lines
+    of ``width`` so that no entry is split."""
+    out, used = Text(), 0
     for name, value in terms.items():
         if value <= 0:
             continue
-        out.append("■\u00a0", TERM_STYLES.get(name, OTHER_STYLE))  # no-break spaces: an entry never splits
-        out.append(f"{name.replace('_', chr(0xa0))}\u00a0{gib(value).replace(' ', chr(0xa0))}  ")
+        entry = Text("■ ", TERM_STYLES.get(name, OTHER_STYLE))
+        entry.append(f"{name.replace('_', ' ')} {gib(value)}")
+        if used and used + 2 + len(entry) > width:
+            out.append("\n")
+            used = 0
+        elif used:
+            out.append("  ")
+            used += 2
+        out.append_text(entry)
+        used += len(entry)
     return out
 
 
@@ -118,7 +129,7 @@ def plan_text(plan: MemoryPlan, width: int, disk: Check | None = None) -> Text:
             out.append("\n")
         elif device.kind == "host":
             out.append("set Host RAM on the Hardware screen to check it\n", "italic")
-        out.append_text(legend(device.terms))
+        out.append_text(legend(device.terms, width))
         out.append("\n")
     if len(devices) > len(shown):
         out.append(f"... and {len(devices) - len(shown)} more devices with the same layout\n", "dim")
