@@ -5,6 +5,7 @@ transformers, datasets) are imported only inside workers that need them.
 """
 from __future__ import annotations
 
+import importlib
 import time
 from pathlib import Path
 
@@ -18,19 +19,19 @@ from tuner.tui.messages import DiskChecked, FieldEdited, PlanUpdated, RunEventsA
 from tuner.tui.planning import CannotPlan, Planner
 from tuner.tui.run_watch import RunWatch
 from tuner.tui.screens.base import NARROW_BELOW
-from tuner.tui.screens.chat import ChatScreen
-from tuner.tui.screens.data import DataScreen
-from tuner.tui.screens.hardware import HardwareScreen
-from tuner.tui.screens.method import MethodScreen
-from tuner.tui.screens.model import ModelScreen
-from tuner.tui.screens.review import ReviewScreen
-from tuner.tui.screens.run import RunScreen
 from tuner.tui.screens.start import StartScreen
-from tuner.tui.screens.training import TrainingScreen
 from tuner.tui.widgets.steps import STEPS
 
 STEP_MODES = [mode for mode, _ in STEPS]
 RUN_POLL_S = 0.3
+
+
+def _later(module: str, name: str):
+    """A screen imported when first shown, so the first screen paints before the others load."""
+    def make():
+        return getattr(importlib.import_module(f"tuner.tui.screens.{module}"), name)()
+
+    return make
 
 
 class TunerApp(App[int]):
@@ -42,14 +43,14 @@ class TunerApp(App[int]):
     ENABLE_COMMAND_PALETTE = False
     MODES = {
         "start": StartScreen,
-        "model": ModelScreen,
-        "hardware": HardwareScreen,
-        "method": MethodScreen,
-        "data": DataScreen,
-        "training": TrainingScreen,
-        "review": ReviewScreen,
-        "run": RunScreen,
-        "chat": ChatScreen,
+        "model": _later("model", "ModelScreen"),
+        "hardware": _later("hardware", "HardwareScreen"),
+        "method": _later("method", "MethodScreen"),
+        "data": _later("data", "DataScreen"),
+        "training": _later("training", "TrainingScreen"),
+        "review": _later("review", "ReviewScreen"),
+        "run": _later("run", "RunScreen"),
+        "chat": _later("chat", "ChatScreen"),
     }
     DEFAULT_MODE = "start"
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]  # a screen class for 80-column terminals
@@ -72,7 +73,7 @@ class TunerApp(App[int]):
         self.chat_target: str | None = None  # what "Chat with this run" asked Chat to load
 
     def on_mount(self) -> None:
-        self.replan()
+        self.call_after_refresh(self.replan)  # the first screen paints first
 
     # --- navigation -------------------------------------------------------------------------
     def action_goto(self, mode: str) -> None:

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from textual.message import Message
 
-from tuner.doctor import Check
-from tuner.planner import MemoryPlan
 from tuner.tui.draft import Changes
+
+if TYPE_CHECKING:  # the planner loads after the first screen is painted
+    from tuner.doctor import Check
+    from tuner.planner import MemoryPlan
 
 
 @dataclass

@@ -5,14 +5,14 @@ tests pass frozen functions in their place.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from tuner.doctor import Check, check_disk
-from tuner.planner import Advice, MemoryPlan
-from tuner.planner import advise as planner_advise
-from tuner.planner import plan as planner_plan
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import Recipe
+
+if TYPE_CHECKING:  # imported when first used: the first screen paints before the planner loads
+    from tuner.doctor import Check
+    from tuner.planner import Advice, MemoryPlan
 
 
 class CannotPlan(Exception):
@@ -20,25 +20,43 @@ class CannotPlan(Exception):
 
 
 class Planner:
-    """Plans, advice and the disk check for a recipe (``disk`` reads the file system: call it off the UI thread)."""
+    """Plans, advice and the disk check for a recipe (``disk`` reads the file system: call it off the UI thread).
 
-    def __init__(self, plan: Callable[[Recipe], MemoryPlan] = planner_plan,
-                 advise: Callable[[Recipe], list[Advice]] = planner_advise,
-                 disk: Callable[[Recipe, MemoryPlan], Check] = check_disk):
-        self._plan, self._advise, self.disk = plan, advise, disk
+    The planner's own functions by default, imported at the first use (after the first screen is painted).
+    """
+
+    def __init__(self, plan: Callable[[Recipe], MemoryPlan] | None = None,
+                 advise: Callable[[Recipe], list[Advice]] | None = None,
+                 disk: Callable[[Recipe, MemoryPlan], Check] | None = None):
+        self._plan, self._advise, self._disk = plan, advise, disk
+
+    def _defaults(self) -> None:
+        from tuner.doctor import check_disk
+        from tuner.planner import advise, plan
+
+        self._plan, self._advise, self._disk = self._plan or plan, self._advise or advise, self._disk or check_disk
 
     def plan(self, recipe: Recipe) -> MemoryPlan:
         """The plan; raises CannotPlan with the planner's message."""
+        if self._plan is None:
+            self._defaults()
         try:
             return self._plan(recipe)
         except (RecipeError, ValueError) as exc:  # e.g. UnknownModelError: no architecture facts for model.id
             raise CannotPlan(str(exc)) from None
 
     def advise(self, recipe: Recipe) -> list[Advice]:
+        if self._advise is None:
+            self._defaults()
         try:
             return self._advise(recipe)
         except (RecipeError, ValueError) as exc:
             raise CannotPlan(str(exc)) from None
+
+    def disk(self, recipe: Recipe, plan: MemoryPlan) -> Check:
+        if self._disk is None:
+            self._defaults()
+        return self._disk(recipe, plan)
 
 
 def worth_showing(advice: list[Advice], share: float = 0.02) -> list[Advice]:

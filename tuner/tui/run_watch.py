@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.launch.progress import step_summary
 from tuner.run_layout import LOCK_FILE
 
 LOG_LINES = 400
@@ -27,6 +26,8 @@ RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torchrun's tee of each rank's o
 
 def event_line(event: dict) -> str | None:
     """The log line for one event (None: the event shows elsewhere, e.g. the progress bar)."""
+    from tuner.launch.progress import step_summary  # rich.progress: loaded with the first run, not at startup
+
     kind = event.get("event")
     if kind == "started":
         resumed = event.get("resumed_from_step")

@@ -44,10 +44,17 @@ class WizardScreen(Screen):
     def on_mount(self) -> None:
         self.sync()
 
+    @property
+    def fields(self) -> list:
+        """The form's fields bound to the draft (found once: a query per keypress costs more than the checks)."""
+        if not getattr(self, "_fields", None):
+            self._fields = list(self.query("ChoiceField, ToggleField, InputField, SelectField"))
+        return self._fields
+
     def sync(self) -> None:
         """Re-read everything shown from the app's draft."""
         draft = self.app.draft
-        for field in self.query("ChoiceField, ToggleField, InputField"):
+        for field in self.fields:
             field.sync(draft)
         self.show_reasons()
         lines = [f"✗ {line}" for line in draft.errors]

@@ -34,8 +34,10 @@ def value_choices(field: str, values: list) -> list[Choice]:
 
 def show_reason(line: Static, reason: str | None) -> None:
     """The line under a field: why its value is refused or conflicts (Text: values are never markup)."""
-    line.update(Text(f"✗ {reason}") if reason else "")
-    line.display = bool(reason)
+    if getattr(line, "reason", None) != reason:
+        line.reason = reason
+        line.update(Text(f"✗ {reason}") if reason else "")
+        line.display = bool(reason)
 
 
 class ChoiceField(Vertical):
@@ -65,13 +67,16 @@ class ChoiceField(Vertical):
         return self.query_one(f"#{self.id}-{index}", RadioButton)
 
     def sync(self, draft: Draft) -> None:
+        """Re-check every option against the draft (a keypress's cost: widgets change only when their state does)."""
         refused: dict[str, list[str]] = {}  # reason -> the options it refuses
-        for index, choice in enumerate(self.choices):
-            button = self.query_one(f"#{self.id}-{index}", RadioButton)
+        for choice, button in zip(self.choices, self.query(RadioButton)):
             chosen = draft.holds(choice.changes)
             refusal = None if chosen else draft.refusal(choice.changes)
-            button.disabled = refusal is not None
-            button.tooltip = refusal or self.help or None
+            if button.disabled != (refusal is not None):
+                button.disabled = refusal is not None
+            tooltip = refusal or self.help or None
+            if button.tooltip != tooltip:
+                button.tooltip = tooltip
             if refusal:
                 field, _, why = refusal.partition(": ")  # the field is this one's own: say only why
                 refused.setdefault(why if field in choice.changes else refusal, []).append(choice.label)
@@ -109,8 +114,11 @@ class ToggleField(Vertical):
         box = self.checkbox
         value = bool(draft.value(self.field))
         refusal = draft.refusal({self.field: not value})
-        box.disabled = refusal is not None
-        box.tooltip = refusal or self.help or None
+        if box.disabled != (refusal is not None):
+            box.disabled = refusal is not None
+        tooltip = refusal or self.help or None
+        if box.tooltip != tooltip:
+            box.tooltip = tooltip
         self.reasons = [f"cannot change: {refusal}"] if refusal else []
         if box.value != value:
             with box.prevent(Checkbox.Changed):
