@@ -253,6 +253,9 @@ async def test_run_screen_launches_and_shows_progress_and_loss(in_tmp, demo_mode
         status = str(app.screen.query_one("#run-status", Static).render())
         assert "finished" in status and "loss" in status and "tokens/s" in status
         assert (in_tmp / "runs" / "quick" / "final").is_dir()
+        shown = " ".join(watch.log)  # event lines and tuner's own, no progress frames or raw dicts
+        assert "step 6/6  loss" in shown and "it/s" not in shown and "{'loss'" not in shown
+        assert "gemm_4bit" not in (in_tmp / "runs" / "quick" / "train.log").read_text()  # no bitsandbytes here
 
 
 @pytest.mark.slow

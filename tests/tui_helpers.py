@@ -141,6 +141,8 @@ DOCS_SCREENSHOTS = {  # snapshot file -> docs/images name
     "test_run_screen.svg": "tui-run.svg",
     "test_chat_with_the_demo_model_loaded.svg": "tui-chat.svg",
     "test_help.svg": "tui-help.svg",
+    "test_screen_at_80x24[method].svg": "tui-method-80x24.svg",
+    "test_screen_at_80x24[run].svg": "tui-run-80x24.svg",
 }
 
 

@@ -32,8 +32,9 @@ class ChatSession:
 
     @property
     def single_turn(self) -> bool:
-        """Instruction prompts without a chat template (Alpaca) have no conversation: each message stands alone."""
-        return self.data_format == "instruction" and not self.tokenizer.chat_template
+        """An instruction-trained run saw one instruction and its answer at a time, never a conversation:
+        each message is asked on its own (the history is kept for the user, not sent)."""
+        return self.data_format == "instruction"
 
     def prompt_ids(self, message: str) -> list[int]:
         """The token ids the model is given to answer ``message`` after the history so far."""

@@ -38,13 +38,13 @@ def trained_prompt_format(recipe: Recipe, instruction: str | None = None) -> Pro
     except DataError as exc:
         if data_format != "instruction":
             return PromptFormat(data_format)
-        return PromptFormat(data_format, instruction, f"the training data cannot be read here ({exc}); "
-                                                      "put the instruction on a message's first line")
+        return PromptFormat(data_format, instruction, f"the training data cannot be read here ({exc}); put the "
+                                                      "instruction on a message's first line")
     if data_format != "instruction":
         return PromptFormat(data_format)
     shared = instruction or (found.pop() if len(found) == 1 else None)
     if shared:
         return PromptFormat(data_format, shared, f"instruction {shared!r} with each message as its input, "
-                                                 "as the run was trained")
-    return PromptFormat(data_format, None, "instruction data with many instructions: a message's first line is "
-                                           "the instruction, the rest its input")
+                                                 "one message at a time, as the run was trained")
+    return PromptFormat(data_format, None, "instruction data: a message's first line is the instruction, the rest "
+                                           "its input, one message at a time, as the run was trained")

@@ -78,7 +78,7 @@ class ChatScreen(WizardScreen):
 
     def compose_body(self) -> ComposeResult:
         self.session = None
-        self.loading: str | None = None  # what is being loaded (or was, last)
+        self.target: str | None = None  # what is being loaded (or was, last)
         self.turns: list[list[str]] = []  # [speaker, text]: one line each, the model's grows as tokens arrive
         with Vertical(classes="body"):
             yield Label("Model, recipe or run directory", classes="section-title")
@@ -91,7 +91,7 @@ class ChatScreen(WizardScreen):
     def on_screen_resume(self) -> None:
         super().on_screen_resume()
         target = self.app.chat_target
-        if target and target != self.loading:  # "Chat with this run" sent us here: prefilled and loading
+        if target and target != self.target:  # "Chat with this run" sent us here: prefilled and loading
             self.query_one("#chat-model", Input).value = target
             self._load(target)
 
@@ -109,7 +109,7 @@ class ChatScreen(WizardScreen):
             self.answer(self.session, value)
 
     def _load(self, argument: str) -> None:
-        self.loading = argument
+        self.target = argument
         self.session = None
         self.query_one("#placement", Static).update(Text(f"loading {argument}…"))
         self.query_one("#chat-message", Input).disabled = True
@@ -125,7 +125,7 @@ class ChatScreen(WizardScreen):
         self.post_message(ChatLoaded(argument, session, placement))
 
     def on_chat_loaded(self, message: ChatLoaded) -> None:
-        if message.argument != self.loading:
+        if message.argument != self.target:
             return  # an answer for something no longer wanted
         placement = self.query_one("#placement", Static)
         if message.error:

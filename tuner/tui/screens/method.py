@@ -113,7 +113,9 @@ class MethodScreen(WizardScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.query_one("#method-kind").query_one("RadioSet").focus()
+        self.query_one("#method-kind").query_one("RadioSet").focus(scroll_visible=False)
+        form = self.query_one("#method-form", VerticalScroll)
+        self.call_after_refresh(form.scroll_home, animate=False)  # the radio set scrolls its choice in: keep the label
 
     def sync(self) -> None:
         super().sync()
