@@ -20,6 +20,8 @@ from tuner.tui.widgets.plan_bar import PlanPanel
 
 SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
 EIGHT_A100 = {"gpus_per_machine": 8, "gpu": "A100-80GB", "host_ram_gb": 512}
+EIGHT_B_ON_A_4090 = {"model": {"id": "meta-llama/Llama-3.1-8B"},
+                     "hardware": {"gpus_per_machine": 1, "gpu": "RTX4090", "host_ram_gb": 256}}
 
 
 @pytest.fixture(autouse=True)
@@ -146,8 +148,7 @@ async def test_2_autofit_follows_the_draft_and_never_touches_model_or_hardware(s
 @SIZES
 @pilot_test
 async def test_3_after_autofit_defaults_stay_implicit(size):
-    app = make_app(Draft({"model": {"id": "meta-llama/Llama-3.1-8B"},
-                          "hardware": {"gpus_per_machine": 1, "gpu": "RTX4090", "host_ram_gb": 256}}))
+    app = make_app(Draft(EIGHT_B_ON_A_4090))
     async with app.run_test(size=size) as pilot:
         app.switch_mode("method")
         await settle(pilot)
@@ -257,8 +258,7 @@ async def test_6_save_as_follows_the_recipe_and_the_question_is_whole(size, in_t
 @SIZES
 @pilot_test
 async def test_7_every_option_and_autofit_fit_the_terminal(size):
-    app = make_app(Draft({"model": {"id": "meta-llama/Llama-3.1-8B"},
-                          "hardware": {"gpus_per_machine": 1, "gpu": "RTX4090", "host_ram_gb": 256}}))
+    app = make_app(Draft(EIGHT_B_ON_A_4090))
     async with app.run_test(size=size) as pilot:
         actions = app.screen.query_one("#actions", OptionList)
         assert actions.virtual_size.height == actions.option_count  # one line per Start entry
