@@ -6,11 +6,11 @@ import shutil
 
 import pytest
 
+from tuner.launch.checkpoints import checkpoint_states, incomplete_reason, latest_complete_checkpoint
+from tuner.launch.integrity import checkpoint_problem
 from tuner.recipe.io import load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
 from tuner.run_layout import CHECKPOINT_INFO
-from tuner.train.checkpoints import checkpoint_states, incomplete_reason, latest_complete_checkpoint
-from tuner.train.integrity import checkpoint_problem
 
 
 @pytest.fixture(scope="module")

@@ -44,14 +44,3 @@ def test_python_dash_m_and_console_script(tuner_cli):
     assert result.returncode == 0 and result.stdout == ""
     bad = tuner_cli("validate", "demo", "--set", "memory.zero_stage=5")
     assert bad.returncode == 2 and "memory.zero_stage" in bad.stderr and "Traceback" not in bad.stderr
-
-
-def test_demo_loss_summary_reads_first_loss_and_last_eval(tmp_path):
-    from tuner.commands.demo import loss_summary
-    from tuner.events import write_event
-
-    write_event(tmp_path / "events.jsonl", "step", step=1, loss=4.6)
-    write_event(tmp_path / "events.jsonl", "eval", step=100, eval_loss=3.9)
-    write_event(tmp_path / "events.jsonl", "finished", step=300, eval_loss=3.7)
-    assert loss_summary(tmp_path) == "loss 4.600 at the first step -> held-out loss 3.700 at the end"
-    assert loss_summary(tmp_path / "missing") == ""

@@ -36,6 +36,14 @@ def test_tuner_run_trains_through_accelerate_launch(tmp_path, tuner_cli, demo_mo
     finished = [e for e in read_events(run_dir / "events.jsonl") if e["event"] == "finished"]
     assert finished and finished[0]["step"] == 40
 
+    # it ends with the summary: where the model is, the losses, plan beside measured memory, time, what next
+    lines = result.stdout.rstrip().splitlines()
+    last = lines[max(index for index, line in enumerate(lines) if line.startswith("finished in ")):]
+    assert f" 40 steps; model saved in {run_dir / 'final'}" in last[0], last
+    assert last[1].startswith(f"  train loss {losses[0]:.4f} -> {losses[-1]:.4f}, held-out loss ") and "tokens/s" in last[1]
+    assert last[2].startswith("  memory: plan predicted ") and "measured" in last[2]
+    assert last[3:] == ["next:", f'  tuner infer {run_dir} --prompt "..."', f"  tuner chat {run_dir}"]
+
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(run_dir / "final")

@@ -75,7 +75,7 @@ SMALL = ["data.max_samples=64", "data.eval_fraction=0", "memory.micro_batch_size
 
 def test_a_truncated_checkpoint_is_skipped_on_resume_with_a_message(tmp_path, capsys, demo_model_path) -> None:
     """Train 4 steps (checkpoints 2 and 4), cut checkpoint-4's weights in half, resume to step 6."""
-    from tuner.commands.run import report_resume
+    from tuner.launch.run import prepare_run
     from tuner.recipe.io import load_recipe
     from tuner.recipe.registry import builtin_path
     from tuner.render.run_directory import write_run_directory
@@ -88,10 +88,9 @@ def test_a_truncated_checkpoint_is_skipped_on_resume_with_a_message(tmp_path, ca
     weights = run_dir / "checkpoints" / "checkpoint-4" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
 
-    write_run_directory(load_recipe(builtin_path("demo"), [*SMALL, "training.max_steps=6"]), run_dir, keep_existing=True)
-    capsys.readouterr()
-    report_resume(run_dir)
-    told = capsys.readouterr().err.splitlines()
+    prepared = prepare_run(load_recipe(builtin_path("demo"), [*SMALL, "training.max_steps=6"]), output_dir=run_dir)
+    prepared.release()
+    told = prepared.notes
     assert told[0].startswith(f"skipping {run_dir / 'checkpoints' / 'checkpoint-4'}: model.safetensors: truncated (")
     assert told[1] == f"resuming from {run_dir / 'checkpoints' / 'checkpoint-2'}"
     assert train_main([str(run_dir / "recipe.lock.yaml")]) == 0
@@ -142,4 +141,4 @@ def test_run_refuses_an_output_disk_too_small_for_its_checkpoints(tmp_path, monk
     assert code == 2 and err.startswith("error: output.dir: output runs/demo: ") and "checkpoints need ~" in err
     assert "--force" in err and not (tmp_path / "runs").exists()
     assert main(["run", "demo", *gpu_run, "--dry-run", "--force"]) == 0
-    assert "launching anyway (--force): output runs/demo:" in capsys.readouterr().err
+    assert "launching anyway: output.dir: output runs/demo:" in capsys.readouterr().err

@@ -21,8 +21,8 @@ except ModuleNotFoundError:  # Python 3.10: import-linter brings tomli
 CORE_MODULES = [
     "tuner.recipe", "tuner.recipe.registry", "tuner.recipe.docs", "tuner.catalog.gpus", "tuner.catalog.demo",
     "tuner.events", "tuner.render.run_directory", "tuner.render.presets", "tuner.render.launch_command",
-    "tuner.launch.preflight", "tuner.cli", "tuner.planner", "tuner.catalog.models", "tuner.launch.runner",
-    "tuner.launch.session", "tuner.doctor", "tuner.commands.plan", "tuner.commands.run", "tuner.data.sources",
+    "tuner.launch.run", "tuner.launch.checkpoints", "tuner.run_lock", "tuner.cli", "tuner.planner", "tuner.catalog.models", "tuner.launch.runner",
+    "tuner.doctor", "tuner.commands.plan", "tuner.commands.run", "tuner.data.sources",
 ]
 
 

@@ -86,7 +86,7 @@ def test_ctrl_c_stops_every_rank_and_names_the_last_checkpoint(tmp_path, demo_mo
     out, err = tuner.communicate(timeout=120)
     assert tuner.returncode != 0
     assert "stopping every rank" in err
-    assert "last checkpoint: runs/stop/checkpoints/checkpoint-" in err, err
+    assert "last complete checkpoint: runs/stop/checkpoints/checkpoint-" in err, err
     assert "--resume" in err
     time.sleep(1)
     assert not [pid for pid in rank_pids if alive(pid)], "a rank outlived Ctrl-C"

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from tuner.events import read_events
+from tuner.launch.checkpoints import latest_complete_checkpoint, resume_settings
 from tuner.recipe.io import load_recipe
 from tuner.render.run_directory import write_run_directory
 from tuner.run_layout import CHECKPOINT_INFO
 from tuner.train.__main__ import main as train_main
-from tuner.train.checkpoints import latest_complete_checkpoint, resume_settings
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -179,7 +179,7 @@ def test_resume_refused_when_the_world_size_changed(tmp_path, capsys):
 
 
 def test_resume_accepts_unchanged_settings(tmp_path):
-    from tuner.train.checkpoints import resume_checkpoint
+    from tuner.launch.checkpoints import resume_checkpoint
 
     lock = make_run(tmp_path, "demo-qlora.yaml", "training.resume=auto")
     checkpoint = fake_checkpoint(lock, 3)

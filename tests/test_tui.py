@@ -281,7 +281,6 @@ async def test_cancel_stops_the_run(in_tmp, demo_model_path):
         await pilot.press("ctrl+x")
         await wait_until(pilot, lambda: app.run_watch.exit_code is not None, timeout=60)
         assert app.run_watch.status == "cancelled"
-        assert app.run_watch.launch.process.poll() is not None
         assert app.run_watch.step < 100000
 
 

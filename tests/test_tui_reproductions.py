@@ -300,7 +300,7 @@ async def test_8_the_run_screen_shows_events_not_noise(size, in_tmp):
         app.switch_mode("run")
         await settle(pilot)
         assert not app.screen.query_one("#progress", ProgressBar).display  # nothing launched: nothing moves
-        watch = RunWatch(run_dir=in_tmp / "runs" / "demo", launch=object(), status="running", since=0.0)
+        watch = RunWatch(run_dir=in_tmp / "runs" / "demo", live=True, status="running", since=0.0)
         app.run_watch = watch
         now = time.time()
         watch.absorb([{"event": "started", "max_steps": 12, "time": now - 5},

@@ -113,8 +113,11 @@ def test_detected_gpus_map_to_the_catalog_by_name_and_memory():
 
 
 TRAIN_LOG = """\
+launching: accelerate launch --config_file runs/demo/accelerate.yaml -m tuner.train runs/demo/recipe.lock.yaml
 The following values were not passed to `accelerate launch` and had defaults used instead:
-[tuner] Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'.
+	`--num_cpu_threads_per_process` was set to `2` to improve out-of-box performance when training on CPUs
+To avoid this warning pass in values for each of the problematic parameters or run `accelerate config`.
+
 Writing model shards:   0%|          | 0/1 [00:00<?, ?it/s]
 tokenising training:  48%|█████     | 92/190 [00:00<00:00, 887.19 examples/s]
 [tuner] data: 190 training and 10 held-out instruction samples
@@ -134,11 +137,11 @@ KeyboardInterrupt
 """
 
 
-def test_the_run_log_keeps_tuners_lines_and_failures_not_progress_frames_or_dicts(tmp_path):
+def test_the_run_log_keeps_what_a_person_reads_not_progress_frames_or_dicts(tmp_path):
     watch = RunWatch(run_dir=tmp_path)
     watch.absorb([], TRAIN_LOG.splitlines())
     assert list(watch.log) == [
-        "Failed to load CPU gemm_4bit_forward from kernels-community: No module named 'kernels'.",
+        "launching: accelerate launch --config_file runs/demo/accelerate.yaml -m tuner.train runs/demo/recipe.lock.yaml",
         "data: 190 training and 10 held-out instruction samples",
         "Traceback, last frame:", '  File "train.py", line 9, in main', "    load()",
-        "ValueError: the data is broken"]  # the cancel's KeyboardInterrupt is not news
+        "ValueError: the data is broken", "after the traceback"]  # the cancel's KeyboardInterrupt is not news

@@ -26,13 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"tuner.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"tuner.commands.{name}":
-                continue  # command not built yet
-            raise
-        module.register(subparsers)
+        importlib.import_module(f"tuner.commands.{name}").register(subparsers)
     return parser
 
 
@@ -49,13 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
-        try:
-            from tuner.tui.app import run_app
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith("tuner.tui"):
-                parser.print_help()
-                return 0
-            raise
+        from tuner.tui.app import run_app
+
         return run_app()
     try:
         return args.run(args)

@@ -384,12 +384,10 @@ def check_shared_memory(recipe: Recipe | None) -> Check:
                  "run the container with --shm-size=16g (or --ipc=host)")
 
 
-def planned_host_ram_gib(recipe: Recipe) -> float | None:
-    """Host RAM the memory plan needs (offload, loading), or None while the planner is not available."""
-    try:
-        from tuner.planner import plan
-    except ImportError:
-        return None
+def planned_host_ram_gib(recipe: Recipe) -> float:
+    """Host RAM the memory plan needs (offload, loading)."""
+    from tuner.planner import plan
+
     return float(plan(recipe).host_ram_gib)
 
 
@@ -406,9 +404,7 @@ def check_host_ram(recipe: Recipe | None) -> Check:
         needed = planned_host_ram_gib(recipe)
     except Exception as exc:  # the planner refuses a recipe that cannot fit: `tuner plan` explains why
         return Check("host RAM", "warn", f"{detail}; no memory plan: {exc}".splitlines()[0], "run tuner plan RECIPE")
-    if needed is None:
-        detail += " (no memory plan to compare with yet)"
-    elif needed > total:
+    if needed > total:
         return Check("host RAM", "fail", f"{detail}; the plan needs {needed:.0f} GiB",
                      "offload less (memory.offload_optimizer/offload_params), or use nvme offload")
     elif needed > available:

@@ -13,7 +13,7 @@ runs/<name>/
   merged/            an adapter merged into its base (output.save: merged, or `tuner merge`)
   offload/           weights placed on disk by device_map="auto" at inference
   profile/           the torch profiler trace of `--profile N`
-  .tuner-run.lock    held by the tuner that launched the run, while it runs
+and beside it, runs/.<name>.tuner-run.lock while a tuner writes or runs it (tuner/run_lock.py).
 """
 
 LOCK_FILE = "recipe.lock.yaml"
@@ -31,10 +31,9 @@ FINAL_DIR = "final"
 MERGED_DIR = "merged"
 OFFLOAD_DIR = "offload"
 PROFILE_DIR = "profile"
-RUN_LOCK = ".tuner-run.lock"
+RUN_LOCK = ".tuner-run.lock"  # suffix of the lock file beside the run directory
 
 # What `tuner render` writes: the files a re-render may replace (the rest of a run directory is the run's own).
 RENDERED_FILES = (LOCK_FILE, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, SLURM_SCRIPT)
 # What a run adds to its directory.
-RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR,
-               PROFILE_DIR, RUN_LOCK)
+RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR, PROFILE_DIR)

@@ -6,13 +6,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from tuner.events import read_events
-from tuner.launch.session import launch_and_follow
+from tuner.commands.run import launch_and_report, prepare_or_refuse
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.recipe.schema import Recipe
-from tuner.render.run_directory import write_run_directory
-from tuner.run_layout import EVENTS_FILE, FINAL_DIR
+from tuner.run_layout import FINAL_DIR
 
 
 def register(subparsers) -> None:
@@ -60,37 +58,23 @@ def _print_examples(title: str, result) -> None:
         print(f"  {mark} reverse {word!r:10} -> {answer!r:12} (expected {expected!r})")
 
 
-def loss_summary(run_dir: Path) -> str:
-    """First training loss and last held-out loss of a run, from its events (what LoRA demos improve)."""
-    events = read_events(run_dir / EVENTS_FILE)
-    first = next((e["loss"] for e in events if e.get("event") == "step" and "loss" in e), None)
-    last = next((e["eval_loss"] for e in reversed(events) if "eval_loss" in e), None)
-    if first is None or last is None:
-        return ""
-    return f"loss {first:.3f} at the first step -> held-out loss {last:.3f} at the end"
-
-
 def run(args) -> int:
     from tuner.loading.model import resolve_model_path
 
     start = time.monotonic()
     path = Path(args.recipe) if Path(args.recipe).exists() else builtin_path(args.recipe)
     recipe = load_recipe(path, args.overrides)
+    run_dir = Path(args.output or f"runs/demo-{datetime.now():%Y%m%d-%H%M%S}")
+    prepared = prepare_or_refuse(recipe, output_dir=run_dir)  # every check before the slow part
     print(f"demo model: {resolve_model_path(recipe.model.id)}")
     samples = held_out_samples(recipe)
     before = exact_match(recipe, resolve_model_path(recipe.model.id), samples)
     _print_examples("before training", before)
-
-    run_dir = Path(args.output or f"runs/demo-{datetime.now():%Y%m%d-%H%M%S}")
-    write_run_directory(recipe, run_dir)
     print(f"training in {run_dir} ...")
-    code = launch_and_follow(run_dir)
-    if code != 0:
-        return code
+    outcome = launch_and_report(prepared)
+    if outcome.exit_code != 0:
+        return outcome.exit_code
     after = exact_match(recipe, run_dir / FINAL_DIR, samples)
     _print_examples("after training", after)
-    summary = loss_summary(run_dir)
-    if summary:
-        print(summary)
     print(f"demo finished in {time.monotonic() - start:.0f} s: exact match {before.accuracy:.1%} -> {after.accuracy:.1%}")
     return 0

@@ -1,69 +1,56 @@
-"""``tuner run RECIPE [--set k=v] [--dry-run] [--force] [--resume]``: validate, check memory, render, launch, follow."""
+"""``tuner run RECIPE [--set k=v] [--dry-run] [--force] [--resume]``: check, render, launch, follow, summarise."""
 from __future__ import annotations
 
 import sys
 
 from tuner.commands._recipe_args import add_recipe_arguments, recipe_from_args
-from tuner.doctor import check_disk
-from tuner.launch.preflight import check_memory
-from tuner.launch.session import launch_and_follow
+from tuner.launch.progress import ProgressView
+from tuner.launch.run import PreparedRun, RunOutcome, RunRefused, follow_run, prepare_run
 from tuner.recipe.io import RecipeError
-from tuner.render.launch_command import launch_argv, shell_command
-from tuner.render.launch_script import node_commands
-from tuner.render.run_directory import write_run_directory
-from tuner.run_layout import LAUNCH_SCRIPT, SLURM_SCRIPT
+
+FORCE_HINT = "pass --force to launch anyway."
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("run", help="render the run directory and launch training")
+    parser = subparsers.add_parser("run", help="check the plan, render the run directory, launch and follow training")
     add_recipe_arguments(parser)
     parser.add_argument("--dry-run", action="store_true", help="write and print the files and the command; run nothing")
     parser.add_argument("--force", action="store_true",
-                        help="overwrite an existing run directory's files; launch even if the plan does not fit")
+                        help="launch even if the plan does not fit or the disk is small; replace tuner's files in an "
+                             "existing run directory")
     parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     parser.set_defaults(run=run)
 
 
+def prepare_or_refuse(recipe, **options) -> PreparedRun:
+    """:func:`prepare_run`, its refusal ending with the command line's override and its notes on stderr."""
+    try:
+        prepared = prepare_run(recipe, **options)
+    except RunRefused as exc:
+        raise RecipeError([*exc.lines, FORCE_HINT]) from None
+    for note in prepared.notes:
+        print(note, file=sys.stderr)
+    return prepared
+
+
+def launch_and_report(prepared: PreparedRun) -> RunOutcome:
+    """Follow the run with a progress bar and print how it ended (the summary on stdout, anything else on stderr)."""
+    if not prepared.launchable:
+        raise RecipeError(prepared.machine_lines())
+    print(f"launching: {prepared.command}")
+    view = ProgressView()
+    with view:
+        outcome = follow_run(prepared, on_update=lambda events, _lines: view.update(events))
+    print("\n".join(outcome.lines), file=sys.stdout if outcome.status == "finished" else sys.stderr)
+    return outcome
+
+
 def run(args) -> int:
-    if args.resume:
-        args.overrides.append("training.resume=auto")
-    recipe = recipe_from_args(args)
-    memory = check_memory(recipe)
-    if memory.refused and not args.force:
-        raise RecipeError([memory.message, "pass --force to launch anyway."])
-    if memory.message:
-        print(("launching anyway (--force): " if memory.refused else "") + memory.message, file=sys.stderr)
-    disk = check_disk(recipe)  # a full or read-only disk found now, not at the first checkpoint hours in
-    if disk.status == "fail":
-        if not args.force:
-            raise RecipeError([f"output.dir: {disk.detail}.", f"{disk.fix}; or pass --force to launch anyway."])
-        print(f"launching anyway (--force): {disk.detail}", file=sys.stderr)
-    run_dir = write_run_directory(recipe, force=args.force, keep_existing=args.resume)
-    commands = node_commands(recipe, run_dir)
+    prepared = prepare_or_refuse(recipe_from_args(args), force=args.force, resume=args.resume, dry_run=args.dry_run)
     if args.dry_run:
-        for path in sorted(run_dir.iterdir()):
+        for path in sorted(prepared.run_dir.iterdir()):
             if path.is_file():
                 print(f"==> {path} <==\n{path.read_text()}")
-        print("\n".join(commands))
+        print("\n".join(prepared.machine_commands))
         return 0
-    if len(commands) > 1:
-        lines = [f"{run_dir}: a run on {len(commands)} machines starts on each of them; run on machine N "
-                 f"`{run_dir / LAUNCH_SCRIPT} N`, or submit `sbatch {run_dir / SLURM_SCRIPT}` on a Slurm cluster:"]
-        raise RecipeError(lines + [f"  machine {rank}: {command}" for rank, command in enumerate(commands)])
-    if args.resume:
-        report_resume(run_dir)
-    print(f"launching: {shell_command(launch_argv(run_dir))}")
-    return launch_and_follow(run_dir)
-
-
-def report_resume(run_dir) -> None:
-    """Say which checkpoint the ranks will resume from, and why newer ones are skipped, before they start."""
-    from tuner.run_layout import CHECKPOINTS_DIR
-    from tuner.train.checkpoints import checkpoint_states
-
-    for checkpoint, problem in checkpoint_states(run_dir / CHECKPOINTS_DIR):
-        if problem is None:
-            print(f"resuming from {checkpoint}", file=sys.stderr)
-            return
-        print(f"skipping {checkpoint}: {problem}", file=sys.stderr)
-    print(f"no complete checkpoint in {run_dir / CHECKPOINTS_DIR}: starting from the beginning", file=sys.stderr)
+    return launch_and_report(prepared).exit_code

@@ -11,10 +11,8 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections import deque
 from pathlib import Path
-from typing import Callable
 
 from tuner.events import EventFollower
 from tuner.run_layout import EVENTS_FILE, LOG_FILE
@@ -51,6 +49,7 @@ class Launch:
         self.events = EventFollower(self.run_dir / EVENTS_FILE)
         self.events.skip_existing()
         self.tail: deque[str] = deque(maxlen=40)
+        self._new: deque[str] = deque(maxlen=2000)  # lines not yet taken by new_lines()
         self._log = open(self.log_path, "a", encoding="utf-8")
         self.process = subprocess.Popen(
             executable_argv(argv),
@@ -71,14 +70,37 @@ class Launch:
             self._log.write(line)
             self._log.flush()
             self.tail.append(line.rstrip("\n"))
+            self._new.append(line.rstrip("\n"))
         self._log.close()
 
     def poll_events(self) -> list[dict]:
         return self.events.poll()
 
+    def new_lines(self) -> list[str]:
+        """Log lines printed since the last call."""
+        lines = []
+        while self._new:
+            lines.append(self._new.popleft())
+        return lines
+
     @property
     def running(self) -> bool:
         return self.process.poll() is None
+
+    def wait(self, timeout_s: float | None = None) -> int | None:
+        """The exit code once the process group's leader exits (at once, not at the next poll); None after
+        ``timeout_s`` while it still runs."""
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def finish(self) -> int:
+        """After the leader's exit: nothing of its group may outlive it, and the rest of the output is in the log."""
+        code = self.process.wait()
+        self._kill_leftovers()
+        self._reader.join(timeout=10)
+        return code
 
     def stop(self, grace_s: float = 20.0) -> int:
         """SIGINT the whole group (ranks save and exit), then SIGTERM, then SIGKILL."""
@@ -89,22 +111,20 @@ class Launch:
                 os.killpg(self.process.pid, sig)
             except ProcessLookupError:
                 break
-            try:
-                self.process.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue
-        return self.wait()
+            if self.wait(wait) is not None:
+                break
+        return self.finish()
 
-    def wait(self, on_events: Callable[[list[dict]], None] | None = None, interval_s: float = 0.5) -> int:
-        while self.process.poll() is None:
-            if on_events:
-                new = self.poll_events()
-                if new:
-                    on_events(new)
-            time.sleep(interval_s)
-        self._reader.join(timeout=10)
-        if on_events:
-            new = self.poll_events()
-            if new:
-                on_events(new)
-        return self.process.returncode
+    def _kill_leftovers(self) -> None:
+        """Ranks can outlive the launcher that started them: nothing of the group may survive a stop."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def log_tail(path: Path, size: int = 256 * 1024) -> list[str]:
+    """The end of a log, enough for torchrun's failure summary and the lines before it."""
+    with open(path, "rb") as stream:
+        stream.seek(max(0, path.stat().st_size - size))
+        return stream.read().decode("utf-8", errors="replace").splitlines()

@@ -493,12 +493,9 @@ def _host_ram(recipe) -> float | None:
         return float(recipe.hardware.host_ram_gb)
     if recipe.uses_gpu:
         return None  # the planning machine's RAM says nothing about the training machines
-    try:
-        import psutil
+    import psutil
 
-        return psutil.virtual_memory().total / GIB
-    except ImportError:  # pragma: no cover - psutil is a dependency
-        return None
+    return psutil.virtual_memory().total / GIB
 
 
 def plan(recipe) -> MemoryPlan:

@@ -62,7 +62,7 @@ def _sharding(recipe: Recipe) -> list[Problem]:
         if mem.distributed == "fsdp":
             message = "deepspeed and fsdp cannot be used together: remove zero_stage, or set distributed: deepspeed."
         else:
-            message = f"zero_stage is a DeepSpeed setting: set distributed: deepspeed, or remove zero_stage."
+            message = "zero_stage is a DeepSpeed setting: set distributed: deepspeed, or remove zero_stage."
         problems.append(Problem("memory.zero_stage", message))
     if mem.distributed == "fsdp" and not hw.gpus_per_machine:
         problems.append(Problem(

@@ -90,10 +90,8 @@ def build_model(recipe: Recipe):
 
 def planned_gib(recipe: Recipe) -> float | None:
     """The planner's peak for the training device (a GPU, or the process's CPU RAM), or None where it cannot plan."""
-    try:
-        from tuner.planner import plan
-    except ImportError:
-        return None
+    from tuner.planner import plan
+
     try:
         return float(plan(recipe).devices[0].total_gib)
     except Exception as exc:  # the run is done; a planner gap must not fail it
@@ -118,12 +116,13 @@ def memory_report(recipe: Recipe, per_rank: dict[str, list[float]]) -> dict:
 def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from transformers import Trainer
 
+    from tuner.data.prepare import data_collator, prepare_data
     from tuner.fileio import atomic_write_text
+    from tuner.launch.checkpoints import resume_checkpoint
     from tuner.loading.model import load_tokenizer
     from tuner.run_layout import LOCK_FILE
     from tuner.train.callbacks import EventsCallback, ProfilerCallback, memory_per_rank
-    from tuner.train.checkpoints import CheckpointInfoCallback, resume_checkpoint
-    from tuner.data.prepare import data_collator, prepare_data
+    from tuner.train.checkpoints import CheckpointInfoCallback
     from tuner.train.rank_trace import RankTrace, tracing_ranks
 
     events = run_dir / EVENTS_FILE

@@ -5,7 +5,9 @@ transformers, datasets) are imported only inside workers that need them.
 """
 from __future__ import annotations
 
+import asyncio
 import importlib
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from textual.binding import Binding
 
 from tuner.recipe.io import RecipeError
 from tuner.tui.draft import Draft
-from tuner.tui.messages import DiskChecked, FieldEdited, PlanUpdated, RunEventsArrived, RunFinished
+from tuner.tui.messages import DiskChecked, FieldEdited, PlanUpdated, RunEventsArrived, RunFinished, RunNotStarted
 from tuner.tui.planning import CannotPlan, Planner
 from tuner.tui.run_watch import RunWatch
 from tuner.tui.screens.base import NARROW_BELOW
@@ -23,7 +25,6 @@ from tuner.tui.screens.start import StartScreen
 from tuner.tui.widgets.steps import STEPS
 
 STEP_MODES = [mode for mode, _ in STEPS]
-RUN_POLL_S = 0.3
 
 
 def _later(module: str, name: str):
@@ -71,8 +72,14 @@ class TunerApp(App[int]):
         self.disk_check = None  # tuner.doctor.check_disk of the planned recipe, once a worker has it
         self.run_watch: RunWatch | None = None
         self.chat_target: str | None = None  # what "Chat with this run" asked Chat to load
+        self._stop_run = threading.Event()  # set: the run's follower stops every rank
 
     def on_mount(self) -> None:
+        from tuner.launch.run import STOP_SIGNALS
+
+        loop = asyncio.get_running_loop()
+        for signum in STOP_SIGNALS:
+            loop.add_signal_handler(signum, self.handle_stop_signal, signum)
         self.call_after_refresh(self.replan)  # the first screen paints first
 
     # --- navigation -------------------------------------------------------------------------
@@ -107,7 +114,7 @@ class TunerApp(App[int]):
         self.push_screen(HelpScreen())
 
     async def action_quit(self) -> None:
-        """Quit; a launched run is tied to this process's output pipe, so it is stopped cleanly first."""
+        """Quit; a launched run is tied to this process, so it is stopped cleanly first (after asking)."""
         if self.run_watch is None or not self.run_watch.running:
             self.exit(0)
             return
@@ -118,10 +125,23 @@ class TunerApp(App[int]):
                          lambda yes: self.stop_and_quit() if yes else None)
 
     @work(thread=True, group="cancel")
-    def stop_and_quit(self) -> None:
-        self.run_watch.cancelled = True
-        self.run_watch.launch.stop(grace_s=10)
-        self.call_from_thread(self.exit, 0)
+    def stop_and_quit(self, exit_code: int = 0) -> None:
+        """Ask the run's follower to stop every rank, wait until it has, then leave."""
+        self._stop_run.set()
+        while any(worker.group == "run" and not worker.is_finished for worker in self.workers):
+            time.sleep(0.1)
+        self.call_from_thread(self.exit, exit_code, exit_code)
+
+    def handle_stop_signal(self, signum: int) -> None:
+        """SIGTERM or SIGHUP (a closed terminal): no rank may outlive the wizard, which started them in their own
+        session, so the run is stopped like Ctrl-C stops it from ``tuner run``."""
+        from tuner.launch.run import EXIT_SIGNAL_BASE
+
+        if self.run_watch is not None and self.run_watch.running:
+            self.run_watch.cancelled = True
+            self.stop_and_quit(EXIT_SIGNAL_BASE + signum)
+        else:
+            self.exit(EXIT_SIGNAL_BASE + signum, EXIT_SIGNAL_BASE + signum)
 
     # --- the draft and its plan -------------------------------------------------------------
     def on_field_edited(self, event: FieldEdited) -> None:
@@ -171,57 +191,52 @@ class TunerApp(App[int]):
             self.screen.post_message(DiskChecked(check))
 
     # --- the run ----------------------------------------------------------------------------
-    def start_run(self, resume: bool = False) -> RunWatch:
-        """Write the run directory and launch it through the same launcher as ``tuner run``."""
-        from tuner.launch.runner import Launch
-        from tuner.recipe.io import validate_recipe
-        from tuner.render.launch_command import launch_argv
-        from tuner.render.run_directory import write_run_directory
-
+    def start_run(self, resume: bool = False, force: bool = False) -> RunWatch:
+        """Prepare and launch through the run contract ``tuner run`` uses (tuner.launch.run); ``force`` is the
+        explicit override the Run screen offers after a refusal."""
         recipe = self.draft.recipe
         if recipe is None:
             raise RecipeError(["the recipe has errors; fix them first:", *self.draft.errors])
-        if resume:
-            data = recipe.model_dump(mode="json")
-            data["training"]["resume"] = "auto"
-            recipe = validate_recipe(data)
-        run_dir = write_run_directory(recipe, force=not resume, keep_existing=resume)
-        started = time.time()
-        launch = Launch(launch_argv(run_dir), run_dir)
-        self.run_watch = RunWatch(run_dir=run_dir, launch=launch, plan=self.plan, since=started)
-        self.follow_run(self.run_watch)
+        self._stop_run = threading.Event()
+        self.run_watch = RunWatch(run_dir=Path(recipe.output.dir), plan=self.plan, since=time.time(), live=True,
+                                  status="checking")
+        self.run_recipe(recipe, resume, force, self.run_watch)
         return self.run_watch
 
     @work(thread=True, exclusive=True, group="run")
-    def follow_run(self, watch: RunWatch) -> None:
-        """Poll the run's events and log off the UI thread; report back with messages."""
-        from textual.worker import get_current_worker
+    def run_recipe(self, recipe, resume: bool, force: bool, watch: RunWatch) -> None:
+        """Every check, the launch and the follow, off the UI thread (the checks read the data); report back with
+        messages."""
+        from tuner.data.sources import DataError
+        from tuner.launch.run import RunRefused, follow_run, prepare_run
+        from tuner.loading.model import ModelLoadError
 
-        launch = watch.launch
-        offset = 0
-        worker = get_current_worker()
-        while not worker.is_cancelled:
-            alive = launch.running
-            events = launch.poll_events()
-            lines, offset = _new_log_lines(launch.log_path, offset)
-            if events or lines:
-                self.post_message(RunEventsArrived(events, lines))
-            if not alive:
-                exit_code = launch.wait()  # also drains the output into the log
-                events = launch.poll_events()
-                lines, offset = _new_log_lines(launch.log_path, offset)
-                if events or lines:
-                    self.post_message(RunEventsArrived(events, lines))
-                self.post_message(RunFinished(exit_code))
-                return
-            time.sleep(RUN_POLL_S)
+        try:
+            prepared = prepare_run(recipe, force=force, resume=resume)
+        except RunRefused as exc:
+            self.post_message(RunNotStarted(watch, list(exc.lines), can_override=True))
+            return
+        except (RecipeError, DataError, ModelLoadError, OSError) as exc:
+            self.post_message(RunNotStarted(watch, str(exc).splitlines()))
+            return
+        if not prepared.launchable:
+            self.post_message(RunNotStarted(watch, prepared.machine_lines()))
+            return
+        self.post_message(RunEventsArrived([], [*prepared.notes, f"launching: {prepared.command}"]))
+        outcome = follow_run(prepared, stop=self._stop_run,
+                             on_update=lambda events, lines: self.post_message(RunEventsArrived(events, lines)),
+                             say=lambda line: self.post_message(RunEventsArrived([], [line])))
+        self.post_message(RunFinished(outcome.exit_code, outcome.lines))
 
-    @work(thread=True, group="cancel")
     def cancel_run(self) -> None:
         """Stop every rank (SIGINT, then harder); the follower reports the exit."""
-        if self.run_watch and self.run_watch.launch and self.run_watch.running:
+        if self.run_watch and self.run_watch.running:
             self.run_watch.cancelled = True
-            self.run_watch.launch.stop(grace_s=10)
+            self._stop_run.set()
+
+    def on_run_not_started(self, message: RunNotStarted) -> None:
+        message.watch.refuse(message.lines, message.can_override)
+        self._show_run()
 
     def on_run_events_arrived(self, message: RunEventsArrived) -> None:
         if self.run_watch:
@@ -230,7 +245,7 @@ class TunerApp(App[int]):
 
     def on_run_finished(self, message: RunFinished) -> None:
         if self.run_watch:
-            self.run_watch.finish(message.exit_code)
+            self.run_watch.finish(message.exit_code, message.lines)
             self._show_run()
             self.notify(f"run {self.run_watch.status}: {self.run_watch.run_dir}", timeout=4)
 
@@ -238,20 +253,6 @@ class TunerApp(App[int]):
         show = getattr(self.screen, "show_run", None)
         if show:
             show()
-
-
-def _new_log_lines(path: Path, offset: int) -> tuple[list[str], int]:
-    """Complete lines appended to the log since ``offset``."""
-    try:
-        with open(path, "rb") as stream:
-            stream.seek(offset)
-            chunk = stream.read()
-    except FileNotFoundError:
-        return [], offset
-    complete, _, _ = chunk.rpartition(b"\n")
-    if not complete:
-        return [], offset
-    return complete.decode("utf-8", errors="replace").splitlines(), offset + len(complete) + 1
 
 
 def run_app() -> int:

@@ -45,7 +45,18 @@ class RunEventsArrived(Message):
 
 
 @dataclass
+class RunNotStarted(Message):
+    """The run contract refused the launch (``can_override``: the Run screen offers "Launch anyway"), or the run
+    spans several machines and ``lines`` say what to start on each."""
+
+    watch: Any
+    lines: list[str]
+    can_override: bool = False
+
+
+@dataclass
 class RunFinished(Message):
-    """The launched process group exited."""
+    """The launched process group exited; ``lines`` say how it ended (the summary, the failure, or how to continue)."""
 
     exit_code: int
+    lines: list[str]

@@ -1,8 +1,8 @@
 """What the Run screen shows of a launched run, folded from its events and log lines.
 
 The Run screen's log is event-driven: one readable line per event (the same words ``tuner run``
-prints), tuner's own log lines and any error or traceback; progress-bar frames, the Trainer's raw
-dicts and library chatter stay in ``train.log``.
+prints), the run contract's and tuner's own lines, warnings and errors; progress-bar frames, the
+Trainer's raw dicts and launcher chatter stay in ``train.log``.
 
 Pure Python (no textual): the app's worker feeds it, the screen reads it; a finished
 run's events file replays into the same state.
@@ -20,7 +20,14 @@ from tuner.run_layout import LOCK_FILE
 
 LOG_LINES = 400
 TUNER_PREFIX = "[tuner] "
-FAILURE = re.compile(r"^(error:|\S*(Error|Exception)\b.*:)")
+NOISE = re.compile("|".join((
+    r"\d+%\|",  # a tqdm frame: "Loading weights:  50%|#####     | 19/38 [00:00<00:00, ...]"
+    r"^\{'.*\}$",  # the Trainer's log dict; the step events carry the same numbers
+    r"^The following values were not passed to `accelerate launch`",  # accelerate's notice about defaults
+    r"^\s+`--\w+` was set to",
+    r"^To avoid this warning pass in values",
+    r"real_accelerator\.py.*Setting accelerator to CPU",  # DeepSpeed finding no GPU on a CPU run
+)))
 RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torchrun's tee of each rank's output
 
 
@@ -47,7 +54,7 @@ def event_line(event: dict) -> str | None:
 @dataclass
 class RunWatch:
     run_dir: Path
-    launch: Any = None  # tuner.launch.runner.Launch while the process lives
+    live: bool = False  # launched from this wizard (a replayed run is not)
     plan: Any = None  # the memory plan the run was launched with, to compare measured memory against
     status: str = "starting"
     step: int = 0
@@ -62,6 +69,8 @@ class RunWatch:
     final_dir: str | None = None
     error: str | None = None
     cancelled: bool = False
+    outcome: list[str] = field(default_factory=list)  # how it ended, or why it did not start (tuner.launch.run)
+    can_override: bool = False  # refused by a check the user may override ("Launch anyway")
     exit_code: int | None = None
     log: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     since: float = 0.0  # events older than the launch belong to an earlier run in the same directory
@@ -69,7 +78,7 @@ class RunWatch:
 
     @property
     def running(self) -> bool:
-        return self.exit_code is None and self.launch is not None
+        return self.live and self.exit_code is None
 
     def eta_left(self, now: float | None = None) -> float | None:
         """Seconds left: the last measured ETA, counted down since it was measured."""
@@ -114,8 +123,13 @@ class RunWatch:
                 self.log.append(line)
 
     def _take_log_line(self, line: str) -> None:
-        """Keep tuner's own lines and failures.  A traceback is shortened to its last frame and exception
-        (train.log has it whole); one that ends in KeyboardInterrupt is the cancel the status already says."""
+        """Keep what a person reads: tuner's lines (the run contract's and the trainer's), warnings and failures.
+
+        Dropped: progress-bar frames, the Trainer's raw dicts (the events say the same), blank lines and
+        launcher chatter about defaults tuner sets on purpose.  A traceback is shortened to its last frame
+        and exception (train.log has it whole); one that ends in KeyboardInterrupt is the cancel the
+        status already says.
+        """
         line = RANK_PREFIX.sub("", line.rstrip())
         if self.traceback is not None:
             if line.startswith((" ", "\t")) or not line:
@@ -127,15 +141,21 @@ class RunWatch:
                 where = frames[frames.index(last[0]):][:2] if last else []
                 self.log.extend(["Traceback, last frame:", *where, line])
             return
-        if line.startswith(TUNER_PREFIX):
-            self.log.append(line.removeprefix(TUNER_PREFIX))
-        elif line.startswith("Traceback (most recent call last)"):
+        if line.startswith("Traceback (most recent call last)"):
             self.traceback = []
-        elif FAILURE.match(line):
-            self.log.append(line)
+        elif line.strip() and not NOISE.search(line):
+            self.log.append(line.removeprefix(TUNER_PREFIX))
 
-    def finish(self, exit_code: int) -> None:
+    def refuse(self, lines: list[str], can_override: bool) -> None:
+        """The run did not start: the checks refused it, or it must be started on every machine."""
+        self.status = "not started"
+        self.exit_code = 2
+        self.outcome = list(lines)
+        self.can_override = can_override
+
+    def finish(self, exit_code: int, lines: list[str] = ()) -> None:
         self.exit_code = exit_code
+        self.outcome = list(lines)
         if self.cancelled:
             self.status = "cancelled"
         elif exit_code == 0:

@@ -1,10 +1,9 @@
-"""Run: launch through the same launcher as ``tuner run``; watch log, progress, loss, speed and memory.
+"""Run: launch through the run contract ``tuner run`` uses; watch log, progress, loss, speed and memory; read the
+refusal, the per-machine commands or the summary it ends with.
 
 The app owns the run (a worker follows it), so leaving this screen never stops it.
 """
 from __future__ import annotations
-
-from pathlib import Path
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -15,7 +14,6 @@ from textual.widgets import Button, ProgressBar, RichLog, Sparkline, Static
 from tuner.recipe.io import RecipeError
 from tuner.tui.run_watch import LOG_LINES, RunWatch
 from tuner.tui.screens.base import WizardScreen
-from tuner.tui.screens.confirm import ConfirmScreen
 
 
 def _memory_line(watch: RunWatch) -> str:
@@ -80,13 +78,14 @@ class RunScreen(WizardScreen):
                 yield Button("Launch ^r", id="launch", variant="primary", compact=True)
                 yield Button("Cancel ^x", id="cancel", variant="error", compact=True)
                 yield Button("Resume ^e", id="resume", compact=True)
+                yield Button("Launch anyway", id="override", variant="warning", compact=True)
                 yield Button("Chat with this run ^t", id="chat", variant="success", compact=True)
+            yield Static("", id="run-summary")  # the refusal, the per-machine commands or the finished run's summary
             yield Static("", id="run-status")
             yield ProgressBar(id="progress", show_eta=False)
             yield Static("", id="loss-line")
             yield Sparkline([], id="loss")
             yield Static("", id="memory")
-            yield Static("", id="run-summary")  # the finished run's summary (final model, losses, next commands)
             yield RichLog(id="log", max_lines=LOG_LINES, wrap=True, markup=False, highlight=False)
 
     def on_mount(self) -> None:
@@ -109,6 +108,8 @@ class RunScreen(WizardScreen):
         self.query_one("#launch", Button).disabled = running or not self.app.draft.valid
         self.query_one("#cancel", Button).disabled = not running
         self.query_one("#resume", Button).disabled = running or not self.app.draft.valid
+        override = self.query_one("#override", Button)
+        override.display = bool(watch and watch.can_override and not running)
         self.query_one("#chat", Button).display = bool(watch and watch.status == "finished")
         progress = self.query_one("#progress", ProgressBar)
         progress.display = bool(watch and watch.max_steps)  # no animation before there is anything to measure
@@ -116,7 +117,8 @@ class RunScreen(WizardScreen):
         chart.display = bool(watch and len(watch.losses) > 1)  # one point is not a curve
         self.refresh_bindings()  # ^t only once there is a finished run to chat with
         summary = self.query_one("#run-summary", Static)
-        summary.display = bool(str(summary.render()).strip())  # no blank line until there is a summary
+        summary.update(Text("\n".join(watch.outcome)) if watch else "")
+        summary.display = bool(watch and watch.outcome)  # no blank line until there is something to say
         for name in ("#run-status", "#loss-line", "#memory"):
             self.query_one(name, Static).display = watch is not None
         if watch is None:
@@ -154,28 +156,26 @@ class RunScreen(WizardScreen):
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         {"launch": self.action_launch, "cancel": self.action_cancel, "resume": self.action_resume,
-         "chat": self.action_chat}[event.button.id]()
+         "override": self.action_override, "chat": self.action_chat}[event.button.id]()
 
     def action_launch(self) -> None:
-        recipe = self.app.draft.recipe
-        if recipe is None or (self.app.run_watch and self.app.run_watch.running):
-            return
-        run_dir = Path(recipe.output.dir)
-        if run_dir.exists() and any(run_dir.iterdir()):
-            self.app.push_screen(
-                ConfirmScreen(f"{run_dir} holds an earlier run. Overwrite its configuration files and start afresh?"),
-                lambda yes: self._launch(resume=False) if yes else None)
-        else:
-            self._launch(resume=False)
+        self._launch(resume=False)
 
     def action_resume(self) -> None:
-        if self.app.draft.valid and not (self.app.run_watch and self.app.run_watch.running):
-            self._launch(resume=True)
+        self._launch(resume=True)
 
-    def _launch(self, resume: bool) -> None:
+    def action_override(self) -> None:
+        """The explicit override of the refusal shown above (what ``--force`` is to ``tuner run``)."""
+        watch = self.app.run_watch
+        if watch is not None and watch.can_override:
+            self._launch(resume=False, force=True)
+
+    def _launch(self, resume: bool, force: bool = False) -> None:
+        if not self.app.draft.valid or (self.app.run_watch and self.app.run_watch.running):
+            return
         try:
-            self.app.start_run(resume=resume)
-        except (RecipeError, OSError) as exc:
+            self.app.start_run(resume=resume, force=force)
+        except RecipeError as exc:
             self.notify(str(exc), severity="error", timeout=8)
             return
         self.show_run()

@@ -3,7 +3,7 @@
 The Trainer writes a checkpoint in place: weights, then optimizer/scheduler/RNG state, then
 ``trainer_state.json`` last.  A crash, a kill or a full disk in between leaves a directory that looks
 like the newest checkpoint but fails (or silently misloads) on resume; this module says what is wrong
-with one, and :mod:`tuner.train.checkpoints` skips such checkpoints on resume.
+with one, and :mod:`tuner.launch.checkpoints` skips such checkpoints on resume.
 """
 from __future__ import annotations
 

@@ -1,0 +1,300 @@
+"""One run contract: every front door (``tuner run``, ``tuner demo``, the wizard) prepares, launches, follows and
+reports a run through the two functions here, and nothing else launches training, so the rules cannot drift apart.
+
+``prepare_run`` makes every check first — the memory plan, the output disk, the data, resume compatibility, the run
+directory and its lock — and only then writes the run directory.  A refusal the user may override (a plan that does
+not fit, a small disk, an existing directory) is a :class:`RunRefused`; the front door offers the override
+(``--force``, or "Launch anyway" in the wizard).  ``follow_run`` launches the one-machine command, follows the event
+stream, stops every rank on Ctrl-C, SIGTERM or SIGHUP (or when the wizard asks), explains a failure and ends with
+the run's summary; a multi-machine run is never launched as one machine's share.
+"""
+from __future__ import annotations
+
+import contextlib
+import shlex
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from tuner.launch.checkpoints import check_resumable, checkpoint_states, latest_complete_checkpoint
+from tuner.launch.failures import describe_failure
+from tuner.launch.runner import Launch, log_tail
+from tuner.launch.summary import RunSummary, summarize_run
+from tuner.recipe.io import RecipeError, validate_recipe, with_output_dir
+from tuner.recipe.schema import Recipe
+from tuner.render.launch_command import launch_argv, shell_command
+from tuner.render.launch_script import node_commands
+from tuner.render.run_directory import write_run_directory
+from tuner.run_layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, SLURM_SCRIPT
+from tuner.run_lock import RunLock, RunLocked
+
+EXIT_SIGNAL_BASE = 128  # a run stopped by signal N exits 128 + N, as a shell reports it
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # beside SIGINT (KeyboardInterrupt): each stops every rank
+POLL_S = 0.25
+
+
+class RunRefused(RecipeError):
+    """A check refused the launch; the front door's explicit override launches anyway."""
+
+
+class RunInterrupted(BaseException):
+    """SIGTERM or SIGHUP arrived while a run was followed (raised like KeyboardInterrupt is for SIGINT)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@dataclass
+class PreparedRun:
+    """A checked recipe whose run directory is written; ``lock`` is held until the run is followed to its end."""
+
+    recipe: Recipe
+    run_dir: Path
+    machine_commands: list[str]  # the command each machine runs, in rank order
+    notes: list[str] = field(default_factory=list)  # say these before launching (tight plan, resume point, overrides)
+    lock: RunLock | None = None
+
+    @property
+    def launchable(self) -> bool:
+        """A one-machine run; a multi-machine run starts on every machine (see :meth:`machine_lines`)."""
+        return len(self.machine_commands) == 1
+
+    @property
+    def command(self) -> str:
+        return shell_command(launch_argv(self.run_dir))
+
+    def machine_lines(self) -> list[str]:
+        count = len(self.machine_commands)
+        lines = [f"{self.run_dir}: a run on {count} machines starts on each of them; run on machine N "
+                 f"`{self.run_dir / LAUNCH_SCRIPT} N`"
+                 + (f", or submit `sbatch {self.run_dir / SLURM_SCRIPT}` on a Slurm cluster:" if self.recipe.uses_gpu else ":")]
+        return lines + [f"  machine {rank}: {command}" for rank, command in enumerate(self.machine_commands)]
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    exit_code: int
+    status: str  # finished, failed, stopped
+    lines: list[str]  # what to tell the user: the summary, the failure, or where it stopped and how to continue
+    summary: RunSummary | None = None
+    last_checkpoint: Path | None = None
+
+
+def _memory_check(recipe: Recipe) -> tuple[list[str], str | None]:
+    """(refusal lines, or [] when it fits; a note for a tight plan)."""
+    from tuner.catalog.models import UnknownModelError
+    from tuner.planner import advise, plan
+
+    try:
+        memory = plan(recipe)
+    except UnknownModelError as exc:
+        raise RecipeError([f"model.id: {exc}"]) from None
+    device = memory.gpu
+    usage = f"{device.total_gib:.1f} GiB of {device.capacity_gib or 0:.1f} GiB"
+    if memory.verdict == "tight":
+        return [], f"note: the plan is tight on {device.name} ({usage}); an out-of-memory stop is possible."
+    if memory.verdict != "does not fit":
+        return [], None
+    lines = [f"predicted not to fit: {memory.missing_gib:.1f} GiB missing on each {device.name} (needs {usage})."]
+    advice = advise(recipe)
+    if advice and advice[0].fits:
+        lines.append(f"cheapest fix: {advice[0].summary()}")
+        lines += [f"  - {reason}" for reason in advice[0].reasons]
+        lines.append("every option: `tuner plan RECIPE --advise`.")
+    elif advice:
+        lines += [f"  - {reason}" for reason in advice[0].reasons]
+    return lines, None
+
+
+def _disk_check(recipe: Recipe) -> list[str]:
+    """A full or read-only disk found now, not at the first checkpoint hours in."""
+    from tuner.doctor import check_disk
+
+    disk = check_disk(recipe)
+    return [f"output.dir: {disk.detail}.", f"{disk.fix}."] if disk.status == "fail" else []
+
+
+def _check_data(recipe: Recipe) -> None:
+    """Every data problem (columns, rows, encodings, sizes) as a DataError naming the file and line, before launch.
+    Quietly: datasets' progress bars would bury the refusals printed after them."""
+    from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
+
+    from tuner.data.prepare import split_samples
+
+    shown = is_progress_bar_enabled()
+    disable_progress_bar()
+    try:
+        split_samples(recipe)
+    finally:
+        if shown:
+            enable_progress_bar()
+
+
+def _resume_notes(recipe: Recipe, run_dir: Path) -> list[str]:
+    """Which checkpoint the ranks will resume from and why newer ones are skipped; refuses an incompatible one."""
+    resume = recipe.training.resume
+    if resume == "never":
+        return []
+    if resume != "auto":
+        checkpoint = Path(resume).expanduser()
+        check_resumable(recipe, checkpoint, recipe.world_size)
+        return [f"resuming from {checkpoint}"]
+    notes = []
+    for checkpoint, problem in checkpoint_states(run_dir / CHECKPOINTS_DIR):
+        if problem is None:
+            check_resumable(recipe, checkpoint, recipe.world_size)
+            return notes + [f"resuming from {checkpoint}"]
+        notes.append(f"skipping {checkpoint}: {problem}")
+    return notes + [f"no complete checkpoint in {run_dir / CHECKPOINTS_DIR}: starting from the beginning"]
+
+
+def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dry_run: bool = False,
+                output_dir: str | Path | None = None) -> PreparedRun:
+    """Check everything, then write the run directory (and hold its lock unless ``dry_run``).
+
+    ``force`` is the user's explicit override of the plan, disk and existing-directory refusals; ``resume``
+    continues from the newest complete checkpoint.  Raises RecipeError/DataError for what cannot be overridden
+    and :class:`RunRefused` (all overridable refusals at once) for the rest; nothing is written before.
+    """
+    if resume and recipe.training.resume == "never":
+        data = recipe.model_dump(mode="json")
+        data["training"]["resume"] = "auto"
+        recipe = validate_recipe(data)
+    if output_dir is not None:
+        recipe = with_output_dir(recipe, output_dir)
+    run_dir = Path(recipe.output.dir)
+    refusals, tight = _memory_check(recipe)
+    refusals += _disk_check(recipe)
+    resuming = recipe.training.resume != "never"
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RecipeError([f"output.dir: {run_dir} is a file, not a directory; choose another output.dir."])
+    existing = run_dir.is_dir() and any(run_dir.iterdir())
+    if existing and not resuming:
+        refusals.append(f"{run_dir}: the run directory already exists; overriding replaces tuner's files in it "
+                        "(resume continues it instead, or change output.dir).")
+    notes = _resume_notes(recipe, run_dir) if resuming else []
+    _check_data(recipe)
+    if refusals and not force:
+        raise RunRefused(refusals)
+    notes = ([tight] if tight else []) + [f"launching anyway: {line}" for line in refusals] + notes
+    lock = RunLock(run_dir)
+    try:
+        lock.acquire()
+        write_run_directory(recipe, force=force, keep_existing=resuming)
+    except RunLocked as exc:
+        raise RecipeError([str(exc)]) from None
+    except BaseException:
+        lock.release()
+        raise
+    prepared = PreparedRun(recipe, run_dir, node_commands(recipe, run_dir), notes, lock)
+    if dry_run or not prepared.launchable:
+        prepared.release()  # nothing launches from this process
+    return prepared
+
+
+@contextlib.contextmanager
+def _signals_stop_the_run() -> Iterator[None]:
+    """In the main thread, SIGTERM and SIGHUP raise :class:`RunInterrupted` while a run is followed, as SIGINT
+    raises KeyboardInterrupt; the ranks run in their own session, so tuner must stop them itself."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise RunInterrupted(signum)
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _say_on_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[dict], list[str]], None] | None = None,
+               stop: threading.Event | None = None, say: Callable[[str], None] = _say_on_stderr) -> RunOutcome:
+    """Launch the run and follow it to its end; ``on_update(events, log_lines)`` gets what arrives.
+
+    Ctrl-C, SIGTERM, SIGHUP (main thread) or ``stop.set()`` (another thread) stop every rank (SIGINT, then harder)
+    and the outcome names the last complete checkpoint.  The run directory's lock is released at the end.
+    """
+    if not prepared.launchable:
+        prepared.release()
+        raise RecipeError(prepared.machine_lines())
+    run_dir = prepared.run_dir
+    since, start = time.time(), time.monotonic()
+    stopped_by: str | None = None
+    signum = signal.SIGINT
+    launch: Launch | None = None
+    try:
+        with _signals_stop_the_run():
+            try:
+                launch = Launch(launch_argv(run_dir), run_dir)
+                while (code := launch.wait(POLL_S)) is None:
+                    _deliver(launch, on_update)
+                    if stop is not None and stop.is_set():
+                        stopped_by = "stopped on request"
+                        break
+            except KeyboardInterrupt:
+                stopped_by = "interrupted (Ctrl-C)"
+            except RunInterrupted as exc:
+                signum = exc.signum
+                stopped_by = f"stopped by {signal.Signals(signum).name}"
+            if launch is None:  # interrupted before the process started
+                raise KeyboardInterrupt
+            if stopped_by:
+                say("stopping every rank ...")
+                code = _stop(launch)
+            launch.finish()
+            _deliver(launch, on_update)
+    finally:
+        prepared.release()
+    wall_s = time.monotonic() - start
+    if stopped_by:
+        return _stopped(prepared, EXIT_SIGNAL_BASE + signum, stopped_by)
+    if code != 0:
+        lines = describe_failure(log_tail(launch.log_path), code) + [f"full log: {launch.log_path}"]
+        return RunOutcome(run_dir, code, "failed", lines)
+    summary = summarize_run(run_dir, since=since, wall_s=wall_s)
+    lines = summary.lines() if summary else [f"finished; see {run_dir}"]
+    return RunOutcome(run_dir, 0, "finished", lines, summary)
+
+
+def _deliver(launch: Launch, on_update) -> None:
+    events, lines = launch.poll_events(), launch.new_lines()
+    if on_update and (events or lines):
+        on_update(events, lines)
+
+
+def _stop(launch: Launch) -> int:
+    """Stop every rank; a second interrupt while they save skips the grace period."""
+    try:
+        return launch.stop()
+    except (KeyboardInterrupt, RunInterrupted):
+        return launch.stop(grace_s=0)
+
+
+def _stopped(prepared: PreparedRun, exit_code: int, how: str) -> RunOutcome:
+    run_dir, lock = prepared.run_dir, prepared.run_dir / LOCK_FILE
+    checkpoint = latest_complete_checkpoint(run_dir / CHECKPOINTS_DIR)
+    if checkpoint is not None:
+        lines = [f"{how}; last complete checkpoint: {checkpoint}.",
+                 f"Continue with: tuner run {shlex.quote(str(lock))} --resume"]
+    else:
+        lines = [f"{how}; no complete checkpoint was saved (training.save_steps sets how often).",
+                 f"Start again with: tuner run {shlex.quote(str(lock))} --force"]
+    return RunOutcome(run_dir, exit_code, "stopped", lines, last_checkpoint=checkpoint)

@@ -1,0 +1,90 @@
+"""What a finished run says at its end, on the terminal and on the wizard's Run screen: where the model is, the
+losses, the plan beside the measured memory, time and speed, and what to run next.  Read from the run's own
+files (events.jsonl, memory.json), so a replayed run says the same."""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner.events import read_events
+from tuner.run_layout import EVENTS_FILE, MEMORY_REPORT
+
+ADAPTER_CONFIG = "adapter_config.json"  # peft's file: its presence makes a saved model an adapter
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_dir: Path
+    final_dir: str | None = None
+    merged_dir: str | None = None
+    first_loss: float | None = None
+    last_loss: float | None = None
+    eval_loss: float | None = None
+    memory_line: str | None = None
+    wall_s: float | None = None
+    tokens_per_s: float | None = None
+    steps: int | None = None
+    notes: list[str] = field(default_factory=list)  # e.g. truncated or dropped samples
+
+    @property
+    def adapter(self) -> bool:
+        return bool(self.final_dir) and (Path(self.final_dir) / ADAPTER_CONFIG).is_file()
+
+    def next_commands(self) -> list[str]:
+        run = shlex.quote(str(self.run_dir))
+        commands = [f'tuner infer {run} --prompt "..."', f"tuner chat {run}"]
+        if self.adapter and not self.merged_dir:
+            commands.append(f"tuner merge {run}")
+        return commands
+
+    def lines(self) -> list[str]:
+        what = "adapter" if self.adapter else "model"
+        took = f" in {self.wall_s:.0f} s" if self.wall_s is not None else ""
+        lines = [f"finished{took}: {self.steps if self.steps is not None else '?'} steps; {what} saved in "
+                 f"{self.final_dir or '(not saved)'}" + (f", merged model in {self.merged_dir}" if self.merged_dir else "")]
+        losses = []
+        if self.first_loss is not None and self.last_loss is not None:
+            losses.append(f"train loss {self.first_loss:.4f} -> {self.last_loss:.4f}")
+        if self.eval_loss is not None:
+            losses.append(f"held-out loss {self.eval_loss:.4f}")
+        if self.tokens_per_s is not None:
+            losses.append(f"{self.tokens_per_s:,.0f} tokens/s")
+        if losses:
+            lines.append("  " + ", ".join(losses))
+        if self.memory_line:
+            lines.append(f"  memory: {self.memory_line}")
+        lines += [f"  note: {note}" for note in self.notes]
+        lines.append("next:")
+        lines += [f"  {command}" for command in self.next_commands()]
+        return lines
+
+
+def summarize_run(run_dir: str | Path, since: float = 0.0, wall_s: float | None = None) -> RunSummary | None:
+    """The summary of the run's last finished training (events at or after ``since``), or None if none finished."""
+    run_dir = Path(run_dir)
+    events = [e for e in read_events(run_dir / EVENTS_FILE) if e.get("time", since) >= since]
+    finished = next((e for e in reversed(events) if e.get("event") == "finished"), None)
+    if finished is None:
+        return None
+    losses = [e["loss"] for e in events if e.get("event") == "step" and isinstance(e.get("loss"), (int, float))]
+    evals = [e["eval_loss"] for e in events if isinstance(e.get("eval_loss"), (int, float))]
+    speeds = [e["tokens_per_s"] for e in events if isinstance(e.get("tokens_per_s"), (int, float))]
+    memory_line = None
+    try:
+        memory_line = json.loads((run_dir / MEMORY_REPORT).read_text(encoding="utf-8")).get("line")
+    except (OSError, ValueError, AttributeError):
+        pass
+    notes = []
+    if finished.get("truncated"):
+        notes.append(f"{finished['truncated']} training samples were cut to memory.max_seq_length")
+    if finished.get("dropped"):
+        notes.append(f"{finished['dropped']} training samples had no token to learn from and were dropped")
+    runtime = finished.get("train_runtime")
+    return RunSummary(
+        run_dir=run_dir, final_dir=finished.get("final_dir"), merged_dir=finished.get("merged_dir"),
+        first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None,
+        eval_loss=evals[-1] if evals else None, memory_line=memory_line,
+        wall_s=wall_s if wall_s is not None else (float(runtime) if isinstance(runtime, (int, float)) else None),
+        tokens_per_s=speeds[-1] if speeds else None, steps=finished.get("step"), notes=notes)
