@@ -119,8 +119,9 @@ class RunScreen(WizardScreen):
         summary = self.query_one("#run-summary", Static)
         summary.update(Text("\n".join(watch.outcome)) if watch else "")
         summary.display = bool(watch and watch.outcome)  # no blank line until there is something to say
-        for name in ("#run-status", "#loss-line", "#memory"):
-            self.query_one(name, Static).display = watch is not None
+        self.query_one("#run-status", Static).display = watch is not None
+        for name in ("#loss-line", "#memory"):  # nothing to say about a run that has not started
+            self.query_one(name, Static).display = watch is not None and watch.status not in ("not started", "checking")
         if watch is None:
             recipe = self.app.draft.recipe
             where = recipe.output.dir if recipe else "(fix the recipe first)"
