@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.data.formats import DEFAULT_CHAT_TEMPLATE, prompt_text
+from tuner.data.formats import chat_template_for
 
 
 @dataclass(frozen=True)
@@ -45,20 +45,11 @@ def execution_device(model):
 
 
 def render_prompt(tokenizer, messages: list[dict[str, str]], data_format: str = "auto") -> str:
-    """The text that asks the model to answer the last user turn, formatted as tuner trains.
-
-    The tokenizer's chat template when it has one; otherwise tuner's default chat template for
-    conversations and chat-trained models, the Alpaca prompt for instruction-trained models (the
-    turn's first line is the instruction, the rest its input, as :func:`user_turn` joins them), and
-    the bare text for anything else (a base model continues it).
-    """
-    if data_format == "instruction" and not tokenizer.chat_template:
-        instruction, _, given = messages[-1]["content"].partition("\n")
-        return prompt_text({"instruction": instruction, "input": given, "output": "-"}, "instruction", tokenizer)
-    if tokenizer.chat_template or data_format == "chat" or len(messages) > 1:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             chat_template=tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE)
-    return messages[-1]["content"]
+    """The text that asks the model to answer the last user turn, formatted as tuner trains
+    (:func:`tuner.data.formats.chat_template_for`: the same template ``tuner serve`` hands the server; an
+    instruction turn's first line is the instruction, the rest its input, as :func:`user_turn` joins them)."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         chat_template=chat_template_for(tokenizer, data_format))
 
 
 def user_turn(message: str, instruction: str | None) -> str:

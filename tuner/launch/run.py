@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from tuner.doctor import require_trackers
 from tuner.launch.checkpoints import check_resumable, checkpoint_states, latest_complete_checkpoint
 from tuner.launch.failures import describe_failure
 from tuner.launch.runner import Launch, log_tail
@@ -183,6 +184,7 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
         refusals.append(f"{run_dir}: the run directory already exists; overriding replaces tuner's files in it "
                         "(resume continues it instead, or change output.dir).")
     notes = _resume_notes(recipe, run_dir) if resuming else []
+    require_trackers(recipe)  # a tracker training.report_to names must be installed: said now, not by every rank
     _check_data(recipe)
     if refusals and not force:
         raise RunRefused(refusals)
