@@ -33,9 +33,9 @@ class StartScreen(Screen):
         with Horizontal(id="start-columns"):
             with Vertical(id="start-actions"):
                 yield Label("Begin", classes="section-title")
-                options = [Option("New recipe", id="new"), Option("Open a recipe file…", id="open")]
+                options = [Option("New recipe", id="new"), Option("Open a recipe file…", id="open"),
+                           Option("Chat with a model or a run", id="chat")]
                 options += [Option(f"Built-in recipe: {name}", id=f"builtin:{name}") for name in builtin_names()]
-                options.append(Option("Chat with a model or a run", id="chat"))
                 yield PickList(*options, id="actions")
                 yield Static("", id="about")
                 yield Input(placeholder="path/to/recipe.yaml, then enter", id="open-path", compact=True)
