@@ -260,6 +260,7 @@ async def test_6_save_as_follows_the_recipe_and_the_question_is_whole(size, in_t
 async def test_7_every_option_and_autofit_fit_the_terminal(size):
     app = make_app(Draft(EIGHT_B_ON_A_4090))
     async with app.run_test(size=size) as pilot:
+        await settle(pilot)
         actions = app.screen.query_one("#actions", OptionList)
         assert actions.virtual_size.height == actions.option_count  # one line per Start entry
         app.switch_mode("method")
