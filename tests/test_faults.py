@@ -118,10 +118,10 @@ def test_out_of_memory_mid_run_is_answered_with_the_next_rung(tmp_path, capsys, 
     assert train_main([str(lock)]) == 3
     err = capsys.readouterr().err
     assert "Traceback" not in err
-    assert f"error: out of GPU memory. Next step on the memory ladder: halve the micro-batch" in err
-    assert f"tuner run {lock} --set memory.micro_batch_size=4 --set memory.gradient_accumulation_steps=2 --resume" in err
+    assert "error: out of GPU memory. Next step on the memory ladder (chunked_loss): the chunked loss" in err
+    assert f"tuner run {lock} --set memory.chunked_loss=true --resume" in err
     error = read_events(run_dir / "events.jsonl")[-1]
-    assert (error["event"], error["kind"], error["next_rung"]) == ("error", "out_of_memory", "micro_batch")
+    assert (error["event"], error["kind"], error["next_rung"]) == ("error", "out_of_memory", "chunked_loss")
 
 
 def test_run_refuses_an_output_disk_too_small_for_its_checkpoints(tmp_path, monkeypatch, capsys) -> None:

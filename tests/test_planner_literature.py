@@ -20,8 +20,13 @@ def _recipe(model_id: str, gpus: int, stage: int | None, **memory):
     })
 
 
+STEP_BUFFERS = ("temporaries", "reduced gradients")  # the optimizer step's temporaries, stage 1's reduce buffer
+
+
 def _model_states(memory_plan, device: int = 0, skip=("bucket", "gathered", "fp32 gradients for the step")) -> float:
-    """Bytes of weights, gradients and optimizer states on one device (optionally without the named items)."""
+    """Bytes of weights, gradients and optimizer states on one device, without the transient step buffers the
+    estimators leave out (and optionally the named items)."""
+    skip = tuple(skip) + STEP_BUFFERS
     items = memory_plan.devices[device].items
     return sum(i.bytes for i in items if i.category in ("weights", "gradients", "optimizer", "lora_adapter")
                and not any(word in i.name for word in skip))
@@ -109,6 +114,9 @@ def test_all_live_estimators_on_a_real_model(tmp_path, capsys):
     assert ours == pytest.approx(zero2, rel=0.02)
     estimate_zero3_model_states_mem_needs_all_live(model, num_gpus_per_node=1)
     zero3 = _parse_estimate(capsys.readouterr().out, "offload_param=none, offload_optimizer=none, zero_init=1")
-    ours = _model_states(plan(_recipe(str(tmp_path), 1, 3)), skip=("bucket",))
+    # the two documented differences: 16 persistent bytes (not 18) per parameter, and up to
+    # stage3_max_live_parameters gathered (all of this small model) where the estimator counts its largest layer
+    ours = _model_states(plan(_recipe(str(tmp_path), 1, 3)), skip=("bucket", "gathered"))
     total = sum(p.numel() for p in model.parameters())
-    assert ours - 4 * total + 2 * total == pytest.approx(zero3, rel=0.02)  # the documented 2-byte difference
+    largest_layer = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    assert ours - 4 * total + 2 * total + 4 * largest_layer == pytest.approx(zero3, rel=0.02)

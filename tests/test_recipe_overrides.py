@@ -22,6 +22,20 @@ def test_set_overrides_keep_types(tmp_path):
     assert recipe.output.dir == "runs/other", "derived defaults follow the override"
 
 
+def test_unbracketed_lora_targets_are_a_list_and_unknown_ones_are_named():
+    lora = ["method.kind=lora"]
+    assert load_recipe(builtin_path("demo"), [*lora, "method.lora.target_modules=q_proj,v_proj"]).method.lora \
+        .target_modules == ["q_proj", "v_proj"]
+    assert load_recipe(builtin_path("demo"), [*lora, "method.lora.target_modules=q_proj"]).method.lora \
+        .target_modules == ["q_proj"]
+    with pytest.raises(RecipeError) as caught:  # Phi-3 style fused names on a Llama: 0 trainable parameters
+        load_recipe(builtin_path("demo"), [*lora, "method.lora.target_modules=qkv_proj,o_proj"])
+    assert str(caught.value) == (
+        "--set method.lora.target_modules: method.lora.target_modules: 'qkv_proj' matches no module of builtin:demo; "
+        "its linear layers are q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (and lm_head): pick "
+        "from them, or use all-linear.")
+
+
 def test_set_unknown_key_points_at_the_override():
     with pytest.raises(RecipeError) as caught:
         load_recipe(builtin_path("demo"), ["memory.micro_bach_size=4"])

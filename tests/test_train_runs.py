@@ -69,6 +69,15 @@ def test_full_fine_tune_saves_full_weights_and_a_profile(tmp_path):
     assert "Self CPU" in (run_dir / "profile" / "ops.txt").read_text()
 
 
+def test_chunked_loss_trains_and_evaluates_through_the_trainer(tmp_path, caplog):
+    """memory.chunked_loss in a real run: the Trainer's loss (with num_items_in_batch) and evaluation go through it."""
+    lock = make_run(tmp_path, "demo-lora.yaml", "memory.chunked_loss=true", "memory.gradient_accumulation_steps=2")
+    with caplog.at_level("INFO", logger="tuner"):
+        assert train_main([str(lock)]) == 0
+    check_finished_run(lock.parent)
+    assert "loss: chunked linear cross-entropy" in caplog.text
+
+
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory) -> Path:
     lock = make_run(tmp_path_factory.mktemp("lora"), "demo-lora.yaml", "memory.gradient_checkpointing=true",

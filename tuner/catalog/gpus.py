@@ -35,7 +35,6 @@ GPUS: dict[str, GpuSpec] = {
 }
 
 _ALIASES = {
-    "a100": "A100-80GB",
     "a100-80g": "A100-80GB",
     "a100-40g": "A100-40GB",
     "h100": "H100-80GB",
@@ -47,15 +46,31 @@ _ALIASES = {
     "4090": "RTX4090",
 }
 
+# Names that fit more than one card of the catalog: refused, so a plan never silently assumes the larger one.
+_AMBIGUOUS = {"a100": ("A100-40GB", "A100-80GB"), "a100-sxm4": ("A100-40GB", "A100-80GB"),
+              "a100-pcie": ("A100-40GB", "A100-80GB")}
+
+
+class AmbiguousGpuError(KeyError):
+    """A GPU name that several catalog cards share; ``str()`` says which and what to write."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
 _CUSTOM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(GB|GiB|G)\s*$", re.IGNORECASE)
 
 
 def lookup_gpu(name: str) -> GpuSpec:
     """Return the spec for a catalog name (case-insensitive) or a custom ``"N GB"`` size.
 
-    Raises KeyError with the known names when nothing matches.
+    Raises KeyError when nothing matches, :class:`AmbiguousGpuError` (a KeyError) when several cards do.
     """
     key = name.strip()
+    if key.lower() in _AMBIGUOUS:
+        cards = _AMBIGUOUS[key.lower()]
+        raise AmbiguousGpuError(f"{name!r} names more than one card ({' or '.join(cards)}); write the one you have, "
+                                f"e.g. {cards[-1]}, or its memory, e.g. '{cards[-1].split('-')[-1]}'.")
     for known in GPUS:
         if known.lower() == key.lower():
             return GPUS[known]

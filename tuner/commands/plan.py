@@ -94,15 +94,19 @@ def run(args) -> int:
     if args.simulate:
         from tuner.planner.simulate import simulate
 
-        simulation = simulate(recipe)
+        adapt = None
+        if recipe.memory.chunked_loss:
+            from tuner.loading.chunked_loss import enable_chunked_loss as adapt
+        simulation = simulate(recipe, adapt)
     if args.json:
         import json
 
         data = memory_plan.to_dict()
         if advice is not None:
-            data = {"plan": data, "advice": [_advice_dict(recipe, a) for a in advice]}
+            data = {"plan": data, "advice": [_advice_dict(a) for a in advice]}
         if simulation is not None:
-            data = {**({"plan": data} if "plan" not in data else data), "simulation": simulation.to_dict()}
+            data = {**({"plan": data} if "plan" not in data else data),
+                    "simulation": {**simulation.to_dict(), "planned_gib": round(simulated_step_gib(memory_plan), 4)}}
         print(json.dumps(data, indent=2))
     else:
         from rich.console import Console
@@ -112,31 +116,14 @@ def run(args) -> int:
         if simulation is not None:
             print_simulation(console, simulation, memory_plan)
         if advice is not None:
-            print_advice(console, recipe, advice)
+            print_advice(console, advice)
     fits = advice[0].fits if advice else memory_plan.fits
     return 0 if fits else EXIT_DOES_NOT_FIT
 
 
-def recipe_changes(before, after) -> list[str]:
-    """``--set`` lines that turn ``before`` into ``after``."""
-    def flat(data, prefix=""):
-        for key, value in data.items():
-            if isinstance(value, dict):
-                yield from flat(value, f"{prefix}{key}.")
-            else:
-                yield f"{prefix}{key}", value
-
-    old = dict(flat(before.model_dump(mode="json")))
-    new = dict(flat(after.model_dump(mode="json")))
-    import json
-
-    return [f"{key}={json.dumps(value) if not isinstance(value, str) else value}"
-            for key, value in new.items() if old.get(key) != value]
-
-
-def _advice_dict(recipe, advice) -> dict:
+def _advice_dict(advice) -> dict:
     return {"fits": advice.fits, "cost": round(advice.cost, 3), "changes": advice.changes, "reasons": advice.reasons,
-            "set": recipe_changes(recipe, advice.recipe), "largest_micro_batch": advice.largest_micro_batch,
+            "set": advice.overrides, "largest_micro_batch": advice.largest_micro_batch,
             "gradient_accumulation_for_largest": advice.accumulation_for_largest, "plan": advice.plan.to_dict()}
 
 
@@ -151,26 +138,36 @@ def print_plan(console, memory_plan) -> None:
                   f"{memory_plan.trainable_params / 1e6:,.1f} M trainable; micro-batch {memory_plan.micro_batch_size} "
                   f"x {memory_plan.max_seq_length} tokens")
     for device in memory_plan.devices:
-        table = Table(title=f"{device.name} — peak during {device.phase}", title_justify="left")
+        during = device.moment if device.phase == device.moment else f"the {device.moment} of a {device.phase}"
+        table = Table(title=f"{device.name} — peak during {during}", title_justify="left")
         table.add_column("term")
         table.add_column("item")
         table.add_column("GiB", justify="right")
         for item in device.live_items:
             table.add_row(item.category, item.name, f"{item.gib:.2f}")
         table.add_section()
-        table.add_row("total", "", f"[bold]{device.total_gib:.2f}[/]")
+        if device.kind == "gpu":  # the three figures torch and nvidia-smi report
+            table.add_row("allocated", "live tensors (torch.cuda.max_memory_allocated)", f"{device.allocated_gib:.2f}")
+            table.add_row("reserved", "+ allocator cache (torch.cuda.max_memory_reserved)", f"{device.reserved_gib:.2f}")
+            table.add_row("device", "+ CUDA context, NCCL (nvidia-smi)", f"[bold]{device.total_gib:.2f}[/]")
+        else:
+            table.add_row("total", "", f"[bold]{device.total_gib:.2f}[/]")
         if device.capacity_gib is not None:
             table.add_row("capacity", "", f"{device.capacity_gib:.2f}")
             table.add_row("headroom", "", f"{device.headroom_gib:.2f}")
         console.print(table)
+        console.print("phases: " + " · ".join(f"{phase} {device.phase_gib(phase):.2f}" for phase in device.phases)
+                      + " GiB", style="dim")
     style = _VERDICT_STYLE.get(memory_plan.verdict, "bold")
     missing = f": {memory_plan.missing_gib:.2f} GiB missing" if memory_plan.missing_gib > 0 else ""
-    console.print(f"verdict: [{style}]{memory_plan.verdict}[/]{missing}")
+    limiting = memory_plan.limiting
+    console.print(f"verdict: [{style}]{memory_plan.verdict}[/]{missing} (highest: {limiting.name} while "
+                  f"{limiting.moment}, {limiting.total_gib:.2f} GiB)")
     for note in memory_plan.notes:
         console.print(f"[dim]note: {note}[/]")
 
 
-def print_advice(console, recipe, advice) -> None:
+def print_advice(console, advice) -> None:
     console.print()
     if not advice[0].fits:
         console.print(f"[bold red]{advice[0].reasons[0]}[/]")
@@ -180,13 +177,19 @@ def print_advice(console, recipe, advice) -> None:
         console.print(f"{rank}. {item.summary()} [{_VERDICT_STYLE[item.plan.verdict]}]{item.plan.verdict}[/]")
         for line in item.reasons:
             console.print(f"     - {line}")
-        changes = recipe_changes(recipe, item.recipe)
-        if changes:
-            console.print("     [dim]" + " ".join(f"--set {c}" for c in changes) + "[/]")
+        if item.overrides:
+            console.print("     [dim]" + " ".join(f"--set {c}" for c in item.overrides) + "[/]")
     best = advice[0]
     if best.largest_micro_batch:
         console.print(f"largest micro-batch that fits plan 1: {best.largest_micro_batch} "
                       f"(gradient_accumulation_steps {best.accumulation_for_largest} keeps the effective batch)")
+
+
+def simulated_step_gib(memory_plan) -> float:
+    """What a fake-tensor trace of one step sees of the plan: the training step's live tensors."""
+    from tuner.planner.memory import TRAINING_STEP
+
+    return memory_plan.gpu.phase_gib(TRAINING_STEP, ("allocated",))
 
 
 def print_simulation(console, simulation, memory_plan) -> None:
@@ -203,8 +206,7 @@ def print_simulation(console, simulation, memory_plan) -> None:
         table.add_row(category, f"{gib:.3f}")
     table.add_section()
     table.add_row("simulated peak", f"{simulation.peak_gib:.3f}")
-    predicted = memory_plan.gpu.total_gib - memory_plan.gpu.terms["overhead"]
-    table.add_row("analytic (without overhead)", f"{predicted:.3f}")
+    table.add_row("analytic, allocated in the training step", f"{simulated_step_gib(memory_plan):.3f}")
     console.print(table)
     for note in simulation.notes:
         console.print(f"[dim]note: {note}[/]")

@@ -1,19 +1,26 @@
-"""The analytic memory model: bytes per device for one training step, term by term.
+"""The analytic memory model: bytes per device for every phase of a run, term by term.
 
 Pure arithmetic on a recipe and the model's architecture facts; no torch import, so a
 plan answers in milliseconds.  Every item carries the key of its formula's source,
 explained in ``docs/memory.md``.
 
-Each item is live ``always`` (weights, optimizer states) or in some of three moments
-of a step: ``loss`` (end of the forward: saved activations plus the logits and loss
-buffers), ``layer backward`` (backward through one decoder layer, recomputed under
-gradient checkpointing) and ``optimizer step`` (the full gradients and the optimizer's
-temporaries, when gradients are freed between steps).  The peak is ``always`` plus the
-largest moment; a device's ``terms`` are what is live at that peak, so they add up to its total.
+Each item is live ``always`` (weights, optimizer states) or at some moments.  The training step has three:
+``loss`` (end of the forward: saved activations plus the logits and loss buffers), ``layer backward``
+(backward through one decoder layer, recomputed under gradient checkpointing) and ``optimizer step`` (the
+full gradients and the optimizer's temporaries, when gradients are freed between steps).  The other phases of
+a run have one moment each: ``evaluation`` (an eval batch, no gradients), ``saving``, ``resuming``,
+``merging`` (an adapter into its base) and ``loading`` (weights materialised before training).  A device's
+peak is ``always`` plus its largest moment, and its ``terms`` are what is live then, so they add up to its total.
+
+Every item also says where torch would count it (``level``): ``allocated`` (live tensors,
+``torch.cuda.max_memory_allocated``), ``reserved`` (what the caching allocator keeps beyond them, so
+allocated + reserved items = ``torch.cuda.max_memory_reserved``) or ``device`` (outside the allocator: the CUDA
+context, NCCL, the Python process; the sum of all three is what ``nvidia-smi`` shows).
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from tuner.catalog.models import ModelFacts, model_facts
@@ -23,8 +30,16 @@ TIGHT_HEADROOM = 0.10  # less than 10% of a device left free is "tight": fragmen
 
 CATEGORIES = ("weights", "lora_adapter", "gradients", "optimizer", "activations", "logits_loss", "overhead")
 ALWAYS, FORWARD_BACKWARD, LAYER_BACKWARD, STEP = "always", "loss", "layer backward", "optimizer step"
-MOMENTS = (FORWARD_BACKWARD, LAYER_BACKWARD, STEP)
+EVAL, SAVE, RESUME, MERGE, LOAD = "evaluation", "saving", "resuming", "merging", "loading"
+STEP_MOMENTS = (FORWARD_BACKWARD, LAYER_BACKWARD, STEP)
+MOMENTS = STEP_MOMENTS + (EVAL, SAVE, RESUME, MERGE, LOAD)
+TRAINING_STEP = "training step"
+PHASES = {moment: TRAINING_STEP if moment in STEP_MOMENTS else moment for moment in MOMENTS}  # moment -> phase
 BACKWARD = (FORWARD_BACKWARD, LAYER_BACKWARD)  # live from the forward until the backward ends
+AFTER_LOADING = tuple(m for m in MOMENTS if m != LOAD)  # made when training starts (optimizer states, buffers)
+GPU_PHASES = (TRAINING_STEP, EVAL, SAVE, RESUME)  # loading and merging happen in host RAM
+CPU_PHASES = (TRAINING_STEP, EVAL, SAVE, RESUME, MERGE)  # loading: the loaded weights are the ones trained
+LEVELS = ("allocated", "reserved", "device")  # torch's max_memory_allocated, max_memory_reserved, nvidia-smi
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 NF4_DOUBLE_QUANT_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)  # 4 bits + 8-bit absmax per 64 + fp32 absmax per 256 blocks = 4.127 bits
@@ -34,6 +49,8 @@ CUDA_CONTEXT_GIB = 0.75  # CUDA context, cuBLAS/cuDNN handles and workspaces of 
 NCCL_GIB = 0.5  # NCCL communicator buffers when several GPUs talk
 ALLOCATOR_ROUNDING = 0.02  # caching allocator: rounding, small-block pools, split remainders (share of tensors)
 CPU_PROCESS_GIB = 1.0  # a Python process with torch and transformers imported, before any tensor
+SAFETENSORS_SHARD_BYTES = 50e9
+ZERO3_MAX_LIVE_PARAMETERS = 1e9  # DeepSpeed's stage3_max_live_parameters (and stage3_max_reuse_distance) default  # transformers 5 save_pretrained's default max_shard_size ("50GB")
 
 
 @dataclass(frozen=True)
@@ -45,6 +62,7 @@ class Item:
     bytes: float
     phase: str | tuple[str, ...] = ALWAYS  # ALWAYS, one moment, or a tuple of moments
     source: str = ""
+    level: str = "allocated"  # allocated (tensors), reserved (allocator cache) or device (outside the allocator)
 
     def live_in(self, moment: str) -> bool:
         return self.phase == ALWAYS or self.phase == moment or (isinstance(self.phase, tuple) and moment in self.phase)
@@ -52,6 +70,10 @@ class Item:
     @property
     def gib(self) -> float:
         return self.bytes / GIB
+
+    def scaled(self, factor: float, phase: str | tuple[str, ...] | None = None) -> "Item":
+        return Item(self.name, self.category, self.bytes * factor, self.phase if phase is None else phase, self.source,
+                    self.level)
 
 
 @dataclass
@@ -62,16 +84,43 @@ class DevicePlan:
     capacity_gib: float | None
     items: list[Item]
     count: int = 1
-    kind: str = "gpu"  # gpu, cpu (training on the CPU) or host (offload target)
-    phase: str = ALWAYS  # the phase of the peak
+    kind: str = "gpu"  # gpu, cpu (training on the CPU) or host (RAM of each GPU machine)
+    phases: tuple[str, ...] = tuple(dict.fromkeys(PHASES.values()))  # the phases this device takes part in
+    moment: str = ALWAYS  # the moment of the peak
     terms: dict[str, float] = field(default_factory=dict)
     total_gib: float = 0.0
 
     def __post_init__(self):
-        self.phase = max(MOMENTS, key=lambda moment: sum(i.bytes for i in self.items if i.live_in(moment)))
+        self.moment = max(self.moments, key=self.moment_gib)
         live = self.live_items
         self.terms = {c: sum(i.bytes for i in live if i.category == c) / GIB for c in CATEGORIES}
         self.total_gib = sum(self.terms.values())
+
+    @property
+    def moments(self) -> tuple[str, ...]:
+        return tuple(m for m in MOMENTS if PHASES[m] in self.phases)
+
+    def moment_gib(self, moment: str, levels: tuple[str, ...] = LEVELS) -> float:
+        return sum(i.bytes for i in self.items if i.live_in(moment) and i.level in levels) / GIB
+
+    @property
+    def phase(self) -> str:
+        """The phase of the run the peak falls in (training step, evaluation, saving, ...)."""
+        return PHASES[self.moment]
+
+    def phase_gib(self, phase: str, levels: tuple[str, ...] = LEVELS) -> float:
+        """The peak of one phase (``levels=("allocated",)``: its live tensors only)."""
+        return max(self.moment_gib(m, levels) for m in self.moments if PHASES[m] == phase)
+
+    @property
+    def allocated_gib(self) -> float:
+        """Peak of live tensors over every moment: compare with ``torch.cuda.max_memory_allocated``."""
+        return max(self.moment_gib(m, ("allocated",)) for m in self.moments)
+
+    @property
+    def reserved_gib(self) -> float:
+        """Peak of the caching allocator's segments: compare with ``torch.cuda.max_memory_reserved``."""
+        return max(self.moment_gib(m, ("allocated", "reserved")) for m in self.moments)
 
     @property
     def headroom_gib(self) -> float | None:
@@ -79,17 +128,21 @@ class DevicePlan:
 
     @property
     def live_items(self) -> list[Item]:
-        return [i for i in self.items if i.live_in(self.phase)]
+        return [i for i in self.items if i.live_in(self.moment)]
 
     def to_dict(self) -> dict:
         return {
-            "name": self.name, "kind": self.kind, "count": self.count, "peak_phase": self.phase,
-            "capacity_gib": _round(self.capacity_gib), "total_gib": _round(self.total_gib),
+            "name": self.name, "kind": self.kind, "count": self.count,
+            "peak_phase": self.phase, "peak_moment": self.moment,
+            "capacity_gib": _round(self.capacity_gib),
+            "allocated_gib": _round(self.allocated_gib), "reserved_gib": _round(self.reserved_gib),
+            "device_gib": _round(self.total_gib), "total_gib": _round(self.total_gib),
             "headroom_gib": _round(self.headroom_gib),
+            "phases_gib": {phase: _round(self.phase_gib(phase)) for phase in self.phases},
             "terms_gib": {k: _round(v) for k, v in self.terms.items()},
-            "items": [{"name": i.name, "category": i.category, "gib": _round(i.gib),
+            "items": [{"name": i.name, "category": i.category, "level": i.level, "gib": _round(i.gib),
                        "phase": list(i.phase) if isinstance(i.phase, tuple) else i.phase,
-                       "live_at_peak": i.live_in(self.phase), "source": i.source} for i in self.items],
+                       "live_at_peak": i.live_in(self.moment), "source": i.source} for i in self.items],
         }
 
 
@@ -101,7 +154,7 @@ class MemoryPlan:
     devices: list[DevicePlan]
     verdict: str  # "fits", "tight" or "does not fit"
     missing_gib: float
-    host_ram_gib: float  # host RAM each machine needs for offloaded states (0 without offload)
+    host_ram_gib: float  # host RAM each machine needs at its peak (offloaded states, loading, saving, merging)
     notes: list[str]
     params: dict[str, int]
     trainable_params: int
@@ -117,10 +170,25 @@ class MemoryPlan:
         """The training device (a GPU, or the CPU for CPU recipes)."""
         return self.devices[0]
 
+    @property
+    def limiting(self) -> DevicePlan:
+        """The device that decides the verdict: the largest shortfall, else the least headroom relative to its
+        capacity (the training device where no capacity is known)."""
+        checked = [d for d in self.devices if d.capacity_gib]
+        if not checked:
+            return self.gpu
+        short = [d for d in checked if d.headroom_gib < 0]
+        if short:
+            return min(short, key=lambda d: d.headroom_gib)
+        return min(checked, key=lambda d: d.headroom_gib / d.capacity_gib)
+
     def to_dict(self) -> dict:
+        limiting = self.limiting
         return {
             "units": {"memory": "GiB (2^30 bytes)", "params": "parameters"},
             "model": self.model, "verdict": self.verdict, "missing_gib": _round(self.missing_gib),
+            "peak": {"device": limiting.name, "phase": limiting.phase, "moment": limiting.moment,
+                     "gib": _round(limiting.total_gib)},
             "host_ram_gib": _round(self.host_ram_gib), "params": self.params,
             "trainable_params": self.trainable_params, "micro_batch_size": self.micro_batch_size,
             "max_seq_length": self.max_seq_length,
@@ -165,6 +233,15 @@ class _Setup:
     double_quant: bool
     on_gpu: bool
     gpus_per_machine: int
+    liger: bool  # Liger's kernels are used: requested and on a GPU (the training entrypoint ignores them on the CPU)
+    chunked_loss: bool
+    activation_offloading: bool
+    packing: bool
+    evaluates: bool
+    resumable: bool  # checkpoints are saved during training, or the run resumes: plan the resume
+    save: str  # output.save
+    fsdp_full_state_dict: bool
+    fsdp_ram_efficient_loading: bool
 
 
 def _setup(recipe) -> _Setup:
@@ -185,7 +262,12 @@ def _setup(recipe) -> _Setup:
         optimizer=mem.optimizer, lora_r=method.lora.r, lora_targets=method.lora.target_modules,
         lora_dropout=method.lora.dropout, quant_bits=quant.bits if quant and method.kind == "qlora" else None,
         double_quant=bool(quant and quant.double_quant), on_gpu=recipe.uses_gpu,
-        gpus_per_machine=recipe.hardware.gpus_per_machine,
+        gpus_per_machine=recipe.hardware.gpus_per_machine, liger=mem.liger and recipe.uses_gpu,
+        chunked_loss=mem.chunked_loss, activation_offloading=mem.activation_offloading and mem.gradient_checkpointing,
+        packing=recipe.data.packing, evaluates=recipe.data.eval_fraction > 0, save=recipe.output.save,
+        resumable=recipe.training.save_steps is not None or recipe.training.resume != "never",
+        fsdp_full_state_dict=mem.fsdp.state_dict_type == "full",
+        fsdp_ram_efficient_loading=mem.fsdp.cpu_ram_efficient_loading,
     )
 
 
@@ -223,6 +305,21 @@ def _frozen_weight_items(s: _Setup) -> list[Item]:
     return items
 
 
+def _frozen_autocast_copies(s: _Setup) -> list[Item]:
+    """fp32 frozen weights under autocast: each linear casts its weight to 16 bits on every use (autocast caches
+    casts only of tensors that require grad) and keeps the copy for the backward of its input, until that backward
+    (under checkpointing only the recomputed layer's, plus the output head's)."""
+    f, counts = s.facts, s.facts.param_counts
+    layers = counts.attention + counts.mlp
+    head = Item("autocast 16-bit copy of the frozen fp32 output head", "weights",
+                (counts.lm_head or counts.embeddings) * 2, BACKWARD, source="autocast")
+    if s.checkpointing:
+        return [head, Item("autocast 16-bit copies of one recomputed layer's frozen weights", "weights",
+                           layers / f.num_layers * 2, LAYER_BACKWARD, source="autocast")]
+    return [head, Item("autocast 16-bit copies of the frozen fp32 linear weights", "weights", layers * 2, BACKWARD,
+                       source="autocast")]
+
+
 def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
     """(GPU items, host items per GPU, notes) for weights, adapters, gradients and optimizer states."""
     f, counts = s.facts, s.facts.param_counts
@@ -252,11 +349,14 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
             for item in frozen_items:
                 place(Item(item.name + f" (ZeRO-3 shard 1/{n})", item.category, item.bytes / n, item.phase, item.source),
                       s.offload_params)
-            largest = _largest_module_params(f)
-            gpu.append(Item("ZeRO-3 gathered live parameters (current + prefetched module)", "weights",
-                            2 * 2 * largest, source="ds-estimator"))
+            # DeepSpeed releases a gathered parameter only when more than stage3_max_live_parameters (1e9) are live
+            # or its reuse lies beyond stage3_max_reuse_distance (1e9): up to 1e9 parameters stay gathered through the
+            # backward (all of a smaller model, as traced on gloo ranks), at least the estimator's two largest modules
+            live = max(2 * _largest_module_params(f), min(counts.total, ZERO3_MAX_LIVE_PARAMETERS))
+            gpu.append(Item("ZeRO-3 gathered live parameters (up to stage3_max_live_parameters)", "weights",
+                            live * w16, BACKWARD, source="ds-live"))
             gpu.append(Item("ZeRO-3 prefetch and reduce buckets (0.9h^2 + h^2 elements)", "gradients",
-                            1.9 * f.hidden_size**2 * w16, source="hf-deepspeed"))
+                            1.9 * f.hidden_size**2 * w16, BACKWARD, source="hf-deepspeed"))
         else:
             gpu.extend(frozen_items)
     elif fsdp:
@@ -286,6 +386,8 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
                                 BACKWARD, source="autocast"))
         else:
             gpu.extend(frozen_items)
+            if s.mixed and s.weight_bytes == 4 and s.quant_bits is None:
+                gpu.extend(_frozen_autocast_copies(s))
 
     # -------- trainable parameters' gradients and optimizer states
     if full:
@@ -298,29 +400,59 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
 
     grad_persistent = s.accumulation > 1
     if deepspeed:
-        grad_shard = n if s.zero >= 2 else 1
-        grads16 = Item(f"{'16-bit' if s.mixed else 'fp32'} gradients" + (f" (partition 1/{grad_shard})" if grad_shard > 1 else ""),
-                       "gradients", trainable * param_bytes / grad_shard, source="zero")
+        # Per rank, as traced on gloo ranks (tests/test_rank_memory.py): stage 1/2 reduce the 16-bit gradients during
+        # backward (stage 1 keeps them whole until the reduce, stage 2 keeps its partition) and free them once the step
+        # has its fp32 copy; stage 3 keeps a persistent 16-bit partition buffer.  Every stage keeps an fp32 master
+        # partition, also when the parameters are fp32.
+        label = "16-bit" if s.mixed else "fp32"
+        opt_shard = n if s.zero >= 1 else 1
+        between_steps = ALWAYS if grad_persistent else BACKWARD
         if s.offload_optimizer != "none" and s.zero >= 2:
             # ZeRO-Offload reduces gradients through small GPU buckets straight into fp32 host buffers
             gpu.append(Item("gradient reduce buckets (h^2 elements)", "gradients", f.hidden_size**2 * param_bytes * 2,
                             source="hf-deepspeed"))
+        elif s.zero >= 3:
+            gpu.append(Item(f"{label} gradient partition (1/{n})", "gradients", trainable * param_bytes / n,
+                            source="zero"))
+        elif s.zero == 2:
+            gpu.append(Item(f"{label} gradient partition (1/{n})", "gradients", trainable * param_bytes / n,
+                            between_steps, source="zero"))
         else:
-            gpu.append(grads16)
-        opt_shard = n if s.zero >= 1 else 1
-        opt_items = [Item("Adam moments (fp32)", "optimizer", trainable * 8 / opt_shard, source="zero")]
-        if param_bytes != 4:
-            opt_items.append(Item("fp32 master weights", "optimizer", trainable * 4 / opt_shard, source="zero"))
-        if param_bytes != 4 or s.offload_optimizer != "none":
-            # stage 1/2 upcast the whole gradient partition for the step; stage 3 one sub-group (1e9 elements) at a time
-            step_elements = trainable / opt_shard if s.zero < 3 else min(trainable / opt_shard, 1e9)
-            opt_items.append(Item("fp32 gradients for the step", "gradients", step_elements * 4, source="ds-estimator"))
+            gpu.append(Item(f"{label} gradients", "gradients", trainable * param_bytes, between_steps, source="zero"))
+            if s.zero == 1:
+                gpu.append(Item(f"{label} partition of the reduced gradients (1/{n}) buffer", "gradients",
+                                trainable * param_bytes / n, LAYER_BACKWARD, source="zero"))
+        opt_items = [Item("Adam moments (fp32)", "optimizer", trainable * 8 / opt_shard, source="zero"),
+                     Item("fp32 master weights", "optimizer", trainable * 4 / opt_shard, source="zero")]
+        # stage 1/2 upcast the whole gradient partition for the step; stage 3 one sub-group (1e9 elements) at a time
+        step_elements = trainable / opt_shard if s.zero < 3 else min(trainable / opt_shard, 1e9)
+        opt_items.append(Item("fp32 gradients for the step", "gradients", step_elements * 4,
+                              ALWAYS if s.offload_optimizer != "none" else STEP, source="ds-estimator"))
         for item in opt_items:
             place(item, s.offload_optimizer)
+        if s.offload_optimizer == "none" and s.optimizer == "adamw_torch":
+            # the Trainer's torch AdamW steps the flat fp32 partitions: foreach on CUDA makes one partition-sized
+            # temporary, the CPU's single-tensor loop two
+            gpu.append(Item("AdamW step temporaries (flat fp32 partition)", "optimizer",
+                            trainable * 4 / opt_shard * (1 if s.on_gpu else 2), STEP, source="torch-adamw"))
     elif fsdp:
         shard = s.shard_group if s.fsdp != "no_shard" else 1
+        # each layer's gradients are reduce-scattered into their shard as its backward ends: the shards fill up
+        # through the backward (traced on gloo ranks), beside the unsharded gradients of the module being reduced
         place(Item("fp32 gradients (sharded)" if shard > 1 else "gradients", "gradients",
-                   trainable * param_bytes / shard, ALWAYS if grad_persistent else STEP, source="fsdp"), s.offload_optimizer)
+                   trainable * param_bytes / shard, ALWAYS if grad_persistent else (LAYER_BACKWARD, STEP),
+                   source="fsdp"), s.offload_optimizer)
+        if shard > 1 and s.offload_optimizer == "none":
+            # the root's gradients (output head first, embeddings last) wait for the root's reduce-scatter after
+            # every layer's; a layer's wait only for its own backward to end.  Computed in the compute dtype.
+            counts = f.param_counts
+            if full:
+                head = counts.lm_head or counts.embeddings
+                module = head + max(_layer_params(f), counts.embeddings if counts.lm_head else 0)
+            else:
+                module = trainable / f.num_layers
+            gpu.append(Item("unsharded gradients awaiting reduce-scatter (output head, and a layer's)", "gradients",
+                            module * (2 if s.mixed else param_bytes), LAYER_BACKWARD, source="fsdp"))
         place(Item("Adam moments", "optimizer", trainable * 2 * param_bytes / shard, source="torch-adamw"),
               s.offload_optimizer)
         if s.optimizer == "adamw_torch" and s.offload_optimizer == "none":
@@ -356,27 +488,36 @@ def _lora_linears(s: _Setup):
     return s.facts.lora_targets(s.lora_targets)
 
 
+def residual_bytes(s: _Setup) -> int:
+    """Bytes of the residual stream: fp32 when fp32 weights run under autocast (the adds promote), else a."""
+    return 4 if (s.mixed and s.weight_bytes == 4) else s.act_bytes
+
+
 def layer_activation_bytes_per_token(s: _Setup) -> float:
     """Bytes autograd keeps per token for one decoder layer (Hugging Face Llama-style code path).
 
     Derived by walking the ops of the layer and what each saves for backward, and checked against
     fake-tensor traces (see docs/memory.md); terms that grow with the sequence length are in
-    :func:`layer_score_bytes`.
+    :func:`layer_score_bytes_per_token`.  With Liger's kernels (``s.liger``) the RMSNorm keeps its input and an
+    fp32 reciprocal RMS per token, and SwiGLU keeps only the gate and up outputs (their published backward).
     """
     f, a = s.facts, s.act_bytes
     h, inter, qd, kd = f.hidden_size, f.intermediate_size, f.q_dim, f.kv_dim
     full = s.kind == "full"
-    # RMSNorm upcasts to fp32 (kept for pow/mul) and, when its weight trains, keeps the normalised input
-    total = f.architecture.norms_per_layer * (4 * h + (a * h if full else 0))
+    if s.liger:  # LigerRMSNorm saves X and rstd; the weight gradient is made from them
+        total = f.architecture.norms_per_layer * (residual_bytes(s) * h + 4)
+    else:  # RMSNorm upcasts to fp32 (kept for pow/mul) and, when its weight trains, keeps the normalised input
+        total = f.architecture.norms_per_layer * (4 * h + (a * h if full else 0))
     if full:
         total += a * h + a * qd  # inputs of q/k/v and of o_proj, kept for the weight gradients
     # attention core: q, k, v and the output (every kernel keeps them for backward)
     total += a * (2 * qd + 2 * kd)
     if not s.eager:
         total += 4 * f.num_heads  # fused kernels keep a log-sum-exp per head (fp32)
-    # SwiGLU: gate output (SiLU input), SiLU output and up output (the product's operands);
-    # full fine-tuning also keeps the MLP input and the down_proj input for the weight gradients
-    mlp = 3 * a * inter + (a * h + a * inter if full else 0)
+    # SwiGLU: gate output (SiLU input), SiLU output and up output (the product's operands); Liger's fused
+    # SiLU-mul keeps the gate and up outputs and recomputes the SiLU in backward.  Full fine-tuning also keeps
+    # the MLP input and the down_proj input for the weight gradients
+    mlp = (2 if s.liger else 3) * a * inter + (a * h + a * inter if full else 0)
     if f.is_moe:  # each token runs through its top-k experts; the router's fp32 logits and softmax
         mlp = mlp * f.experts_per_token + 8 * f.num_experts
     total += mlp
@@ -390,38 +531,106 @@ def layer_activation_bytes_per_token(s: _Setup) -> float:
     return total
 
 
-def layer_score_bytes_per_token(s: _Setup) -> float:
-    """Per token and layer, the terms that grow with the sequence length s.
+def attention_span(s: _Setup) -> int:
+    """Tokens each query can be masked against: the sequence, or the whole packed row with data.packing
+    (DataCollatorWithFlattening concatenates the micro-batch's samples into one row)."""
+    return s.batch * s.seq if s.packing else s.seq
 
-    eager keeps the fp32 softmax (and its 16-bit copy) of every head: (4 + a) x heads x s;
-    sdpa receives the boolean causal/padding mask and converts it to an additive mask of the
-    compute dtype in every layer (kept for backward): a x s.  flash-attention keeps neither.
+
+def layer_score_bytes_per_token(s: _Setup) -> float:
+    """Per token and layer, the terms that grow with the attention span (the sequence, or the packed row).
+
+    eager keeps the fp32 softmax (and its 16-bit copy) of every head: (4 + a) x heads x span;
+    sdpa receives the boolean causal/padding mask (with packing: the block-diagonal mask of the packed
+    row, which transformers always materialises) and converts it to an additive mask of the compute dtype
+    in every layer (kept for backward): a x span.  flash-attention keeps neither (packed rows run as
+    variable-length sequences).
     """
     f, a = s.facts, s.act_bytes
+    span = attention_span(s)
     if s.eager:
-        return f.num_heads * s.seq * (4 + (a if a != 4 else 0))
+        return f.num_heads * span * (4 + (a if a != 4 else 0))
     if s.flash:
         return 0.0
-    return a * s.seq
+    return a * span
 
 
-def _activation_items(s: _Setup) -> tuple[list[Item], list[str]]:
+def _next_power_of_two(n: float) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+def _loss_items(s: _Setup, tokens: int, full: bool) -> list[Item]:
+    """The output head and the cross-entropy at the end of the forward (and their gradients)."""
+    f = s.facts
+    h, vocab = f.hidden_size, f.vocab_size
+    rb = residual_bytes(s)
+    rotary = s.seq * f.head_dim * 2 * s.act_bytes
+    if s.liger:
+        # LigerFusedLinearCrossEntropyFunction: logits of chunk_size rows, chunk_size = next_pow2(ceil(BT /
+        # ceil(V / H))) so a chunk is ~BT x H elements; grad_input (BT x H) and, when the head trains, grad_weight
+        # are computed in the forward; a fp32 loss per token.  The head's input is not kept.
+        rows = min(tokens, _next_power_of_two(tokens / math.ceil(vocab / h)))
+        return [
+            Item("final norm (Liger: input and fp32 rstd), rotary tables", "activations",
+                 tokens * (rb * h + 4) + rotary, FORWARD_BACKWARD, source="liger"),
+            Item(f"Liger fused linear cross-entropy: {rows} x V logits chunk, head-input gradient, loss",
+                 "logits_loss", rows * vocab * s.act_bytes + tokens * (h * rb + 4), FORWARD_BACKWARD, source="liger"),
+        ]
+    final_norm = tokens * h * (4 + (s.act_bytes if full else 0))
+    if s.chunked_loss:
+        # torch.nn.functional.linear_cross_entropy with LinearCrossEntropyOptions(): chunks of rows tokens, rows =
+        # next_pow2(ceil(N / ceil(V / H))) ("aspect_ratio"), halved on CUDA and for fp32 ("aspect_ratio:2");
+        # the logits buffer is fp32 (acc_dtype) for 16-bit inputs; the gradient of the head's input (N x H) is made
+        # in the forward, in the input dtype ("compact") or fp32 ("accurate": 16-bit inputs on the CPU)
+        accurate = not s.on_gpu and rb == 2
+        rows = min(tokens, max(1, _next_power_of_two(tokens / math.ceil(vocab / h)) // (1 if accurate else 2)))
+        chunk = rows * vocab * 4 + tokens * h * (4 if accurate else rb) + tokens * 4
+        if accurate:
+            chunk += vocab * h * 4 + tokens * h * 4  # fp32 copies of the head's weight and input (no bf16 GEMM on CPU)
+        return [
+            Item("final norm, rotary tables", "activations", final_norm + rotary, FORWARD_BACKWARD,
+                 source="korthikanti"),
+            Item(f"chunked loss: {rows} x V logits buffer, head-input gradient", "logits_loss", chunk,
+                 FORWARD_BACKWARD, source="torch-lce"),
+        ]
+    # final norm (fp32 upcast; normalised input when it trains), output-head input, rotary cos/sin
+    return [
+        Item("final norm, output-head input, rotary tables", "activations", final_norm + tokens * h * s.act_bytes + rotary,
+             FORWARD_BACKWARD, source="korthikanti"),
+        # logits: the 16-bit/fp32 logits, log_softmax output (fp32) and two fp32 gradients of it in backward
+        Item("logits and cross-entropy (s x b x V)", "logits_loss", tokens * vocab * 12, FORWARD_BACKWARD,
+             source="hf-loss"),
+    ]
+
+
+def _activation_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
+    """(device items, host items per process, notes) for activations and the loss."""
     f, a = s.facts, s.act_bytes
     tokens = s.batch * s.seq
     per_layer = (layer_activation_bytes_per_token(s) + layer_score_bytes_per_token(s)) * tokens
     notes = []
-    residual_bytes = 4 if (s.mixed and s.weight_bytes == 4) else a
     full = s.kind == "full"
-    # final norm (fp32 upcast; normalised input when it trains), output-head input, rotary cos/sin
-    final = tokens * f.hidden_size * (4 + (2 * a if full else a)) + s.seq * f.head_dim * 2 * a
+    span = attention_span(s)
     # the backward of one layer holds the gradients of the SwiGLU intermediates, then (eager) those of
-    # the s x s probabilities and scores; the MLP's are freed before the attention's backward starts
-    layer_backward = tokens * max(4 * a * f.intermediate_size * max(f.experts_per_token, 1),
-                                  6 * f.num_heads * s.seq if s.eager else 0)
-    items = []
+    # the span x span probabilities and scores; the MLP's are freed before the attention's backward starts
+    mlp_backward = 4 * a * f.intermediate_size * max(f.experts_per_token, 1)
+    targets = _lora_linears(s)
+    if targets and a == 2:
+        # PEFT casts each adapted layer's input to the adapters' fp32: backward through the widest adapter holds the
+        # fp32 gradients of its input and of its dropout beside the 16-bit ones
+        mlp_backward += 2 * 4 * max(lin.in_features for lin in targets)
+    layer_backward = tokens * max(mlp_backward, 6 * f.num_heads * span if s.eager else 0)
+    items, host = [], []
     if s.checkpointing:
-        items.append(Item(f"checkpointed layer inputs ({f.num_layers} layers)", "activations",
-                          f.num_layers * tokens * f.hidden_size * residual_bytes, BACKWARD, source="korthikanti"))
+        inputs = Item(f"checkpointed layer inputs ({f.num_layers} layers)", "activations",
+                      f.num_layers * tokens * f.hidden_size * residual_bytes(s), BACKWARD, source="korthikanti")
+        if s.activation_offloading:  # transformers' offload: save_on_cpu around each checkpointed layer
+            host.append(Item(inputs.name + ", offloaded to pinned host RAM", "activations", inputs.bytes, BACKWARD,
+                             source="hf-offload"))
+            items.append(Item("one checkpointed input copied back for its recompute", "activations",
+                              tokens * f.hidden_size * residual_bytes(s), LAYER_BACKWARD, source="hf-offload"))
+        else:
+            items.append(inputs)
         items.append(Item("one layer recomputed in backward", "activations", per_layer, LAYER_BACKWARD,
                           source="korthikanti"))
     else:
@@ -430,49 +639,156 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[str]]:
     items.append(Item("gradients of one layer's intermediates", "activations", layer_backward, LAYER_BACKWARD,
                       source="torch-autograd"))
     if full and s.accumulation == 1 and s.distributed in ("none", "ddp"):
-        # backward reaches the layers after the output head's gradient exists (sharded engines keep grad buffers)
+        # backward reaches the layers after the output head's gradient exists (sharded engines keep grad buffers);
+        # the fused losses compute it in the forward
+        fused = s.liger or s.chunked_loss
         items.append(Item("gradient of the output head", "gradients", f.vocab_size * f.hidden_size * s.weight_bytes,
-                          LAYER_BACKWARD, source="torch-autograd"))
-    items.append(Item("final norm, output-head input, rotary tables", "activations", final, FORWARD_BACKWARD,
-                      source="korthikanti"))
-    # logits: the 16-bit/fp32 logits, log_softmax output (fp32) and two fp32 gradients of it in backward
-    items.append(Item("logits and cross-entropy (s x b x V)", "logits_loss", tokens * f.vocab_size * 12,
-                      FORWARD_BACKWARD, source="hf-loss"))
+                          BACKWARD if fused else LAYER_BACKWARD, source="liger" if s.liger else
+                          "torch-lce" if s.chunked_loss else "torch-autograd"))
+    items += _loss_items(s, tokens, full)
     if f.is_moe:
         notes.append("MoE activations are approximated (tokens routed to top-k experts, no capacity padding).")
-    if not s.eager and not s.flash:
+    if s.packing and not s.flash:
+        notes.append(f"data.packing with {'eager' if s.eager else 'sdpa'} attention: each micro-batch becomes one row "
+                     f"of up to {span} tokens whose block-diagonal mask is materialised, so the span^2 terms grow "
+                     f"with the micro-batch; flash attention runs packed rows without a mask.")
+    elif not s.eager and not s.flash:
         notes.append("sdpa: counts the per-layer additive mask made from a padding mask; "
-                     "unpadded batches on CUDA skip it (is_causal).")
-    return items, notes
+                     "unpadded batches skip it (is_causal).")
+    return items, host, notes
+
+
+def _eval_items(s: _Setup) -> list[Item]:
+    """An evaluation batch (per_device_eval_batch_size = the micro-batch): no gradients and no saved activations.
+
+    Live beside the weights and optimizer states: one layer's forward working set and the loss, whose logits are
+    built whole (a) and upcast (4) with a fp32 log-softmax (4), unless a fused or chunked loss runs.
+    """
+    f = s.facts
+    tokens = s.batch * s.seq
+    per_layer = (layer_activation_bytes_per_token(s) + layer_score_bytes_per_token(s)) * tokens
+    if s.liger or s.chunked_loss:
+        rows = min(tokens, _next_power_of_two(tokens / math.ceil(f.vocab_size / f.hidden_size)))
+        loss = Item("evaluation: one logits chunk of the fused loss", "logits_loss", rows * f.vocab_size * 4, EVAL,
+                    source="liger" if s.liger else "torch-lce")
+    else:
+        loss = Item("evaluation: logits, fp32 upcast and log-softmax (no gradients)", "logits_loss",
+                    tokens * f.vocab_size * (s.act_bytes + 8), EVAL, source="hf-loss")
+    return [Item("evaluation: one layer's forward working set", "activations", per_layer, EVAL, source="korthikanti"),
+            loss]
+
+
+# ---------------------------------------------------------------- phases beyond the training step
+
+def _merge_items(s: _Setup) -> list[Item]:
+    """Merging the adapter into its base (output.save merged/full, on rank 0 after training; ``tuner merge`` the
+    same): the base loaded unquantised in model.dtype on the CPU, plus the fp32 adapter (tuner.loading.merge)."""
+    if s.kind == "full" or s.save not in ("merged", "full"):
+        return []
+    f = s.facts
+    return [Item("merging: base model in model.dtype and the fp32 adapter (rank 0)", "weights",
+                 f.total_params * s.weight_bytes + f.lora_params(s.lora_r, s.lora_targets) * 4, MERGE,
+                 source="peft-merge")]
+
+
+def _host_phase_items(s: _Setup) -> tuple[list[Item], list[str]]:
+    """Host RAM of one machine (of a GPU recipe) while loading, saving and resuming; ``gpus_per_machine``
+    processes share it."""
+    f = s.facts
+    total, per_machine, n = f.total_params, max(s.gpus_per_machine, 1), s.world
+    lora_bytes = 0 if s.kind == "full" else f.lora_params(s.lora_r, s.lora_targets) * 4
+    deepspeed, fsdp = s.distributed == "deepspeed" and s.zero is not None, s.distributed == "fsdp"
+    w16 = 2 if s.mixed else 4  # DeepSpeed's module dtype
+    master = 4 if s.mixed or s.weight_bytes == 4 else s.weight_bytes  # FSDP parameters after Accelerate's upcast
+    trainable = total if s.kind == "full" else f.lora_params(s.lora_r, s.lora_targets)
+    notes, items = [], []
+    # loading: from_pretrained materialises the weights on the CPU in every process before they move to the GPU
+    if deepspeed and s.zero == 3:
+        items.append(Item(f"loading: each process keeps its 1/{n} partition (ZeRO-3 zero.Init)", "weights",
+                          total * s.weight_bytes / n * per_machine, LOAD, source="hf-deepspeed"))
+        notes.append("ZeRO-3 loading also reads whole checkpoint shards in every process; the plan counts the "
+                     "partitions only.")
+    elif fsdp and s.fsdp_ram_efficient_loading:
+        items.append(Item("loading: weights on the first process only (fsdp.cpu_ram_efficient_loading)", "weights",
+                          total * s.weight_bytes, LOAD, source="fsdp"))
+    else:
+        items.append(Item(f"loading: weights materialised on the CPU by each of {per_machine} process(es)", "weights",
+                          total * s.weight_bytes * per_machine, LOAD, source="hf-loading"))
+    # saving: what rank 0 gathers or copies into host RAM before it writes
+    if deepspeed and s.zero == 3:
+        items.append(Item("saving: 16-bit weights gathered on rank 0 (stage3_gather_16bit_weights_on_model_save)",
+                          "weights", total * w16, SAVE, source="ds-save"))
+    elif fsdp:
+        if s.fsdp_full_state_dict:  # sharded: each rank writes its own shard, nothing is gathered
+            items.append(Item("saving: full state dict gathered on rank 0 (fsdp.state_dict_type: full)", "weights",
+                              total * master, SAVE, source="fsdp"))
+    elif s.kind == "full":
+        weights = total * (w16 if deepspeed else s.weight_bytes)
+        items.append(Item("saving: safetensors copies a shard (up to 50 GB) into host RAM on rank 0", "weights",
+                          min(weights, SAFETENSORS_SHARD_BYTES), SAVE, source="safetensors"))
+    else:
+        items.append(Item("saving: the adapter on rank 0", "lora_adapter", lora_bytes, SAVE, source="peft"))
+    # resuming: checkpoints are read into host RAM by every process before they reach the GPU
+    if not s.resumable:
+        pass
+    elif deepspeed:
+        model_states = total * w16 / (n if s.zero == 3 else 1) if s.kind == "full" else lora_bytes
+        optimizer = trainable * 12 / (n if s.zero >= 1 else 1)
+        items.append(Item("resuming: each process loads its model states and optimizer partition to the CPU",
+                          "optimizer", (model_states + optimizer) * per_machine, RESUME, source="ds-checkpoint"))
+    elif fsdp and s.fsdp_full_state_dict:
+        items.append(Item("resuming: full model and optimizer state dicts loaded on rank 0", "optimizer",
+                          total * master + trainable * 2 * master, RESUME, source="fsdp"))
+    elif fsdp:
+        items.append(Item("resuming: each process reads its model and optimizer shards", "optimizer",
+                          (total + trainable * 2) * master / n * per_machine, RESUME, source="fsdp"))
+    elif s.kind == "full":
+        items.append(Item("resuming: each process loads the checkpoint's weights to the CPU", "weights",
+                          total * s.weight_bytes * per_machine, RESUME, source="hf-loading"))
+    else:
+        items.append(Item("resuming: each process loads the adapter", "lora_adapter", lora_bytes * per_machine,
+                          RESUME, source="peft"))
+    return items + _merge_items(s), notes
+
+
+def _cpu_phase_items(s: _Setup) -> list[Item]:
+    """On a CPU recipe, per process: resuming full weights reads a copy before load_state_dict copies it in."""
+    if s.kind != "full" or not s.resumable:
+        return []
+    return [Item("resuming: the checkpoint's weights read before they are copied in", "weights",
+                 s.facts.total_params * s.weight_bytes, RESUME, source="hf-loading")]
 
 
 # ---------------------------------------------------------------- the plan
 
-def _overhead_items(s: _Setup, tensors: float) -> list[Item]:
+def _overhead_items(s: _Setup, tensors: float, loss_bytes: float) -> list[Item]:
     if not s.on_gpu:
-        return [Item("Python, torch and transformers in the process", "overhead", CPU_PROCESS_GIB * GIB, source="measured")]
-    items = [Item("CUDA context and library workspaces", "overhead", CUDA_CONTEXT_GIB * GIB, source="measured")]
+        return [Item("Python, torch and transformers in the process", "overhead", CPU_PROCESS_GIB * GIB,
+                     source="measured", level="device")]
+    items = [Item("CUDA context and library workspaces", "overhead", CUDA_CONTEXT_GIB * GIB, source="measured",
+                  level="device")]
     if s.world > 1:
-        items.append(Item("NCCL communicator buffers", "overhead", NCCL_GIB * GIB, source="nccl"))
-    return items + _allocator_items(s, tensors)
+        items.append(Item("NCCL communicator buffers", "overhead", NCCL_GIB * GIB, source="nccl", level="device"))
+    return items + _allocator_items(tensors, loss_bytes)
 
 
-def _allocator_items(s: _Setup, tensors: float) -> list[Item]:
+def _allocator_items(tensors: float, loss_bytes: float) -> list[Item]:
     """What PyTorch's caching allocator reserves beyond the live tensors (max_memory_reserved - allocated).
 
     The loss path allocates T x V buffers of two sizes (16-bit logits and their gradient, fp32 upcast,
     log-softmax and its gradients); a freed fp32 block split by a 16-bit request cannot take the next fp32
-    one, so a whole fp32 logits segment stays cached through the forward/backward.  When the peak is the
-    optimizer step, the gradients, AdamW states and foreach temporaries (parameter-shaped) fill the
-    segments the loss buffers left only in part: all of them count.  Measured on an H200 (docs/memory.md).
+    one, so a whole fp32 logits segment (a third of the 12 T x V bytes of the loss buffers) stays cached through
+    the forward/backward.  When the peak is the optimizer step, the gradients, AdamW states and foreach
+    temporaries (parameter-shaped) fill the segments the loss buffers left only in part: all of them count.
+    Measured on an H200 (docs/memory.md); a fused or chunked loss scales both with its own buffers.
     """
-    logits = s.batch * s.seq * s.facts.vocab_size
     return [
         Item(f"caching-allocator rounding and split blocks ({ALLOCATOR_ROUNDING:.0%} of tensors)", "overhead",
-             ALLOCATOR_ROUNDING * tensors, source="allocator"),
-        Item("cached fp32 logits segment (s x b x V)", "overhead", 4 * logits, BACKWARD, source="allocator"),
-        Item("cached segments of the loss buffers, partly refilled by the step", "overhead", 12 * logits, STEP,
-             source="allocator"),
+             ALLOCATOR_ROUNDING * tensors, source="allocator", level="reserved"),
+        Item("cached fp32 logits segment (a third of the loss buffers)", "overhead", loss_bytes / 3, BACKWARD,
+             source="allocator", level="reserved"),
+        Item("cached segments of the loss buffers, partly refilled by the step", "overhead", loss_bytes, STEP,
+             source="allocator", level="reserved"),
     ]
 
 
@@ -499,39 +815,57 @@ def _host_ram(recipe) -> float | None:
 
 
 def plan(recipe) -> MemoryPlan:
-    """Predict the peak memory of one training step of ``recipe`` on each device, with a verdict."""
+    """Predict the peak memory of every phase of ``recipe``'s run on each device, with a verdict."""
     s = _setup(recipe)
     f = s.facts
     gpu_items, host_per_gpu, notes = _model_state_items(s)
-    act_items, act_notes = _activation_items(s)
+    act_items, act_host, act_notes = _activation_items(s)
     notes += list(f.notes) + act_notes
-    items = gpu_items + act_items
+    items = gpu_items + act_items + (_eval_items(s) if s.evaluates else [])
     peak = DevicePlan("probe", None, items).total_gib * GIB
-    items += _overhead_items(s, peak)
+    loss_bytes = sum(i.bytes for i in act_items if i.category == "logits_loss")
+    items += _overhead_items(s, peak, loss_bytes)
 
     devices: list[DevicePlan] = []
+    host_ram = 0.0
     if s.on_gpu:
         capacity, gpu_name = _capacity(recipe)
         devices.append(DevicePlan(f"GPU ({s.world} x {gpu_name})" if s.world > 1 else f"GPU ({gpu_name})",
-                                  capacity, items, count=s.world, kind="gpu"))
-    else:
-        processes = s.world
-        scaled = [Item(i.name, i.category, i.bytes * processes, i.phase, i.source) for i in items] if processes > 1 else items
-        devices.append(DevicePlan("CPU RAM" + (f" ({processes} processes)" if processes > 1 else ""),
-                                  _host_ram(recipe), scaled, count=1, kind="cpu"))
-
-    host_ram = 0.0
-    if host_per_gpu:
+                                  capacity, items, count=s.world, kind="gpu", phases=GPU_PHASES))
         per_machine = max(s.gpus_per_machine, 1)
-        host_items = [Item(i.name, i.category, i.bytes * per_machine, ALWAYS, i.source) for i in host_per_gpu]
+        phase_items, phase_notes = _host_phase_items(s)
+        host_items = [i.scaled(per_machine, AFTER_LOADING) for i in host_per_gpu] + \
+            [i.scaled(per_machine) for i in act_host] + phase_items
         host = DevicePlan(f"host RAM (per machine, {per_machine} GPU(s))", _host_ram(recipe), host_items, kind="host")
         host_ram = host.total_gib
         devices.append(host)
+        notes += phase_notes
         if host.capacity_gib is None:
-            notes.append("set hardware.host_ram_gb to check the offloaded states against the machines' RAM.")
+            notes.append(f"host RAM per machine peaks at {host.total_gib:.1f} GiB while {host.moment}; set "
+                         "hardware.host_ram_gb to check it against the machines' RAM.")
         if "nvme" in (s.offload_optimizer, s.offload_params):
             notes.append("NVMe offload: the offloaded states live on disk; host RAM then holds only pinned swap "
                          "buffers, which this plan does not model.")
+    else:
+        processes = s.world
+        scaled = [i.scaled(processes) for i in items + _cpu_phase_items(s)] if processes > 1 else \
+            items + _cpu_phase_items(s)
+        devices.append(DevicePlan("CPU RAM" + (f" ({processes} processes)" if processes > 1 else ""),
+                                  _host_ram(recipe), scaled + _merge_items(s), count=1, kind="cpu", phases=CPU_PHASES))
+    notes += _setting_notes(recipe, s)
+
+    verdict, missing = _verdict(devices)
+    counts = f.param_counts
+    trainable = counts.total if s.kind == "full" else f.lora_params(s.lora_r, s.lora_targets)
+    return MemoryPlan(model=recipe.model.id, devices=devices, verdict=verdict, missing_gib=missing,
+                      host_ram_gib=host_ram, notes=notes, params=counts.as_dict(), trainable_params=trainable,
+                      micro_batch_size=s.batch, max_seq_length=s.seq)
+
+
+def _setting_notes(recipe, s: _Setup) -> list[str]:
+    """What the recipe sets that changes memory in ways the plan models only in part (or not at all)."""
+    f, mem = s.facts, recipe.memory
+    notes = []
     if s.quant_bits and s.distributed in ("fsdp", "deepspeed") and (s.distributed == "fsdp" or s.zero == 3):
         notes.append("QLoRA sharded with ZeRO-3/FSDP stores 4-bit weights as the compute dtype "
                      "(bnb_4bit_quant_storage); tuner's loader sets it.")
@@ -541,13 +875,28 @@ def plan(recipe) -> MemoryPlan:
     if s.mixed and s.kind == "full" and s.distributed in ("none", "ddp") and s.weight_bytes == 2:
         notes.append("16-bit weights with 16-bit AdamW states (no fp32 master copy), as the Hugging Face Trainer "
                      "does for bf16 weights; load float32 weights for classic mixed precision.")
-
-    verdict, missing = _verdict(devices)
-    counts = f.param_counts
-    trainable = counts.total if s.kind == "full" else f.lora_params(s.lora_r, s.lora_targets)
-    return MemoryPlan(model=recipe.model.id, devices=devices, verdict=verdict, missing_gib=missing,
-                      host_ram_gib=host_ram, notes=notes, params=counts.as_dict(), trainable_params=trainable,
-                      micro_batch_size=s.batch, max_seq_length=s.seq)
+    if not s.mixed and s.weight_bytes == 2 and s.kind != "full":
+        notes.append("16-bit weights without autocast: PEFT keeps the adapters in fp32 (autocast_adapter_dtype), "
+                     "casts each adapted layer's input to fp32 and adds the fp32 branch to the 16-bit output, so the "
+                     "LoRA branches, their gradients and AdamW states are fp32 while the rest runs in "
+                     f"{recipe.model.dtype}; counted so.")
+    if mem.liger and not s.on_gpu:
+        notes.append("memory.liger: Liger's Triton kernels need a GPU; a CPU run trains without them, and so does "
+                     "this plan.")
+    elif s.liger:
+        notes.append("memory.liger: counts Liger's fused RMSNorm, SwiGLU and linear cross-entropy by their published "
+                     "formulas (not measured here); it assumes liger-kernel is installed on the training machines and "
+                     f"supports model_type {f.model_type!r}, else the run trains without them and needs more.")
+    if mem.torch_compile:
+        notes.append("memory.torch_compile: not modelled; inductor fuses element-wise ops and usually saves "
+                     "activation memory, so the plan errs high (and the first steps compile).")
+    if s.chunked_loss and s.on_gpu:
+        notes.append("memory.chunked_loss: torch's chunked linear cross-entropy on CUDA is counted by its "
+                     "buffer layout (compact, aspect_ratio:2), checked against CPU traces; not measured on a GPU.")
+    if s.activation_offloading:
+        notes.append("memory.activation_offloading: the checkpointed layer inputs live in pinned host RAM "
+                     "(counted on the host device); each crosses PCIe twice per step.")
+    return notes
 
 
 def _verdict(devices: list[DevicePlan]) -> tuple[str, float]:

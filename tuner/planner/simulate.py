@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from tuner.catalog.models import _catalog, _catalog_key, _demo_config
 
@@ -83,8 +84,14 @@ def _tracker():
     return FrozenAwareMemTracker()
 
 
-def simulate(recipe) -> SimulationResult:
-    """Trace one steady-state training step of ``recipe``'s model on one process, with fake tensors."""
+def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
+    """Trace one steady-state training step of ``recipe``'s model on one process, with fake tensors.
+
+    ``adapt(model)`` changes the built model as the training entrypoint does beyond transformers and PEFT (the
+    chunked loss: :func:`tuner.loading.chunked_loss.enable_chunked_loss`, from a floor above this one).
+    With ``data.packing`` the micro-batch is one row of ``micro_batch_size x max_seq_length`` tokens whose
+    position ids restart every ``max_seq_length`` tokens, as DataCollatorWithFlattening makes it.
+    """
     reason = why_not_simulable(recipe)
     if reason:
         return SimulationResult(error=reason)
@@ -115,6 +122,10 @@ def simulate(recipe) -> SimulationResult:
         lora = recipe.method.lora
         model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                                  target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    if adapt is not None:
+        adapt(model)
+    elif mem.chunked_loss:
+        notes.append("memory.chunked_loss is not traced here (the step runs the transformers loss).")
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = model.to_empty(device="cpu")
         model.tie_weights()  # to_empty gives each module its own tensor; tied embeddings share one again
@@ -123,11 +134,16 @@ def simulate(recipe) -> SimulationResult:
         model.train()
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=False)
-        ids = torch.randint(0, config.vocab_size, (batch, seq))
+        if recipe.data.packing:
+            ids = torch.randint(0, config.vocab_size, (1, batch * seq))
+            inputs = {"input_ids": ids, "labels": ids, "position_ids": torch.arange(seq).repeat(batch)[None]}
+        else:
+            ids = torch.randint(0, config.vocab_size, (batch, seq))
+            inputs = {"input_ids": ids, "labels": ids}
 
         def step() -> None:
             with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                loss = model(input_ids=ids, labels=ids).loss
+                loss = model(**inputs).loss
             loss.backward()
             del loss
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.catalog.gpus import known_gpu_names, lookup_gpu
+from tuner.catalog.gpus import AmbiguousGpuError, known_gpu_names, lookup_gpu
 from tuner.recipe.schema import Recipe
 
 
@@ -41,6 +41,8 @@ def _topology(recipe: Recipe) -> list[Problem]:
     if hw.gpu is not None:
         try:
             lookup_gpu(hw.gpu)
+        except AmbiguousGpuError as exc:
+            problems.append(Problem("hardware.gpu", str(exc)))
         except KeyError:
             problems.append(Problem(
                 "hardware.gpu",
@@ -157,7 +159,63 @@ def _training(recipe: Recipe) -> list[Problem]:
     return problems
 
 
-RULES = (_topology, _sharding, _method, _precision, _training)
+def _lora_targets(recipe: Recipe) -> list[Problem]:
+    """Named LoRA targets must name modules of the model (its facts, from the catalog or local files; no download)."""
+    lora = recipe.method.lora
+    if recipe.method.kind == "full" or lora.target_modules == "all-linear":
+        return []
+    from tuner.catalog.models import UnknownModelError, model_facts
+
+    try:
+        facts = model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code)
+    except UnknownModelError:
+        return []  # the plan says the model is unknown; the loader checks the names against the real model
+    names = list(dict.fromkeys(lin.name.split(".")[-1] for lin in facts.layer_linears() if lin.is_nn_linear))
+    qualified = {lin.name for lin in facts.layer_linears() if lin.is_nn_linear}
+    known = set(names) | qualified | {"lm_head", "embed_tokens"}
+    unmatched = [name for name in lora.target_modules if name not in known]
+    if not unmatched:
+        return []
+    return [Problem(
+        "method.lora.target_modules",
+        f"{', '.join(repr(name) for name in unmatched)} match{'es' if len(unmatched) == 1 else ''} no module of "
+        f"{recipe.model.id}; its linear layers are {', '.join(names)} (and lm_head): pick from them, or use "
+        "all-linear.")]
+
+
+def _long_context(recipe: Recipe) -> list[Problem]:
+    mem, lora = recipe.memory, recipe.method.lora
+    problems = []
+    if mem.activation_offloading and not mem.gradient_checkpointing:
+        problems.append(Problem(
+            "memory.activation_offloading",
+            "activation offloading holds the checkpointed layer inputs in CPU RAM: set gradient_checkpointing: true "
+            "too, or activation_offloading: false."))
+    if mem.activation_offloading and not recipe.uses_gpu:
+        problems.append(Problem(
+            "memory.activation_offloading",
+            "on the CPU the activations already live in CPU RAM (and transformers' offload pins host memory, which "
+            "needs a GPU): set activation_offloading: false."))
+    if mem.chunked_loss and (mem.distributed == "fsdp" or (mem.distributed == "deepspeed" and mem.zero_stage == 3)):
+        problems.append(Problem(
+            "memory.chunked_loss",
+            "the chunked loss reads the output head's weight outside its forward, where ZeRO-3 and FSDP keep it "
+            "sharded: use zero_stage 2 (or ddp), or set chunked_loss: false."))
+    if mem.chunked_loss and mem.liger:
+        problems.append(Problem(
+            "memory.chunked_loss",
+            "liger's fused linear cross-entropy already computes the loss in chunks (on GPU): set chunked_loss: false "
+            "or liger: false."))
+    adapted = ([] if lora.target_modules == "all-linear" else list(lora.target_modules)) + list(lora.modules_to_save)
+    if mem.chunked_loss and recipe.method.kind != "full" and "lm_head" in adapted:
+        problems.append(Problem(
+            "memory.chunked_loss",
+            "the chunked loss multiplies by the output head's own weight, so it cannot train lm_head through an adapter "
+            "or modules_to_save: remove lm_head there, or set chunked_loss: false."))
+    return problems
+
+
+RULES = (_topology, _sharding, _method, _lora_targets, _precision, _training, _long_context)
 
 
 def find_problems(recipe: Recipe) -> list[Problem]:

@@ -89,6 +89,14 @@ class LoraSection(Section):
         "[embed_tokens, lm_head] after adding tokens).",
     )
 
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _names_as_a_list(cls, value):
+        """``q_proj,v_proj`` (as ``--set`` passes an unbracketed list) or one name means those names."""
+        if isinstance(value, str) and value != "all-linear":
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
+
 
 class QuantizationSection(Section):
     bits: Literal[4, 8] = Field(4, description="Bits per frozen base weight with bitsandbytes: 4 (QLoRA) or 8.")
@@ -143,6 +151,18 @@ class MemorySection(Section):
     fsdp: FsdpSection = Field(default_factory=FsdpSection, description="FSDP settings, used with distributed: fsdp.")
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass instead of storing them (~30% slower, far less memory)."
+    )
+    activation_offloading: bool = Field(
+        False,
+        description="Hold the checkpointed layer inputs in pinned CPU RAM instead of GPU memory (transformers' "
+        "activation-checkpointing offload): frees layers x tokens x hidden size of GPU memory, at the cost of a copy "
+        "each way per step. Needs gradient_checkpointing and a GPU.",
+    )
+    chunked_loss: bool = Field(
+        False,
+        description="Compute the output head and cross-entropy in chunks of tokens (torch.nn.functional."
+        "linear_cross_entropy), so the tokens x vocabulary logits are never built whole. Not with ZeRO-3 or FSDP "
+        "(the output head is sharded outside its own forward), nor with liger (its fused loss does the same on GPU).",
     )
     attention: Literal["auto", "flash", "sdpa", "eager"] = Field(
         "auto",

@@ -21,14 +21,16 @@ from tuner.run_layout import DEEPSPEED_CONFIG, EVENTS_FILE, FINAL_DIR, MEMORY_RE
 log = logging.getLogger("tuner")
 
 
-def checkpointing_arguments(arguments_class, enabled: bool) -> dict:
+def checkpointing_arguments(arguments_class, enabled: bool, offload: bool = False) -> dict:
     """Non-reentrant activation checkpointing under the option's name in this transformers release
-    (``activation_checkpointing`` from 5.24, ``gradient_checkpointing`` before)."""
+    (``activation_checkpointing`` from 5.24, ``gradient_checkpointing`` before); ``offload`` holds the
+    checkpointed layer inputs in pinned host memory (the Trainer passes it to ``activation_checkpointing_enable``)."""
     import dataclasses
 
     names = {field.name for field in dataclasses.fields(arguments_class)}
     name = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
-    return {name: enabled, f"{name}_kwargs": {"use_reentrant": False} if enabled else None}
+    kwargs = {"use_reentrant": False, **({"offload": True} if offload else {})}
+    return {name: enabled, f"{name}_kwargs": kwargs if enabled else None}
 
 
 def training_arguments(recipe: Recipe, run_dir: Path):
@@ -61,7 +63,7 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         data_seed=training.seed,
         bf16=mem.mixed_precision == "bf16",
         fp16=mem.mixed_precision == "fp16",
-        **checkpointing_arguments(TrainingArguments, mem.gradient_checkpointing),
+        **checkpointing_arguments(TrainingArguments, mem.gradient_checkpointing, mem.activation_offloading),
         optim=mem.optimizer,
         torch_compile=mem.torch_compile,
         include_num_input_tokens_seen="non_padding",
@@ -84,6 +86,11 @@ def build_model(recipe: Recipe):
     log.info("liger kernels: %s", reason)
     if recipe.method.kind in ("lora", "qlora"):
         model = apply_lora(model, recipe)
+    if recipe.memory.chunked_loss:
+        from tuner.loading.chunked_loss import enable_chunked_loss
+
+        enable_chunked_loss(model)
+        log.info("loss: chunked linear cross-entropy (the tokens x vocabulary logits are never built whole)")
     trainable, total = count_parameters(model)
     log.info("trainable parameters: %d of %d (%.2f%%)", trainable, total, 100 * trainable / max(total, 1))
     return model, liger

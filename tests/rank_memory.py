@@ -1,0 +1,154 @@
+"""One training step per rank under torch's MemTracker, for tests/test_rank_memory.py (run by torchrun on gloo).
+
+    python -m torch.distributed.run --nproc_per_node N tests/rank_memory.py OUT_DIR MODEL_DIR ENGINE:PRECISION...
+
+ENGINE: zero1, zero2, zero3 (DeepSpeed, given a torch AdamW as the Trainer gives it) or fsdp2 (torch's
+``fully_shard`` on every decoder layer and the root, as Accelerate's FSDP2 plugin wraps a model); PRECISION: fp32, or
+bf16 (DeepSpeed's bf16 engine with fp32 master partitions; FSDP2's bf16 MixedPrecisionPolicy over fp32 parameters, as
+Accelerate sets it up). The model is built from MODEL_DIR/config.json in float32, a warm-up step creates the
+optimizer states, and the second step runs inside ``MemTracker`` (see :func:`trace` for what it is told to track).  Each rank writes OUT_DIR/rank<R>.json, for each
+ENGINE:PRECISION:
+
+- ``peak``: MemTracker's peak snapshot of the step, bytes by category (Parameter, Gradient, Optstate, Activation,
+  Temp, Other) and Total;
+- ``persistent``: the tensors alive after the step (model states: what the next step starts from).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+SEQ, BATCH = 32, 1
+
+
+def _category(key) -> str:
+    return getattr(key, "value", str(key))
+
+
+def _snapshot(tracker, kind: str) -> dict[str, int]:
+    """Bytes by category on real devices (DeepSpeed keeps shape-only meta tensors, which MemTracker also counts)."""
+    out: dict[str, int] = {}
+    for device, device_snapshot in tracker.get_tracker_snapshot(kind).items():
+        if device.type == "meta":
+            continue
+        for key, value in device_snapshot.items():
+            out[_category(key)] = out.get(_category(key), 0) + int(value)
+    return out
+
+
+def _deepspeed_engine(model, stage: int, bf16: bool):
+    import deepspeed
+    import torch
+
+    hidden = model.config.hidden_size
+    zero = {"stage": stage, "contiguous_gradients": True, "overlap_comm": False,
+            # the values Hugging Face's DeepSpeed integration fills in for "auto"
+            "reduce_bucket_size": hidden * hidden}
+    if stage == 3:
+        zero.update(stage3_prefetch_bucket_size=int(0.9 * hidden * hidden), stage3_param_persistence_threshold=10 * hidden)
+    config = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1, "zero_optimization": zero,
+              "bf16": {"enabled": bf16}, "steps_per_print": 10**9, "wall_clock_breakdown": False}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+
+    def step(ids):
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+
+    return engine, step
+
+
+def _fsdp2_model(model, bf16: bool):
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    # Accelerate keeps fp32 parameters and computes in bf16 through the policy
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+
+    def step(ids):
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, step
+
+
+def _tensors(obj, depth: int = 0):
+    """Every tensor an engine holds in its attributes, lists and dicts (a few levels deep)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth < 4 and isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _tensors(item, depth + 1)
+    elif depth < 4 and isinstance(obj, dict):
+        for item in obj.values():
+            yield from _tensors(item, depth + 1)
+
+
+def trace(engine_name: str, precision: str, config, rank: int) -> dict:
+    """One engine's traced step on this rank: the peak and the persistent tensors, bytes by MemTracker category.
+
+    FSDP2 is built inside the tracker (its DTensor shards are seen as they are made). DeepSpeed is built and warmed
+    up outside it and every tensor its optimizer holds is handed to ``track_external``: on the CPU, DeepSpeed swaps
+    parameter storages while it flattens them, which MemTracker would keep counting.
+    """
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(rank))
+    tracker = MemTracker()
+    if engine_name.startswith("zero"):
+        engine, step = _deepspeed_engine(model, int(engine_name[-1]), precision == "bf16")
+        step(ids)  # warm-up: creates the optimizer states
+        tracker.track_external(engine.module, engine.optimizer.optimizer, *_tensors(vars(engine.optimizer)))
+        with tracker:
+            step(ids)
+            persistent = _snapshot(tracker, "current")
+    else:
+        tracker.track_external(model)
+        with tracker:
+            _, step = _fsdp2_model(model, precision == "bf16")
+            step(ids)  # warm-up: creates the optimizer states
+            tracker.reset_mod_stats()
+            tracker._peak_mem.clear()  # the peak of the traced step only
+            tracker._peak_mem_snap.clear()
+            step(ids)
+            persistent = _snapshot(tracker, "current")
+    return {"peak": _snapshot(tracker, "peak"), "persistent": persistent}
+
+
+def main(out_dir: str, model_dir: str, *runs: str) -> int:
+    """Trace each ENGINE:PRECISION of ``runs`` in turn, in one process group."""
+    import deepspeed
+    import torch.distributed as dist
+    from transformers import AutoConfig
+
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)  # one gloo group for both engines
+    rank = int(os.environ["RANK"])
+    config = AutoConfig.from_pretrained(model_dir)
+    config.use_cache = False
+    results = {}
+    for run in runs:
+        engine_name, precision = run.split(":")
+        results[run] = trace(engine_name, precision, config, rank)
+        dist.barrier()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

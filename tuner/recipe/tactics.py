@@ -1,0 +1,198 @@
+"""The memory tactics a recipe can climb (the rungs of the advisor's ladder): their names, and what each changes.
+
+One place for both: the advisor (:mod:`tuner.planner.advisor`) prices, searches and explains the rungs, the
+out-of-memory advice (:mod:`tuner.train.oom`) shows the advisor's next rung as ``--set`` lines made by
+:func:`recipe_changes`, and the shipped Accelerate presets (:mod:`tuner.render.presets`) are recipes that
+climbed named rungs.  A rung is never spelled as recipe fields anywhere else.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from tuner.recipe.schema import Recipe
+
+
+class Rung(StrEnum):
+    """The ladder, cheapest first: the order in which an out-of-memory run climbs it."""
+
+    ZERO1 = "zero1"  # shard the optimizer states
+    CHUNKED_LOSS = "chunked_loss"  # never build the tokens x vocabulary logits
+    ZERO2 = "zero2"  # shard the gradients too
+    MICRO_BATCH = "micro_batch"  # halve the micro-batch, double the accumulation
+    GRADIENT_CHECKPOINTING = "gradient_checkpointing"  # keep each layer's input, recompute the rest
+    ACTIVATION_OFFLOADING = "activation_offloading"  # hold the checkpointed inputs in CPU RAM
+    ZERO3 = "zero3"  # shard the parameters too
+    OFFLOAD_OPTIMIZER = "offload_optimizer"  # optimizer states and step in CPU RAM
+    OFFLOAD_PARAMS = "offload_params"  # parameter shards in CPU RAM
+    LORA = "lora"  # train adapters instead of every weight (method.allow_method_change)
+    QLORA = "qlora"  # and quantise the frozen base to 4 bits
+
+
+LADDER = tuple(Rung)
+SHARDING_RUNGS = (Rung.ZERO1, Rung.ZERO2, Rung.ZERO3)  # sharding level 1, 2, 3
+# Rungs after which a run can resume from its checkpoints: the layout of weights and optimizer states is unchanged
+KEEPS_CHECKPOINTS = frozenset({Rung.MICRO_BATCH, Rung.GRADIENT_CHECKPOINTING, Rung.ACTIVATION_OFFLOADING,
+                               Rung.CHUNKED_LOSS})
+
+
+@dataclass(frozen=True)
+class Tactics:
+    """The knobs the ladder turns, read from a recipe (:func:`tactics_of`) or applied to one (:func:`apply_tactics`)."""
+
+    sharding: str  # none, ddp, zero0..zero3, fsdp:<strategy>
+    checkpointing: bool
+    offload_optimizer: str
+    offload_params: str
+    micro_batch: int
+    method: str
+    chunked_loss: bool = False
+    activation_offloading: bool = False
+
+
+def tactics_of(recipe: Recipe) -> Tactics:
+    mem = recipe.memory
+    if mem.distributed == "deepspeed":
+        sharding = f"zero{mem.zero_stage}"
+    elif mem.distributed == "fsdp":
+        sharding = f"fsdp:{mem.fsdp.sharding_strategy}"
+    else:
+        sharding = mem.distributed
+    return Tactics(sharding, mem.gradient_checkpointing, mem.offload_optimizer, mem.offload_params,
+                   mem.micro_batch_size, recipe.method.kind, mem.chunked_loss, mem.activation_offloading)
+
+
+_FSDP_LEVEL = {"no_shard": 0.0, "shard_grad_op": 2.0, "full_shard": 3.0}
+
+
+def sharding_level(sharding: str, machines: int = 1) -> float:
+    """What a sharding shards: 0 nothing, 1 optimizer states, 2 and gradients, 3 and parameters.
+
+    FSDP's hybrid_shard shards within a machine: full sharding on one machine, between 2 and 3 on several.
+    """
+    if sharding.startswith("zero"):
+        return float(sharding[-1])
+    if sharding.startswith("fsdp:"):
+        strategy = sharding.split(":")[1]
+        return _FSDP_LEVEL.get(strategy, 3.0 if machines == 1 else 2.5)
+    return 0.0
+
+
+def sharding_rung(level: float) -> Rung:
+    return SHARDING_RUNGS[math.ceil(level) - 1]
+
+
+def rungs_between(base: Tactics, tactics: Tactics, machines: int = 1) -> list[Rung]:
+    """The rungs ``tactics`` climbs above ``base``, in ladder order (each sharding includes the ones below it)."""
+    rungs = []
+    if sharding_level(tactics.sharding, machines) > sharding_level(base.sharding, machines):
+        rungs.append(sharding_rung(sharding_level(tactics.sharding, machines)))
+    for rung, field in ((Rung.GRADIENT_CHECKPOINTING, "checkpointing"), (Rung.CHUNKED_LOSS, "chunked_loss"),
+                        (Rung.ACTIVATION_OFFLOADING, "activation_offloading")):
+        if getattr(tactics, field) and not getattr(base, field):
+            rungs.append(rung)
+    for rung in (Rung.OFFLOAD_OPTIMIZER, Rung.OFFLOAD_PARAMS):
+        if getattr(tactics, rung.value) != "none" and getattr(base, rung.value) == "none":
+            rungs.append(rung)
+    if tactics.micro_batch < base.micro_batch:
+        rungs += [Rung.MICRO_BATCH] * int(round(math.log2(base.micro_batch / tactics.micro_batch)))
+    if tactics.method != base.method:
+        rungs += {("full", "lora"): [Rung.LORA], ("lora", "qlora"): [Rung.QLORA],
+                  ("full", "qlora"): [Rung.LORA, Rung.QLORA]}[(base.method, tactics.method)]
+    return sorted(rungs, key=LADDER.index)
+
+
+def climb(recipe: Recipe, rung: Rung) -> Tactics | None:
+    """The recipe's tactics one ``rung`` higher, or None where the rung is climbed already or changes nothing here.
+
+    Whether the result is a valid recipe is for :func:`tuner.recipe.checks.find_problems` to say.
+    """
+    t = tactics_of(recipe)
+    machines, multi = recipe.hardware.machines, recipe.world_size > 1 and recipe.uses_gpu
+    fsdp = t.sharding.startswith("fsdp:")
+    if rung in SHARDING_RUNGS:
+        level = SHARDING_RUNGS.index(rung) + 1
+        if sharding_level(t.sharding, machines) >= level or not recipe.uses_gpu:
+            return None
+        if level < 3 and not multi:
+            return None  # one GPU: only ZeRO-3 changes anything (it is what lets DeepSpeed offload)
+        if fsdp:
+            return None if level == 1 else replace(t, sharding="fsdp:shard_grad_op" if level == 2 else "fsdp:full_shard")
+        return replace(t, sharding=rung.value)
+    if rung == Rung.MICRO_BATCH:
+        return replace(t, micro_batch=t.micro_batch // 2) if t.micro_batch > 1 else None
+    if rung in (Rung.GRADIENT_CHECKPOINTING, Rung.CHUNKED_LOSS, Rung.ACTIVATION_OFFLOADING):
+        field = "checkpointing" if rung == Rung.GRADIENT_CHECKPOINTING else rung.value
+        return None if getattr(t, field) else replace(t, **{field: True})
+    if rung in (Rung.OFFLOAD_OPTIMIZER, Rung.OFFLOAD_PARAMS):
+        needed = 1 if rung == Rung.OFFLOAD_OPTIMIZER else 3
+        if getattr(t, rung.value) != "none" or not recipe.uses_gpu or sharding_level(t.sharding, machines) < needed:
+            return None
+        if fsdp:  # FSDP offloads parameters, gradients and optimizer states together
+            return replace(t, offload_optimizer="cpu", offload_params="cpu")
+        return replace(t, **{rung.value: "cpu"})
+    if not recipe.method.allow_method_change:
+        return None
+    wanted = {Rung.LORA: ("full", "lora"), Rung.QLORA: ("lora", "qlora")}[rung]
+    return replace(t, method=wanted[1]) if t.method == wanted[0] else None
+
+
+def apply_tactics(recipe: Recipe, t: Tactics) -> Recipe:
+    """The recipe with tactics ``t``, keeping the effective batch (not yet validated)."""
+    mem, method = recipe.memory, recipe.method
+    effective = mem.micro_batch_size * mem.gradient_accumulation_steps
+    update = {"gradient_checkpointing": t.checkpointing, "offload_optimizer": t.offload_optimizer,
+              "offload_params": t.offload_params, "micro_batch_size": t.micro_batch,
+              "gradient_accumulation_steps": max(1, math.ceil(effective / t.micro_batch)),
+              "chunked_loss": t.chunked_loss, "activation_offloading": t.activation_offloading}
+    if t.sharding.startswith("zero"):
+        update.update(distributed="deepspeed", zero_stage=int(t.sharding[-1]))
+        if mem.optimizer not in ("adamw_torch", "adamw_torch_fused"):
+            update["optimizer"] = "adamw_torch"  # DeepSpeed brings its own optimizer
+    elif t.sharding.startswith("fsdp:"):
+        update.update(distributed="fsdp", zero_stage=None,
+                      fsdp=mem.fsdp.model_copy(update={"sharding_strategy": t.sharding.split(":")[1]}))
+    else:
+        update.update(distributed=t.sharding, zero_stage=None)
+    changes = {"memory": mem.model_copy(update=update)}
+    if t.method != method.kind:
+        quant = method.quantization
+        if t.method == "qlora" and quant is None:
+            from tuner.recipe.schema import QuantizationSection
+
+            quant = QuantizationSection()
+        changes["method"] = method.model_copy(update={"kind": t.method, "quantization": quant if t.method == "qlora" else None})
+        if recipe.output.save == "full" and t.method != "full":
+            changes["output"] = recipe.output.model_copy(update={"save": "adapter"})
+    return recipe.model_copy(update=changes)
+
+
+def recipe_changes(before: Recipe, after: Recipe) -> list[str]:
+    """The ``--set`` assignments (``dotted.key=value``) that turn ``before`` into ``after``, in schema order.
+
+    Each value is written so the override parser reads it back unchanged (JSON for non-strings, quoted
+    strings where YAML would read something else).
+    """
+    import json
+
+    import yaml
+
+    def flat(data, prefix=""):
+        for key, value in data.items():
+            if isinstance(value, dict):
+                yield from flat(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}", value
+
+    def written(value) -> str:
+        if isinstance(value, str):
+            try:
+                plain = yaml.safe_load(value) == value
+            except yaml.YAMLError:
+                plain = False
+            return value if plain else json.dumps(value)
+        return json.dumps(value)
+
+    old = dict(flat(before.model_dump(mode="json")))
+    return [f"{key}={written(value)}" for key, value in flat(after.model_dump(mode="json")) if old.get(key) != value]
