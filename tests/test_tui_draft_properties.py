@@ -27,7 +27,8 @@ CHOICES = [choice.changes for choice in METHODS + DISTRIBUTION + OPTIMIZERS] + [
         "memory.fsdp.sharding_strategy": ["full_shard", "shard_grad_op"], "data.format": ["auto", "instruction"],
         "training.lr_scheduler": ["linear", "cosine"], "hardware.gpu": ["A100-80GB", "RTX4090", None],
     }.items() for choice in value_choices(field, values)]
-TOGGLES = ["memory.gradient_checkpointing", "method.allow_method_change", "data.packing", "data.train_on_prompt"]
+TOGGLES = ["memory.gradient_checkpointing", "memory.activation_offloading", "memory.chunked_loss",
+           "method.allow_method_change", "data.packing", "data.train_on_prompt"]
 NUMBER_BOXES = ["hardware.machines", "hardware.gpus_per_machine", "hardware.host_ram_gb", "hardware.num_processes",
                 "memory.micro_batch_size", "memory.gradient_accumulation_steps", "memory.max_seq_length",
                 "method.lora.r", "training.learning_rate", "training.max_steps", "data.eval_fraction"]

@@ -95,6 +95,10 @@ class MethodScreen(WizardScreen):
                                   id="offload-params", help=_help(MemorySection, "offload_params"))
                 yield ToggleField("Gradient checkpointing", "memory.gradient_checkpointing",
                                   help=_help(MemorySection, "gradient_checkpointing"))
+                yield ToggleField("Activation offloading (CPU RAM)", "memory.activation_offloading",
+                                  help=_help(MemorySection, "activation_offloading"))
+                yield ToggleField("Chunked loss (no full logits)", "memory.chunked_loss",
+                                  help=_help(MemorySection, "chunked_loss"))
                 yield ChoiceField("Attention", value_choices("memory.attention", ["auto", "flash", "sdpa", "eager"]),
                                   id="attention", help=_help(MemorySection, "attention"))
                 yield ChoiceField("Precision", value_choices("memory.mixed_precision", ["bf16", "fp16", "no"]),
