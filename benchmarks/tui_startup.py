@@ -2,9 +2,11 @@
 
     python benchmarks/tui_startup.py            # prints the numbers; exit code 1 when over budget
 
-Budget (issue 7): first screen painted in under 1 s; plan refresh after a change under 50 ms.
-The refresh is what a keypress costs: apply the change to the draft, validate, plan, re-check
-every choice on the Method screen for refusals and repaint the fields.
+Budget (issue 13): first screen painted in under 0.5 s; plan refresh after a change under 16 ms
+(one frame at 60 Hz) on an idle machine.  The refresh is what a keypress costs: apply the change to
+the draft, validate, plan, re-check every choice on the Method screen for refusals and repaint the
+fields.  CPU time is printed beside wall time: on a shared, loaded machine wall time mostly
+measures the queue for a core.
 """
 from __future__ import annotations
 
@@ -14,11 +16,12 @@ STARTED = time.perf_counter()
 STARTED_CPU = time.process_time()  # CPU time too: on a shared, loaded machine wall time mostly measures the queue
 
 import asyncio  # noqa: E402
+import os  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 
-FIRST_PAINT_BUDGET_S = 1.0
-REFRESH_BUDGET_MS = 50.0
+FIRST_PAINT_BUDGET_S = 0.5
+REFRESH_BUDGET_MS = 16.0
 CHANGES = [
     {"memory.gradient_checkpointing": True},
     {"memory.gradient_checkpointing": False},
@@ -46,16 +49,17 @@ async def measure() -> dict[str, float]:
         results["first_paint_cpu_s"] = time.process_time() - STARTED_CPU
         app.switch_mode("method")
         await pilot.pause()
-        timings = []
+        timings, cpu = [], []
         for _ in range(3):
             for change in CHANGES:
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 app.on_field_edited(FieldEdited(change))
                 timings.append((time.perf_counter() - start) * 1000)
+                cpu.append((time.process_time() - start_cpu) * 1000)
                 await pilot.pause()
         results["refresh_median_ms"] = statistics.median(timings)
         results["refresh_max_ms"] = max(timings)
-        results["planner"] = float(app.planner.available)
+        results["refresh_cpu_median_ms"] = statistics.median(cpu)
     return results
 
 
@@ -65,8 +69,10 @@ def main() -> int:
     print(f"first screen painted:        {results['first_paint_s'] * 1000:7.0f} ms   "
           f"(budget {FIRST_PAINT_BUDGET_S * 1000:.0f} ms), {results['first_paint_cpu_s'] * 1000:.0f} ms of CPU")
     print(f"plan refresh after a change: {results['refresh_median_ms']:7.1f} ms median, "
-          f"{results['refresh_max_ms']:.1f} ms max   (budget {REFRESH_BUDGET_MS:.0f} ms; "
-          f"planner {'on' if results['planner'] else 'unavailable'})")
+          f"{results['refresh_max_ms']:.1f} ms max   (budget {REFRESH_BUDGET_MS:.0f} ms), "
+          f"{results['refresh_cpu_median_ms']:.1f} ms of CPU (median)")
+    print(f"load average while measuring: {' '.join(f'{load:.2f}' for load in os.getloadavg())} "
+          f"on {os.cpu_count()} cores")
     ok = results["first_paint_s"] < FIRST_PAINT_BUDGET_S and results["refresh_median_ms"] < REFRESH_BUDGET_MS
     return 0 if ok else 1
 

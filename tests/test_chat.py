@@ -70,3 +70,20 @@ def test_chat_cli_reset_and_end_of_input(demo_model_path, tuner_cli):
     assert first == second  # after /reset the same question gets the same greedy answer
     assert "(conversation cleared)" in result.stderr
     assert tuner_cli("chat", "--model", str(demo_model_path), input="/exit\nnever read\n").returncode == 0
+
+
+def test_an_instruction_prompt_without_a_chat_template_is_rendered_as_training_renders_it(demo):
+    """Alpaca's layout: the first line is the instruction, the rest its input, as in the training sample."""
+    import copy
+
+    from tuner.data.formats import prompt_text
+    from tuner.infer.generate import render_prompt, user_turn
+
+    tokenizer = copy.deepcopy(demo.tokenizer)
+    tokenizer.chat_template = None
+    sample = {"instruction": "reverse", "input": "abc", "output": "cba"}
+    turn = [{"role": "user", "content": user_turn("abc", "reverse")}]
+    assert render_prompt(tokenizer, turn, "instruction") == prompt_text(sample, "instruction", tokenizer)
+    alone = [{"role": "user", "content": "write a poem"}]
+    assert render_prompt(tokenizer, alone, "instruction") == prompt_text(
+        {"instruction": "write a poem", "output": "-"}, "instruction", tokenizer)

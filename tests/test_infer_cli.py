@@ -5,6 +5,8 @@ import json
 
 import pytest
 
+from tuner.data.reverse import BUILTIN_DATASETS, reverse_samples
+
 GREEDY = ["--greedy", "--max-new-tokens", "4", "--set", "model.dtype=float32"]
 
 
@@ -79,3 +81,16 @@ def test_trained_run_directory_answers_its_task(tmp_path, tuner_cli, trained_dem
 
     assert correct(str(run_dir)) >= 4
     assert correct("demo") == 0  # the same recipe before training (builtin:demo)
+
+    # asked as it was trained: a bare word is the input of the run's one instruction ('reverse'),
+    # in chat (greedy by default for the demo) as in infer
+    trained_words = {sample["input"] for sample in reverse_samples(BUILTIN_DATASETS["builtin:reverse"])}
+    unseen = [word for word in ("dog", "cat", "sun", "map", "pen", "cup", "hat", "box", "red", "sky")
+              if word not in trained_words][:6]
+    chat = tuner_cli("chat", str(run_dir), "--max-new-tokens", "5", input="".join(f"{w}\n" for w in unseen))
+    assert chat.returncode == 0, chat.stderr
+    assert "prompt format: instruction 'reverse' with each message as its input" in chat.stderr
+    answers = chat.stdout.splitlines()
+    assert sum(answer.strip() == word[::-1] for answer, word in zip(answers, unseen)) >= 4, (unseen, answers)
+    one = tuner_cli("infer", str(run_dir), "--prompt", unseen[0], "--max-new-tokens", "5")
+    assert one.returncode == 0 and one.stdout.strip() == answers[0].strip()

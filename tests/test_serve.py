@@ -18,7 +18,7 @@ import pytest
 
 from conftest import REPO
 from tuner.cli import main
-from tuner.data.formats import ALPACA_PROMPT, DEFAULT_CHAT_TEMPLATE
+from tuner.data.formats import ALPACA_PROMPT_WITH_INPUT, DEFAULT_CHAT_TEMPLATE
 from tuner.infer.target import resolve_target
 from tuner.loading.model import ModelLoadError
 from tuner.recipe.io import load_recipe
@@ -99,7 +99,8 @@ def test_a_model_without_chat_template_is_served_in_the_prompt_format_tuner_trai
     tokenizer = AutoTokenizer.from_pretrained(plain)
     assert tokenizer.chat_template is None
     for data_format, one, two in [
-        ("instruction", ALPACA_PROMPT.format(instruction="reverse\nabc"), None),
+        # as training renders the sample {"instruction": "reverse", "input": "abc"}: first line, then the input
+        ("instruction", ALPACA_PROMPT_WITH_INPUT.format(instruction="reverse", input="abc"), None),
         ("chat", None, None),
         ("text", "reverse\nabc", None),
     ]:

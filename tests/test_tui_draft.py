@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tuner.recipe.io import load_recipe, recipe_to_yaml
+from tuner.recipe.io import RecipeError, load_recipe
 from tuner.tui.draft import Draft
 
 
@@ -31,25 +31,65 @@ def test_refusal_names_the_rule_of_the_core_checks():
 
 def test_an_existing_error_does_not_disable_unrelated_choices():
     draft = Draft()
-    draft.apply({"memory.micro_batch_size": "lots"})
-    assert not draft.valid
-    assert draft.errors == ["recipe: memory.micro_batch_size: Input should be a valid integer, "
+    draft.apply({"memory.micro_batch_size": "lots"}, typed="lots")
+    assert not draft.valid and draft.recipe is None
+    assert draft.errors == ["memory.micro_batch_size: Input should be a valid integer, "
                             "unable to parse string as an integer (got 'lots')."]
     assert draft.refusal({"memory.attention": "eager"}) is None
-    assert draft.value("memory.micro_batch_size") == 1  # the last valid recipe stays on show
+    assert draft.shown("memory.micro_batch_size") == "lots"  # what was typed stays on show
+    assert draft.value("memory.micro_batch_size") == 1 and draft.data == {}  # and never enters the recipe
 
 
-def test_save_writes_the_resolved_recipe_and_never_overwrites_unasked(tmp_path):
+def test_a_conflict_keeps_every_value_the_user_chose():
+    """Eight GPUs with one process: the form keeps 8 and the GPU type; the conflict names the field to change."""
+    draft = Draft()
+    draft.apply({"hardware.gpus_per_machine": 8}, typed="8")
+    draft.apply({"hardware.gpu": "A100-80GB"})
+    assert draft.shown("hardware.gpus_per_machine") == "8" and draft.value("hardware.gpu") == "A100-80GB"
+    assert draft.reason("memory.distributed").startswith("memory.distributed: 8 processes need a way to share")
+    assert draft.recipe is None and draft.plannable is None
+    draft.apply({"memory.distributed": "ddp"})
+    assert draft.valid and draft.data == {"hardware": {"gpus_per_machine": 8, "gpu": "A100-80GB"},
+                                          "memory": {"distributed": "ddp"}}
+
+
+def test_a_proposal_becomes_only_the_fields_it_changes():
+    from tuner.planner import advise
+
+    draft = Draft({"name": "mine", "model": {"id": "meta-llama/Llama-3.1-8B"},
+                   "hardware": {"gpus_per_machine": 1, "gpu": "RTX4090", "host_ram_gb": 256}})
+    fitting = [advice for advice in advise(draft.recipe) if advice.fits]
+    changes = draft.changes_towards(fitting[0].recipe)
+    assert changes and all(field.startswith(("memory.", "method.")) for field in changes)
+    draft.apply(changes)
+    assert draft.recipe.memory == fitting[0].recipe.memory
+    assert "output" not in draft.data and "num_processes" not in draft.data["hardware"]
+    draft.apply({"name": "renamed"})
+    assert draft.value("output.dir") == "runs/renamed"  # defaults still follow
+
+
+def test_save_writes_what_the_user_chose_and_never_overwrites_unasked(tmp_path):
+    draft = Draft({"name": "saved", "method": {"kind": "lora"}, "memory": {"host_typo": 1}})
+    assert not draft.valid
+    with pytest.raises(RecipeError):
+        draft.save(tmp_path / "refused.yaml")
     draft = Draft({"name": "saved", "method": {"kind": "lora"}})
     target = tmp_path / "saved.yaml"
     draft.save(target)
-    assert target.read_text() == recipe_to_yaml(draft.recipe)
+    assert target.read_text() == "version: 1\nname: saved\nmethod:\n  kind: lora\n"
     assert load_recipe(target) == draft.recipe
     with pytest.raises(FileExistsError):
         draft.save(target)
     draft.apply({"method.lora.r": 8})
     draft.save(target, overwrite=True)
     assert load_recipe(target).method.lora.r == 8
+
+
+def test_numbers_show_as_typed():
+    draft = Draft({"hardware": {"host_ram_gb": 512}})
+    assert draft.shown("hardware.host_ram_gb") == "512"  # a float field, never "512.0"
+    draft.apply({"training.learning_rate": 1e-4}, typed="1e-4")
+    assert draft.shown("training.learning_rate") == "1e-4" and draft.value("training.learning_rate") == 1e-4
 
 
 def test_importing_the_app_loads_no_heavy_library():

@@ -39,7 +39,10 @@ def finished_run() -> RunWatch:
     for step, loss in enumerate([4.6, 4.4, 4.1, 3.7, 3.2, 2.8, 2.3, 1.9, 1.6, 1.3, 1.1, 1.0], start=1):
         events.append({"event": "step", "step": step, "max_steps": 12, "loss": loss, "tokens_per_s": 2048.0,
                        "eta_s": 12.0 - step, "peak_rss_gib": 0.61, "time": 1.0 + step})
-    watch.absorb(events, [f"{{'loss': '{loss:.3f}'}}" for loss in (4.6, 4.4, 4.1)] + ["Writing model shards: 100%"])
+    events.append({"event": "finished", "step": 12, "final_dir": "runs/demo/final", "time": 14.0})
+    watch.absorb(events, ["[tuner] data: 3800 training and 200 held-out instruction samples",
+                          "Writing model shards: 100%|██████████| 1/1 [00:00<00:00, 138.07it/s]",
+                          "{'loss': '4.6', 'grad_norm': '6.9', 'learning_rate': '0.003', 'epoch': '0.1'}"])
     watch.finish(0)
     return watch
 
@@ -75,13 +78,15 @@ def test_run_screen(snap_compare):
 
 
 def test_chat_with_the_demo_model_loaded(snap_compare):
-    pytest.importorskip("tuner.infer.chat")
+    """The demo recipe (its untrained model): asked as the recipe's data trains it, greedily, one line per speaker."""
 
     async def show(pilot):
         pilot.app.switch_mode("chat")
         await settle(pilot)
-        pilot.app.screen.query_one("#chat-model", Input).value = "builtin:demo"
+        pilot.app.screen.query_one("#chat-model", Input).value = "demo"
         await pilot.press("enter")
+        await settle(pilot)
+        await pilot.press(*"abc", "enter")
         await settle(pilot)
 
     assert snap_compare(make_app(demo_draft(SNAPSHOT_DRAFT)), terminal_size=SIZE, run_before=show)
@@ -110,7 +115,7 @@ def test_docs_show_the_current_screens():
 
 
 def test_method_after_autofit_on_a_gpu(snap_compare):
-    """An 8B model on one 24 GB card: Auto-fit's choice, its plan bar and the ranked alternatives."""
+    """An 8B model on one 24 GB card: the plans that fit, and the changes Enter would apply."""
     draft = Draft({"model": {"id": "meta-llama/Llama-3.1-8B"},
                    "hardware": {"gpus_per_machine": 1, "gpu": "RTX4090", "host_ram_gb": 256}})
 
@@ -121,3 +126,20 @@ def test_method_after_autofit_on_a_gpu(snap_compare):
         await settle(pilot)
 
     assert snap_compare(make_app(draft), terminal_size=SIZE, run_before=show)
+
+
+NARROW = (80, 24)
+
+
+@pytest.mark.parametrize("mode", ["start", "method", "run"])
+def test_screen_at_80x24(mode, snap_compare):
+    """The smallest terminal the wizard supports: options wrap, panels scroll, nothing is cut."""
+    draft = demo_draft(SNAPSHOT_DRAFT)
+
+    async def show(pilot):
+        if mode == "run":
+            pilot.app.run_watch = finished_run()
+        pilot.app.switch_mode(mode)
+        await settle(pilot)
+
+    assert snap_compare(make_app(draft), terminal_size=NARROW, run_before=show)

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.recipe.io import parse_yaml, read_recipe_text
 from tuner.recipe.registry import builtin_path
 from tuner.tui.app import TunerApp
 from tuner.tui.draft import Draft
+from tuner.doctor import Check
+from tuner.planner import Advice, DevicePlan, MemoryPlan
+from tuner.planner.memory import Item
 from tuner.tui.planning import Planner
 
 SIZE = (120, 36)
@@ -48,87 +50,65 @@ async def wait_until(pilot, condition, timeout: float = 60.0, step: float = 0.2)
         await pilot.pause(step)
 
 
-@dataclass
-class Device:
-    """The fields of a planner DevicePlan the wizard shows."""
-
-    name: str
-    capacity_gib: float | None
-    terms: dict
-    count: int = 1
-
-    @property
-    def total_gib(self) -> float:
-        return sum(self.terms.values())
-
-
-@dataclass
-class Plan:
-    """The fields of a planner MemoryPlan the wizard shows."""
-
-    devices: list
-    verdict: str
-    missing_gib: float = 0.0
-    host_ram_gib: float = 0.0
-    notes: list = field(default_factory=list)
-
-    @property
-    def fits(self) -> bool:
-        return self.verdict != "does not fit"
-
-
-@dataclass
-class Advice:
-    recipe: object
-    plan: Plan
-    reasons: list
-    changes: list
-
-    @property
-    def fits(self) -> bool:
-        return self.plan.fits
-
-    def summary(self) -> str:
-        gpu = self.plan.devices[0]
-        return f"{' + '.join(self.changes)}: {gpu.total_gib:.1f} GiB of {gpu.capacity_gib:.1f} GiB"
-
-
+GIB = 2**30
 MIB = 1 / 1024
 
 
-def fixed_plan(recipe) -> Plan:
+def device(name: str, capacity_gib: float | None, terms: dict[str, float], kind: str = "gpu",
+           count: int = 1) -> DevicePlan:
+    """A planner DevicePlan holding one item per term (GiB), all live at the peak."""
+    return DevicePlan(name, capacity_gib, [Item(term, term, gib * GIB) for term, gib in terms.items()], count, kind)
+
+
+def memory_plan(devices: list[DevicePlan], verdict: str, missing_gib: float = 0.0, host_ram_gib: float = 0.0,
+                notes: list[str] | None = None) -> MemoryPlan:
+    return MemoryPlan("frozen", devices, verdict, missing_gib, host_ram_gib, notes or [], {"total": 1}, 1, 1, 1)
+
+
+def fixed_plan(recipe) -> MemoryPlan:
     """Plans with the numbers tuner's planner gave for these recipes, frozen, so snapshots test the UI
     and not the planner's latest arithmetic."""
     if not recipe.uses_gpu:
-        return Plan([Device("CPU RAM", recipe.hardware.host_ram_gb or 16.0, {
+        return memory_plan([device("CPU RAM", recipe.hardware.host_ram_gb or 16.0, {
             "weights": 2.8 * MIB, "optimizer": 5.6 * MIB, "activations": 86.1 * MIB, "logits_loss": 2.3 * MIB,
-            "overhead": 1.0})], "fits")
+            "overhead": 1.0}, kind="cpu")], "fits")
     if recipe.memory.distributed == "deepspeed":
-        return Plan([Device("GPU (RTX4090)", 24.0, {"weights": 14.96, "gradients": 0.06, "activations": 0.96,
-                                                    "logits_loss": 2.94, "overhead": 1.55}),
-                     Device("host RAM", 256.0, {"optimizer": 89.74, "gradients": 29.92})], "fits", host_ram_gib=119.66)
-    return Plan([Device("GPU (RTX4090)", 24.0, {"weights": 14.96, "gradients": 14.96, "optimizer": 44.87,
-                                                "overhead": 4.34})], "does not fit", missing_gib=55.13)
+        return memory_plan([device("GPU (RTX4090)", 24.0, {"weights": 14.96, "gradients": 0.06, "activations": 0.96,
+                                                           "logits_loss": 2.94, "overhead": 1.55}),
+                            device("host RAM (per machine, 1 GPU(s))", 256.0,
+                                   {"optimizer": 89.74, "gradients": 29.92}, kind="host")],
+                           "fits", host_ram_gib=119.66)
+    return memory_plan([device("GPU (RTX4090)", 24.0, {"weights": 14.96, "gradients": 14.96, "optimizer": 44.87,
+                                                       "overhead": 4.34})], "does not fit", missing_gib=55.13)
 
 
 def fixed_advice(recipe) -> list[Advice]:
     ladder = [
-        (["zero2", "gradient_checkpointing", "offload_optimizer"],
+        (["zero2", "gradient_checkpointing", "offload_optimizer"], 0.90,
          {"memory.distributed": "deepspeed", "memory.zero_stage": 2, "memory.gradient_checkpointing": True,
           "memory.offload_optimizer": "cpu"}),
-        (["gradient_checkpointing", "zero3", "offload_optimizer"],
+        (["gradient_checkpointing", "zero3", "offload_optimizer"], 1.15,
          {"memory.distributed": "deepspeed", "memory.zero_stage": 3, "memory.gradient_checkpointing": True,
           "memory.offload_optimizer": "cpu"}),
     ]
     proposals = []
-    for changes, values in ladder:
-        draft = Draft.from_recipe(recipe)
+    for changes, cost, values in ladder:
+        draft = Draft(recipe.model_dump(mode="json"))
         draft.apply(values)
-        proposals.append(Advice(draft.recipe, fixed_plan(draft.recipe), [f"apply {name}" for name in changes], changes))
+        plan = fixed_plan(draft.recipe)
+        if changes[0] == "gradient_checkpointing":  # the second plan is slower and smaller
+            plan = memory_plan([device("GPU (RTX4090)", 24.0, {"weights": 1.9, "activations": 0.96, "logits_loss": 2.94,
+                                                               "overhead": 1.55}), plan.devices[1]], "fits",
+                               host_ram_gib=119.66)
+        proposals.append(Advice(draft.recipe, plan, cost, [f"apply {name}" for name in changes], changes))
     return proposals
 
 
-FIXED_PLANNER = Planner(plan=fixed_plan, advise=fixed_advice)
+def fixed_disk(recipe, plan) -> Check:
+    return Check("disk", "ok", f"output {recipe.output.dir}: plenty of room")
+
+
+FIXED_PLANNER = Planner(plan=fixed_plan, advise=fixed_advice, disk=fixed_disk)
 
 
 def pilot_test(scenario):
@@ -161,6 +141,8 @@ DOCS_SCREENSHOTS = {  # snapshot file -> docs/images name
     "test_run_screen.svg": "tui-run.svg",
     "test_chat_with_the_demo_model_loaded.svg": "tui-chat.svg",
     "test_help.svg": "tui-help.svg",
+    "test_screen_at_80x24[method].svg": "tui-method-80x24.svg",
+    "test_screen_at_80x24[run].svg": "tui-run-80x24.svg",
 }
 
 

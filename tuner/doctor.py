@@ -160,9 +160,14 @@ def check_bf16(recipe: Recipe | None) -> Check:
                  "set memory.mixed_precision: fp16 and model.dtype: float16 (or float32)")
 
 
+def needs_bitsandbytes(recipe: Recipe) -> bool:
+    """Whether the recipe uses bitsandbytes: a quantised base model or an 8-bit / paged optimizer."""
+    return (recipe.method.quantization is not None or "8bit" in recipe.memory.optimizer
+            or "paged" in recipe.memory.optimizer)
+
+
 def check_bitsandbytes(recipe: Recipe | None) -> Check:
-    needed = recipe is not None and (recipe.method.kind == "qlora" or "8bit" in recipe.memory.optimizer
-                                     or "paged" in recipe.memory.optimizer)
+    needed = recipe is not None and needs_bitsandbytes(recipe)
     missing: Status = "fail" if needed else "warn"
     try:
         with _quiet():
@@ -349,18 +354,20 @@ def _disk_paths(recipe: Recipe | None) -> dict[str, Path]:
     return paths
 
 
-def checkpoint_disk_gib(recipe: Recipe) -> float | None:
+def checkpoint_disk_gib(recipe: Recipe, planned=None) -> float | None:
     """Disk the run's checkpoints take: kept checkpoints plus the one being written plus the final save.
 
     Each holds the saved weights (all of them, or only the adapter) and Adam's two fp32 moments and
-    master copy (12 bytes) per trainable parameter.  None while no planner can count the parameters.
+    master copy (12 bytes) per trainable parameter.  ``planned``: the recipe's memory plan when the
+    caller has it already.  None while no planner can count the parameters.
     """
-    try:
-        from tuner.planner import plan
+    if planned is None:
+        try:
+            from tuner.planner import plan
 
-        planned = plan(recipe)
-    except Exception:
-        return None
+            planned = plan(recipe)
+        except Exception:
+            return None
     weight_bytes = {"float32": 4}.get(recipe.model.dtype, 2)
     saved = planned.params["total"] if recipe.output.save in ("full", "merged") else planned.trainable_params
     per_checkpoint = saved * weight_bytes + planned.trainable_params * 12
@@ -368,8 +375,8 @@ def checkpoint_disk_gib(recipe: Recipe) -> float | None:
     return (kept * per_checkpoint + saved * weight_bytes) / GIB
 
 
-def check_disk(recipe: Recipe | None) -> Check:
-    needed = checkpoint_disk_gib(recipe) if recipe is not None else None
+def check_disk(recipe: Recipe | None, planned=None) -> Check:
+    needed = checkpoint_disk_gib(recipe, planned) if recipe is not None else None
     problems, warnings, found = [], [], []
     for role, path in _disk_paths(recipe).items():
         where = _existing_parent(path)

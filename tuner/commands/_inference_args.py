@@ -31,6 +31,10 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
     sample.add_argument("--top-p", type=recipe_field("inference.top_p"))
     sample.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=None,
                         help="always pick the most likely token (--no-greedy samples)")
+    prompt = parser.add_argument_group("prompt format (default: as the recipe's or run's data was trained)")
+    prompt.add_argument("--instruction", metavar="TEXT",
+                        help="for instruction-trained runs: the instruction each message is the input of "
+                             "(default: the one instruction the training data shares, e.g. the demo's 'reverse')")
 
 
 def load_from_args(args: argparse.Namespace, batch: int = 1):
@@ -63,3 +67,17 @@ def load_from_args(args: argparse.Namespace, batch: int = 1):
         console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
     sys.stderr.flush()
     return loaded, sampling
+
+
+def prompt_format_from_args(args: argparse.Namespace, loaded):
+    """The prompt format of the run or recipe (from its training data), said on stderr when it changes a message."""
+    from tuner.infer.prompt_format import PromptFormat, trained_prompt_format
+
+    recipe = loaded.target.recipe
+    if args.recipe is None:  # a bare --model: the schema's default data says nothing about it
+        return PromptFormat(recipe.data.format, args.instruction)
+    found = trained_prompt_format(recipe, args.instruction)
+    if found.note:
+        change = " (--instruction TEXT to change)" if found.instruction and not args.instruction else ""
+        print(f"prompt format: {found.note}{change}", file=sys.stderr)
+    return found

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from tuner.commands._inference_args import add_inference_arguments, load_from_args
+from tuner.commands._inference_args import add_inference_arguments, load_from_args, prompt_format_from_args
 from tuner.commands._types import not_utf8, utf8_text
 
 EXIT_SKIPPED = 2  # a piped conversation had messages that could not be sent
@@ -40,7 +40,8 @@ def run(args) -> int:
     from tuner.infer.chat import ChatSession
 
     loaded, sampling = load_from_args(args)
-    session = ChatSession(loaded.model, loaded.tokenizer, sampling, loaded.target.recipe.data.format, args.system)
+    prompt = prompt_format_from_args(args, loaded)
+    session = ChatSession(loaded.model, loaded.tokenizer, sampling, prompt.data_format, args.system, prompt.instruction)
     interactive = sys.stdin.isatty()
     sys.stdin.reconfigure(errors="surrogateescape")  # a byte that is not UTF-8 fails its message, not the session
     print(HELP, file=sys.stderr)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tuner.commands._inference_args import add_inference_arguments, load_from_args
+from tuner.commands._inference_args import add_inference_arguments, load_from_args, prompt_format_from_args
 from tuner.commands._types import at_least, utf8_text
 
 EXIT_BAD_LINES = 2
@@ -35,11 +35,12 @@ def run(args) -> int:
         raise DataError("give either --prompt TEXT or --input FILE --output FILE.")
     if args.input is not None:
         return _run_batch(args)
-    from tuner.infer.generate import generate_answers, render_prompt
+    from tuner.infer.generate import generate_answers, render_prompt, user_turn
 
     loaded, sampling = load_from_args(args)
-    messages = [{"role": "user", "content": args.prompt}]
-    prompt = render_prompt(loaded.tokenizer, messages, loaded.target.recipe.data.format)
+    found = prompt_format_from_args(args, loaded)
+    messages = [{"role": "user", "content": user_turn(args.prompt, found.instruction)}]
+    prompt = render_prompt(loaded.tokenizer, messages, found.data_format)
     print(generate_answers(loaded.model, loaded.tokenizer, [prompt], **vars(sampling))[0])
     return 0
 
@@ -58,10 +59,19 @@ def _run_batch(args) -> int:
     answers: list[str] = []
     if prompts:
         loaded, sampling = load_from_args(args, batch=min(args.batch_size, len(prompts)))
-        data_format = loaded.target.recipe.data.format
-        texts = [render_prompt(loaded.tokenizer, p.messages, data_format) for p in prompts]
+        found = prompt_format_from_args(args, loaded)
+        texts = [render_prompt(loaded.tokenizer, as_trained(p, found.instruction), found.data_format) for p in prompts]
         answers = generate_answers(loaded.model, loaded.tokenizer, texts, batch_size=args.batch_size, **vars(sampling))
     write_answers(args.output, answer_records(prompts, answers, bad))
     skipped = f"; {len(bad)} malformed line(s) skipped, see above" if bad else ""
     print(f"wrote {len(prompts)} answer(s) to {args.output}{skipped}", file=sys.stderr)
     return EXIT_BAD_LINES if bad else 0
+
+
+def as_trained(prompt, instruction: str | None) -> list[dict[str, str]]:
+    """A {"prompt": ...} line is a message for the run's instruction; {"messages": [...]} are sent as given."""
+    from tuner.infer.generate import user_turn
+
+    if "prompt" not in prompt.record:
+        return prompt.messages
+    return [{"role": "user", "content": user_turn(prompt.messages[-1]["content"], instruction)}]

@@ -34,10 +34,19 @@ def _one_turn_or_chat(one_turn: str) -> str:
 
 
 _ALPACA_BEFORE, _ALPACA_AFTER = ALPACA_PROMPT.split("{instruction}")
+_WITH_INPUT_MIDDLE, _WITH_INPUT_AFTER = ALPACA_PROMPT_WITH_INPUT.split("{instruction}")[1].split("{input}")
 # How tuner prompts a model whose tokenizer has no chat template, as chat templates (for servers, which take one):
-# one instruction in Alpaca's prompt, one text as it is (a base model continues it), conversations in the default.
+# one instruction in Alpaca's prompt (its first line the instruction, the rest the input, as training renders an
+# instruction sample; see instruction_messages), one text as it is (a base model continues it), conversations in
+# the default.
 INSTRUCTION_CHAT_TEMPLATE = _one_turn_or_chat(
-    f"{{{{ {_jinja_text(_ALPACA_BEFORE)} + messages[0]['content'] + {_jinja_text(_ALPACA_AFTER)} }}}}")
+    "{% set parts = messages[0]['content'].split('\\n', 1) %}"
+    "{% if parts | length > 1 and parts[1] %}"
+    f"{{{{ {_jinja_text(_ALPACA_BEFORE)} + parts[0] + {_jinja_text(_WITH_INPUT_MIDDLE)} + parts[1]"
+    f" + {_jinja_text(_WITH_INPUT_AFTER)} }}}}"
+    "{% else %}"
+    f"{{{{ {_jinja_text(_ALPACA_BEFORE)} + messages[0]['content'] + {_jinja_text(_ALPACA_AFTER)} }}}}"
+    "{% endif %}")
 TEXT_CHAT_TEMPLATE = _one_turn_or_chat("{{ messages[0]['content'] }}")
 
 

@@ -9,18 +9,20 @@ from __future__ import annotations
 import threading
 from typing import Iterator
 
-from tuner.infer.generate import Sampling, execution_device, generation_kwargs, render_prompt
+from tuner.infer.generate import Sampling, execution_device, generation_kwargs, render_prompt, user_turn
 
 
 class ChatSession:
     """History plus generation settings; one answer at a time."""
 
-    def __init__(self, model, tokenizer, sampling: Sampling, data_format: str = "chat", system: str | None = None):
+    def __init__(self, model, tokenizer, sampling: Sampling, data_format: str = "chat", system: str | None = None,
+                 instruction: str | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.sampling = sampling
         self.data_format = data_format
         self.system = system
+        self.instruction = instruction  # an instruction-trained run's shared instruction: messages are its input
         self.history: list[dict[str, str]] = []
         self.reset()
 
@@ -28,9 +30,16 @@ class ChatSession:
         """Forget the conversation (the system prompt stays)."""
         self.history = [{"role": "system", "content": self.system}] if self.system else []
 
+    @property
+    def single_turn(self) -> bool:
+        """An instruction-trained run saw one instruction and its answer at a time, never a conversation:
+        each message is asked on its own (the history is kept for the user, not sent)."""
+        return self.data_format == "instruction"
+
     def prompt_ids(self, message: str) -> list[int]:
         """The token ids the model is given to answer ``message`` after the history so far."""
-        messages = self.history + [{"role": "user", "content": message}]
+        earlier = [] if self.single_turn else self.history
+        messages = earlier + [{"role": "user", "content": user_turn(message, self.instruction)}]
         text = render_prompt(self.tokenizer, messages, self.data_format)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -75,4 +84,5 @@ class ChatSession:
         if "error" in outcome:
             raise outcome["error"]
         answer = self.tokenizer.decode(outcome["ids"][0, len(ids):], skip_special_tokens=True)
-        self.history += [{"role": "user", "content": message}, {"role": "assistant", "content": answer}]
+        self.history += [{"role": "user", "content": user_turn(message, self.instruction)},
+                         {"role": "assistant", "content": answer}]

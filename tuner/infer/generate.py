@@ -46,9 +46,18 @@ def execution_device(model):
 
 def render_prompt(tokenizer, messages: list[dict[str, str]], data_format: str = "auto") -> str:
     """The text that asks the model to answer the last user turn, formatted as tuner trains
-    (:func:`tuner.data.formats.chat_template_for`: the same template ``tuner serve`` hands the server)."""
+    (:func:`tuner.data.formats.chat_template_for`: the same template ``tuner serve`` hands the server; an
+    instruction turn's first line is the instruction, the rest its input, as :func:`user_turn` joins them)."""
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                          chat_template=chat_template_for(tokenizer, data_format))
+
+
+def user_turn(message: str, instruction: str | None) -> str:
+    """A message as the user turn of an instruction-trained run: its instruction, then the message as the
+    input, joined as training joins them (a message that already starts with the instruction is kept)."""
+    if not instruction or message.split("\n", 1)[0] == instruction:
+        return message
+    return f"{instruction}\n{message}"
 
 
 def generate_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, greedy: bool = True,

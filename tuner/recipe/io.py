@@ -213,9 +213,7 @@ def _suggest(loc: tuple[str, ...]) -> str:
     """'did you mean' for an unknown key, from the fields of the section it sits in."""
     model: type[BaseModel] = Recipe
     for part in loc[:-1]:
-        info = model.model_fields.get(part)
-        annotation = getattr(info, "annotation", None) if info else None
-        nested = _model_in(annotation)
+        nested = section_model(model, part)
         if nested is None:
             return ""
         model = nested
@@ -223,6 +221,12 @@ def _suggest(loc: tuple[str, ...]) -> str:
     if matches:
         return f" Did you mean '{matches[0]}'?"
     return f" Known keys here: {', '.join(model.model_fields)}."
+
+
+def section_model(model: type[BaseModel], key: str) -> type[BaseModel] | None:
+    """The section class of ``model``'s field ``key`` (e.g. Recipe, "memory" -> MemorySection), or None for a value."""
+    info = model.model_fields.get(key)
+    return _model_in(getattr(info, "annotation", None)) if info else None
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:

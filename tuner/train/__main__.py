@@ -193,6 +193,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from tuner.data.sources import DataError
+    from tuner.doctor import needs_bitsandbytes
     from tuner.loading.model import ModelLoadError
 
     parser = argparse.ArgumentParser(prog="python -m tuner.train", description=__doc__,
@@ -208,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     recipe = None
     try:
         recipe = load_recipe(lock)
+        if not needs_bitsandbytes(recipe):  # peft imports it anyway; its missing-kernel notes concern no one here
+            logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
         return train(recipe, lock.parent, args.profile)
     except (RecipeError, DataError, ModelLoadError) as exc:
         write_event(events, "error", message=str(exc), rank=int(os.environ.get("RANK", 0)))

@@ -6,6 +6,7 @@ transformers, datasets) are imported only inside workers that need them.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import threading
 import time
 from pathlib import Path
@@ -16,21 +17,22 @@ from textual.binding import Binding
 
 from tuner.recipe.io import RecipeError
 from tuner.tui.draft import Draft
-from tuner.tui.messages import FieldEdited, PlanUpdated, RunEventsArrived, RunFinished, RunNotStarted
+from tuner.tui.messages import DiskChecked, FieldEdited, PlanUpdated, RunEventsArrived, RunFinished, RunNotStarted
 from tuner.tui.planning import CannotPlan, Planner
 from tuner.tui.run_watch import RunWatch
-from tuner.tui.screens.chat import ChatScreen
-from tuner.tui.screens.data import DataScreen
-from tuner.tui.screens.hardware import HardwareScreen
-from tuner.tui.screens.method import MethodScreen
-from tuner.tui.screens.model import ModelScreen
-from tuner.tui.screens.review import ReviewScreen
-from tuner.tui.screens.run import RunScreen
+from tuner.tui.screens.base import NARROW_BELOW
 from tuner.tui.screens.start import StartScreen
-from tuner.tui.screens.training import TrainingScreen
 from tuner.tui.widgets.steps import STEPS
 
 STEP_MODES = [mode for mode, _ in STEPS]
+
+
+def _later(module: str, name: str):
+    """A screen imported when first shown, so the first screen paints before the others load."""
+    def make():
+        return getattr(importlib.import_module(f"tuner.tui.screens.{module}"), name)()
+
+    return make
 
 
 class TunerApp(App[int]):
@@ -42,16 +44,17 @@ class TunerApp(App[int]):
     ENABLE_COMMAND_PALETTE = False
     MODES = {
         "start": StartScreen,
-        "model": ModelScreen,
-        "hardware": HardwareScreen,
-        "method": MethodScreen,
-        "data": DataScreen,
-        "training": TrainingScreen,
-        "review": ReviewScreen,
-        "run": RunScreen,
-        "chat": ChatScreen,
+        "model": _later("model", "ModelScreen"),
+        "hardware": _later("hardware", "HardwareScreen"),
+        "method": _later("method", "MethodScreen"),
+        "data": _later("data", "DataScreen"),
+        "training": _later("training", "TrainingScreen"),
+        "review": _later("review", "ReviewScreen"),
+        "run": _later("run", "RunScreen"),
+        "chat": _later("chat", "ChatScreen"),
     }
     DEFAULT_MODE = "start"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]  # a screen class for 80-column terminals
     BINDINGS = [
         Binding("ctrl+n", "next_step", "Next step", id="next_step", tooltip="Go to the next step of the wizard"),
         Binding("escape", "previous_step", "Back", id="previous_step", tooltip="Go to the previous step"),
@@ -66,7 +69,9 @@ class TunerApp(App[int]):
         self.detect_hardware = detect_hardware
         self.plan = None
         self.plan_status = ""
+        self.disk_check = None  # tuner.doctor.check_disk of the planned recipe, once a worker has it
         self.run_watch: RunWatch | None = None
+        self.chat_target: str | None = None  # what "Chat with this run" asked Chat to load
         self._stop_run = threading.Event()  # set: the run's follower stops every rank
 
     def on_mount(self) -> None:
@@ -75,7 +80,7 @@ class TunerApp(App[int]):
         loop = asyncio.get_running_loop()
         for signum in STOP_SIGNALS:
             loop.add_signal_handler(signum, self.handle_stop_signal, signum)
-        self.replan()
+        self.call_after_refresh(self.replan)  # the first screen paints first
 
     # --- navigation -------------------------------------------------------------------------
     def action_goto(self, mode: str) -> None:
@@ -97,6 +102,11 @@ class TunerApp(App[int]):
 
     def action_previous_step(self) -> None:
         self._step_offset(-1)
+
+    def chat_with(self, target: str) -> None:
+        """Open Chat on ``target`` (a finished run's directory), prefilled and loading."""
+        self.chat_target = target
+        self.switch_mode("chat")
 
     def action_help(self) -> None:
         from tuner.tui.screens.help import HelpScreen
@@ -135,12 +145,13 @@ class TunerApp(App[int]):
 
     # --- the draft and its plan -------------------------------------------------------------
     def on_field_edited(self, event: FieldEdited) -> None:
-        if self.draft.holds(event.changes) and self.draft.valid:
+        if event.typed is None and self.draft.holds(event.changes):
             return  # an echo of the draft's own value (a field synced from the draft)
-        self.draft.apply(event.changes)
+        self.draft.apply(event.changes, typed=event.typed)
         self.draft_changed()
 
     def load_draft(self, draft: Draft) -> None:
+        """A new recipe (new, opened, built-in or a run's): screens drop what they showed of the old one."""
         self.draft = draft
         self.draft_changed()
 
@@ -152,12 +163,10 @@ class TunerApp(App[int]):
 
     def replan(self) -> None:
         start = time.perf_counter()
-        recipe = self.draft.recipe
+        recipe = self.draft.plannable
         plan = None
         if recipe is None:
             self.plan_status = "The recipe has errors (listed below the form); the plan follows once they are fixed."
-        elif not self.planner.available:
-            self.plan_status = "planner unavailable: tuner.planner is not installed in this build."
         else:
             try:
                 plan = self.planner.plan(recipe)
@@ -166,6 +175,20 @@ class TunerApp(App[int]):
                 self.plan_status = f"no plan: {exc}"
         self.plan = plan
         self.screen.post_message(PlanUpdated(plan, (time.perf_counter() - start) * 1000))
+        self.disk_check = None
+        if plan is not None:
+            self.check_disk(recipe, plan)
+
+    @work(thread=True, exclusive=True, group="disk")
+    def check_disk(self, recipe, plan) -> None:
+        """Free space under output.dir against what the checkpoints need (file system calls: off the UI thread)."""
+        check = self.planner.disk(recipe, plan)
+        self.call_from_thread(self._disk_checked, recipe, check)
+
+    def _disk_checked(self, recipe, check) -> None:
+        if recipe is self.draft.plannable:  # else an answer about an older draft
+            self.disk_check = check
+            self.screen.post_message(DiskChecked(check))
 
     # --- the run ----------------------------------------------------------------------------
     def start_run(self, resume: bool = False, force: bool = False) -> RunWatch:

@@ -1,12 +1,14 @@
 """Models the Model screen offers and the architecture facts it shows for each.
 
 Facts come from :func:`tuner.catalog.models.model_facts` (the same the planner uses):
-the demo model, local directories, the shipped catalog and the hub cache.  Until that
-module is installed, only the demo model is listed, with its own config.
+the demo model, local directories, the shipped catalog and the hub cache.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+
+from tuner.catalog.models import UnknownModelError, catalog_ids, model_facts
 
 FACT_LABELS = (
     ("model_type", "family"),
@@ -21,18 +23,32 @@ FACT_LABELS = (
     ("tie_word_embeddings", "tied embeddings"),
 )
 DEMO_ID = "builtin:demo"
+SIZE = re.compile(r"(?:\d+x)?(\d+(?:\.\d+)?)([kmb])")  # 8b, 1.5b, 135m, 8x7b
 
 
 @dataclass(frozen=True)
 class ModelEntry:
     id: str
     summary: str  # family, parameter count, context: one line for the list
+    size: str = ""  # parameter count, e.g. 8.0B
     facts: dict[str, object] = field(default_factory=dict)
     source: str = ""
 
     def matches(self, query: str) -> bool:
+        """Every word of ``query`` is in the id or summary; a size ("8b", "1.5B") must be a whole size,
+        so "8b" finds 8B models and not 3.8B, 14.8B or 32.8B ones."""
         haystack = f"{self.id} {self.summary}".lower()
-        return all(word in haystack for word in query.lower().split())
+        sizes = {_size(word) for word in re.split(r"[^a-z0-9.]+", haystack)} - {None}
+        return all(_size(word) in sizes if _size(word) else word in haystack for word in query.lower().split())
+
+
+def _size(word: str) -> str | None:
+    """'8b', '8.0b' and '8x8b' (per expert) -> '8b'; None for a word that is not a model size."""
+    match = SIZE.fullmatch(word.lower())
+    if not match:
+        return None
+    number = match.group(1).rstrip("0").rstrip(".") if "." in match.group(1) else match.group(1)
+    return f"{number}{match.group(2)}"
 
 
 def _params(count: int) -> str:
@@ -46,23 +62,11 @@ def _entry(model_id: str, facts) -> ModelEntry:
     context = data.get("max_position_embeddings")
     summary = f"{data['model_type']:<8} {_params(data['params']['total']):>6}" + (
         f"  ctx {context // 1024}K" if context and context >= 1024 else f"  ctx {context}" if context else "")
-    return ModelEntry(model_id, summary, shown, facts.source)
-
-
-def _demo_without_catalog() -> ModelEntry:
-    from tuner.catalog.demo import DEMO_CONFIG
-
-    return ModelEntry(DEMO_ID, "llama      ~0.8M  ctx 256",
-                      {"hidden size": DEMO_CONFIG["hidden_size"], "layers": DEMO_CONFIG["num_hidden_layers"],
-                       "context": DEMO_CONFIG["max_position_embeddings"]}, "builtin demo model")
+    return ModelEntry(model_id, summary, size=_params(data["params"]["total"]), facts=shown, source=facts.source)
 
 
 def catalog_entries() -> list[ModelEntry]:
     """The demo model first, then the offline catalog."""
-    try:
-        from tuner.catalog.models import catalog_ids, model_facts
-    except ImportError:
-        return [_demo_without_catalog()]
     return [_entry(model_id, model_facts(model_id)) for model_id in [DEMO_ID, *catalog_ids()]]
 
 
@@ -71,10 +75,6 @@ def describe_model(model_id: str, entries: list[ModelEntry]) -> tuple[str, dict[
     for entry in entries:
         if entry.id == model_id:
             return entry.source, entry.facts
-    try:
-        from tuner.catalog.models import UnknownModelError, model_facts
-    except ImportError:
-        return "no architecture facts: the model catalog is not in this build", {}
     try:
         entry = _entry(model_id, model_facts(model_id))
     except UnknownModelError as exc:

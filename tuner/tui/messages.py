@@ -2,26 +2,38 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from textual.message import Message
 
 from tuner.tui.draft import Changes
 
+if TYPE_CHECKING:  # the planner loads after the first screen is painted
+    from tuner.doctor import Check
+    from tuner.planner import MemoryPlan
+
 
 @dataclass
 class FieldEdited(Message):
-    """A form field changed; the app applies ``changes`` to the draft."""
+    """A form field changed; the app applies ``changes`` to the draft (``typed``: the text typed in a box)."""
 
     changes: Changes
+    typed: str | None = None
 
 
 @dataclass
 class PlanUpdated(Message):
-    """A memory plan was computed for the current draft (None: planner unavailable or recipe invalid)."""
+    """A memory plan was computed for the current draft (None: the recipe is invalid or cannot be planned)."""
 
-    plan: Any
+    plan: MemoryPlan | None
     elapsed_ms: float
+
+
+@dataclass
+class DiskChecked(Message):
+    """The output directory's free space was checked against what the run's checkpoints need."""
+
+    check: Check | None
 
 
 @dataclass

@@ -1,68 +1,75 @@
 """The wizard's one door to the memory planner, so a change of its interface is fixed here only.
 
-``plan`` and ``advise`` come from :mod:`tuner.planner`; while it cannot be imported the
-wizard shows "planner unavailable" instead of guessing numbers of its own.
+Plans and advice are the planner's own :class:`~tuner.planner.MemoryPlan` and :class:`~tuner.planner.Advice`;
+tests pass frozen functions in their place.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import Recipe
+
+if TYPE_CHECKING:  # imported when first used: the first screen paints before the planner loads
+    from tuner.doctor import Check
+    from tuner.planner import Advice, MemoryPlan
 
 
 class CannotPlan(Exception):
     """The planner cannot plan this recipe; ``str()`` says why (shown where the plan would be)."""
 
 
-@dataclass(frozen=True)
-class Proposal:
-    """One advisor alternative: the changed recipe, its plan and why it was proposed."""
-
-    recipe: Recipe
-    plan: Any
-    reasons: list[str]
-    summary: str  # one line: what changes and what it costs
-    fits: bool
-
-
 class Planner:
-    """Plans and advice for a recipe; ``available`` is False when :mod:`tuner.planner` is missing."""
+    """Plans, advice and the disk check for a recipe (``disk`` reads the file system: call it off the UI thread).
 
-    def __init__(self, plan: Callable[[Recipe], Any] | None = None, advise: Callable[[Recipe], list] | None = None):
-        if plan is None:
-            plan, advise = _import_planner()
-        self._plan, self._advise = plan, advise
+    The planner's own functions by default, imported at the first use (after the first screen is painted).
+    """
 
-    @property
-    def available(self) -> bool:
-        return self._plan is not None
+    def __init__(self, plan: Callable[[Recipe], MemoryPlan] | None = None,
+                 advise: Callable[[Recipe], list[Advice]] | None = None,
+                 disk: Callable[[Recipe, MemoryPlan], Check] | None = None):
+        self._plan, self._advise, self._disk = plan, advise, disk
 
-    def plan(self, recipe: Recipe) -> Any | None:
-        """The plan, or None without a planner; raises CannotPlan with the planner's message."""
+    def _defaults(self) -> None:
+        from tuner.doctor import check_disk
+        from tuner.planner import advise, plan
+
+        self._plan, self._advise, self._disk = self._plan or plan, self._advise or advise, self._disk or check_disk
+
+    def plan(self, recipe: Recipe) -> MemoryPlan:
+        """The plan; raises CannotPlan with the planner's message."""
         if self._plan is None:
-            return None
+            self._defaults()
         try:
             return self._plan(recipe)
         except (RecipeError, ValueError) as exc:  # e.g. UnknownModelError: no architecture facts for model.id
             raise CannotPlan(str(exc)) from None
 
-    def advise(self, recipe: Recipe) -> list[Proposal]:
+    def advise(self, recipe: Recipe) -> list[Advice]:
         if self._advise is None:
-            return []
-        return [_proposal(item) for item in self._advise(recipe)]
+            self._defaults()
+        try:
+            return self._advise(recipe)
+        except (RecipeError, ValueError) as exc:
+            raise CannotPlan(str(exc)) from None
+
+    def disk(self, recipe: Recipe, plan: MemoryPlan) -> Check:
+        if self._disk is None:
+            self._defaults()
+        return self._disk(recipe, plan)
 
 
-def _import_planner():
-    try:
-        from tuner.planner import advise, plan
-    except ImportError:
-        return None, None
-    return plan, advise
+def worth_showing(advice: list[Advice], share: float = 0.02) -> list[Advice]:
+    """The advisor's proposals without those another fitting one beats: as fast or faster, and no more than
+    ``share`` of the GPU larger (the demo fits as is on eight A100s; costlier ways to save a few MiB add nothing)."""
+    def beaten(candidate: Advice) -> bool:
+        gpu = candidate.plan.gpu
+        tolerance = share * (gpu.capacity_gib or gpu.total_gib)
+        def beats(other: Advice) -> bool:
+            if other.cost == candidate.cost:  # as fast: the smaller one
+                return other.plan.gpu.total_gib < gpu.total_gib
+            return other.cost < candidate.cost and other.plan.gpu.total_gib <= gpu.total_gib + tolerance
 
+        return any(other is not candidate and other.fits and beats(other) for other in advice)
 
-def _proposal(advice: Any) -> Proposal:
-    """From a :class:`tuner.planner.Advice`."""
-    return Proposal(recipe=advice.recipe, plan=advice.plan, reasons=list(advice.reasons),
-                    summary=advice.summary(), fits=bool(advice.fits))
+    return [item for item in advice if not (item.fits and beaten(item))]

@@ -1,10 +1,16 @@
 """What the Run screen shows of a launched run, folded from its events and log lines.
 
+The Run screen's log is event-driven: one readable line per event (the same words ``tuner run``
+prints), the run contract's and tuner's own lines, warnings and errors; progress-bar frames, the
+Trainer's raw dicts and launcher chatter stay in ``train.log``.
+
 Pure Python (no textual): the app's worker feeds it, the screen reads it; a finished
 run's events file replays into the same state.
 """
 from __future__ import annotations
 
+import re
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +19,36 @@ from typing import Any
 from tuner.run_layout import LOCK_FILE
 
 LOG_LINES = 400
+TUNER_PREFIX = "[tuner] "
+NOISE = re.compile("|".join((
+    r"\d+%\|",  # a tqdm frame: "Loading weights:  50%|#####     | 19/38 [00:00<00:00, ...]"
+    r"^\{'.*\}$",  # the Trainer's log dict; the step events carry the same numbers
+    r"^The following values were not passed to `accelerate launch`",  # accelerate's notice about defaults
+    r"^\s+`--\w+` was set to",
+    r"^To avoid this warning pass in values",
+    r"real_accelerator\.py.*Setting accelerator to CPU",  # DeepSpeed finding no GPU on a CPU run
+)))
+RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torchrun's tee of each rank's output
+
+
+def event_line(event: dict) -> str | None:
+    """The log line for one event (None: the event shows elsewhere, e.g. the progress bar)."""
+    from tuner.launch.progress import step_summary  # rich.progress: loaded with the first run, not at startup
+
+    kind = event.get("event")
+    if kind == "started":
+        resumed = event.get("resumed_from_step")
+        head = f"started: {event.get('max_steps', '?')} steps, {event.get('world_size', 1)} process(es)"
+        return head + (f", resuming at step {resumed}" if resumed else "")
+    if kind in ("step", "eval"):
+        return step_summary(event)
+    if kind == "checkpoint":
+        return f"checkpoint saved: {event.get('path')}"
+    if kind == "finished":
+        return f"finished: {event.get('final_dir') or 'the final model is saved'}"
+    if kind == "error":
+        return f"error: {event.get('message')}"
+    return None
 
 
 @dataclass
@@ -27,6 +63,7 @@ class RunWatch:
     eval_losses: list[float] = field(default_factory=list)
     tokens_per_s: float | None = None
     eta_s: float | None = None
+    eta_at: float | None = None  # when eta_s was measured (the event's time): the ETA counts down from there
     memory_gib: dict[str, float] = field(default_factory=dict)  # peak over ranks, e.g. {"allocated": 12.1}
     memory_per_rank: dict[str, list[float]] = field(default_factory=dict)  # with several ranks
     final_dir: str | None = None
@@ -37,13 +74,21 @@ class RunWatch:
     exit_code: int | None = None
     log: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     since: float = 0.0  # events older than the launch belong to an earlier run in the same directory
+    traceback: list[str] | None = None  # the frames of a traceback being read
 
     @property
     def running(self) -> bool:
         return self.live and self.exit_code is None
 
+    def eta_left(self, now: float | None = None) -> float | None:
+        """Seconds left: the last measured ETA, counted down since it was measured."""
+        if self.eta_s is None or self.eta_at is None:
+            return None
+        return max(self.eta_s - ((now or time.time()) - self.eta_at), 0.0)
+
     def absorb(self, events: list[dict], log_lines: list[str] = ()) -> None:
-        self.log.extend(log_lines)
+        for line in log_lines:
+            self._take_log_line(line)
         for event in events:
             if event.get("time", self.since) < self.since:
                 continue
@@ -67,12 +112,39 @@ class RunWatch:
             if "tokens_per_s" in event:
                 self.tokens_per_s = float(event["tokens_per_s"])
             if "eta_s" in event:
-                self.eta_s = float(event["eta_s"])
+                self.eta_s, self.eta_at = float(event["eta_s"]), float(event.get("time", time.time()))
             for key, value in event.items():
                 if key.startswith("peak_") and key.endswith("_gib"):
                     self.memory_gib[key.removeprefix("peak_").removesuffix("_gib")] = float(value)
                 elif key.startswith("peak_") and key.endswith("_gib_per_rank"):
                     self.memory_per_rank[key.removeprefix("peak_").removesuffix("_gib_per_rank")] = list(value)
+            line = event_line(event)
+            if line:
+                self.log.append(line)
+
+    def _take_log_line(self, line: str) -> None:
+        """Keep what a person reads: tuner's lines (the run contract's and the trainer's), warnings and failures.
+
+        Dropped: progress-bar frames, the Trainer's raw dicts (the events say the same), blank lines and
+        launcher chatter about defaults tuner sets on purpose.  A traceback is shortened to its last frame
+        and exception (train.log has it whole); one that ends in KeyboardInterrupt is the cancel the
+        status already says.
+        """
+        line = RANK_PREFIX.sub("", line.rstrip())
+        if self.traceback is not None:
+            if line.startswith((" ", "\t")) or not line:
+                self.traceback.append(line)
+                return
+            frames, self.traceback = [frame for frame in self.traceback if frame.strip()], None
+            if line != "KeyboardInterrupt":
+                last = [frame for frame in frames if frame.lstrip().startswith("File ")][-1:]
+                where = frames[frames.index(last[0]):][:2] if last else []
+                self.log.extend(["Traceback, last frame:", *where, line])
+            return
+        if line.startswith("Traceback (most recent call last)"):
+            self.traceback = []
+        elif line.strip() and not NOISE.search(line):
+            self.log.append(line.removeprefix(TUNER_PREFIX))
 
     def refuse(self, lines: list[str], can_override: bool) -> None:
         """The run did not start: the checks refused it, or it must be started on every machine."""

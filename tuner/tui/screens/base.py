@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rich.text import Text
 from textual.app import ComposeResult
+from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
@@ -12,6 +14,9 @@ from tuner.tui.widgets.steps import StepBar
 
 if TYPE_CHECKING:
     from tuner.tui.app import TunerApp
+
+MAX_ERROR_LINES = 4
+NARROW_BELOW = 100  # columns: screens get the -narrow class (80x24 terminals), see TunerApp.HORIZONTAL_BREAKPOINTS
 
 
 class WizardScreen(Screen):
@@ -25,7 +30,8 @@ class WizardScreen(Screen):
         yield Header()
         yield StepBar(self.STEP)
         yield from self.compose_body()
-        yield Static("", id="why")
+        with VerticalScroll(id="why-box", can_focus=False):  # a fixed height: focus never moves the form
+            yield Static("", id="why")
         yield Static("", id="errors")
         yield Footer()
 
@@ -38,15 +44,25 @@ class WizardScreen(Screen):
     def on_mount(self) -> None:
         self.sync()
 
+    @property
+    def fields(self) -> list:
+        """The form's fields bound to the draft (found once: a query per keypress costs more than the checks)."""
+        if not getattr(self, "_fields", None):
+            self._fields = list(self.query("ChoiceField, ToggleField, InputField, SelectField"))
+        return self._fields
+
     def sync(self) -> None:
         """Re-read everything shown from the app's draft."""
         draft = self.app.draft
-        for field in self.query("ChoiceField, ToggleField, InputField"):
+        for field in self.fields:
             field.sync(draft)
         self.show_reasons()
+        lines = [f"✗ {line}" for line in draft.errors]
+        if len(lines) > MAX_ERROR_LINES:
+            lines[MAX_ERROR_LINES - 1:] = [f"  … and {len(lines) - MAX_ERROR_LINES + 1} more; fix these first"]
         errors = self.query_one("#errors", Static)
-        errors.update("\n".join(f"✗ {line}" for line in draft.errors))
-        errors.display = bool(draft.errors)
+        errors.update(Text("\n".join(lines)))
+        errors.display = bool(lines)
 
     def on_descendant_focus(self) -> None:
         self.show_reasons()
@@ -55,4 +71,4 @@ class WizardScreen(Screen):
         """Why the focused field's greyed-out choices are refused (empty when it has none)."""
         field = next((node for node in (self.focused.ancestors_with_self if self.focused else [])
                       if isinstance(node, (ChoiceField, ToggleField))), None)
-        self.query_one("#why", Static).update("\n".join(field.reasons) if field else "")
+        self.query_one("#why", Static).update(Text("\n".join(field.reasons)) if field else "")

@@ -1,7 +1,8 @@
 """Chat: load a model, a recipe's model or a finished run, see where its layers went, and talk to it.
 
+A run or recipe is asked in the format it was trained on (the demo: ``reverse`` + your word).
 Loading and generation run in thread workers (torch and transformers are imported there);
-tokens arrive as messages and are appended to the conversation as they are generated.
+tokens arrive as messages and grow the model's line of the conversation as they are generated.
 """
 from __future__ import annotations
 
@@ -9,27 +10,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Input, Label, Log, Static
+from textual.widgets import Input, Label, Static
 
 from tuner.tui.screens.base import WizardScreen
 
-
-def chat_available() -> bool:
-    try:
-        import tuner.infer.chat  # noqa: F401
-    except ImportError:
-        return False
-    return True
+SPEAKER_STYLES = {"you": "bold cyan", "model": "bold green"}
 
 
 @dataclass
 class ChatLoaded(Message):
     """A model is placed and ready (``session``), or could not be loaded (``error``)."""
 
+    argument: str
     session: Any = None
     placement: str = ""
     error: str | None = None
@@ -46,11 +43,13 @@ class AnswerFinished(Message):
 
 
 def load_session(argument: str):
-    """A ChatSession for a run directory, a recipe file or name, or a model id/path; and its placement lines."""
+    """A ChatSession for a run directory, a recipe file or name, or a model id/path; and the lines that say
+    where it was placed and how messages are sent."""
     from tuner.infer.chat import ChatSession
     from tuner.infer.generate import Sampling
     from tuner.infer.load import default_context, load_for_inference
     from tuner.infer.placement import format_bytes
+    from tuner.infer.prompt_format import PromptFormat, trained_prompt_format
     from tuner.infer.target import is_run_directory, resolve_target
     from tuner.recipe.registry import builtin_names
 
@@ -59,13 +58,18 @@ def load_session(argument: str):
     target = resolve_target(argument) if is_recipe else resolve_target(model=argument)
     sampling = Sampling.from_recipe(target.recipe)
     loaded = load_for_inference(target, context=default_context(target, sampling.max_new_tokens))
+    prompt = trained_prompt_format(target.recipe) if is_recipe else PromptFormat(target.recipe.data.format)
     placement = loaded.placement
     adapter = f" + adapter {target.adapter}" if target.adapter else ""
     lines = [f"model: {argument}{adapter}"]
     lines += [f"  {row.label}: {row.layers} layers, {format_bytes(row.weights_bytes)} weights"
               f" + {format_bytes(row.kv_cache_bytes)} KV cache" for row in placement.devices]
     lines += [f"  warning: {warning}" for warning in placement.warnings()]
-    session = ChatSession(loaded.model, loaded.tokenizer, sampling, target.recipe.data.format)
+    how = "greedy (the most likely token)" if sampling.greedy else f"sampling at temperature {sampling.temperature:g}"
+    lines.append(f"  answers: {how}, up to {sampling.max_new_tokens} tokens")
+    if prompt.note:
+        lines.append(f"  prompt: {prompt.note}")
+    session = ChatSession(loaded.model, loaded.tokenizer, sampling, prompt.data_format, instruction=prompt.instruction)
     return session, "\n".join(lines)
 
 
@@ -74,53 +78,63 @@ class ChatScreen(WizardScreen):
 
     def compose_body(self) -> ComposeResult:
         self.session = None
+        self.target: str | None = None  # what is being loaded (or was, last)
+        self.turns: list[list[str]] = []  # [speaker, text]: one line each, the model's grows as tokens arrive
         with Vertical(classes="body"):
             yield Label("Model, recipe or run directory", classes="section-title")
             yield Input(placeholder="runs/demo, demo or builtin:demo, then enter", id="chat-model", compact=True)
             yield Static("", id="placement")
-            yield Log(id="conversation")
+            with VerticalScroll(id="conversation-box"):
+                yield Static("", id="conversation")
             yield Input(placeholder="message, then enter", id="chat-message", compact=True, disabled=True)
 
-    def on_mount(self) -> None:
-        super().on_mount()
-        if not chat_available():
-            self.query_one("#placement", Static).update(
-                "chat unavailable: tuner.infer.chat is not in this build.")
-            self.query_one("#chat-model", Input).disabled = True
+    def on_screen_resume(self) -> None:
+        super().on_screen_resume()
+        target = self.app.chat_target
+        if target and target != self.target:  # "Chat with this run" sent us here: prefilled and loading
+            self.query_one("#chat-model", Input).value = target
+            self._load(target)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         value = event.value.strip()
         if not value:
             return
         if event.input.id == "chat-model":
-            self.query_one("#placement", Static).update(f"loading {value}…")
-            self.query_one("#chat-message", Input).disabled = True
-            self.load(value)
+            self._load(value)
         elif event.input.id == "chat-message" and self.session is not None:
             event.input.value = ""
             event.input.disabled = True
-            log = self.query_one("#conversation", Log)
-            log.write_line(f"you> {value}")
-            log.write("model> ")
+            self.turns += [["you", value], ["model", ""]]
+            self._show_turns()
             self.answer(self.session, value)
+
+    def _load(self, argument: str) -> None:
+        self.target = argument
+        self.session = None
+        self.query_one("#placement", Static).update(Text(f"loading {argument}…"))
+        self.query_one("#chat-message", Input).disabled = True
+        self.load(argument)
 
     @work(thread=True, exclusive=True, group="chat-load")
     def load(self, argument: str) -> None:
         try:
             session, placement = load_session(argument)
         except Exception as exc:  # a model that cannot load is reported on the screen, never a crashed UI
-            self.post_message(ChatLoaded(error=str(exc) or type(exc).__name__))
+            self.post_message(ChatLoaded(argument, error=str(exc) or type(exc).__name__))
             return
-        self.post_message(ChatLoaded(session, placement))
+        self.post_message(ChatLoaded(argument, session, placement))
 
     def on_chat_loaded(self, message: ChatLoaded) -> None:
+        if message.argument != self.target:
+            return  # an answer for something no longer wanted
         placement = self.query_one("#placement", Static)
         if message.error:
-            placement.update(f"cannot load: {message.error}")
+            placement.update(Text(f"cannot load: {message.error}"))
             return
         self.session = message.session
-        placement.update(message.placement)
-        self.query_one("#conversation", Log).clear()
+        placement.update(Text(message.placement))
+        self.turns = []
+        self._show_turns()
         box = self.query_one("#chat-message", Input)
         box.disabled = False
         box.focus()
@@ -135,12 +149,24 @@ class ChatScreen(WizardScreen):
             return
         self.post_message(AnswerFinished())
 
+    def _show_turns(self) -> None:
+        text = Text()
+        for index, (speaker, said) in enumerate(self.turns):
+            if index:
+                text.append("\n")
+            text.append(f"{speaker}> ", SPEAKER_STYLES.get(speaker, "bold"))
+            text.append(said)
+        self.query_one("#conversation", Static).update(text)
+        self.query_one("#conversation-box", VerticalScroll).scroll_end(animate=False)
+
     def on_tokens_arrived(self, message: TokensArrived) -> None:
-        self.query_one("#conversation", Log).write(message.text)
+        self.turns[-1][1] += message.text
+        self._show_turns()
 
     def on_answer_finished(self, message: AnswerFinished) -> None:
-        log = self.query_one("#conversation", Log)
-        log.write_line("" if message.error is None else f"\n(error: {message.error})")
+        if message.error is not None:
+            self.turns.append(["error", message.error])
+        self._show_turns()
         box = self.query_one("#chat-message", Input)
         box.disabled = False
         box.focus()

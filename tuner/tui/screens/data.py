@@ -43,7 +43,7 @@ class DataScreen(WizardScreen):
         self.preview_key: tuple | None = None
         self.preview: Text | None = None  # the example as shown, styled per segment
         with Horizontal(classes="body"):
-            with Vertical(classes="form"):
+            with VerticalScroll(classes="form", can_focus=False):  # scrolls on a short terminal
                 yield InputField("Source", "data.source", placeholder="file.jsonl, cached dataset name or builtin:reverse")
                 yield InputField("Split", "data.split")
                 yield ChoiceField("Format", value_choices("data.format", ["auto", "text", "instruction", "chat"]),
@@ -58,9 +58,9 @@ class DataScreen(WizardScreen):
                 with VerticalScroll(id="preview-box"):
                     yield Static("", id="preview")
                 legend = Text()
-                legend.append(" prompt: no loss ", MASKED_STYLE)
+                legend.append(" prompt, no loss ", MASKED_STYLE)
                 legend.append("  ")
-                legend.append(" completion: learned ", LEARNED_STYLE)
+                legend.append(" learned ", LEARNED_STYLE)
                 yield Static(legend, id="legend")
 
     def sync(self) -> None:
@@ -70,15 +70,21 @@ class DataScreen(WizardScreen):
         if key != self.preview_key:
             self.preview_key = key
             self.query_one("#preview", Static).update(Text("loading an example…", style="italic"))
-            self.load_preview(key, draft.last_valid)
+            self.load_preview(key, draft.resolved)
 
     @work(thread=True, exclusive=True)
     def load_preview(self, key: tuple, recipe) -> None:
         """The first training example exactly as the trainer tokenises and masks it (datasets and
         transformers are heavy: off the UI thread)."""
         from tuner.data.preview import preview_examples
+        from tuner.doctor import check_model
         from tuner.loading.model import load_tokenizer
 
+        model = check_model(recipe)
+        if model.status != "ok":  # never a download (or minutes of retries offline) behind "loading an example"
+            self.post_message(PreviewLoaded(key, error=f"the preview reads the model's tokenizer from this machine: "
+                                                       f"{model.detail} ({model.fix})"))
+            return
         try:
             data_format, examples = preview_examples(recipe, load_tokenizer(recipe), count=1)
         except Exception as exc:  # any data or tokenizer problem is shown in place of the example

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from textual import work
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
-from textual.widgets import Button, Label, Select, Static
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Button, Label, Static
 
 from tuner.catalog.gpus import known_gpu_names
 from tuner.tui.detect import DetectedGpus, detect_gpus
 from tuner.tui.messages import FieldEdited
 from tuner.tui.screens.base import WizardScreen
-from tuner.tui.widgets.fields import InputField
+from tuner.tui.widgets.fields import InputField, SelectField
 
 
 class HardwareScreen(WizardScreen):
@@ -18,14 +18,12 @@ class HardwareScreen(WizardScreen):
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(classes="body"):
-            with Vertical(classes="form"):
+            with VerticalScroll(classes="form", can_focus=False):  # tab goes to the fields
                 yield InputField("Machines", "hardware.machines", number=True)
                 yield InputField("GPUs per machine", "hardware.gpus_per_machine", number=True,
                                  help="0 trains on the CPU")
-                with Horizontal(classes="field input"):
-                    yield Label("GPU type", classes="field-label")
-                    yield Select([(name, name) for name in known_gpu_names()], prompt="custom / none",
-                                 id="gpu-type", compact=True)
+                yield SelectField("GPU type", "hardware.gpu", known_gpu_names(), prompt="custom / none",
+                                  help="From the catalog; or type a size such as 48GB in GPU memory")
                 yield InputField("GPU memory (GiB)", "hardware.gpu_memory_gb", number=True,
                                  help="Overrides the catalog memory of the GPU type")
                 yield InputField("Processes (CPU)", "hardware.num_processes", number=True,
@@ -34,13 +32,14 @@ class HardwareScreen(WizardScreen):
                                  help="Per machine; checked against CPU offload")
                 yield InputField("NVMe path", "hardware.nvme_path", placeholder="/local/nvme (ZeRO-Infinity)")
                 yield InputField("Main node address", "hardware.main_process_ip", placeholder="10.0.0.1 (multi-node)")
-            with Vertical(classes="side"):
+            with Vertical(classes="side", id="machine-side"):
                 yield Label("This machine", classes="section-title")
                 yield Static("looking for GPUs…" if self.app.detect_hardware else "detection off", id="detected")
                 yield Button("Use this machine", id="use-detected", disabled=True)
 
     def on_mount(self) -> None:
         super().on_mount()
+        self.query_one("#hardware-machines-input").focus()
         if self.app.detect_hardware:
             self.detect()
 
@@ -64,16 +63,3 @@ class HardwareScreen(WizardScreen):
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "use-detected" and getattr(self, "detected", None):
             self.post_message(FieldEdited(self.detected.recipe_changes()))
-
-    def on_select_changed(self, event: Select.Changed) -> None:
-        value = None if event.value is Select.NULL else event.value
-        self.post_message(FieldEdited({"hardware.gpu": value}))
-
-    def sync(self) -> None:
-        super().sync()
-        select = self.query_one("#gpu-type", Select)
-        gpu = self.app.draft.value("hardware.gpu")
-        wanted = gpu if gpu in known_gpu_names() else Select.NULL
-        if select.value != wanted:
-            with select.prevent(Select.Changed):
-                select.value = wanted

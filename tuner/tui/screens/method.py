@@ -1,21 +1,30 @@
-"""Method and memory tactics, beside the live memory plan; Auto-fit applies the advisor's cheapest fit."""
+"""Method and memory tactics, beside the live memory plan; Auto-fit lists the advisor's plans as changes.
+
+Auto-fit never edits on its own: each proposal is shown as the fields it would change (never the
+model or the hardware); Enter applies exactly those.  The list follows the draft: recomputed after
+every change, cleared for a new recipe or another model.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
-from textual.widgets import Button, Label, OptionList
+from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tuner.recipe.schema import MemorySection
-from tuner.tui.messages import PlanUpdated
-from tuner.tui.planning import Proposal
+from tuner.planner import Advice
+from tuner.recipe.schema import FsdpSection, MemorySection, MethodSection, Recipe
+from tuner.tui.draft import Changes
+from tuner.tui.messages import DiskChecked, PlanUpdated
+from tuner.tui.planning import CannotPlan, worth_showing
 from tuner.tui.screens.base import WizardScreen
 from tuner.tui.widgets.fields import Choice, ChoiceField, InputField, ToggleField, value_choices
+from tuner.tui.widgets.lists import PickList
 from tuner.tui.widgets.plan_bar import PlanPanel
 
 METHODS = [
@@ -37,109 +46,199 @@ OPTIMIZERS = [
 ]
 
 
-def _help(field: str) -> str:
-    return MemorySection.model_fields[field].description or ""
+def _help(section, field: str) -> str:
+    return section.model_fields[field].description or ""
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """An advisor's plan as this draft's changes (what Enter applies)."""
+
+    advice: Advice
+    changes: Changes
 
 
 @dataclass
 class AdviceArrived(Message):
-    """The advisor answered Auto-fit: ranked proposals, best first."""
+    """The advisor answered for ``recipe``: ranked plans, best first, or why it could not."""
 
-    proposals: list[Proposal]
+    recipe: Recipe
+    advice: list[Advice]
     error: str | None = None
 
 
 class MethodScreen(WizardScreen):
     STEP = "method"
-    BINDINGS = [Binding("f", "autofit", "Auto-fit", id="autofit", tooltip="Apply the cheapest plan that fits")]
+    BINDINGS = [Binding("f", "autofit", "Auto-fit", id="autofit",
+                        tooltip="List the cheapest plans that fit, as changes to this recipe")]
 
     def compose_body(self) -> ComposeResult:
-        self.proposals: list[Proposal] = []
+        self.alternatives: list[Alternative] = []
+        self.advised: tuple | None = None  # (draft, model id) the list was made for; None: no list shown
+        self.advised_recipe: Recipe | None = None
         with Horizontal(classes="body"):
-            with VerticalScroll(classes="form", id="method-form"):
-                yield ChoiceField("Method", METHODS, id="method-kind",
-                                  help="full trains every weight; LoRA trains adapters; QLoRA adapters on a 4-bit base")
+            with VerticalScroll(classes="form", id="method-form", can_focus=False):  # tab goes to the fields
+                yield ChoiceField("Method", METHODS, id="method-kind", help=_help(MethodSection, "kind"))
                 with Horizontal(classes="pair"):
                     yield InputField("LoRA rank", "method.lora.r", number=True)
                     yield InputField("LoRA alpha", "method.lora.alpha", number=True)
-                yield ChoiceField("Distribution", DISTRIBUTION, id="distribution", help=_help("distributed"))
+                yield ToggleField("Auto-fit may switch to LoRA / QLoRA", "method.allow_method_change",
+                                  help=_help(MethodSection, "allow_method_change"))
+                yield ChoiceField("Distribution", DISTRIBUTION, id="distribution",
+                                  help=_help(MemorySection, "distributed"))
+                yield ChoiceField("FSDP sharding", value_choices(
+                    "memory.fsdp.sharding_strategy", ["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]),
+                    id="fsdp-sharding", help=_help(FsdpSection, "sharding_strategy"))
                 yield ChoiceField("Offload optimizer", value_choices("memory.offload_optimizer", ["none", "cpu", "nvme"]),
-                                  id="offload-optimizer", help=_help("offload_optimizer"))
+                                  id="offload-optimizer", help=_help(MemorySection, "offload_optimizer"))
                 yield ChoiceField("Offload parameters", value_choices("memory.offload_params", ["none", "cpu", "nvme"]),
-                                  id="offload-params", help=_help("offload_params"))
+                                  id="offload-params", help=_help(MemorySection, "offload_params"))
                 yield ToggleField("Gradient checkpointing", "memory.gradient_checkpointing",
-                                  help=_help("gradient_checkpointing"))
+                                  help=_help(MemorySection, "gradient_checkpointing"))
+                yield ToggleField("Activation offloading (CPU RAM)", "memory.activation_offloading",
+                                  help=_help(MemorySection, "activation_offloading"))
+                yield ToggleField("Chunked loss (no full logits)", "memory.chunked_loss",
+                                  help=_help(MemorySection, "chunked_loss"))
                 yield ChoiceField("Attention", value_choices("memory.attention", ["auto", "flash", "sdpa", "eager"]),
-                                  id="attention", help=_help("attention"))
+                                  id="attention", help=_help(MemorySection, "attention"))
                 yield ChoiceField("Precision", value_choices("memory.mixed_precision", ["bf16", "fp16", "no"]),
-                                  id="precision", help=_help("mixed_precision"))
-                yield ChoiceField("Optimizer", OPTIMIZERS, id="optimizer", help=_help("optimizer"))
+                                  id="precision", help=_help(MemorySection, "mixed_precision"))
+                yield ChoiceField("Optimizer", OPTIMIZERS, id="optimizer", help=_help(MemorySection, "optimizer"))
                 with Horizontal(classes="pair"):
                     yield InputField("Micro-batch", "memory.micro_batch_size", number=True)
                     yield InputField("Grad. accum.", "memory.gradient_accumulation_steps", number=True)
                 yield InputField("Sequence length", "memory.max_seq_length", number=True)
-            with Vertical(classes="side", id="plan-side"):
+            with VerticalScroll(classes="side", id="plan-side"):
                 yield Label("Memory plan", classes="section-title")
                 yield PlanPanel(id="plan")
-                yield Button("Auto-fit (f)", id="autofit", variant="primary")
-                yield OptionList(id="alternatives")
+                yield Button("Auto-fit (f)", id="autofit", variant="primary", compact=True)
+                yield PickList(id="alternatives")
+                yield Static("", id="proposal")
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.query_one("#alternatives", OptionList).display = False
-        self.query_one("#method-kind").query_one("RadioSet").focus()
+        self.query_one("#method-kind").query_one("RadioSet").focus(scroll_visible=False)
+        form = self.query_one("#method-form", VerticalScroll)
+        self.call_after_refresh(form.scroll_home, animate=False)  # the radio set scrolls its choice in: keep the label
 
     def sync(self) -> None:
         super().sync()
+        app = self.app
         panel = self.query_one(PlanPanel)
-        panel.plan = self.app.plan
-        panel.status = self.app.plan_status
-        self.query_one("#autofit", Button).disabled = not (self.app.planner.available and self.app.draft.valid)
+        panel.plan, panel.status, panel.disk = app.plan, app.plan_status, app.disk_check
+        self.query_one("#autofit", Button).disabled = app.draft.plannable is None
+        self.query_one("#fsdp-sharding").display = app.draft.value("memory.distributed") == "fsdp"
+        self._follow_draft()
 
     def on_plan_updated(self, message: PlanUpdated) -> None:
         panel = self.query_one(PlanPanel)
-        panel.plan = message.plan
-        panel.status = self.app.plan_status
+        panel.plan, panel.status = message.plan, self.app.plan_status
+
+    def on_disk_checked(self, message: DiskChecked) -> None:
+        self.query_one(PlanPanel).disk = message.check
+
+    # --- Auto-fit -------------------------------------------------------------------------------
+    def _follow_draft(self) -> None:
+        """Keep the list true to the draft: gone for a new recipe or model, recomputed after any other change."""
+        if self.advised is None:
+            return
+        draft = self.app.draft
+        if self.advised != (draft, draft.value("model.id")) or draft.plannable is None:
+            self._clear_advice()
+        elif draft.plannable != self.advised_recipe:
+            self._ask(draft.plannable)
+
+    def _clear_advice(self) -> None:
+        self.advised, self.advised_recipe, self.alternatives = None, None, []
+        listing = self.query_one("#alternatives", PickList)
+        listing.clear_options()
+        listing.display = False
+        self.query_one("#proposal", Static).update("")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "autofit":
             self.action_autofit()
 
     def action_autofit(self) -> None:
-        recipe = self.app.draft.recipe
-        if recipe is None or not self.app.planner.available:
-            self.notify("Auto-fit needs a valid recipe and the planner.", severity="warning")
+        recipe = self.app.draft.plannable
+        if recipe is None:
+            self.notify("Auto-fit needs a recipe without errors.", severity="warning")
             return
+        self._ask(recipe)
+        listing = self.query_one("#alternatives", PickList)
+        listing.display = True
+        listing.focus()
+
+    def _ask(self, recipe: Recipe) -> None:
+        draft = self.app.draft
+        self.advised, self.advised_recipe = (draft, draft.value("model.id")), recipe
         self.query_one("#autofit", Button).label = "Auto-fit: thinking…"
         self.advise(recipe)
 
-    @work(thread=True, exclusive=True)
-    def advise(self, recipe) -> None:
+    @work(thread=True, exclusive=True, group="advice")
+    def advise(self, recipe: Recipe) -> None:
         try:
-            self.post_message(AdviceArrived(self.app.planner.advise(recipe)))
-        except Exception as exc:  # the advisor's failure is shown, never a crashed UI
-            self.post_message(AdviceArrived([], error=f"{type(exc).__name__}: {exc}"))
+            self.post_message(AdviceArrived(recipe, self.app.planner.advise(recipe)))
+        except CannotPlan as exc:
+            self.post_message(AdviceArrived(recipe, [], error=str(exc)))
 
     def on_advice_arrived(self, message: AdviceArrived) -> None:
+        if self.advised is None or message.recipe != self.advised_recipe:
+            return  # an answer about an earlier draft
         self.query_one("#autofit", Button).label = "Auto-fit (f)"
-        if message.error:
-            self.notify(f"advisor failed: {message.error}", severity="error")
-            return
-        self.proposals = message.proposals
-        fitting = [proposal for proposal in self.proposals if proposal.fits]
-        listing = self.query_one("#alternatives", OptionList)
+        listing = self.query_one("#alternatives", PickList)
         listing.clear_options()
-        for index, proposal in enumerate(self.proposals):
-            listing.add_option(Option(f"{index + 1}. {proposal.summary}", id=str(index)))
-        listing.display = bool(self.proposals)
-        if not fitting:
-            self.notify("No plan fits this hardware; see the alternatives.", severity="warning")
+        listing.display = True
+        if message.error:
+            self.alternatives = []
+            self.query_one("#proposal", Static).update(Text(f"Auto-fit cannot plan this recipe: {message.error}"))
             return
-        self.app.draft.replace(fitting[0].recipe)
-        self.app.draft_changed()
-        self.notify("Applied the cheapest plan that fits.")
+        draft = self.app.draft
+        self.alternatives, seen = [], []
+        for advice in worth_showing(message.advice):
+            changes = draft.changes_towards(advice.recipe) if advice.fits else {}
+            if advice.fits and changes in seen:
+                continue
+            seen.append(changes)
+            self.alternatives.append(Alternative(advice, changes))
+            number = f"{len(self.alternatives)}. "
+            prompt = number + (advice.summary() if advice.fits else f"nothing fits: {advice.summary()}")
+            listing.add_option(Option(prompt, id=str(len(self.alternatives) - 1), disabled=not advice.fits))
+        listing.highlight_first()
+        self._show_alternative(listing.highlighted)
+        self.call_after_refresh(self._reveal)
+
+    def _reveal(self) -> None:
+        """Bring the list and the changes under it into view (a short terminal scrolls the side panel)."""
+        listing = self.query_one("#alternatives", PickList)
+        if listing.has_focus:  # the changes are the side panel's last lines, the list just above them
+            self.query_one("#plan-side", VerticalScroll).scroll_end(animate=False)
+
+    def _show_alternative(self, index: int | None) -> None:
+        box = self.query_one("#proposal", Static)
+        if index is None:
+            none_fit = self.alternatives and not any(p.advice.fits for p in self.alternatives)
+            box.update("Nothing to apply: no plan fits; the entry above says what to add or change." if none_fit else "")
+            return
+        proposal = self.alternatives[index]
+        if not proposal.changes:
+            box.update(Text("This is the recipe as it is now.", style="italic"))
+            return
+        text = Text("Enter applies only these changes:\n", style="bold")
+        text.append("\n".join(f"  {line}" for line in self.app.draft.describe_changes(proposal.changes)))
+        box.update(text)
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option_list.id == "alternatives":
+            self._show_alternative(event.option_index)
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        if event.option_list.id == "alternatives":
-            self.app.draft.replace(self.proposals[int(event.option.id)].recipe)
-            self.app.draft_changed()
+        if event.option_list.id != "alternatives" or event.option.disabled:
+            return
+        proposal = self.alternatives[int(event.option.id)]
+        if not proposal.changes:
+            self.notify("Already the recipe as it is.")
+            return
+        self.app.draft.apply(proposal.changes)
+        self.app.draft_changed()
+        self.notify(f"Applied {len(proposal.changes)} change(s): {', '.join(proposal.changes)}")

@@ -6,12 +6,13 @@ from textual import work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, Label, OptionList, Static
-from textual.widgets.option_list import Option
+from textual.widgets.option_list import Option, OptionDoesNotExist
 
 from tuner.tui.catalog import catalog_entries, describe_model
 from tuner.tui.messages import FieldEdited
-from tuner.tui.screens.base import WizardScreen
+from tuner.tui.screens.base import NARROW_BELOW, WizardScreen
 from tuner.tui.widgets.fields import InputField
+from tuner.tui.widgets.lists import PickList
 
 
 class ModelScreen(WizardScreen):
@@ -19,10 +20,12 @@ class ModelScreen(WizardScreen):
 
     def compose_body(self) -> ComposeResult:
         self.entries = catalog_entries()
+        self.shown_draft = None  # the draft the search was typed for: a new recipe starts unfiltered
         with Horizontal(classes="body"):
             with Vertical(id="model-pick", classes="form"):
-                yield Input(placeholder="search: family, size, name", id="model-search", compact=True)
-                yield OptionList(id="model-list")
+                yield Input(placeholder="search: family, size (8b) or name",
+                            id="model-search", compact=True)
+                yield PickList(id="model-list")
                 yield InputField("Model", "model.id", placeholder="hub org/name, local directory or builtin:demo",
                                  help="What to fine-tune; the list above fills this in. Enter applies a typed id.",
                                  apply_on_enter=True)
@@ -38,13 +41,36 @@ class ModelScreen(WizardScreen):
     def _fill_list(self, query: str) -> None:
         listing = self.query_one("#model-list", OptionList)
         listing.clear_options()
+        narrow = self.app.size.width < NARROW_BELOW  # 80 columns: the id and its size; the facts show the rest
         for entry in self.entries:
             if entry.matches(query):
-                listing.add_option(Option(f"{entry.id:<34} {entry.summary}", id=entry.id))
+                shown = f"{entry.id}  {entry.size}" if narrow else f"{entry.id:<34} {entry.summary}"
+                listing.add_option(Option(shown, id=entry.id))
+        self._highlight_current()
+
+    def _highlight_current(self) -> None:
+        listing = self.query_one("#model-list", OptionList)
+        try:
+            listing.highlighted = listing.get_option_index(self.app.draft.value("model.id"))
+        except OptionDoesNotExist:  # not listed: filtered out, or typed in
+            listing.highlighted = 0 if listing.option_count else None
+
+    def on_resize(self) -> None:
+        self._fill_list(self.query_one("#model-search", Input).value)
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "model-search":
             self._fill_list(event.value)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        """Enter in the search: a single match is taken; several move to the list to choose."""
+        if event.input.id != "model-search":
+            return
+        listing = self.query_one("#model-list", OptionList)
+        if listing.option_count == 1:
+            self.post_message(FieldEdited({"model.id": listing.get_option_at_index(0).id}))
+        elif listing.option_count:
+            listing.focus()
 
     def on_field_edited(self, event: FieldEdited) -> None:
         """A typed model id may need the hub cache (transformers): look it up off the UI thread first."""
@@ -53,15 +79,15 @@ class ModelScreen(WizardScreen):
             return
         event.stop()
         self.query_one("#facts", Static).update(f"looking up {escape(model_id)}…")
-        self.look_up(model_id)
+        self.look_up(model_id, event.typed)
 
     @work(thread=True, exclusive=True)
-    def look_up(self, model_id: str) -> None:
+    def look_up(self, model_id: str, typed: str | None) -> None:
         describe_model(model_id, self.entries)  # warms the catalog's facts cache, so planning is quick
-        self.app.call_from_thread(self._take_model, model_id)
+        self.app.call_from_thread(self._take_model, model_id, typed)
 
-    def _take_model(self, model_id: str) -> None:
-        self.app.draft.apply({"model.id": model_id})
+    def _take_model(self, model_id: str, typed: str | None) -> None:
+        self.app.draft.apply({"model.id": model_id}, typed=typed)
         self.app.draft_changed()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
@@ -69,6 +95,12 @@ class ModelScreen(WizardScreen):
 
     def sync(self) -> None:
         super().sync()
+        if self.shown_draft is not self.app.draft:  # a new recipe: no filter left over from the last one
+            self.shown_draft = self.app.draft
+            search = self.query_one("#model-search", Input)
+            if search.value:
+                search.value = ""  # refills the list
+        self._highlight_current()
         model_id = self.app.draft.value("model.id")
         source, facts = describe_model(model_id, self.entries)
         lines = [f"[b]{escape(model_id)}[/b]", f"[dim]{escape(source)}[/dim]", ""]

@@ -51,20 +51,23 @@ class ReviewScreen(WizardScreen):
 
     def compose_body(self) -> ComposeResult:
         self.files: dict[str, str] = {}
+        self.suggested: tuple | None = None  # (draft, file name) last put in the save box
         with TabbedContent(id="files"):
             yield TabPane("no files", Static("the recipe has errors"))
         yield Static("", id="command")
         with Horizontal(id="save-row"):
             yield Label("Save as", classes="field-label")
             yield Input(id="save-path", compact=True)
-            yield Button("Save (ctrl+s)", id="save", variant="primary")
+            yield Button("Save ^s", id="save", variant="primary", compact=True)
 
     def sync(self) -> None:
         super().sync()
         draft = self.app.draft
         box = self.query_one("#save-path", Input)
-        if not box.value:
-            box.value = str(draft.path or f"{draft.last_valid.name}.yaml")
+        suggested = str(draft.path or f"{draft.value('name')}.yaml")
+        if self.suggested is None or box.value == self.suggested[1] or self.suggested[0] is not draft:
+            box.value = suggested  # a new recipe, or a name change the user has not overridden here
+        self.suggested = (draft, suggested)
         if draft.recipe is None:
             self._show(FilesRendered(None, error="fix the errors below to see the files"))
             return

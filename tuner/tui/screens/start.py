@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
@@ -14,33 +15,39 @@ from tuner.recipe.registry import builtin_names, builtin_path, describe
 from tuner.run_layout import LOCK_FILE
 from tuner.tui.draft import Draft
 from tuner.tui.run_watch import recent_runs
+from tuner.tui.widgets.lists import PickList
 
 RUNS_ROOT = Path("runs")
+ABOUT = {
+    "new": "Start from the defaults: the demo model on this machine.",
+    "open": "Edit a recipe YAML file; saving asks before replacing it.",
+    "chat": "Talk to a model, a recipe's model or a finished run, in the format it was trained on.",
+}
 
 
 class StartScreen(Screen):
     def compose(self) -> ComposeResult:
         yield Header()
-        yield Static("Plan a fine-tuning run: choose a model, the hardware and a method, see the memory plan fit, "
-                     "then launch and watch it. Everything ends up in one recipe file that `tuner run` replays.",
-                     id="intro")
+        yield Static("Plan a fine-tuning run: model, hardware, method; see the memory plan fit; launch and watch it. "
+                     "Everything ends up in one recipe file that `tuner run` replays.", id="intro")
         with Horizontal(id="start-columns"):
             with Vertical(id="start-actions"):
                 yield Label("Begin", classes="section-title")
-                options = [Option("New recipe", id="new"), Option("Open a recipe file…", id="open")]
-                options += [Option(f"Built-in recipe: {name} ({describe(name)})", id=f"builtin:{name}")
-                            for name in builtin_names()]
-                options.append(Option("Chat with a model or a finished run", id="chat"))
-                yield OptionList(*options, id="actions")
-                yield Input(placeholder="path/to/recipe.yaml, then enter", id="open-path")
+                options = [Option("New recipe", id="new"), Option("Open a recipe file…", id="open"),
+                           Option("Chat with a model or a run", id="chat")]
+                options += [Option(f"Built-in recipe: {name}", id=f"builtin:{name}") for name in builtin_names()]
+                yield PickList(*options, id="actions")
+                yield Static("", id="about")
+                yield Input(placeholder="path/to/recipe.yaml, then enter", id="open-path", compact=True)
                 yield Static("", id="start-error")
             with Vertical(id="start-runs"):
                 yield Label("Recent runs", classes="section-title")
-                yield OptionList(id="runs")
+                yield PickList(id="runs")
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#open-path", Input).display = False
+        self.query_one("#start-error", Static).display = False
         self.query_one("#actions", OptionList).focus()
 
     def on_screen_resume(self) -> None:
@@ -50,19 +57,24 @@ class StartScreen(Screen):
         for watch in found:
             progress = f"step {watch.step}/{watch.max_steps}" if watch.max_steps else ""
             loss = f"loss {watch.losses[-1]:.3f}" if watch.losses else ""
-            runs.add_option(Option(f"{watch.run_dir.name:<24} {watch.status:<18} {progress:<14} {loss}",
-                                   id=str(watch.run_dir)))
+            line = "  ".join(part for part in (watch.run_dir.name, watch.status, progress, loss) if part)
+            runs.add_option(Option(line, id=str(watch.run_dir)))
         if not found:
             runs.add_option(Option(f"none yet under {RUNS_ROOT}/", disabled=True))
 
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option_list.id == "actions":
+            choice = event.option.id or ""
+            self.query_one("#about", Static).update(ABOUT.get(choice) or describe(choice.removeprefix("builtin:")))
+
     def _open(self, draft: Draft, mode: str = "model") -> None:
+        self.query_one("#open-path", Input).display = False
         self.app.load_draft(draft)
         self.app.switch_mode(mode)
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         choice = event.option.id or ""
-        error = self.query_one("#start-error", Static)
-        error.update("")
+        self._error("")
         try:
             if event.option_list.id == "runs":
                 from tuner.tui.run_watch import replay
@@ -84,10 +96,15 @@ class StartScreen(Screen):
             elif choice == "chat":
                 self.app.switch_mode("chat")
         except RecipeError as exc:
-            error.update(str(exc))
+            self._error(str(exc))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         try:
             self._open(Draft.from_file(event.value.strip()))
         except RecipeError as exc:
-            self.query_one("#start-error", Static).update(str(exc))
+            self._error(str(exc))
+
+    def _error(self, text: str) -> None:
+        error = self.query_one("#start-error", Static)
+        error.update(Text(text))  # Text: a file's contents quoted in the message are never markup
+        error.display = bool(text)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, VerticalScroll
 
 from tuner.tui.screens.base import WizardScreen
 from tuner.tui.widgets.fields import ChoiceField, InputField, value_choices
@@ -13,7 +13,7 @@ class TrainingScreen(WizardScreen):
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(classes="body"):
-            with Vertical(classes="form"):
+            with VerticalScroll(classes="form", can_focus=False):  # scrolls on a short terminal
                 yield InputField("Run name", "name")
                 yield InputField("Learning rate", "training.learning_rate", number=True)
                 yield ChoiceField("Schedule", value_choices("training.lr_scheduler",

@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Checkbox, Input, Label, RadioButton, RadioSet
+from textual.validation import ValidationResult, Validator
+from textual.widgets import Checkbox, Input, Label, RadioButton, RadioSet, Select, Static
 
-from tuner.tui.draft import Changes, Draft
+from tuner.tui.draft import Changes, Draft, field_problem
 from tuner.tui.messages import FieldEdited
 
 
@@ -30,6 +32,14 @@ def value_choices(field: str, values: list) -> list[Choice]:
     return [Choice(str(value), {field: value}) for value in values]
 
 
+def show_reason(line: Static, reason: str | None) -> None:
+    """The line under a field: why its value is refused or conflicts (Text: values are never markup)."""
+    if getattr(line, "reason", None) != reason:
+        line.reason = reason
+        line.update(Text(f"✗ {reason}") if reason else "")
+        line.display = bool(reason)
+
+
 class ChoiceField(Vertical):
     """A labelled row of radio buttons; refused options are disabled with their reason."""
 
@@ -41,10 +51,11 @@ class ChoiceField(Vertical):
         self.reasons: list[str] = []  # "option: why it is refused", for the focused-field line
 
     def compose(self) -> ComposeResult:
-        yield Label(self.label, classes="field-label")
+        yield Label(self.label, classes="choice-label")
         with RadioSet(id=f"{self.id}-set"):
             for index, choice in enumerate(self.choices):
                 yield RadioButton(choice.label, id=f"{self.id}-{index}")
+        yield Static("", classes="field-reason")
 
     @property
     def radio_set(self) -> RadioSet:
@@ -56,18 +67,25 @@ class ChoiceField(Vertical):
         return self.query_one(f"#{self.id}-{index}", RadioButton)
 
     def sync(self, draft: Draft) -> None:
-        reasons = []
-        for index, choice in enumerate(self.choices):
-            button = self.query_one(f"#{self.id}-{index}", RadioButton)
+        """Re-check every option against the draft (a keypress's cost: widgets change only when their state does)."""
+        refused: dict[str, list[str]] = {}  # reason -> the options it refuses
+        for choice, button in zip(self.choices, self.query(RadioButton)):
             chosen = draft.holds(choice.changes)
             refusal = None if chosen else draft.refusal(choice.changes)
-            button.disabled = refusal is not None
-            button.tooltip = refusal or self.help or None
+            if button.disabled != (refusal is not None):
+                button.disabled = refusal is not None
+            tooltip = refusal or self.help or None
+            if button.tooltip != tooltip:
+                button.tooltip = tooltip
             if refusal:
-                reasons.append(f"{choice.label}: {refusal}")
+                field, _, why = refusal.partition(": ")  # the field is this one's own: say only why
+                refused.setdefault(why if field in choice.changes else refusal, []).append(choice.label)
             if chosen and not button.value:
                 button.value = True  # RadioSet turns the old one off; the echo is ignored below
-        self.reasons = reasons
+        self.reasons = [f"{', '.join(labels)}: {reason}" for reason, labels in refused.items()]
+        fields = dict.fromkeys(field for choice in self.choices for field in choice.changes)
+        reason = next((line for line in map(draft.reason, fields) if line), None)
+        show_reason(self.query_one(".field-reason", Static), reason)
 
     def on_radio_set_changed(self, event: RadioSet.Changed) -> None:
         event.stop()
@@ -96,8 +114,11 @@ class ToggleField(Vertical):
         box = self.checkbox
         value = bool(draft.value(self.field))
         refusal = draft.refusal({self.field: not value})
-        box.disabled = refusal is not None
-        box.tooltip = refusal or self.help or None
+        if box.disabled != (refusal is not None):
+            box.disabled = refusal is not None
+        tooltip = refusal or self.help or None
+        if box.tooltip != tooltip:
+            box.tooltip = tooltip
         self.reasons = [f"cannot change: {refusal}"] if refusal else []
         if box.value != value:
             with box.prevent(Checkbox.Changed):
@@ -117,19 +138,32 @@ def _parse_number(text: str) -> Any:
             return kind(text)
         except ValueError:
             continue
-    return text  # validation names the field and what it should be
+    return text  # the field's rule names the field and what it should be
 
 
 def _parse_text(text: str) -> str | None:
     return text.strip() or None
 
 
-def _show(value: Any) -> str:
-    return "" if value is None else str(value)
+class FieldRule(Validator):
+    """The field's own rule from the recipe schema, for Textual's Input validation (marks the box invalid)."""
+
+    def __init__(self, field: str, parse):
+        super().__init__()
+        self.field = field
+        self.parse = parse
+
+    def validate(self, value: str) -> ValidationResult:
+        problem = field_problem(self.field, self.parse(value))
+        return self.failure(problem) if problem else self.success()
 
 
-class InputField(Horizontal):
-    """A labelled text or number input for one field; empty means the default (or none)."""
+class InputField(Vertical):
+    """A labelled text or number box for one field, shown as typed; empty means the default (or none).
+
+    A value the field's rule refuses stays in the box, marked, with the rule's reason under it; so does
+    a conflict with other fields that names this one.
+    """
 
     def __init__(self, label: str, field: str, *, number: bool = False, placeholder: str = "", help: str = "",
                  apply_on_enter: bool = False):
@@ -139,33 +173,89 @@ class InputField(Horizontal):
         self.placeholder = placeholder
         self.help = help
         self.parse = _parse_number if number else _parse_text
-        self.typing = False  # the user edited the box since it took focus
         self.apply_on_enter = apply_on_enter  # apply on enter or leaving the box, not per keystroke (costly lookups)
+        self.pending = False  # typed but not yet applied (apply_on_enter)
+        self.typing = False  # the user typed in the box since it took focus
 
     def compose(self) -> ComposeResult:
-        yield Label(self.label, classes="field-label")
-        yield Input(placeholder=self.placeholder, id=f"{self.id}-input", tooltip=self.help or None, compact=True)
+        with Horizontal(classes="field-row"):
+            yield Label(self.label, classes="field-label")
+            yield Input(placeholder=self.placeholder, id=f"{self.id}-input", tooltip=self.help or None, compact=True,
+                        validators=[FieldRule(self.field, self.parse)], validate_on=["changed", "submitted"])
+        yield Static("", classes="field-reason")
+
+    @property
+    def box(self) -> Input:
+        return self.query_one(Input)
 
     def sync(self, draft: Draft) -> None:
-        box = self.query_one(Input)
-        if box.has_focus and self.typing:
-            return  # never fight the user's typing
-        shown = _show(draft.value(self.field))
-        if self.parse(box.value) != self.parse(shown):
-            with box.prevent(Input.Changed):
-                box.value = shown
+        box = self.box
+        if not (self.typing and box.has_focus):  # never fight the user's typing (the draft holds it anyway)
+            shown = draft.shown(self.field)
+            if box.value != shown:
+                with box.prevent(Input.Changed):
+                    box.value = shown
+        show_reason(self.query_one(".field-reason", Static), draft.reason(self.field))
+
+    def _edited(self, text: str) -> None:
+        self.pending = False
+        self.post_message(FieldEdited({self.field: self.parse(text)}, typed=text))
 
     def on_input_changed(self, event: Input.Changed) -> None:
         event.stop()
         self.typing = True
-        if not self.apply_on_enter:
-            self.post_message(FieldEdited({self.field: self.parse(event.value)}))
+        if self.apply_on_enter:
+            self.pending = True
+        else:
+            self._edited(event.value)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
-        self.post_message(FieldEdited({self.field: self.parse(event.value)}))
+        self._edited(event.value)
 
     def on_descendant_blur(self) -> None:
-        if self.apply_on_enter and self.typing:
-            self.post_message(FieldEdited({self.field: self.parse(self.query_one(Input).value)}))
+        if self.pending:
+            self._edited(self.box.value)
         self.typing = False
+
+
+class SelectField(Vertical):
+    """A labelled drop-down for one field; a value outside the list (a custom size) is listed as it is."""
+
+    def __init__(self, label: str, field: str, options: list[str], *, prompt: str, help: str = ""):
+        super().__init__(id=field.replace(".", "-"), classes="field input")
+        self.label = label
+        self.field = field
+        self.options = options
+        self.prompt = prompt
+        self.help = help
+        self.listed = list(options)
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(classes="field-row"):
+            yield Label(self.label, classes="field-label")
+            yield Select([(name, name) for name in self.options], prompt=self.prompt, id=f"{self.id}-select",
+                         compact=True, tooltip=self.help or None)
+        yield Static("", classes="field-reason")
+
+    @property
+    def select(self) -> Select:
+        return self.query_one(Select)
+
+    def sync(self, draft: Draft) -> None:
+        select = self.select
+        value = draft.value(self.field)
+        listed = [*self.options, *([value] if value is not None and value not in self.options else [])]
+        if listed != self.listed:
+            self.listed = listed
+            with select.prevent(Select.Changed):
+                select.set_options([(name, name) for name in listed])
+        wanted = Select.NULL if value is None else value
+        if select.value != wanted:
+            with select.prevent(Select.Changed):
+                select.value = wanted
+        show_reason(self.query_one(".field-reason", Static), draft.reason(self.field))
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        event.stop()
+        self.post_message(FieldEdited({self.field: None if event.value is Select.NULL else event.value}))

@@ -1,11 +1,12 @@
 """The live memory plan: one stacked bar per device (weights, gradients, ...) against its capacity."""
 from __future__ import annotations
 
-from typing import Any
-
 from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
+
+from tuner.doctor import Check
+from tuner.planner import DevicePlan, MemoryPlan
 
 TERM_STYLES = {
     "weights": "bold #5f87ff",
@@ -55,45 +56,85 @@ def gib(value: float) -> str:
     """Readable at every scale: the demo model's kilobytes and a 70B model's gigabytes."""
     if abs(value) >= 0.1:
         return f"{value:.2f} GiB"
+    if 0 < abs(value) * 1024 < 0.1:
+        return "<0.1 MiB"
     return f"{value * 1024:.1f} MiB"
 
 
-def plan_text(plan: Any, width: int) -> Text:
-    """The whole panel as text, from a planner MemoryPlan (duck-typed: see tuner.planner)."""
-    out = Text()
+SHORT_RESOURCE = {"gpu": "GPU memory", "host": "host RAM", "cpu": "RAM"}  # DevicePlan.kind -> what runs short
+
+
+def shortest_device(plan: MemoryPlan) -> DevicePlan | None:
+    """The device whose capacity the plan overflows the most (the resource to add or to save)."""
+    short = [device for device in plan.devices if device.headroom_gib is not None and device.headroom_gib < 0]
+    return min(short, key=lambda device: device.headroom_gib, default=None)
+
+
+def verdict_text(plan: MemoryPlan, disk: Check | None = None) -> Text:
+    """``verdict: does not fit: host RAM is 306.30 GiB short``, naming what is short (memory, then disk)."""
+    out = Text("verdict: ")
     verdict = str(plan.verdict)
-    out.append("verdict: ")
+    disk_short = disk is not None and disk.status == "fail"
     out.append(verdict, VERDICT_STYLES.get(verdict, "bold"))
-    missing = getattr(plan, "missing_gib", 0) or 0
-    if missing > 0:
-        out.append(f"  ({gib(missing)} short)", "red")
+    device = shortest_device(plan)
+    if device is not None:
+        out.append(f": {SHORT_RESOURCE.get(device.kind, device.name)} is {gib(-device.headroom_gib)} short", "red")
+        if device.count > 1:
+            out.append(" on each GPU", "red")
+    if disk_short:
+        out.append(f"{'; and' if device else ';'} disk is short: {disk.detail}", "red")
+    return out
+
+
+def device_heading(device: DevicePlan) -> Text:
+    out = Text(device.name, "bold")
+    limit = gib(device.capacity_gib) if device.capacity_gib is not None else "an unknown capacity"
+    out.append(f"{', each' if device.count > 1 else ''}: {gib(device.total_gib)} of {limit}", "dim")
+    return out
+
+
+def legend(terms: dict[str, float], width: int) -> Text:
+    """What each colour of a bar stands for, with its amount (every bar gets its own), packed into lines
+    of ``width`` so that no entry is split."""
+    out, used = Text(), 0
+    for name, value in terms.items():
+        if value <= 0:
+            continue
+        entry = Text("■ ", TERM_STYLES.get(name, OTHER_STYLE))
+        entry.append(f"{name.replace('_', ' ')} {gib(value)}")
+        if used and used + 2 + len(entry) > width:
+            out.append("\n")
+            used = 0
+        elif used:
+            out.append("  ")
+            used += 2
+        out.append_text(entry)
+        used += len(entry)
+    return out
+
+
+def plan_text(plan: MemoryPlan, width: int, disk: Check | None = None) -> Text:
+    """The whole panel as text: the verdict, then per device a bar against its capacity and its legend."""
+    out = verdict_text(plan, disk)
     out.append("\n")
     devices = list(plan.devices)
     shown = devices[:MAX_BARS]
     bar_width = max(width - 2, 10)
     for device in shown:
-        count = getattr(device, "count", 1) or 1
-        out.append(f"{device.name}{f' ×{count}' if count > 1 else ''}", "bold")
-        capacity = device.capacity_gib
-        limit = gib(capacity) if capacity is not None else "capacity unknown"
-        out.append(f"  {gib(device.total_gib)} of {limit}", "dim")
         out.append("\n")
-        out.append_text(stacked_bar(dict(device.terms), device.capacity_gib, bar_width))
+        out.append_text(device_heading(device))
+        out.append("\n")
+        if device.capacity_gib is not None:
+            out.append_text(stacked_bar(dict(device.terms), device.capacity_gib, bar_width))
+            out.append("\n")
+        elif device.kind == "host":
+            out.append("set Host RAM on the Hardware screen to check it\n", "italic")
+        out.append_text(legend(device.terms, width))
         out.append("\n")
     if len(devices) > len(shown):
         out.append(f"... and {len(devices) - len(shown)} more devices with the same layout\n", "dim")
-    if shown:
-        out.append("\n")
-        for name, value in shown[0].terms.items():
-            if value <= 0:
-                continue
-            out.append("■ ", TERM_STYLES.get(name, OTHER_STYLE))
-            out.append(f"{name.replace('_', ' ')} {gib(value)}\n")
-    host = getattr(plan, "host_ram_gib", None)
-    if host:
-        out.append(f"\nhost RAM needed: {gib(host)}\n")
-    for note in getattr(plan, "notes", None) or []:
-        out.append(f"• {note}\n", "dim")
+    for note in plan.notes:
+        out.append(f"\n• {note}", "dim")
     return out
 
 
@@ -104,10 +145,11 @@ class PlanPanel(Widget):
     PlanPanel { height: auto; padding: 0 1; }
     """
 
-    plan: reactive[Any] = reactive(None, layout=True)
+    plan: reactive[MemoryPlan | None] = reactive(None, layout=True)
     status: reactive[str] = reactive("", layout=True)
+    disk: reactive[Check | None] = reactive(None, layout=True)
 
     def render(self) -> Text:
         if self.plan is None:
             return Text(self.status or "no plan yet", style="italic")
-        return plan_text(self.plan, self.size.width)
+        return plan_text(self.plan, self.size.width, self.disk)

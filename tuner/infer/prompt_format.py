@@ -1,0 +1,50 @@
+"""The prompt format a run was trained on, so ``tuner chat`` / ``tuner infer`` ask it the way it learned.
+
+Instruction data is rendered as the instruction followed by the input.  When every training sample
+shares one instruction (the demo's ``reverse``), that instruction is the task: a message is its input,
+so "hello" reaches the demo as ``reverse\\nhello``.  Chat data goes through the chat template.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.recipe.schema import Recipe
+
+SAMPLES_READ = 1000  # enough to tell one shared instruction from many
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    data_format: str  # the recipe's data.format, resolved from the data when it says auto
+    instruction: str | None = None  # the one instruction every sample shares (instruction data only)
+    note: str = ""  # how messages are sent, for the user
+
+
+def trained_prompt_format(recipe: Recipe, instruction: str | None = None) -> PromptFormat:
+    """Read the recipe's training data (the first samples) to learn its layout and shared instruction.
+
+    ``instruction`` (``--instruction``) replaces what the data says.  Data that cannot be read here
+    leaves the recipe's format, and a message's first line is its instruction.
+    """
+    from tuner.data.prepare import resolve_format
+    from tuner.data.sources import DataError, load_split
+
+    data_format = recipe.data.format
+    try:
+        dataset = load_split(recipe.data.source, recipe.data.split).dataset
+        data_format = resolve_format(data_format, dataset.column_names)
+        found = set(dataset.select(range(min(SAMPLES_READ, len(dataset))))["instruction"]) \
+            if data_format == "instruction" else set()
+    except DataError as exc:
+        if data_format != "instruction":
+            return PromptFormat(data_format)
+        return PromptFormat(data_format, instruction, f"the training data cannot be read here ({exc}); put the "
+                                                      "instruction on a message's first line")
+    if data_format != "instruction":
+        return PromptFormat(data_format)
+    shared = instruction or (found.pop() if len(found) == 1 else None)
+    if shared:
+        return PromptFormat(data_format, shared, f"instruction {shared!r} with each message as its input, "
+                                                 "one message at a time, as the run was trained")
+    return PromptFormat(data_format, None, "instruction data: a message's first line is the instruction, the rest "
+                                           "its input, one message at a time, as the run was trained")
