@@ -16,6 +16,7 @@ from tuner.planner.memory import MemoryPlan, plan
 
 # Estimated throughput penalty of each rung (fraction of step time added); sources in docs/memory.md.
 RUNG_COST = {
+    "precompute_reference": 0.01,  # dpo/kto: one pass before training replaces the reference's forward in each step
     "ddp": 0.0,
     "zero1": 0.02,  # same communication volume as DDP; a sharded step
     "zero2": 0.05,  # reduce-scatter instead of all-reduce, a few more syncs
@@ -28,7 +29,7 @@ RUNG_COST = {
     "qlora": 1.6,  # dequantisation on every matmul, and quantised base weights
 }
 
-LADDER = ("ddp", "zero1", "zero2", "micro_batch", "gradient_checkpointing", "zero3", "offload_optimizer",
+LADDER = ("precompute_reference", "ddp", "zero1", "zero2", "micro_batch", "gradient_checkpointing", "zero3", "offload_optimizer",
           "offload_params", "lora", "qlora")
 
 
@@ -42,6 +43,7 @@ class Tactics:
     offload_params: str
     micro_batch: int
     method: str
+    precompute: bool = False  # dpo/kto: reference log-probabilities computed before training (no reference copy)
 
 
 @dataclass
@@ -76,7 +78,7 @@ def _tactics_of(recipe) -> Tactics:
     else:
         sharding = mem.distributed
     return Tactics(sharding, mem.gradient_checkpointing, mem.offload_optimizer, mem.offload_params,
-                   mem.micro_batch_size, recipe.method.kind)
+                   mem.micro_batch_size, recipe.method.kind, recipe.objective.precompute_ref_log_probs)
 
 
 _SHARDING_RANK = {"none": 0, "ddp": 0, "zero0": 0, "zero1": 1, "zero2": 2, "zero3": 3,
@@ -85,7 +87,7 @@ _SHARDING_RANK = {"none": 0, "ddp": 0, "zero0": 0, "zero1": 1, "zero2": 2, "zero
 
 def _rungs(base: Tactics, t: Tactics) -> list[str]:
     """The ladder rungs ``t`` climbs above ``base``."""
-    rungs = []
+    rungs = ["precompute_reference"] if t.precompute and not base.precompute else []
     rank_base, rank = _SHARDING_RANK[base.sharding], _SHARDING_RANK[t.sharding]
     if rank > rank_base:  # each stage includes the ones below it: only the highest counts
         rungs.append(("zero1", "zero2", "zero3")[rank - 1])
@@ -123,6 +125,8 @@ def _apply(recipe, t: Tactics):
     else:
         update.update(distributed=t.sharding, zero_stage=None)
     changes = {"memory": mem.model_copy(update=update)}
+    if t.precompute != recipe.objective.precompute_ref_log_probs:
+        changes["objective"] = recipe.objective.model_copy(update={"precompute_ref_log_probs": t.precompute})
     if t.method != method.kind:
         quant = method.quantization
         if t.method == "qlora" and quant is None:
@@ -153,8 +157,13 @@ def _candidates(recipe) -> list[Tactics]:
     if recipe.method.allow_method_change:
         methods += {"full": ["lora", "qlora"], "lora": ["qlora"], "qlora": []}[base.method]
     offload = ["none", "cpu"] if on_gpu else ["none"]
+    # dpo/kto with full fine-tuning may drop the reference copy (LoRA needs none: its disabled adapter is the reference)
+    precompute = [base.precompute] + ([True] if recipe.objective.preference and not base.precompute else [])
     out = []
-    for sharding, ckpt, opt_off, par_off, mb, meth in product(shardings, (False, True), offload, offload, batches, methods):
+    for sharding, ckpt, opt_off, par_off, mb, meth, pre in product(shardings, (False, True), offload, offload, batches,
+                                                                   methods, precompute):
+        if pre and not base.precompute and meth != "full":
+            continue
         if base.checkpointing and not ckpt:
             continue
         if (base.offload_optimizer != "none" and opt_off == "none") or (base.offload_params != "none" and par_off == "none"):
@@ -163,11 +172,13 @@ def _candidates(recipe) -> list[Tactics]:
             opt_off = base.offload_optimizer
         if par_off != "none" and base.offload_params != "none":
             par_off = base.offload_params
-        out.append(Tactics(sharding, ckpt, opt_off, par_off, mb, meth))
+        out.append(Tactics(sharding, ckpt, opt_off, par_off, mb, meth, pre))
     return list(dict.fromkeys(out))
 
 
 _REASONS = {
+    "precompute_reference": "the reference model's log-probabilities are computed in one pass before training, so no "
+                            "frozen copy of the model stays beside it (objective.precompute_ref_log_probs)",
     "zero1": "ZeRO-1 shards the optimizer states over the {world} GPUs",
     "zero2": "ZeRO-2 shards the optimizer states and gradients over the {world} GPUs",
     "zero3": "ZeRO-3 shards the optimizer states, gradients and parameters (gathered layer by layer) over the {world} GPUs",
@@ -185,6 +196,8 @@ def _reasons(recipe, changes: list[str], before: MemoryPlan, after: MemoryPlan) 
     values = {"world": recipe.world_size, "mb": mem.micro_batch_size, "acc": mem.gradient_accumulation_steps,
               "eff": mem.micro_batch_size * mem.gradient_accumulation_steps}
     lines = [_REASONS[c].format(**values) for c in dict.fromkeys(changes)]
+    if recipe.objective.preference and "lora" in changes:
+        lines.append("with LoRA the reference is the model with its adapter disabled: no frozen copy")
     if recipe.world_size == 1:
         lines = [line.replace(" over the 1 GPUs", " (on one GPU: what lets DeepSpeed offload)") for line in lines]
     if recipe.memory.distributed == "fsdp":
@@ -266,7 +279,8 @@ def advise(recipe, limit: int = 5) -> list[Advice]:
     advice = []
     seen_configs = set()
     for _, cost, _, tactics, candidate, memory_plan, changes in fitting:
-        key = (tactics.sharding, tactics.checkpointing, tactics.offload_optimizer, tactics.offload_params, tactics.method)
+        key = (tactics.sharding, tactics.checkpointing, tactics.offload_optimizer, tactics.offload_params, tactics.method,
+               tactics.precompute)
         if key in seen_configs:  # the same tactics with a smaller micro-batch: only the cheapest
             continue
         seen_configs.add(key)
@@ -285,12 +299,15 @@ def advise(recipe, limit: int = 5) -> list[Advice]:
 def next_rung(recipe) -> str | None:
     """The name of the next ladder rung the recipe has not climbed (for an out-of-memory handler), or None.
 
-    Names: zero1, zero2, micro_batch, gradient_checkpointing, zero3, offload_optimizer, offload_params, lora, qlora.
+    Names: precompute_reference, zero1, zero2, micro_batch, gradient_checkpointing, zero3, offload_optimizer,
+    offload_params, lora, qlora.
     """
     t = _tactics_of(recipe)
     multi = recipe.world_size > 1 and recipe.uses_gpu
     rank = _SHARDING_RANK[t.sharding]
     for rung in LADDER:
+        if rung == "precompute_reference" and recipe.objective.preference and t.method == "full" and not t.precompute:
+            return rung
         if rung == "zero1" and multi and rank < 1 and not t.sharding.startswith("fsdp"):
             return rung
         if rung == "zero2" and multi and rank < 2:

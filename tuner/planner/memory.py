@@ -21,7 +21,8 @@ from tuner.catalog.models import ModelFacts, model_facts
 GIB = 2**30
 TIGHT_HEADROOM = 0.10  # less than 10% of a device left free is "tight": fragmentation and spikes can still OOM
 
-CATEGORIES = ("weights", "lora_adapter", "gradients", "optimizer", "activations", "logits_loss", "overhead")
+CATEGORIES = ("weights", "reference_model", "lora_adapter", "gradients", "optimizer", "activations", "logits_loss",
+              "overhead")
 ALWAYS, FORWARD_BACKWARD, LAYER_BACKWARD, STEP = "always", "loss", "layer backward", "optimizer step"
 MOMENTS = (FORWARD_BACKWARD, LAYER_BACKWARD, STEP)
 BACKWARD = (FORWARD_BACKWARD, LAYER_BACKWARD)  # live from the forward until the backward ends
@@ -165,6 +166,8 @@ class _Setup:
     double_quant: bool
     on_gpu: bool
     gpus_per_machine: int
+    objective: str = "sft"  # sft, or a preference objective (tuner.planner.preference)
+    precompute: bool = False  # preference: reference log-probabilities computed before training
 
 
 def _setup(recipe) -> _Setup:
@@ -173,6 +176,9 @@ def _setup(recipe) -> _Setup:
     weight_bytes = DTYPE_BYTES[recipe.model.dtype]
     mixed = mem.mixed_precision != "no"
     world = recipe.world_size
+    objective = recipe.objective
+    from tuner.planner.preference import sequences_per_sample
+
     return _Setup(
         facts=model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code),
         kind=method.kind, weight_bytes=weight_bytes, act_bytes=2 if mixed else weight_bytes, mixed=mixed,
@@ -181,11 +187,14 @@ def _setup(recipe) -> _Setup:
         offload_optimizer=mem.offload_optimizer, offload_params=mem.offload_params,
         checkpointing=mem.gradient_checkpointing, eager=mem.attention == "eager",
         flash=mem.attention == "flash" and recipe.uses_gpu,
-        batch=mem.micro_batch_size, seq=mem.max_seq_length, accumulation=mem.gradient_accumulation_steps,
-        optimizer=mem.optimizer, lora_r=method.lora.r, lora_targets=method.lora.target_modules,
-        lora_dropout=method.lora.dropout, quant_bits=quant.bits if quant and method.kind == "qlora" else None,
+        batch=mem.micro_batch_size * sequences_per_sample(objective.kind), seq=mem.max_seq_length,
+        accumulation=mem.gradient_accumulation_steps, optimizer=mem.optimizer, lora_r=method.lora.r,
+        lora_targets=method.lora.target_modules,
+        lora_dropout=0.0 if objective.preference else method.lora.dropout,  # TRL turns dropout off
+        quant_bits=quant.bits if quant and method.kind == "qlora" else None,
         double_quant=bool(quant and quant.double_quant), on_gpu=recipe.uses_gpu,
-        gpus_per_machine=recipe.hardware.gpus_per_machine,
+        gpus_per_machine=recipe.hardware.gpus_per_machine, objective=objective.kind,
+        precompute=objective.precompute_ref_log_probs,
     )
 
 
@@ -435,9 +444,14 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[str]]:
                           LAYER_BACKWARD, source="torch-autograd"))
     items.append(Item("final norm, output-head input, rotary tables", "activations", final, FORWARD_BACKWARD,
                       source="korthikanti"))
-    # logits: the 16-bit/fp32 logits, log_softmax output (fp32) and two fp32 gradients of it in backward
-    items.append(Item("logits and cross-entropy (s x b x V)", "logits_loss", tokens * f.vocab_size * 12,
-                      FORWARD_BACKWARD, source="hf-loss"))
+    if s.objective == "sft":
+        # logits: the 16-bit/fp32 logits, log_softmax output (fp32) and two fp32 gradients of it in backward
+        items.append(Item("logits and cross-entropy (s x b x V)", "logits_loss", tokens * f.vocab_size * 12,
+                          FORWARD_BACKWARD, source="hf-loss"))
+    else:
+        from tuner.planner.preference import loss_items
+
+        items += loss_items(s)
     if f.is_moe:
         notes.append("MoE activations are approximated (tokens routed to top-k experts, no capacity padding).")
     if not s.eager and not s.flash:
@@ -466,10 +480,13 @@ def _allocator_items(s: _Setup, tensors: float) -> list[Item]:
     optimizer step, the gradients, AdamW states and foreach temporaries (parameter-shaped) fill the
     segments the loss buffers left only in part: all of them count.  Measured on an H200 (docs/memory.md).
     """
+    rounding = Item(f"caching-allocator rounding and split blocks ({ALLOCATOR_ROUNDING:.0%} of tensors)", "overhead",
+                    ALLOCATOR_ROUNDING * tensors, source="allocator")
+    if s.objective != "sft":  # TRL's fused head reuses one tile buffer: no T x V segments to cache
+        return [rounding]
     logits = s.batch * s.seq * s.facts.vocab_size
     return [
-        Item(f"caching-allocator rounding and split blocks ({ALLOCATOR_ROUNDING:.0%} of tensors)", "overhead",
-             ALLOCATOR_ROUNDING * tensors, source="allocator"),
+        rounding,
         Item("cached fp32 logits segment (s x b x V)", "overhead", 4 * logits, BACKWARD, source="allocator"),
         Item("cached segments of the loss buffers, partly refilled by the step", "overhead", 12 * logits, STEP,
              source="allocator"),
@@ -503,6 +520,11 @@ def plan(recipe) -> MemoryPlan:
     s = _setup(recipe)
     f = s.facts
     gpu_items, host_per_gpu, notes = _model_state_items(s)
+    if s.objective != "sft":
+        from tuner.planner.preference import reference_items
+
+        on_gpu, on_host = reference_items(s, gpu_items, host_per_gpu)
+        gpu_items, host_per_gpu = gpu_items + on_gpu, host_per_gpu + on_host
     act_items, act_notes = _activation_items(s)
     notes += list(f.notes) + act_notes
     items = gpu_items + act_items
@@ -516,9 +538,8 @@ def plan(recipe) -> MemoryPlan:
                                   capacity, items, count=s.world, kind="gpu"))
     else:
         processes = s.world
-        scaled = [Item(i.name, i.category, i.bytes * processes, i.phase, i.source) for i in items] if processes > 1 else items
         devices.append(DevicePlan("CPU RAM" + (f" ({processes} processes)" if processes > 1 else ""),
-                                  _host_ram(recipe), scaled, count=1, kind="cpu"))
+                                  _host_ram(recipe), _per_process(s, items), count=1, kind="cpu"))
 
     host_ram = 0.0
     if host_per_gpu:
@@ -532,6 +553,14 @@ def plan(recipe) -> MemoryPlan:
         if "nvme" in (s.offload_optimizer, s.offload_params):
             notes.append("NVMe offload: the offloaded states live on disk; host RAM then holds only pinned swap "
                          "buffers, which this plan does not model.")
+    if s.objective != "sft" and s.precompute:
+        from tuner.planner.preference import reference_pass_items
+
+        training = devices[0]
+        process = [i for i in items if i.source in ("measured", "nccl")]  # the process, not its tensors
+        devices.append(DevicePlan(f"{training.name}, reference log-prob pass before training", training.capacity_gib,
+                                  _per_process(s, reference_pass_items(s, gpu_items, process)), count=training.count,
+                                  kind="pass"))
     if s.quant_bits and s.distributed in ("fsdp", "deepspeed") and (s.distributed == "fsdp" or s.zero == 3):
         notes.append("QLoRA sharded with ZeRO-3/FSDP stores 4-bit weights as the compute dtype "
                      "(bnb_4bit_quant_storage); tuner's loader sets it.")
@@ -547,7 +576,14 @@ def plan(recipe) -> MemoryPlan:
     trainable = counts.total if s.kind == "full" else f.lora_params(s.lora_r, s.lora_targets)
     return MemoryPlan(model=recipe.model.id, devices=devices, verdict=verdict, missing_gib=missing,
                       host_ram_gib=host_ram, notes=notes, params=counts.as_dict(), trainable_params=trainable,
-                      micro_batch_size=s.batch, max_seq_length=s.seq)
+                      micro_batch_size=recipe.memory.micro_batch_size, max_seq_length=s.seq)
+
+
+def _per_process(s: _Setup, items: list[Item]) -> list[Item]:
+    """Items of one process, for the whole CPU RAM of a CPU run with several gloo processes."""
+    if s.on_gpu or s.world == 1:
+        return items
+    return [Item(i.name, i.category, i.bytes * s.world, i.phase, i.source) for i in items]
 
 
 def _verdict(devices: list[DevicePlan]) -> tuple[str, float]:

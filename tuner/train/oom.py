@@ -8,6 +8,7 @@ from __future__ import annotations
 from tuner.recipe.schema import Recipe
 
 WHY = {
+    "precompute_reference": "compute the reference log-probabilities before training instead of keeping a copy of the model",
     "zero1": "shard optimizer states across the GPUs (ZeRO-1)",
     "zero2": "shard optimizer states and gradients (ZeRO-2)",
     "micro_batch": "halve the micro-batch, doubling accumulation so the effective batch stays",
@@ -19,7 +20,7 @@ WHY = {
     "qlora": "quantise the frozen base to 4 bits (QLoRA)",
 }
 
-RESUMABLE = {"micro_batch", "gradient_checkpointing"}
+RESUMABLE = {"precompute_reference", "micro_batch", "gradient_checkpointing"}
 EXIT_OUT_OF_MEMORY = 3
 
 
@@ -34,6 +35,8 @@ def is_out_of_memory(exc: BaseException) -> bool:
 def rung_overrides(recipe: Recipe, rung: str) -> list[str]:
     """The ``--set`` assignments that climb ``rung`` from ``recipe``."""
     mem = recipe.memory
+    if rung == "precompute_reference":
+        return ["objective.precompute_ref_log_probs=true"]
     if rung in ("zero1", "zero2", "zero3"):
         sets = ["memory.distributed=deepspeed", f"memory.zero_stage={rung[-1]}"]
         return sets + (["memory.optimizer=adamw_torch"] if "8bit" in mem.optimizer or "paged" in mem.optimizer else [])
