@@ -117,22 +117,22 @@ def eval_metric(events: list[dict], key: str) -> list[float]:
 @pytest.mark.slow
 def test_demo_dpo_after_a_short_sft_raises_held_out_reward_accuracy_and_margin(tmp_path, tuner_cli, demo_model_path):
     """`tuner run demo` (cut short), then `tuner run demo-dpo` from its result, in the same directory."""
-    sft = tuner_cli("run", "demo", "--set", "training.max_steps=60", "--set", "memory.micro_batch_size=16",
-                    "--set", "data.max_samples=960", "--set", "training.warmup_steps=5", cwd=tmp_path, timeout=300)
+    sft = tuner_cli("run", "demo", "--set", "training.max_steps=40", "--set", "memory.micro_batch_size=16",
+                    "--set", "data.max_samples=640", "--set", "training.warmup_steps=5", cwd=tmp_path, timeout=300)
     assert sft.returncode == 0, sft.stdout + sft.stderr
-    dpo = tuner_cli("run", "demo-dpo", "--set", "training.max_steps=16", "--set", "training.eval_steps=8",
-                    "--set", "data.max_samples=400", "--set", "memory.micro_batch_size=8", cwd=tmp_path, timeout=300)
+    dpo = tuner_cli("run", "demo-dpo", "--set", "training.max_steps=12", "--set", "training.eval_steps=6",
+                    "--set", "data.max_samples=320", "--set", "memory.micro_batch_size=8", cwd=tmp_path, timeout=300)
     assert dpo.returncode == 0, dpo.stdout + dpo.stderr
     run_dir = tmp_path / "runs" / "demo-dpo"
     events = read_events(run_dir / "events.jsonl")
     accuracy, margin = eval_metric(events, "rewards/accuracies"), eval_metric(events, "rewards/margins")
-    assert len(accuracy) == len(margin) == 3  # before training (step 0), at step 8 and at the end
+    assert len(accuracy) == len(margin) == 3  # before training (step 0), at step 6 and at the end
     assert accuracy[0] == margin[0] == 0  # the model is its own reference before the first step
     assert accuracy[-1] > 0.5 and margin[-1] > margin[1] > 0, (accuracy, margin)
     steps = [e for e in events if e["event"] == "step" and "rewards/margins" in e]
     assert steps and all("rewards/accuracies" in e for e in steps)
     finished = events[-1]
-    assert finished["event"] == "finished" and finished["step"] == 16 and "eval_rewards/margins" in finished
+    assert finished["event"] == "finished" and finished["step"] == 12 and "eval_rewards/margins" in finished
     assert (run_dir / "final" / "model.safetensors").is_file()
     assert "memory: plan predicted" in dpo.stdout
 

@@ -37,10 +37,11 @@ def _normalised(value: Any):
     return [(message["role"], message["content"].strip()) for message in value]
 
 
-def shared_turns(chosen: list, rejected: list) -> int:
-    """How many opening messages two conversations share: the implicit prompt TRL's ``extract_prompt`` takes."""
+def common_prefix_length(items: list, others: list) -> int:
+    """How many leading items two lists share: the opening messages of two conversations (the implicit prompt
+    TRL's ``extract_prompt`` takes), or the token ids where prompt and prompt + answer diverge."""
     count = 0
-    for mine, theirs in zip(chosen, rejected):
+    for mine, theirs in zip(items, others):
         if mine != theirs:
             break
         count += 1
@@ -51,7 +52,7 @@ def with_prompt(sample: dict[str, Any]) -> dict[str, Any]:
     """The sample with an explicit prompt: a conversation pair without one gives up its shared opening turns."""
     if sample.get("prompt") is not None:
         return sample
-    shared = shared_turns(sample["chosen"], sample["rejected"])
+    shared = common_prefix_length(sample["chosen"], sample["rejected"])
     return {**sample, "prompt": sample["chosen"][:shared], "chosen": sample["chosen"][shared:],
             "rejected": sample["rejected"][shared:]}
 
@@ -68,7 +69,7 @@ def preference_problem(sample: dict[str, Any], data_format: str) -> str | None:
         return f"{' and '.join(repr(k) for k in keys)} mix text and messages; use one kind for all"
     prompt = sample.get("prompt")
     if prompt is None and data_format == "preference" and conversational:
-        shared = shared_turns(sample["chosen"], sample["rejected"])
+        shared = common_prefix_length(sample["chosen"], sample["rejected"])
         if shared == 0:
             return "no 'prompt', and 'chosen' and 'rejected' share no opening turn to take it from"
         sample = with_prompt(sample)
@@ -99,15 +100,6 @@ def _tokenize(tokenizer, value, chat_template: str, **kwargs) -> list[int]:
     return list(tokenizer(text=value)["input_ids"])
 
 
-def _common_prefix_length(ids: list[int], other: list[int]) -> int:
-    length = 0
-    for a, b in zip(ids, other):
-        if a != b:
-            break
-        length += 1
-    return length
-
-
 def encode_completions(sample: dict[str, Any], data_format: str, tokenizer) -> tuple[list[int], list[list[int]]]:
     """(prompt ids, ids of each completion) as TRL's trainers tokenise a row: text completions get EOS appended,
     the completion starts where prompt and prompt + completion diverge."""
@@ -124,7 +116,7 @@ def encode_completions(sample: dict[str, Any], data_format: str, tokenizer) -> t
         eos = tokenizer.eos_token or ""
         full = [_tokenize(tokenizer, prompt + (c if c.endswith(eos) else c + eos), template) for c in completions]
         prompt_ids = _tokenize(tokenizer, prompt, template)
-    prompt_length = min(_common_prefix_length(prompt_ids, ids) for ids in full)
+    prompt_length = min(common_prefix_length(prompt_ids, ids) for ids in full)
     return prompt_ids[:prompt_length], [ids[prompt_length:] for ids in full]
 
 
