@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tuner-installed
 
-.PHONY: install demo test docs clean
+.PHONY: install demo test docs recipe-peaks clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: $(STAMP)
 
 docs: $(STAMP)
 	$(PY) -m tuner.recipe.docs > docs/recipes.md
+
+# After a planner change: rewrite the "# Predicted peak:" comment of every built-in recipe from the plan.
+recipe-peaks: $(STAMP)
+	$(VENV)/bin/tuner recipes check --write
 
 clean:
 	rm -rf $(VENV) runs

@@ -44,3 +44,14 @@ def run_tuner(*args: str, cwd: Path | None = None, timeout: float = 600, env: di
 @pytest.fixture
 def tuner_cli():
     return run_tuner
+
+
+@pytest.fixture(scope="session")
+def trained_demo(tmp_path_factory) -> Path:
+    """The demo recipe fully fine-tuned through `tuner run` (150 steps: it then reverses most unseen words).
+    Tests that use it share an xdist group ("trained-demo"), so one worker trains it once."""
+    cwd = tmp_path_factory.mktemp("trained-demo")
+    trained = run_tuner("run", "demo", "--set", "training.max_steps=150", "--set", "data.eval_fraction=0",
+                        "--set", "memory.max_seq_length=24", cwd=cwd)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    return cwd / "runs" / "demo"

@@ -61,12 +61,10 @@ def test_prompt_and_flags_are_checked(tmp_path, demo_model_path, tuner_cli):
 
 
 @pytest.mark.slow
-def test_trained_run_directory_answers_its_task(tmp_path, tuner_cli):
+@pytest.mark.xdist_group("trained-demo")
+def test_trained_run_directory_answers_its_task(tmp_path, tuner_cli, trained_demo):
     """The demo run, fully fine-tuned, reverses words that the untrained model cannot."""
-    run_dir = tmp_path / "runs" / "demo"
-    trained = tuner_cli("run", "demo", "--set", f"output.dir={run_dir}", "--set", "training.max_steps=150",
-                        "--set", "data.eval_fraction=0", "--set", "memory.max_seq_length=24", cwd=tmp_path)
-    assert trained.returncode == 0, trained.stderr[-2000:]
+    run_dir = trained_demo
     words = ["abc", "dog", "cat", "sun", "map", "pen"]
     prompts = tmp_path / "words.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"reverse\n{w}"}) + "\n" for w in words))

@@ -208,6 +208,36 @@ def check_liger(recipe: Recipe | None) -> Check:
                          "pip install liger-kernel, or set memory.liger: false")
 
 
+def tracker_installed(tracker: str) -> bool:
+    """Whether the Trainer's integration for a tracker can run here (TensorBoard also writes through tensorboardX)."""
+    modules = ("tensorboard", "tensorboardX") if tracker == "tensorboard" else (tracker,)
+    return any(importlib.util.find_spec(module) is not None for module in modules)
+
+
+def check_trackers(recipe: Recipe | None) -> Check:
+    """Which experiment trackers are installed; fails when ``training.report_to`` names one that is not."""
+    from tuner.recipe.schema import TRACKERS
+
+    installed = [tracker for tracker in TRACKERS if tracker_installed(tracker)]
+    absent = [tracker for tracker in TRACKERS if tracker not in installed]
+    detail = f"installed: {', '.join(installed) or 'none'}" + (f"; not installed: {', '.join(absent)}" if absent else "")
+    missing = [tracker for tracker in recipe.training.report_to if tracker in absent] if recipe else []
+    if missing:
+        return Check("trackers", "fail", f"training.report_to names {', '.join(missing)}, which is not installed "
+                     f"({detail})", f"pip install 'tuner[{','.join(missing)}]', or remove it from training.report_to")
+    hint = f" (pip install 'tuner[{absent[0]}]' adds one)" if absent else ""
+    return Check("trackers", "ok", detail + hint)
+
+
+def require_trackers(recipe: Recipe) -> None:
+    """Before a launch (and again on every rank): a tracker the recipe names must be installed."""
+    from tuner.recipe.io import RecipeError
+
+    check = check_trackers(recipe)
+    if check.status == "fail":
+        raise RecipeError([f"{check.detail}: {check.fix}."])
+
+
 def _deepspeed_ops_needed(recipe: Recipe | None) -> set[str]:
     if recipe is None or recipe.memory.distributed != "deepspeed":
         return set()
@@ -442,7 +472,8 @@ def check_model(recipe: Recipe | None) -> Check:
 
 CHECKS: tuple[Callable[[Recipe | None], Check], ...] = (
     check_torch, check_gpus, check_bf16, check_bitsandbytes, check_flash_attn, check_liger,
-    check_deepspeed, check_nccl, check_accelerate_config, check_model, check_disk, check_shared_memory, check_host_ram,
+    check_deepspeed, check_nccl, check_accelerate_config, check_trackers, check_model, check_disk, check_shared_memory,
+    check_host_ram,
 )
 
 

@@ -67,6 +67,24 @@ def _write_then_rename(path: Path, text: str, mode: int | None) -> Path:
     return path
 
 
+def create_exclusive_text(path: str | os.PathLike, text: str) -> Path:
+    """Create ``path`` holding ``text`` only if nothing is there yet (FileExistsError otherwise), whole or not at
+    all: the text is written to a temporary file first and then hard-linked into place, which fails if the name
+    exists.  Two processes racing for the same name: exactly one wins, and nobody reads a half-written file."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.link(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return path
+
+
 def atomic_write_directory(directory: str | os.PathLike, files: dict[str, str],
                            modes: dict[str, int] | None = None) -> Path:
     """Create ``directory`` holding ``files`` (name -> text) all at once, or not at all.

@@ -12,7 +12,11 @@ runs/<name>/
   final/             the trained model or adapter, its tokenizer and the lock recipe
   merged/            an adapter merged into its base (output.save: merged, or `tuner merge`)
   offload/           weights placed on disk by device_map="auto" at inference
+  serve/             what `tuner serve` hands transformers' server: links to the model (or base + adapter) and
+                     tokenizer, and the chat template of the run's prompt format when the tokenizer has none
   profile/           the torch profiler trace of `--profile N`
+  tensorboard/       TensorBoard event files (training.report_to: [tensorboard])
+  mlruns/            the MLflow file store (report_to: [mlflow]);  wandb/  W&B offline runs;  trackio/  trackio's database
 and beside it, runs/.<name>.tuner-run.lock while a tuner writes or runs it (tuner/run_lock.py).
 """
 
@@ -30,10 +34,16 @@ CHECKPOINT_INFO = "tuner_checkpoint.json"  # written last into a checkpoint: its
 FINAL_DIR = "final"
 MERGED_DIR = "merged"
 OFFLOAD_DIR = "offload"
+SERVE_DIR = "serve"
 PROFILE_DIR = "profile"
+TENSORBOARD_DIR = "tensorboard"
+MLFLOW_DIR = "mlruns"
+WANDB_DIR = "wandb"  # W&B names it: WANDB_DIR points at the run directory and W&B writes its wandb/ folder there
+TRACKIO_DIR = "trackio"
 RUN_LOCK = ".tuner-run.lock"  # suffix of the lock file beside the run directory
 
 # What `tuner render` writes: the files a re-render may replace (the rest of a run directory is the run's own).
 RENDERED_FILES = (LOCK_FILE, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, SLURM_SCRIPT)
 # What a run adds to its directory.
-RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR, PROFILE_DIR)
+RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR, SERVE_DIR,
+               PROFILE_DIR, TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR)

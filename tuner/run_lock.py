@@ -14,6 +14,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.fileio import create_exclusive_text
 from tuner.run_layout import RUN_LOCK
 
 
@@ -69,14 +70,14 @@ class RunLock:
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError, OSError):
-            return Holder(-1, "", None)  # unreadable: a write cut short; treated as stale
+            return Holder(-1, "", None)  # not a lock tuner wrote: treated as stale
 
     def acquire(self) -> "RunLock":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _process_start_time(os.getpid())}
         for _ in range(3):
             try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                create_exclusive_text(self.path, json.dumps(me))
             except FileExistsError:
                 holder = self.holder()
                 if holder is None:
@@ -93,8 +94,6 @@ class RunLock:
                     f"{self.run_dir}: another tuner ({where}) is using this run directory; wait for it to finish, "
                     f"stop it, or choose another output.dir"
                     + (f" (if that process is gone, remove {self.path})" if alive is None else "") + ".") from None
-            with os.fdopen(fd, "w", encoding="utf-8") as stream:
-                json.dump(me, stream)
             self.held = True
             return self
         raise RunLocked(f"{self.run_dir}: could not take the lock {self.path}; try again.")

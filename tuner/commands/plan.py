@@ -34,14 +34,19 @@ def register(subparsers) -> None:
 _GPUS = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?(.+?)\s*$")
 
 
+def split_gpus(text: str) -> tuple[int, str]:
+    """``8xA100-80GB`` -> (8, "A100-80GB"); ``48GB`` -> (1, "48GB")."""
+    count, gpu = _GPUS.match(text).groups()
+    return int(count or 1), gpu
+
+
 def adhoc_overrides(args) -> list[str]:
     """The ad hoc flags as ``--set`` style overrides."""
     sets = []
     if args.model:
         sets.append(f"model.id={args.model}")
     if args.gpus:
-        count, gpu = _GPUS.match(args.gpus).groups()
-        count = int(count or 1)
+        count, gpu = split_gpus(args.gpus)
         sets += [f"hardware.gpus_per_machine={count}", f"hardware.gpu={gpu}", "hardware.num_processes=null"]
         if count > 1 and args.zero is None:
             sets.append("memory.distributed=ddp")

@@ -20,6 +20,35 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
 )
 
+
+
+def _jinja_text(text: str) -> str:
+    """``text`` as a Jinja string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _one_turn_or_chat(one_turn: str) -> str:
+    """A template that renders a single message with ``one_turn`` and a conversation with the default chat template."""
+    return f"{{% if messages | length == 1 %}}{one_turn}{{% else %}}{DEFAULT_CHAT_TEMPLATE}{{% endif %}}"
+
+
+_ALPACA_BEFORE, _ALPACA_AFTER = ALPACA_PROMPT.split("{instruction}")
+# How tuner prompts a model whose tokenizer has no chat template, as chat templates (for servers, which take one):
+# one instruction in Alpaca's prompt, one text as it is (a base model continues it), conversations in the default.
+INSTRUCTION_CHAT_TEMPLATE = _one_turn_or_chat(
+    f"{{{{ {_jinja_text(_ALPACA_BEFORE)} + messages[0]['content'] + {_jinja_text(_ALPACA_AFTER)} }}}}")
+TEXT_CHAT_TEMPLATE = _one_turn_or_chat("{{ messages[0]['content'] }}")
+
+
+def chat_template_for(tokenizer, data_format: str) -> str:
+    """The chat template that prompts the way tuner trains on ``data_format``: the tokenizer's own when it has one;
+    without one, the default chat template for chat data, Alpaca's prompt for one instruction (the default for a
+    conversation), and the bare text for anything else."""
+    if tokenizer.chat_template:
+        return tokenizer.chat_template
+    return {"chat": DEFAULT_CHAT_TEMPLATE, "instruction": INSTRUCTION_CHAT_TEMPLATE}.get(data_format, TEXT_CHAT_TEMPLATE)
+
+
 FORMAT_COLUMNS = {
     "chat": {"messages"},
     "instruction": {"instruction", "output"},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.data.formats import ALPACA_PROMPT, DEFAULT_CHAT_TEMPLATE
+from tuner.data.formats import chat_template_for
 
 
 @dataclass(frozen=True)
@@ -45,17 +45,10 @@ def execution_device(model):
 
 
 def render_prompt(tokenizer, messages: list[dict[str, str]], data_format: str = "auto") -> str:
-    """The text that asks the model to answer the last user turn, formatted as tuner trains.
-
-    The tokenizer's chat template when it has one; otherwise tuner's default chat template for
-    conversations and chat-trained models, the Alpaca prompt for instruction-trained models, and the
-    bare text for anything else (a base model continues it).
-    """
-    if tokenizer.chat_template or data_format == "chat" or len(messages) > 1:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             chat_template=tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE)
-    text = messages[-1]["content"]
-    return ALPACA_PROMPT.format(instruction=text) if data_format == "instruction" else text
+    """The text that asks the model to answer the last user turn, formatted as tuner trains
+    (:func:`tuner.data.formats.chat_template_for`: the same template ``tuner serve`` hands the server)."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         chat_template=chat_template_for(tokenizer, data_format))
 
 
 def generate_answers(model, tokenizer, prompts: list[str], max_new_tokens: int, greedy: bool = True,

@@ -64,7 +64,7 @@ def load_for_inference(target: InferenceTarget, *, batch: int = 1, context: int,
                        offload_folder=str(folder), quantization_config=quantization)
     model.eval()
     placement = placement_of(model, batch, context, _numeric(max_memory), int(recipe.inference.gpu_headroom_gb * GIB),
-                             tuple(notes), _planner_facts(target))
+                             tuple(notes), planner_facts(target))
     if target.adapter is not None:
         model = _with_adapter(model, target.adapter, placement, max_memory, folder)
     tokenizer = load_tokenizer(recipe, target.tokenizer_path)
@@ -95,7 +95,7 @@ def _with_adapter(model, adapter: Path, placement: Placement, max_memory, offloa
     return wrapped
 
 
-def _planner_facts(target: InferenceTarget):
+def planner_facts(target: InferenceTarget):
     """The planner's facts for the model (catalog, local config.json or hub cache); None when it has none."""
     from tuner.catalog.models import UnknownModelError, model_facts
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from tuner.doctor import require_trackers
 from tuner.launch.checkpoints import check_resumable, checkpoint_states, latest_complete_checkpoint
 from tuner.launch.failures import describe_failure
 from tuner.launch.runner import Launch, log_tail
@@ -125,10 +126,19 @@ def _disk_check(recipe: Recipe) -> list[str]:
 
 
 def _check_data(recipe: Recipe) -> None:
-    """Every data problem (columns, rows, encodings, sizes) as a DataError naming the file and line, before launch."""
+    """Every data problem (columns, rows, encodings, sizes) as a DataError naming the file and line, before launch.
+    Quietly: datasets' progress bars would bury the refusals printed after them."""
+    from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
+
     from tuner.data.prepare import split_samples
 
-    split_samples(recipe)
+    shown = is_progress_bar_enabled()
+    disable_progress_bar()
+    try:
+        split_samples(recipe)
+    finally:
+        if shown:
+            enable_progress_bar()
 
 
 def _resume_notes(recipe: Recipe, run_dir: Path) -> list[str]:
@@ -174,6 +184,7 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
         refusals.append(f"{run_dir}: the run directory already exists; overriding replaces tuner's files in it "
                         "(resume continues it instead, or change output.dir).")
     notes = _resume_notes(recipe, run_dir) if resuming else []
+    require_trackers(recipe)  # a tracker training.report_to names must be installed: said now, not by every rank
     _check_data(recipe)
     if refusals and not force:
         raise RunRefused(refusals)

@@ -1,10 +1,18 @@
-"""Built-in recipes shipped in the repository's ``recipes/`` folder (``tuner recipes ls|show|cp``)."""
+"""Built-in recipes shipped in the repository's ``recipes/`` folder (``tuner recipes ls|show|cp|check``).
+
+The demos sit at the top (``demo``, ``demo-lora``); real-model recipes sit in one folder per model family and are
+named as torchtune names its configs, ``<family>/<size>-<method>[-<variant>]`` (``llama3.1/8b-qlora``).
+"""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from tuner.recipe.io import RecipeError, parse_yaml, read_recipe_text
+
+DEMO_FAMILY = "demo"
+_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # no '..', no absolute paths
 
 
 def recipes_dir() -> Path:
@@ -13,16 +21,23 @@ def recipes_dir() -> Path:
 
 
 def builtin_names() -> list[str]:
-    return sorted(path.stem for path in recipes_dir().glob("*.yaml"))
+    root = recipes_dir()
+    return sorted(path.relative_to(root).with_suffix("").as_posix() for path in root.rglob("*.yaml"))
+
+
+def family(name: str) -> str:
+    """The family folder of a built-in recipe (``llama3.1``), or ``demo`` for the ones at the top."""
+    return name.split("/")[0] if "/" in name else DEMO_FAMILY
 
 
 def builtin_path(name: str) -> Path:
-    path = recipes_dir() / f"{name.removesuffix('.yaml')}.yaml"
-    if not path.is_file():
+    name = name.removesuffix(".yaml")
+    path = recipes_dir() / f"{name}.yaml"
+    if not _NAME.match(name) or not path.is_file():
         import difflib
 
         close = difflib.get_close_matches(name, builtin_names(), n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else f" Built-in recipes: {', '.join(builtin_names())}."
+        hint = f" Did you mean '{close[0]}'?" if close else " List them with `tuner recipes ls`."
         raise RecipeError([f"no built-in recipe named {name!r}.{hint}"])
     return path
 
@@ -36,11 +51,16 @@ def describe(name: str) -> str:
 
 
 def resolve_recipe_argument(argument: str) -> Path:
-    """A recipe argument is a file path, or the name of a built-in recipe."""
+    """A recipe argument is a file path, or the name of a built-in recipe (``demo``, ``llama3.1/8b-qlora``)."""
     path = Path(argument)
-    if path.exists() or argument.endswith((".yaml", ".yml")) or os.sep in argument:
+    if path.exists():
+        return path
+    if argument.removesuffix(".yaml") in builtin_names():
+        return builtin_path(argument)
+    if argument.endswith((".yaml", ".yml")) or os.sep in argument:
         return path
     return builtin_path(argument)
 
 
-__all__ = ["builtin_names", "builtin_path", "describe", "recipes_dir", "resolve_recipe_argument", "parse_yaml"]
+__all__ = ["builtin_names", "builtin_path", "describe", "family", "recipes_dir", "resolve_recipe_argument",
+           "parse_yaml"]

@@ -6,11 +6,14 @@ fields live in :mod:`tuner.recipe.checks` so each can name the field to change.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 SCHEMA_VERSION = 1
+# Experiment trackers the Trainer reports to (its own integrations); each is also the name of tuner's pip extra.
+Tracker = Literal["tensorboard", "mlflow", "wandb", "trackio"]
+TRACKERS: tuple[str, ...] = get_args(Tracker)
 
 
 class Section(BaseModel):
@@ -266,6 +269,20 @@ class TrainingSection(Section):
         description="never: start fresh. auto: continue from the newest complete checkpoint in the output directory. "
         "Or a checkpoint directory to continue from.",
     )
+    report_to: list[Tracker] = Field(
+        default_factory=list,
+        description="Experiment trackers the Trainer also logs to, beside tuner's events.jsonl: tensorboard, mlflow, "
+        "wandb, trackio. Each writes under the run directory unless its own environment variables say otherwise: "
+        "tensorboard/ (event files), mlruns/ (MLflow file store), wandb/ (W&B offline mode), trackio/ (local "
+        "database). Install each with its extra, e.g. pip install 'tuner[tensorboard]'.",
+    )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _a_list_of_distinct_trackers(cls, value):
+        """``report_to: tensorboard`` means a list of one; naming a tracker twice means it once."""
+        value = [value] if isinstance(value, str) else value
+        return list(dict.fromkeys(value)) if isinstance(value, list) else value
 
 
 class OutputSection(Section):

@@ -36,6 +36,7 @@ def training_arguments(recipe: Recipe, run_dir: Path):
     from transformers import TrainingArguments
 
     from tuner.run_layout import CHECKPOINTS_DIR
+    from tuner.train.trackers import tracker_arguments
 
     arguments_class, objective = TrainingArguments, {}
     if recipe.objective.preference:
@@ -72,7 +73,7 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         include_num_input_tokens_seen="non_padding",
         use_cpu=not recipe.uses_gpu,
         deepspeed=str(run_dir / DEEPSPEED_CONFIG) if mem.distributed == "deepspeed" else None,
-        report_to="none",
+        **tracker_arguments(TrainingArguments, recipe, run_dir),
         remove_unused_columns=False,
         disable_tqdm=True,
         logging_first_step=True,
@@ -131,11 +132,13 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from tuner.train.callbacks import EventsCallback, ProfilerCallback, memory_per_rank
     from tuner.train.checkpoints import CheckpointInfoCallback
     from tuner.train.rank_trace import RankTrace, tracing_ranks
+    from tuner.train.trackers import configure_trackers
 
     events = run_dir / EVENTS_FILE
     lock_text = (run_dir / LOCK_FILE).read_text(encoding="utf-8")
     # everything a user can fix is checked before the model is built: resume settings, then the data
     resume = resume_checkpoint(recipe, run_dir, int(os.environ.get("WORLD_SIZE", 1)))
+    configure_trackers(recipe, run_dir)
     # before the model: under ZeRO-3 the arguments' DeepSpeed config makes from_pretrained shard while loading
     args = training_arguments(recipe, run_dir)
     if recipe.memory.distributed == "deepspeed" and not recipe.uses_gpu:

@@ -1,0 +1,178 @@
+"""``tuner serve``: a model behind an OpenAI-compatible HTTP API, through the server transformers ships
+(``transformers serve``: chat completions, streamed or not, ``/v1/models``, ``/health``).
+
+transformers' server loads one folder with ``from_pretrained`` and prompts with the tokenizer's chat template, so
+tuner lays out that folder (``<run>/serve``, or a temporary one) from links, without copying weights:
+
+- a full or merged model: its files;
+- base + LoRA adapter: the base model's files, then the adapter's. transformers loads a folder that holds both a
+  model and ``adapter_config.json`` as that model with the adapter applied (peft's integration in
+  ``from_pretrained``); an adapter folder alone it cannot load, as it has no ``config.json``;
+- the run's tokenizer on top; and when it has no chat template, ``chat_template.jinja`` holding the template
+  that prompts the way the run trained (:func:`tuner.data.formats.chat_template_for`), the one ``tuner chat`` uses.
+"""
+from __future__ import annotations
+
+import errno
+import shutil
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner.fileio import atomic_write_text
+from tuner.infer.target import MODEL_CONFIG, InferenceTarget
+from tuner.loading.model import ModelLoadError, cannot_load, load_tokenizer
+from tuner.run_layout import MERGED_DIR, SERVE_DIR
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers saves and finds a tokenizer's chat template
+
+
+@dataclass
+class ServingFolder:
+    """The folder transformers' server loads; its path is also the model name clients send."""
+
+    path: Path
+    target: InferenceTarget
+    wrote_chat_template: bool  # False: the tokenizer's own template is used
+    temporary: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
+
+    @property
+    def model_name(self) -> str:
+        return str(self.path)
+
+
+def merged_if_any(target: InferenceTarget) -> InferenceTarget:
+    """A LoRA run whose adapter was merged (``output.save: merged`` or ``tuner merge``) is served merged."""
+    merged = target.run_dir / MERGED_DIR if target.run_dir and target.adapter else None
+    if merged is None or not (merged / MODEL_CONFIG).is_file():
+        return target
+    return InferenceTarget(target.recipe, str(merged), str(merged), run_dir=target.run_dir)
+
+
+def local_model_dir(target: InferenceTarget) -> Path:
+    """The folder holding the (base) model: a local path, or the hub cache's snapshot (never downloaded here)."""
+    path = Path(target.model_path)
+    if path.is_dir():
+        return path
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(target.model_path, revision=target.recipe.model.revision, local_files_only=True))
+    except Exception as exc:  # not cached: LocalEntryNotFoundError and friends
+        raise cannot_load(target.model_path, exc) from None
+
+
+def _link_contents(source: Path, folder: Path) -> None:
+    for entry in source.iterdir():
+        link = folder / entry.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(entry.resolve())
+
+
+def serving_folder(target: InferenceTarget, folder: Path | None = None) -> ServingFolder:
+    """Lay out the folder transformers' server loads (see the module's docstring); ``folder`` defaults to
+    ``<run>/serve`` for a run, else a temporary folder removed with the returned object."""
+    target = merged_if_any(target)
+    temporary = None
+    if folder is None and target.run_dir is not None:
+        folder = target.run_dir / SERVE_DIR
+    elif folder is None:
+        temporary = tempfile.TemporaryDirectory(prefix="tuner-serve-")
+        folder = Path(temporary.name)
+    if folder.is_dir() and not folder.is_symlink():  # tuner's own: links and a template, rebuilt every time
+        foreign = [entry.name for entry in folder.iterdir() if not entry.is_symlink() and entry.name != CHAT_TEMPLATE_FILE]
+        if foreign:
+            raise ModelLoadError(f"{folder}: holds files tuner did not put there ({', '.join(sorted(foreign)[:3])}); "
+                                 "move them away, as tuner serve rebuilds this folder.")
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sources = [local_model_dir(target)]
+    if target.adapter is not None:
+        sources.append(target.adapter)
+    if target.tokenizer_path not in (target.model_path, str(target.adapter)) and Path(target.tokenizer_path).is_dir():
+        sources.append(Path(target.tokenizer_path))
+    for source in sources:
+        _link_contents(source, folder)
+    tokenizer = load_tokenizer(target.recipe, str(folder))
+    wrote = not tokenizer.chat_template
+    if wrote:
+        write_chat_template(folder, tokenizer, target.recipe.data.format)
+    return ServingFolder(folder, target, wrote, temporary)
+
+
+def write_chat_template(folder: Path, tokenizer, data_format: str) -> Path:
+    """Save the template of the prompt format tuner trains with where transformers reads a tokenizer's template
+    (and what vLLM's --chat-template takes), replacing a link of that name."""
+    from tuner.data.formats import chat_template_for
+
+    return atomic_write_text(folder / CHAT_TEMPLATE_FILE, chat_template_for(tokenizer, data_format))
+
+
+def require_server() -> None:
+    """transformers' server needs its extra (FastAPI, uvicorn, openai's types)."""
+    from transformers.utils.import_utils import is_serve_available
+
+    if not is_serve_available():
+        raise ModelLoadError("tuner serve runs transformers' server, whose packages are not installed: "
+                             "pip install 'tuner[serve]' (transformers[serving]).")
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a taken port before minutes of model loading, not after."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise OSError(exc.errno, "the address is in use (another server?); choose another with --port",
+                              f"{host}:{port}") from None
+            raise
+
+
+class Server:
+    """transformers' OpenAI-compatible server for one folder: the model is loaded when this is built, and the
+    server listens from :meth:`run` until Ctrl-C or SIGTERM (uvicorn's own graceful shutdown)."""
+
+    def __init__(self, served: ServingFolder, host: str, port: int, bits: int | None = None):
+        from transformers.cli.serve import Serve
+
+        class Prepared(Serve):
+            """Serve as ``transformers serve`` builds it, not yet listening: ``non_blocking`` would start it in a
+            thread; here it runs in the main thread, where uvicorn handles the signals."""
+
+            def start_server(self) -> None:
+                pass
+
+            def loaded_model(self):
+                manager = self._model_manager  # the force_model it preloaded, from its cache
+                return manager.load_model_and_processor(manager.process_model_name(manager.force_model))[0]
+
+            def close(self) -> None:
+                self._generation_state.shutdown()
+                self._model_manager.shutdown()
+
+        recipe = served.target.recipe
+        try:
+            self._serve = Prepared(
+                force_model=served.model_name, host=host, port=port, dtype=recipe.model.dtype,
+                quantization={4: "bnb-4bit", 8: "bnb-8bit"}.get(bits), trust_remote_code=recipe.model.trust_remote_code,
+                log_level="warning", non_blocking=True)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"transformers serve cannot load {served.model_name}: {exc}") from None
+        self.served = served
+        self.url = f"http://{host}:{port}/v1"
+
+    def model(self):
+        return self._serve.loaded_model()
+
+    def run(self) -> None:
+        """Listen until Ctrl-C (uvicorn shuts down gracefully, then passes the interrupt on) or SIGTERM."""
+        try:
+            self._serve.server.run()
+        except KeyboardInterrupt:
+            print("server stopped", file=sys.stderr)
+        finally:
+            self._serve.close()
