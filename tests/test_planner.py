@@ -149,15 +149,10 @@ def test_plan_command_adhoc_json_and_errors(tuner_cli):
 
 def test_every_builtin_recipe_gets_a_plan(tuner_home):
     from tuner.recipe.io import load_recipe
-    from tuner.recipe.registry import builtin_names, builtin_path
-
-    from tuner.commands.demo import starting_recipe
+    from tuner.recipe.registry import builtin_names, builtin_path, planned_as
 
     for name in builtin_names():
-        recipe = load_recipe(builtin_path(name))
-        first = starting_recipe(recipe)
-        if first is not None:  # starts from another built-in recipe's result (demo-dpo): that model's architecture
-            recipe = load_recipe(builtin_path(name), [f"model.id={first.model.id}"])
+        recipe = planned_as(load_recipe(builtin_path(name)))  # demo-dpo starts from demo's result: demo's model
         assert plan(recipe).verdict in ("fits", "tight", "does not fit")
 
 

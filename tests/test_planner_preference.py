@@ -120,7 +120,7 @@ def test_oom_advice_for_full_dpo_is_to_precompute_the_reference():
     assert "--set objective.precompute_ref_log_probs=true --resume" in message
 
 
-@pytest.mark.parametrize("name", ["llama3.1-8b-dpo-lora-24gb", "llama3.1-8b-dpo-full-zero3-8x80gb"])
+@pytest.mark.parametrize("name", ["llama3.1/8b-lora-dpo", "llama3.1/8b-full-zero3-dpo"])
 def test_shipped_dpo_recipes_fit_their_hardware(name):
     memory_plan = plan(load_recipe(builtin_path(name)))
     assert memory_plan.verdict == "fits", memory_plan.to_json()

@@ -100,7 +100,7 @@ def test_resume_is_refused_across_objectives_and_old_checkpoints_count_as_sft(tm
 
 
 def test_demo_starts_from_the_sft_recipe_it_names(tmp_path, monkeypatch):
-    from tuner.commands.demo import starting_recipe
+    from tuner.recipe.registry import starting_recipe
 
     monkeypatch.chdir(tmp_path)
     dpo = load_recipe(builtin_path("demo-dpo"))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from tuner.commands.run import launch_and_report, prepare_or_refuse
 from tuner.events import read_events
-from tuner.recipe.io import load_recipe, validate_recipe
-from tuner.recipe.registry import builtin_names, builtin_path
+from tuner.recipe.io import load_recipe, with_model_id
+from tuner.recipe.registry import builtin_path, starting_recipe
 from tuner.recipe.schema import Recipe
 from tuner.run_layout import EVENTS_FILE, FINAL_DIR
 
@@ -74,25 +74,6 @@ def _print_examples(title: str, result) -> None:
         print(f"  {mark} reverse {word!r:10} -> {answer!r:12} (expected {expected!r})")
 
 
-def starting_recipe(recipe: Recipe) -> Recipe | None:
-    """The built-in recipe whose result this recipe starts from (``model.id`` is its ``final/``), when that result
-    is not there yet; None when the model exists or is no built-in recipe's result."""
-    start = Path(recipe.model.id)
-    if start.exists() or start.name != FINAL_DIR:
-        return None
-    for name in builtin_names():
-        candidate = load_recipe(builtin_path(name))
-        if Path(candidate.output.dir) == start.parent:
-            return candidate
-    return None
-
-
-def _starting_from(recipe: Recipe, model_dir: Path) -> Recipe:
-    data = recipe.model_dump(mode="json")
-    data["model"]["id"] = str(model_dir)
-    return validate_recipe(data)
-
-
 def _reward_lines(run_dir: Path) -> list[str]:
     """The held-out preference metrics of a dpo/kto run, first evaluation (before training) to last."""
     evals = [e for e in read_events(run_dir / EVENTS_FILE) if "eval_rewards/margins" in e]
@@ -120,7 +101,7 @@ def run(args) -> int:
     first = starting_recipe(recipe)
     if first is not None:  # check both phases before the slow part; the second starts from the first's result
         first_prepared = prepare_or_refuse(first, output_dir=run_dir / "sft")
-        recipe = _starting_from(recipe, run_dir / "sft" / FINAL_DIR)
+        recipe = with_model_id(recipe, run_dir / "sft" / FINAL_DIR)
         run_dir = run_dir / recipe.objective.kind
         print(f"demo: {first.name} ({first.objective.kind}) in {first_prepared.run_dir}, then {recipe.name} "
               f"({recipe.objective.kind}) from its result in {run_dir}")
