@@ -112,3 +112,5 @@ def test_unknown_model_says_what_to_do(tmp_path):
         model_facts("nobody/no-such-model-xyz")
     with pytest.raises(UnknownModelError, match="no config.json"):
         model_facts(str(tmp_path))
+    with pytest.raises(UnknownModelError, match="no such directory; .* a finished run's final/ or merged/"):
+        model_facts("runs/not-trained-yet/final")

@@ -29,7 +29,8 @@ def item(memory_plan, words, device=0):
 def test_terms_add_up_and_json_names_units():
     p = plan(recipe(max_seq_length=4096, micro_batch_size=2))
     gpu = p.devices[0]
-    assert set(gpu.terms) == {"weights", "lora_adapter", "gradients", "optimizer", "activations", "logits_loss", "overhead"}
+    assert set(gpu.terms) == {"weights", "reference_model", "lora_adapter", "gradients", "optimizer", "activations",
+                              "logits_loss", "overhead"}
     assert sum(gpu.terms.values()) == pytest.approx(gpu.total_gib)
     assert gpu.headroom_gib == pytest.approx(gpu.capacity_gib - gpu.total_gib)
     data = json.loads(p.to_json())
@@ -153,10 +154,11 @@ def test_plan_command_adhoc_json_and_errors(tuner_cli):
 
 def test_every_builtin_recipe_gets_a_plan(tuner_home):
     from tuner.recipe.io import load_recipe
-    from tuner.recipe.registry import builtin_names, builtin_path
+    from tuner.recipe.registry import builtin_names, builtin_path, planned_as
 
     for name in builtin_names():
-        assert plan(load_recipe(builtin_path(name))).verdict in ("fits", "tight", "does not fit")
+        recipe = planned_as(load_recipe(builtin_path(name)))  # demo-dpo starts from demo's result: demo's model
+        assert plan(recipe).verdict in ("fits", "tight", "does not fit")
 
 
 def test_plan_simulate_reports_the_traced_peak(tuner_home, capsys):

@@ -108,3 +108,34 @@ def test_unsimulable_cases_say_why():
                                "hardware": {"gpus_per_machine": 4, "gpu": "A100-80GB"},
                                "memory": {"distributed": "deepspeed", "zero_stage": 3}})
     assert "sharding" in simulate(sharded).error
+
+
+# dpo/kto: TRL's step on a wider vocabulary than the SFT cells', so the reference copy, the doubled batch and the
+# fused head's tiles (4096 tokens x 32768, and its fp32 fold on the CPU) all weigh in the peak
+PREFERENCE_ARCHITECTURE = dict(model_type="llama", hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                               num_attention_heads=8, num_key_value_heads=2, vocab_size=4096)
+
+
+def _preference_cells():
+    for row in L8:
+        values = [values[level] for values, level in zip(LEVELS.values(), row)]
+        yield pytest.param("dpo", *values, False, id="dpo-" + "-".join(map(str, values)))
+    yield pytest.param("dpo", "full", False, "sdpa", 192, 3, True, id="dpo-precomputed-reference")
+    yield pytest.param("kto", "full", False, "sdpa", 192, 3, False, id="kto-full")
+    yield pytest.param("kto", "lora", True, "sdpa", 192, 3, False, id="kto-lora")
+
+
+@pytest.mark.parametrize("objective, method, checkpointing, attention, seq, batch, precompute", list(_preference_cells()))
+def test_preference_plan_within_15_percent_of_a_traced_trl_step(tmp_path, objective, method, checkpointing, attention,
+                                                                 seq, batch, precompute):
+    (tmp_path / "config.json").write_text(json.dumps(PREFERENCE_ARCHITECTURE))
+    recipe = validate_recipe({"model": {"id": str(tmp_path), "dtype": "float32"}, "method": {"kind": method},
+                              "objective": {"kind": objective, "precompute_ref_log_probs": precompute},
+                              "memory": {"mixed_precision": "no", "attention": attention, "max_seq_length": seq,
+                                         "gradient_checkpointing": checkpointing, "micro_batch_size": batch}})
+    device = plan(recipe).devices[0]
+    simulated = simulate(recipe)
+    assert simulated.error is None
+    assert device.total_gib - device.terms["overhead"] == pytest.approx(simulated.peak_gib, rel=TOLERANCE), \
+        (device.terms, simulated.peak_by_category)
+    assert (device.terms["reference_model"] > 0) == (method == "full" and not precompute)

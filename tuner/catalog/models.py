@@ -305,6 +305,9 @@ def model_facts(model_id: str, revision: str | None = None, trust_remote_code: b
         except (OSError, ValueError) as exc:
             raise UnknownModelError(f"{config_file}: cannot read it as JSON: {exc}.") from None
         return facts_from_config(config, model_id, f"{config_file}")
+    if model_id.count("/") > 1 or model_id.startswith((".", "/", "~")):  # a path (a hub id is org/name)
+        raise UnknownModelError(f"{model_id}: no such directory; point model.id at a folder save_pretrained wrote, "
+                                "such as a finished run's final/ or merged/, or train that run first.")
     key = _catalog_key(model_id)
     if key is not None:
         return facts_from_config(_catalog()[key], model_id, f"tuner catalog ({key})")

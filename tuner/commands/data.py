@@ -28,10 +28,13 @@ def run_preview(args) -> int:
     plain = not console.is_terminal  # no styles in a pipe or a log: masked text goes between « »
     legend = "masked text between « »" if plain else "[bold]bold[/] = learned, [dim]dim[/] = masked"
     masking = "loss on every token" if recipe.data.train_on_prompt or data_format == "text" else "loss on completions only"
+    if recipe.objective.preference:
+        masking = f"{recipe.objective.kind}: each answer after its masked prompt"
     console.print(f"format: {data_format} ({masking}; {legend}), max_seq_length {recipe.memory.max_seq_length}")
     for index, example in enumerate(examples, 1):
         cut = ", truncated" if example.truncated else ""
-        console.rule(f"sample {index}: {example.tokens} tokens, {example.trainable_tokens} learned{cut}")
+        answer = f" ({example.answer})" if example.answer else ""
+        console.rule(f"sample {example.row or index}{answer}: {example.tokens} tokens, {example.trainable_tokens} learned{cut}")
         text = Text()
         for segment, trainable in example.segments:
             if plain and not trainable:

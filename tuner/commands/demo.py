@@ -1,4 +1,8 @@
-"""``tuner demo``: build the demo model, train it through ``accelerate launch``, show what it learned."""
+"""``tuner demo``: build the demo model, train it through ``accelerate launch``, show what it learned.
+
+A demo that starts from another built-in recipe's result (``demo-dpo``: ``model.id: runs/demo/final``) trains that
+recipe first when its result is not there yet, in ``<run dir>/sft``, then itself in ``<run dir>/dpo``: one command.
+"""
 from __future__ import annotations
 
 import time
@@ -7,10 +11,11 @@ from datetime import datetime
 from pathlib import Path
 
 from tuner.commands.run import launch_and_report, prepare_or_refuse
-from tuner.recipe.io import load_recipe
-from tuner.recipe.registry import builtin_path
+from tuner.events import read_events
+from tuner.recipe.io import load_recipe, with_model_id
+from tuner.recipe.registry import builtin_path, starting_recipe
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import FINAL_DIR
+from tuner.run_layout import EVENTS_FILE, FINAL_DIR
 
 
 def register(subparsers) -> None:
@@ -35,18 +40,29 @@ def held_out_samples(recipe: Recipe) -> list[dict]:
     return list(held_out)
 
 
+def _question_and_answer(sample: dict, tokenizer) -> tuple[str, str, str]:
+    """(word shown, prompt text, expected answer) of a held-out reversal: an instruction sample or a pair."""
+    if "chosen" in sample:
+        from tuner.data.preference import prompt_and_chosen
+
+        prompt, expected = prompt_and_chosen(sample, tokenizer)
+        return sample["prompt"][-1]["content"].split("\n")[-1], prompt, expected
+    from tuner.data.formats import prompt_text
+
+    return sample["input"], prompt_text(sample, "instruction", tokenizer), sample["output"]
+
+
 def exact_match(recipe: Recipe, model_path: str | Path, samples: list[dict], shown: int = 5) -> ExactMatch:
     """Greedy answers of the model at ``model_path`` compared with the expected outputs."""
-    from tuner.data.formats import prompt_text
     from tuner.infer.generate import generate_answers
     from tuner.loading.model import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(recipe, str(model_path))
     model = load_model(recipe, str(model_path))
-    prompts = [prompt_text(sample, "instruction", tokenizer) for sample in samples]
-    longest = max(len(tokenizer(sample["output"], add_special_tokens=False)["input_ids"]) for sample in samples)
-    answers = generate_answers(model, tokenizer, prompts, max_new_tokens=longest + 1)
-    results = [(s["input"], s["output"], a.strip()) for s, a in zip(samples, answers)]
+    questions = [_question_and_answer(sample, tokenizer) for sample in samples]
+    longest = max(len(tokenizer(expected, add_special_tokens=False)["input_ids"]) for _, _, expected in questions)
+    answers = generate_answers(model, tokenizer, [prompt for _, prompt, _ in questions], max_new_tokens=longest + 1)
+    results = [(word, expected, answer.strip()) for (word, _, expected), answer in zip(questions, answers)]
     correct = sum(expected == answer for _, expected, answer in results)
     return ExactMatch(correct / len(results), results[:shown])
 
@@ -58,6 +74,23 @@ def _print_examples(title: str, result) -> None:
         print(f"  {mark} reverse {word!r:10} -> {answer!r:12} (expected {expected!r})")
 
 
+def _reward_lines(run_dir: Path) -> list[str]:
+    """The held-out preference metrics of a dpo/kto run, first evaluation (before training) to last."""
+    evals = [e for e in read_events(run_dir / EVENTS_FILE) if "eval_rewards/margins" in e]
+    if len(evals) < 2:
+        return []
+    first, last = evals[0], evals[-1]
+
+    def change(key: str, percent: bool = False) -> str:
+        return " -> ".join(f"{e[key]:.1%}" if percent else f"{e[key]:.3f}" for e in (first, last))
+
+    return [f"held-out reward accuracy {change('eval_rewards/accuracies', True)}, reward margin "
+            f"{change('eval_rewards/margins')} (steps {first['step']} -> {last['step']}; the rewards are 0 before "
+            "training, when the model is its own reference)",
+            f"held-out log-probability of the chosen answers {change('eval_logps/chosen')}, of the rejected ones "
+            f"{change('eval_logps/rejected')}"]
+
+
 def run(args) -> int:
     from tuner.loading.model import resolve_model_path
 
@@ -65,9 +98,26 @@ def run(args) -> int:
     path = Path(args.recipe) if Path(args.recipe).exists() else builtin_path(args.recipe)
     recipe = load_recipe(path, args.overrides)
     run_dir = Path(args.output or f"runs/demo-{datetime.now():%Y%m%d-%H%M%S}")
-    prepared = prepare_or_refuse(recipe, output_dir=run_dir)  # every check before the slow part
-    print(f"demo model: {resolve_model_path(recipe.model.id)}")
+    first = starting_recipe(recipe)
+    if first is not None:  # check both phases before the slow part; the second starts from the first's result
+        first_prepared = prepare_or_refuse(first, output_dir=run_dir / "sft")
+        recipe = with_model_id(recipe, run_dir / "sft" / FINAL_DIR)
+        run_dir = run_dir / recipe.objective.kind
+        print(f"demo: {first.name} ({first.objective.kind}) in {first_prepared.run_dir}, then {recipe.name} "
+              f"({recipe.objective.kind}) from its result in {run_dir}")
+        prepared = None
+    else:
+        prepared = prepare_or_refuse(recipe, output_dir=run_dir)  # every check before the slow part
     samples = held_out_samples(recipe)
+    if first is not None:
+        print(f"demo model: {resolve_model_path(first.model.id)}")
+        print(f"training {first.name} in {first_prepared.run_dir} ...")
+        outcome = launch_and_report(first_prepared)
+        if outcome.exit_code != 0:
+            return outcome.exit_code
+        prepared = prepare_or_refuse(recipe, output_dir=run_dir)
+    else:
+        print(f"demo model: {resolve_model_path(recipe.model.id)}")
     before = exact_match(recipe, resolve_model_path(recipe.model.id), samples)
     _print_examples("before training", before)
     print(f"training in {run_dir} ...")
@@ -76,5 +126,7 @@ def run(args) -> int:
         return outcome.exit_code
     after = exact_match(recipe, run_dir / FINAL_DIR, samples)
     _print_examples("after training", after)
+    for line in _reward_lines(run_dir):
+        print(line)
     print(f"demo finished in {time.monotonic() - start:.0f} s: exact match {before.accuracy:.1%} -> {after.accuracy:.1%}")
     return 0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tuner.fileio import atomic_write_text
 from tuner.recipe.io import RecipeError, load_recipe, read_recipe_text
-from tuner.recipe.registry import DEMO_FAMILY, builtin_names, builtin_path, describe, family
+from tuner.recipe.registry import DEMO_FAMILY, builtin_names, builtin_path, describe, family, planned_as
 from tuner.recipe.schema import Recipe
 
 PEAK_LINE = re.compile(r"^# Predicted peak:.*$", re.MULTILINE)
@@ -109,7 +109,7 @@ def check_recipe(name: str, write: bool) -> str | None:
         recipe = load_recipe(path)
     except RecipeError as exc:
         return str(exc)
-    memory_plan = plan(recipe)
+    memory_plan = plan(planned_as(recipe))  # demo-dpo starts from demo's result: planned on demo's model
     if memory_plan.verdict != "fits":
         return (f"{path}: plans to '{memory_plan.verdict}' on {hardware_needed(recipe)} "
                 f"({memory_plan.gpu.total_gib:.1f} GiB of {memory_plan.gpu.capacity_gib or 0:.1f} GiB); a built-in "

@@ -17,7 +17,9 @@ from tuner.data.formats import (
     tokenize_segments,
 )
 from tuner.data import sources
+from tuner.data.preference import PREFERENCE_COLUMNS, preference_problem
 from tuner.data.sources import DataError, Samples, load_split
+from tuner.recipe.checks import OBJECTIVE_FORMATS
 from tuner.recipe.schema import Recipe
 
 log = logging.getLogger("tuner")
@@ -33,16 +35,25 @@ class PreparedData:
     raw_eval: object | None  # untokenised held-out samples, for generation checks
 
 
-def resolve_format(requested: str, columns: list[str]) -> str:
+LAYOUT_COLUMNS = {**FORMAT_COLUMNS, **PREFERENCE_COLUMNS}  # every data.format and the columns it needs
+
+
+def resolve_format(requested: str, columns: list[str], objective: str = "sft") -> str:
     """The layout to read the samples in: the recipe's, checked against the columns, or detected from them."""
-    if requested == "auto":
+    if requested == "auto" and objective == "sft":
         try:
             return detect_format(columns)
         except ValueError as exc:
-            raise DataError(f"data.format: {exc}") from None
-    missing = FORMAT_COLUMNS[requested] - set(columns)
+            hint = next((f" They look like {layout} data: set objective.kind: {kind}."
+                         for kind, layouts in OBJECTIVE_FORMATS.items() for layout in layouts
+                         if layout in PREFERENCE_COLUMNS and PREFERENCE_COLUMNS[layout] <= set(columns)), "")
+            raise DataError(f"data.format: {exc}{hint}") from None
+    field = "data.format"
+    if requested == "auto":  # dpo and kto read one layout each
+        requested, field = OBJECTIVE_FORMATS[objective][0], "objective.kind"
+    missing = LAYOUT_COLUMNS[requested] - set(columns)
     if missing:
-        raise DataError(f"data.format: {requested} needs the column(s) {sorted(missing)}, but the data has {sorted(columns)}; "
+        raise DataError(f"{field}: {requested} needs the column(s) {sorted(missing)}, but the data has {sorted(columns)}; "
                         "rename the columns, or set data.format to match the data (or auto).")
     return requested
 
@@ -58,18 +69,25 @@ def _text_bytes(value) -> int:
     return 0
 
 
+def used_columns(data_format: str, columns: list[str]) -> list[str]:
+    """The columns a layout reads (optional ones included when present)."""
+    optional = {"prompt"} if data_format in PREFERENCE_COLUMNS else {"input"}
+    return sorted((LAYOUT_COLUMNS[data_format] | optional) & set(columns))
+
+
 def check_samples(samples: Samples, data_format: str) -> None:
     """Refuse the data when any row does not fit the layout (or, for sources read without a line scan, is larger
     than a row may be), naming the first rows by their file lines (row numbers for parquet and hub datasets)."""
     dataset = samples.dataset
-    used = sorted((FORMAT_COLUMNS[data_format] | {"input"}) & set(dataset.column_names))
+    used = used_columns(data_format, dataset.column_names)
+    problem_of = preference_problem if data_format in PREFERENCE_COLUMNS else sample_problem
     measured = samples.lines is not None  # a local file's rows were measured while it was scanned
     problems = samples.problems()
     try:
         batches = dataset.select_columns(used).iter(batch_size=10_000)  # decoded as rows are, ~5x faster than rows
         rows = (dict(zip(batch, values)) for batch in batches for values in zip(*batch.values()))
         for index, sample in enumerate(rows):
-            problem = sample_problem(sample, data_format)
+            problem = problem_of(sample, data_format)
             if problem is None and not measured and (size := _text_bytes(sample)) > sources.MAX_ROW_BYTES:
                 problem = sources.too_large(size)
             if problem:
@@ -86,7 +104,7 @@ def split_samples(recipe: Recipe):
     dataset = samples.dataset
     if len(dataset) == 0:
         raise DataError(f"data.source: {recipe.data.source}: the dataset is empty.")
-    data_format = resolve_format(recipe.data.format, dataset.column_names)
+    data_format = resolve_format(recipe.data.format, dataset.column_names, recipe.objective.kind)
     check_samples(samples, data_format)
     dataset = dataset.shuffle(seed=recipe.training.seed)
     if recipe.data.max_samples:

@@ -1,6 +1,7 @@
 """What the model will be trained on: formatted, tokenised examples split into learned and masked text.
 
-``tuner data preview`` prints these; the TUI shows the same segments.
+``tuner data preview`` prints these; the TUI shows the same segments.  A preference row (dpo, kto) shows one
+example per answer: the prompt masked, the answer learned, as TRL tokenises them.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ class PreviewExample:
     tokens: int
     trainable_tokens: int
     truncated: bool
+    answer: str | None = None  # preference rows: chosen, rejected, desirable or undesirable
+    row: int | None = None  # preference rows: the sample this answer belongs to (1 = the first)
 
 
 def labelled_segments(input_ids: list[int], labels: list[int], tokenizer) -> list[tuple[str, bool]]:
@@ -43,8 +46,12 @@ def preview_examples(recipe: Recipe, tokenizer, count: int = 3) -> tuple[str, li
     from tuner.data.prepare import encode_sample, split_samples
 
     train, _, data_format = split_samples(recipe)
+    rows = train.select(range(min(count, len(train))))
+    if recipe.objective.preference:
+        return data_format, [example for row, sample in enumerate(rows, 1)
+                             for example in preference_examples(sample, data_format, tokenizer, recipe, row)]
     examples = []
-    for sample in train.select(range(min(count, len(train)))):
+    for sample in rows:
         encoded = encode_sample(sample, data_format, tokenizer, recipe)
         labels = encoded["labels"]
         examples.append(PreviewExample(
@@ -54,3 +61,22 @@ def preview_examples(recipe: Recipe, tokenizer, count: int = 3) -> tuple[str, li
             truncated=encoded["truncated"],
         ))
     return data_format, examples
+
+
+def preference_examples(sample: dict, data_format: str, tokenizer, recipe: Recipe, row: int) -> list[PreviewExample]:
+    """One example per answer of a preference row: its prompt masked, the answer learned, cut to max_seq_length."""
+    from tuner.data.preference import COMPLETION_KEYS, encode_completions
+
+    prompt_ids, completions = encode_completions(sample, data_format, tokenizer)
+    keys = COMPLETION_KEYS[data_format]
+    names = list(keys) if data_format == "preference" else ["desirable" if sample["label"] else "undesirable"]
+    limit = recipe.memory.max_seq_length
+    examples = []
+    for name, ids in zip(names, completions):
+        labels = ([IGNORE_INDEX] * len(prompt_ids) + ids)[:limit]
+        input_ids = (prompt_ids + ids)[:limit]
+        examples.append(PreviewExample(
+            segments=labelled_segments(input_ids, labels, tokenizer), tokens=len(input_ids),
+            trainable_tokens=sum(label != IGNORE_INDEX for label in labels),
+            truncated=len(prompt_ids) + len(ids) > limit, answer=name, row=row))
+    return examples

@@ -1,6 +1,7 @@
 """The demo task: reverse a short lowercase word.  Generated, deterministic, with a held-out split.
 
-Train and eval words are disjoint, so held-out exact match measures the skill, not memory.
+Train and eval words are disjoint, so held-out exact match measures the skill, not memory.  The preference pairs
+(``builtin:reverse-pairs``) use other words again, so a DPO run after the SFT demo is judged on words neither saw.
 """
 from __future__ import annotations
 
@@ -31,7 +32,32 @@ def reverse_samples(count: int, seed: int = 0) -> list[dict[str, str]]:
     return [{"instruction": INSTRUCTION, "input": word, "output": word[::-1]} for word in _all_words(seed, count)]
 
 
-BUILTIN_DATASETS = {"builtin:reverse": 4000}
+def near_miss(answer: str, rng: random.Random) -> str:
+    """A plausible wrong answer: two neighbouring letters swapped, a letter repeated over its neighbour, or a letter
+    dropped (the mistakes a half-trained model makes)."""
+    swaps = [i for i in range(len(answer) - 1) if answer[i] != answer[i + 1]]
+    candidates = []
+    if swaps:
+        i = rng.choice(swaps)
+        candidates.append(answer[:i] + answer[i + 1] + answer[i] + answer[i + 2:])
+        candidates.append(answer[:i + 1] + answer[i] + answer[i + 2:])  # a letter repeated in place of the next
+    i = rng.randrange(len(answer))
+    candidates.append(answer[:i] + answer[i + 1:])
+    return rng.choice(candidates)
+
+
+def reverse_pairs(count: int, seed: int = 1) -> list[dict]:
+    """Conversational preference pairs on words outside ``builtin:reverse``: the reversal chosen, a near miss rejected."""
+    taken = set(_all_words(0, BUILTIN_DATASETS["builtin:reverse"]))
+    words = [word for word in _all_words(seed, 2 * count) if word not in taken][:count]
+    rng = random.Random(seed)
+    return [{"prompt": [{"role": "user", "content": f"{INSTRUCTION}\n{word}"}],
+             "chosen": [{"role": "assistant", "content": word[::-1]}],
+             "rejected": [{"role": "assistant", "content": near_miss(word[::-1], rng)}]} for word in words]
+
+
+BUILTIN_DATASETS = {"builtin:reverse": 4000, "builtin:reverse-pairs": 2000}
+_GENERATORS = {"builtin:reverse": reverse_samples, "builtin:reverse-pairs": reverse_pairs}
 
 
 def builtin_dataset_path(source: str, directory: Path) -> Path:
@@ -43,5 +69,6 @@ def builtin_dataset_path(source: str, directory: Path) -> Path:
         raise ValueError(f"unknown built-in data source {source!r}; known: {', '.join(BUILTIN_DATASETS)}")
     path = directory / f"{source.removeprefix('builtin:')}.jsonl"
     if not path.exists():
-        atomic_write_text(path, "".join(json.dumps(sample) + "\n" for sample in reverse_samples(BUILTIN_DATASETS[source])))
+        samples = _GENERATORS[source](BUILTIN_DATASETS[source])
+        atomic_write_text(path, "".join(json.dumps(sample) + "\n" for sample in samples))
     return path

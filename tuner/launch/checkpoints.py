@@ -25,10 +25,15 @@ log = logging.getLogger("tuner")
 _CHECKPOINT_NAME = re.compile(rf"^{re.escape(CHECKPOINT_PREFIX)}(\d+)$")
 
 
+# settings added after checkpoints were first written, with the value every older checkpoint was saved under
+SAVED_BEFORE = {"objective.kind": "sft"}
+
+
 def resume_settings(recipe: Recipe, world_size: int) -> dict[str, Any]:
     """The settings a checkpoint's optimizer and RNG state depend on, keyed by the recipe field to change."""
     mem, method = recipe.memory, recipe.method
     settings: dict[str, Any] = {
+        "objective.kind": recipe.objective.kind,
         "hardware.num_processes": world_size,
         "memory.distributed": mem.distributed,
         "memory.zero_stage": mem.zero_stage,
@@ -84,6 +89,7 @@ def check_resumable(recipe: Recipe, checkpoint: Path, world_size: int) -> None:
         return
     saved = json.loads(info_path.read_text(encoding="utf-8"))["settings"]
     current = resume_settings(recipe, world_size)
+    saved = {**SAVED_BEFORE, **saved}
     changed = [f"  {field}: saved with {saved.get(field)!r}, the recipe now has {value!r}"
                for field, value in current.items() if saved.get(field) != value]
     if changed:

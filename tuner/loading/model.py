@@ -171,18 +171,25 @@ def keep_4bit_cpu_inference_generic(model) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
-def apply_lora(model, recipe: Recipe):
-    """Wrap the model with LoRA adapters, after k-bit preparation (casts, input grads) for qlora."""
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+def prepare_for_adapters(model, recipe: Recipe):
+    """The base model ready for adapters: k-bit preparation (fp32 norms, input gradients) for qlora."""
+    if recipe.method.kind != "qlora":
+        return model
+    from peft import prepare_model_for_kbit_training
 
-    if recipe.method.kind == "qlora":
-        model = prepare_model_for_kbit_training(
-            model,
-            use_gradient_checkpointing=recipe.memory.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False},
-        )
+    return prepare_model_for_kbit_training(
+        model,
+        use_gradient_checkpointing=recipe.memory.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+    )
+
+
+def lora_config(recipe: Recipe):
+    """peft's LoraConfig for the recipe's method.lora settings."""
+    from peft import LoraConfig
+
     lora = recipe.method.lora
-    config = LoraConfig(
+    return LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
@@ -190,7 +197,13 @@ def apply_lora(model, recipe: Recipe):
         modules_to_save=lora.modules_to_save or None,
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+
+
+def apply_lora(model, recipe: Recipe):
+    """Wrap the model with LoRA adapters, after k-bit preparation (casts, input grads) for qlora."""
+    from peft import get_peft_model
+
+    return get_peft_model(prepare_for_adapters(model, recipe), lora_config(recipe))
 
 
 def count_parameters(model) -> tuple[int, int]:

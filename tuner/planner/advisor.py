@@ -28,6 +28,7 @@ from tuner.recipe.tactics import (
 
 # Estimated throughput penalty of each rung (fraction of step time added); sources in docs/memory.md.
 RUNG_COST = {
+    Rung.PRECOMPUTE_REFERENCE: 0.01,  # dpo/kto: one pass before training replaces the reference's forward in each step
     Rung.ZERO1: 0.02,  # same communication volume as DDP; a sharded step
     Rung.CHUNKED_LOSS: 0.03,  # the loss in token chunks: more, smaller kernels; no recomputation
     Rung.ZERO2: 0.05,  # reduce-scatter instead of all-reduce, a few more syncs
@@ -99,25 +100,32 @@ def _candidates(recipe) -> list[Tactics]:
     def at_least(value, floor):  # a tactic the recipe already uses is kept
         return [v for v in value if v or not floor]
 
+    # dpo/kto with full fine-tuning may drop the reference copy (LoRA needs none: its disabled adapter is the reference)
+    precompute = at_least((False, True) if recipe.objective.preference else (False,), base.precompute_reference)
+
     out = []
-    for sharding, ckpt, act_off, chunked, opt_off, par_off, mb, meth in product(
+    for sharding, ckpt, act_off, chunked, opt_off, par_off, mb, meth, pre in product(
             shardings, at_least((False, True), base.checkpointing), at_least((False, True) if on_gpu else (False,),
                                                                               base.activation_offloading),
-            at_least((False, True), base.chunked_loss), offload, offload, batches, methods):
+            at_least((False, True), base.chunked_loss), offload, offload, batches, methods, precompute):
         if act_off and not ckpt:
             continue  # offloading holds the checkpointed inputs
+        if pre and not base.precompute_reference and meth != "full":
+            continue
         if (base.offload_optimizer != "none" and opt_off == "none") or (base.offload_params != "none" and par_off == "none"):
             continue
         if opt_off != "none" and base.offload_optimizer != "none":
             opt_off = base.offload_optimizer
         if par_off != "none" and base.offload_params != "none":
             par_off = base.offload_params
-        out.append(Tactics(sharding, ckpt, opt_off, par_off, mb, meth, chunked, act_off))
+        out.append(Tactics(sharding, ckpt, opt_off, par_off, mb, meth, chunked, act_off, pre))
     return list(dict.fromkeys(out))
 
 
 # Why each rung helps, said once: the advice, the plan's reasons and the out-of-memory message all use it.
 REASONS = {
+    Rung.PRECOMPUTE_REFERENCE: "the reference model's log-probabilities are computed in one pass before training, so "
+                               "no frozen copy of the model stays beside it (objective.precompute_ref_log_probs)",
     Rung.ZERO1: "ZeRO-1 shards the optimizer states over the {world} GPUs",
     Rung.CHUNKED_LOSS: "the chunked loss computes the output head and cross-entropy a few thousand tokens at a "
                        "time, so the tokens x vocabulary logits are never built whole",
@@ -148,6 +156,8 @@ def reason(recipe, rung: Rung) -> str:
 
 def _reasons(recipe, changes: list[Rung], before: MemoryPlan, after: MemoryPlan) -> list[str]:
     lines = [reason(recipe, c) for c in dict.fromkeys(changes)]
+    if recipe.objective.preference and Rung.LORA in changes:
+        lines.append("with LoRA the reference is the model with its adapter disabled: no frozen copy")
     if changes:
         lines.append(f"peak {before.gpu.total_gib:.1f} -> {after.gpu.total_gib:.1f} GiB per device")
     return lines

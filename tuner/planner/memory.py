@@ -28,7 +28,8 @@ from tuner.catalog.models import ModelFacts, model_facts
 GIB = 2**30
 TIGHT_HEADROOM = 0.10  # less than 10% of a device left free is "tight": fragmentation and spikes can still OOM
 
-CATEGORIES = ("weights", "lora_adapter", "gradients", "optimizer", "activations", "logits_loss", "overhead")
+CATEGORIES = ("weights", "reference_model", "lora_adapter", "gradients", "optimizer", "activations", "logits_loss",
+              "overhead")
 ALWAYS, FORWARD_BACKWARD, LAYER_BACKWARD, STEP = "always", "loss", "layer backward", "optimizer step"
 EVAL, SAVE, RESUME, MERGE, LOAD = "evaluation", "saving", "resuming", "merging", "loading"
 STEP_MOMENTS = (FORWARD_BACKWARD, LAYER_BACKWARD, STEP)
@@ -242,6 +243,8 @@ class _Setup:
     save: str  # output.save
     fsdp_full_state_dict: bool
     fsdp_ram_efficient_loading: bool
+    objective: str = "sft"  # sft, or a preference objective (tuner.planner.preference)
+    precompute: bool = False  # preference: reference log-probabilities computed before training
 
 
 def _setup(recipe) -> _Setup:
@@ -250,6 +253,9 @@ def _setup(recipe) -> _Setup:
     weight_bytes = DTYPE_BYTES[recipe.model.dtype]
     mixed = mem.mixed_precision != "no"
     world = recipe.world_size
+    objective = recipe.objective
+    from tuner.planner.preference import sequences_per_sample
+
     return _Setup(
         facts=model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code),
         kind=method.kind, weight_bytes=weight_bytes, act_bytes=2 if mixed else weight_bytes, mixed=mixed,
@@ -258,16 +264,19 @@ def _setup(recipe) -> _Setup:
         offload_optimizer=mem.offload_optimizer, offload_params=mem.offload_params,
         checkpointing=mem.gradient_checkpointing, eager=mem.attention == "eager",
         flash=mem.attention == "flash" and recipe.uses_gpu,
-        batch=mem.micro_batch_size, seq=mem.max_seq_length, accumulation=mem.gradient_accumulation_steps,
-        optimizer=mem.optimizer, lora_r=method.lora.r, lora_targets=method.lora.target_modules,
-        lora_dropout=method.lora.dropout, quant_bits=quant.bits if quant and method.kind == "qlora" else None,
+        batch=mem.micro_batch_size * sequences_per_sample(objective.kind), seq=mem.max_seq_length,
+        accumulation=mem.gradient_accumulation_steps, optimizer=mem.optimizer, lora_r=method.lora.r,
+        lora_targets=method.lora.target_modules,
+        lora_dropout=0.0 if objective.preference else method.lora.dropout,  # TRL turns dropout off
+        quant_bits=quant.bits if quant and method.kind == "qlora" else None,
         double_quant=bool(quant and quant.double_quant), on_gpu=recipe.uses_gpu,
         gpus_per_machine=recipe.hardware.gpus_per_machine, liger=mem.liger and recipe.uses_gpu,
         chunked_loss=mem.chunked_loss, activation_offloading=mem.activation_offloading and mem.gradient_checkpointing,
         packing=recipe.data.packing, evaluates=recipe.data.eval_fraction > 0, save=recipe.output.save,
         resumable=recipe.training.save_steps is not None or recipe.training.resume != "never",
         fsdp_full_state_dict=mem.fsdp.state_dict_type == "full",
-        fsdp_ram_efficient_loading=mem.fsdp.cpu_ram_efficient_loading,
+        fsdp_ram_efficient_loading=mem.fsdp.cpu_ram_efficient_loading, objective=objective.kind,
+        precompute=objective.precompute_ref_log_probs,
     )
 
 
@@ -565,6 +574,13 @@ def _loss_items(s: _Setup, tokens: int, full: bool) -> list[Item]:
     h, vocab = f.hidden_size, f.vocab_size
     rb = residual_bytes(s)
     rotary = s.seq * f.head_dim * 2 * s.act_bytes
+    final_norm = tokens * h * (4 + (s.act_bytes if full else 0))
+    if s.objective != "sft":  # TRL's fused log-prob head replaces the logits and the cross-entropy
+        from tuner.planner.preference import loss_items
+
+        return [Item("final norm, output-head input, rotary tables", "activations",
+                     final_norm + tokens * h * s.act_bytes + rotary, FORWARD_BACKWARD, source="korthikanti"),
+                *loss_items(s)]
     if s.liger:
         # LigerFusedLinearCrossEntropyFunction: logits of chunk_size rows, chunk_size = next_pow2(ceil(BT /
         # ceil(V / H))) so a chunk is ~BT x H elements; grad_input (BT x H) and, when the head trains, grad_weight
@@ -576,7 +592,6 @@ def _loss_items(s: _Setup, tokens: int, full: bool) -> list[Item]:
             Item(f"Liger fused linear cross-entropy: {rows} x V logits chunk, head-input gradient, loss",
                  "logits_loss", rows * vocab * s.act_bytes + tokens * (h * rb + 4), FORWARD_BACKWARD, source="liger"),
         ]
-    final_norm = tokens * h * (4 + (s.act_bytes if full else 0))
     if s.chunked_loss:
         # torch.nn.functional.linear_cross_entropy with LinearCrossEntropyOptions(): chunks of rows tokens, rows =
         # next_pow2(ceil(N / ceil(V / H))) ("aspect_ratio"), halved on CUDA and for fp32 ("aspect_ratio:2");
@@ -819,11 +834,17 @@ def plan(recipe) -> MemoryPlan:
     s = _setup(recipe)
     f = s.facts
     gpu_items, host_per_gpu, notes = _model_state_items(s)
+    if s.objective != "sft":
+        from tuner.planner.preference import reference_items
+
+        on_gpu, on_host = reference_items(s, gpu_items, host_per_gpu)
+        gpu_items, host_per_gpu = gpu_items + on_gpu, host_per_gpu + on_host
     act_items, act_host, act_notes = _activation_items(s)
     notes += list(f.notes) + act_notes
     items = gpu_items + act_items + (_eval_items(s) if s.evaluates else [])
     peak = DevicePlan("probe", None, items).total_gib * GIB
-    loss_bytes = sum(i.bytes for i in act_items if i.category == "logits_loss")
+    # the allocator caches T x V loss segments; TRL's fused head (dpo/kto) reuses one tile buffer instead
+    loss_bytes = sum(i.bytes for i in act_items if i.category == "logits_loss") if s.objective == "sft" else 0.0
     items += _overhead_items(s, peak, loss_bytes)
 
     devices: list[DevicePlan] = []
@@ -852,6 +873,15 @@ def plan(recipe) -> MemoryPlan:
             items + _cpu_phase_items(s)
         devices.append(DevicePlan("CPU RAM" + (f" ({processes} processes)" if processes > 1 else ""),
                                   _host_ram(recipe), scaled + _merge_items(s), count=1, kind="cpu", phases=CPU_PHASES))
+    if s.objective != "sft" and s.precompute:
+        from tuner.planner.preference import reference_pass_items
+
+        training = devices[0]
+        process = [i for i in items if i.source in ("measured", "nccl")]  # the process, not its tensors
+        pass_items = reference_pass_items(s, gpu_items, process)
+        devices.append(DevicePlan(f"{training.name}, reference log-prob pass before training", training.capacity_gib,
+                                  [i.scaled(s.world) for i in pass_items] if not s.on_gpu else pass_items,
+                                  count=training.count, kind="pass"))
     notes += _setting_notes(recipe, s)
 
     verdict, missing = _verdict(devices)
@@ -859,7 +889,7 @@ def plan(recipe) -> MemoryPlan:
     trainable = counts.total if s.kind == "full" else f.lora_params(s.lora_r, s.lora_targets)
     return MemoryPlan(model=recipe.model.id, devices=devices, verdict=verdict, missing_gib=missing,
                       host_ram_gib=host_ram, notes=notes, params=counts.as_dict(), trainable_params=trainable,
-                      micro_batch_size=s.batch, max_seq_length=s.seq)
+                      micro_batch_size=recipe.memory.micro_batch_size, max_seq_length=s.seq)
 
 
 def _setting_notes(recipe, s: _Setup) -> list[str]:

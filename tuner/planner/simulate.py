@@ -6,6 +6,12 @@ gradient clipping, AdamW step, zero_grad) runs in that steady state under
 ``torch.distributed._tools.mem_tracker.MemTracker``, which records the peak of live tensor
 storage by category.  This checks the analytic planner; it is slow (seconds), so only
 ``tuner plan --simulate`` and the tests call it.  torch and transformers are imported here only.
+
+For dpo and kto the step is the tensor path of TRL's ``_compute_loss``: dropout off, TRL's fused LM head (per-token
+log-probabilities in tiles, no full logits), the policy's forward on the micro-batch (dpo: its chosen and rejected
+sequences stacked), the reference's forward under ``no_grad`` (a frozen copy for full fine-tuning, the adapter
+disabled for LoRA, none when precomputed), the loss on per-sequence sums; not the metric logging, whose ``.item()``
+fake tensors cannot answer.
 """
 from __future__ import annotations
 
@@ -84,6 +90,62 @@ def _tracker():
     return FrozenAwareMemTracker()
 
 
+def _prepare_like_trl(model, reference, kind: str) -> None:
+    """What TRL's DPOTrainer/KTOTrainer do to the models before training: dropout off, fused LM heads."""
+    from peft import PeftModel
+    from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
+
+    outputs = ("log_probs", "entropy", "mean_logits") + (("is_top1",) if kind == "dpo" else ())
+    disable_dropout_in_model(model)
+    add_fused_lm_head(model.get_base_model() if isinstance(model, PeftModel) else model, outputs=outputs)
+    if reference is not None:
+        disable_dropout_in_model(reference)
+        add_fused_lm_head(reference)
+
+
+def _preference_step(policy, reference, recipe):
+    """One root module whose forward is the preference loss: the tracker refuses a root module called twice in a
+    step (the LoRA reference is the policy with its adapter disabled), and it counts the reference's weights."""
+    import torch
+
+    class PreferenceStep(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.policy = policy
+            self.reference = reference
+
+        def forward(self, ids):
+            return _preference_loss(self.policy, self.reference, ids, recipe)
+
+    return PreferenceStep()
+
+
+def _preference_loss(model, reference, ids, recipe):
+    """The tensors of TRL's ``_compute_loss`` for dpo (sigmoid) and kto: policy, reference, loss on sequence sums."""
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+
+    beta = recipe.objective.beta
+    labels = ids.clone()
+    labels[:, : ids.shape[1] // 4] = -100  # the prompt is masked; the CPU head scores every position anyway
+    policy = model(input_ids=ids, labels=labels, fused_lm_head=True, use_cache=False)
+    logps = policy.log_probs.sum(dim=1)
+    if recipe.objective.precompute_ref_log_probs:
+        ref_logps = torch.zeros_like(logps)
+    else:
+        disabled = model.disable_adapter() if reference is None else contextlib.nullcontext()
+        with torch.no_grad(), disabled:
+            ref_logps = (reference or model)(input_ids=ids, labels=labels, fused_lm_head=True,
+                                             use_cache=False).log_probs.sum(dim=1)
+    ratios = logps - ref_logps
+    if recipe.objective.kind == "dpo":
+        chosen, rejected = ratios.chunk(2, dim=0)
+        return -F.logsigmoid(beta * (chosen - rejected)).mean()
+    return (1 - torch.sigmoid(beta * ratios)).mean()  # kto's desirable loss (its KL term needs no gradient)
+
+
 def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
     """Trace one steady-state training step of ``recipe``'s model on one process, with fake tensors.
 
@@ -114,8 +176,12 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
                      "CUDA context and allocator slack, which a CPU trace does not see.")
     batch, seq = mem.micro_batch_size, mem.max_seq_length
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mem.mixed_precision)
+    objective = recipe.objective
     with torch.device("meta"):  # PEFT cannot move fake tensors, so build on meta and materialise as fakes
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
+        reference = None
+        if objective.preference and recipe.method.kind == "full" and not objective.precompute_ref_log_probs:
+            reference = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
     if recipe.method.kind == "lora":
         from peft import LoraConfig, get_peft_model
 
@@ -126,24 +192,32 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
         adapt(model)
     elif mem.chunked_loss:
         notes.append("memory.chunked_loss is not traced here (the step runs the transformers loss).")
+    if objective.preference:
+        _prepare_like_trl(model, reference, objective.kind)
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = model.to_empty(device="cpu")
         model.tie_weights()  # to_empty gives each module its own tensor; tied embeddings share one again
+        if reference is not None:
+            reference = reference.to_empty(device="cpu")
+            reference.tie_weights()
+            reference.requires_grad_(False)
+            reference.eval()
         if mem.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=False)
+        preference = _preference_step(model, reference, recipe) if objective.preference else None
         if recipe.data.packing:
             ids = torch.randint(0, config.vocab_size, (1, batch * seq))
             inputs = {"input_ids": ids, "labels": ids, "position_ids": torch.arange(seq).repeat(batch)[None]}
-        else:
-            ids = torch.randint(0, config.vocab_size, (batch, seq))
+        else:  # dpo stacks the chosen and rejected sequences of each pair
+            ids = torch.randint(0, config.vocab_size, (batch * (2 if objective.kind == "dpo" else 1), seq))
             inputs = {"input_ids": ids, "labels": ids}
 
         def step() -> None:
             with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                loss = model(**inputs).loss
+                loss = preference(ids) if preference is not None else model(**inputs).loss
             loss.backward()
             del loss
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -155,7 +229,7 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         tracker = _tracker()
-        tracker.track_external(model, optimizer)
+        tracker.track_external(preference or model, optimizer)
         with tracker:
             step()
         snapshot = tracker.get_tracker_snapshot("peak")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from tuner.catalog.gpus import AmbiguousGpuError, known_gpu_names, lookup_gpu
 from tuner.catalog.models import custom_code
-from tuner.recipe.schema import Recipe
+from tuner.recipe.schema import LOSS_TYPES, Recipe
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,50 @@ def _model(recipe: Recipe) -> list[Problem]:
     return [Problem("model.trust_remote_code", problem, anchor="model.id")] if problem else []
 
 
-RULES = (_model, _topology, _sharding, _method, _lora_targets, _precision, _training, _long_context)
+# the data layouts each objective reads (auto detects among them)
+OBJECTIVE_FORMATS = {"sft": ("text", "instruction", "chat"), "dpo": ("preference",), "kto": ("unpaired_preference",)}
+
+
+def _objective(recipe: Recipe) -> list[Problem]:
+    objective, data = recipe.objective, recipe.data
+    kind = objective.kind
+    problems = []
+    if data.format != "auto" and data.format not in OBJECTIVE_FORMATS[kind]:
+        wanted = " or ".join(OBJECTIVE_FORMATS[kind])
+        owner = next(name for name, formats in OBJECTIVE_FORMATS.items() if data.format in formats)
+        problems.append(Problem(
+            "data.format", f"objective {kind} reads {wanted} data, not {data.format}: set data.format to {wanted} "
+                           f"(or auto), or set objective.kind: {owner}."))
+    if not objective.preference:
+        if objective.loss_type is not None:
+            problems.append(Problem(
+                "objective.loss_type", "loss_type is a dpo/kto setting: remove it, or set objective.kind: dpo or kto."))
+        return problems
+    if objective.loss_type not in LOSS_TYPES[kind]:
+        problems.append(Problem(
+            "objective.loss_type",
+            f"{objective.loss_type} is not a {kind} loss; use one of {', '.join(LOSS_TYPES[kind])}."))
+    if objective.loss_type == "exo_pair" and objective.label_smoothing == 0:
+        problems.append(Problem("objective.label_smoothing", "exo_pair needs label_smoothing above 0 (the EXO paper uses 1e-3).",
+                                anchor="objective.loss_type"))
+    if objective.sft_weight and kind != "dpo":
+        problems.append(Problem("objective.sft_weight", "sft_weight adds the chosen answers' NLL to a dpo loss; "
+                                                        "remove it, or set objective.kind: dpo."))
+    if kind == "kto" and objective.loss_type == "kto" and recipe.memory.micro_batch_size < 2:
+        problems.append(Problem(
+            "memory.micro_batch_size",
+            "KTO estimates its KL term from the other samples of a micro-batch: set micro_batch_size to 2 or more "
+            "(or loss_type: apo_zero_unpaired, which has no KL term).", anchor="objective.kind"))
+    if data.packing:
+        problems.append(Problem(
+            "data.packing", f"{kind} pads each micro-batch (TRL 1.16 turns padding_free off): set packing: false."))
+    if data.train_on_prompt:
+        problems.append(Problem(
+            "data.train_on_prompt", f"{kind} compares the completions only: set train_on_prompt: false."))
+    return problems
+
+
+RULES = (_model, _topology, _sharding, _method, _lora_targets, _precision, _training, _long_context, _objective)
 
 
 def find_problems(recipe: Recipe) -> list[Problem]:

@@ -356,6 +356,13 @@ def with_output_dir(recipe: Recipe, directory: str | Path) -> Recipe:
     return validate_recipe(data, RecipeSource(path="-o/--output"))
 
 
+def with_model_id(recipe: Recipe, model_id: str | Path) -> Recipe:
+    """The recipe starting from another model (e.g. a run's final/), checked like any other value."""
+    data = recipe.model_dump(mode="json")
+    data["model"]["id"] = str(model_id)
+    return validate_recipe(data)
+
+
 def recipe_to_yaml(recipe: Recipe) -> str:
     """The fully resolved recipe as YAML: every default explicit, sections in schema order."""
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100)

@@ -42,6 +42,31 @@ def builtin_path(name: str) -> Path:
     return path
 
 
+def starting_recipe(recipe):
+    """The built-in recipe whose result ``recipe`` starts from (its ``model.id`` is that recipe's ``final/``, e.g.
+    demo-dpo after demo), when that result is not there yet; None when the model exists or is no such result."""
+    from tuner.recipe.io import load_recipe
+    from tuner.run_layout import FINAL_DIR
+
+    start = Path(recipe.model.id)
+    if start.exists() or start.name != FINAL_DIR:
+        return None
+    for name in builtin_names():
+        candidate = load_recipe(builtin_path(name))
+        if Path(candidate.output.dir) == start.parent:
+            return candidate
+    return None
+
+
+def planned_as(recipe):
+    """The recipe to plan for ``recipe``: one that starts from another built-in recipe's result not trained yet is
+    planned on that recipe's model (the same architecture)."""
+    from tuner.recipe.io import with_model_id
+
+    first = starting_recipe(recipe)
+    return recipe if first is None else with_model_id(recipe, first.model.id)
+
+
 def describe(name: str) -> str:
     """First comment line of a built-in recipe: what it is for."""
     for line in read_recipe_text(builtin_path(name)).splitlines():

@@ -266,17 +266,69 @@ class MemorySection(Section):
         return "no" if value is False else value
 
 
+# TRL 1.16's loss variants, per trainer (DPOConfig.loss_type, KTOConfig.loss_type); "sft" is objective.sft_weight
+DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
+                  "aot_unpaired", "apo_zero", "apo_down", "discopop", "sigmoid_norm")
+KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
+LOSS_TYPES = {"dpo": DPO_LOSS_TYPES, "kto": KTO_LOSS_TYPES}
+PREFERENCE_OBJECTIVES = tuple(LOSS_TYPES)  # objectives trained with a TRL trainer and a reference model
+
+
+class ObjectiveSection(Section):
+    kind: Literal["sft", "dpo", "kto"] = Field(
+        "sft",
+        description="What the model learns. sft: the completions of the data (transformers Trainer). dpo: to prefer "
+        "each pair's chosen answer to its rejected one, relative to the starting model (TRL DPOTrainer). kto: to "
+        "raise desirable and lower undesirable completions (TRL KTOTrainer). dpo and kto start from model.id, "
+        "usually an SFT result, which also serves as the frozen reference.",
+    )
+    beta: float = Field(
+        0.1, gt=0, le=1000,
+        description="dpo/kto: how far the policy may move from the reference (higher stays closer); ipo's tau.",
+    )
+    loss_type: Literal[DPO_LOSS_TYPES + KTO_LOSS_TYPES] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="dpo: sigmoid (DPO), hinge, ipo, exo_pair, nca_pair, robust, bco_pair, sppo_hard, aot, "
+        "aot_unpaired, apo_zero, apo_down, discopop or sigmoid_norm; kto: kto or apo_zero_unpaired. "
+        "Default: sigmoid for dpo, kto for kto.",
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=0.5,
+        description="dpo: probability that a pair's preference is flipped (robust, aot) or EXO's epsilon (exo_pair, needs > 0).",
+    )
+    sft_weight: float = Field(
+        0.0, ge=0, le=1000,
+        description="dpo: add this weight times the NLL of the chosen answers to the loss (RPO; TRL loss_type "
+        "[<loss_type>, sft]). 0: the preference loss alone.",
+    )
+    precompute_ref_log_probs: bool = Field(
+        False,
+        description="dpo/kto: compute the reference log-probabilities of every sample in one pass before training, "
+        "so full fine-tuning keeps no reference copy of the model while it trains.",
+    )
+    desirable_weight: float = Field(1.0, gt=0, le=1000, description="kto: weight of the desirable (label true) losses.")
+    undesirable_weight: float = Field(
+        1.0, gt=0, le=1000, description="kto: weight of the undesirable (label false) losses.")
+
+    @property
+    def preference(self) -> bool:
+        """Trained on preferences with a reference model (dpo, kto), not on completions (sft)."""
+        return self.kind in PREFERENCE_OBJECTIVES
+
+
 class DataSection(Section):
     source: str = Field(
         "builtin:reverse",
         min_length=1,
         description="Training data: a local .json/.jsonl/.csv/.parquet file, a datasets name in the local cache, "
-        "or builtin:reverse (the demo's word-reversal task).",
+        "builtin:reverse (the demo's word-reversal task) or builtin:reverse-pairs (its preference pairs: the right "
+        "reversal chosen, a near miss rejected).",
     )
-    format: Literal["auto", "text", "instruction", "chat"] = Field(
+    format: Literal["auto", "text", "instruction", "chat", "preference", "unpaired_preference"] = Field(
         "auto",
         description="Sample layout: text (a 'text' column), instruction (instruction/input/output), chat (messages with roles); "
-        "auto detects it from the columns.",
+        "for dpo, preference (prompt/chosen/rejected); for kto, unpaired_preference (prompt/completion/label). "
+        "Preference values are text or lists of role/content messages. auto detects it from the columns.",
     )
     split: str = Field("train", min_length=1, description="Dataset split to train on.")
     eval_fraction: float = Field(
@@ -358,6 +410,8 @@ class Recipe(Section):
         description="Name of the run: letters, digits, '.', '_' and '-'. Names the default run directory.",
     )
     model: ModelSection = Field(default_factory=ModelSection, description="The model to train or run.")
+    objective: ObjectiveSection = Field(
+        default_factory=ObjectiveSection, description="What training optimises: SFT, or preferences (DPO, KTO) with TRL.")
     hardware: HardwareSection = Field(default_factory=HardwareSection, description="Machines and accelerators.")
     method: MethodSection = Field(default_factory=MethodSection, description="Full fine-tuning, LoRA or QLoRA.")
     memory: MemorySection = Field(default_factory=MemorySection, description="Memory tactics: sharding, offload, batch, precision.")
@@ -378,6 +432,8 @@ class Recipe(Section):
             object.__setattr__(self.model, "dtype", dtype)
         if self.output.dir is None:
             object.__setattr__(self.output, "dir", f"runs/{self.name}")
+        if self.objective.loss_type is None and self.objective.preference:
+            object.__setattr__(self.objective, "loss_type", LOSS_TYPES[self.objective.kind][0])
         if self.output.save == "auto":
             object.__setattr__(self.output, "save", "full" if self.method.kind == "full" else "adapter")
         return self

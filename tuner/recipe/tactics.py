@@ -20,6 +20,7 @@ class Rung(str, Enum):
     def __str__(self) -> str:  # the name users read and type, as enum.StrEnum (Python 3.11+) would print it
         return self.value
 
+    PRECOMPUTE_REFERENCE = "precompute_reference"  # dpo/kto: reference log-probabilities before training, no copy
     ZERO1 = "zero1"  # shard the optimizer states
     CHUNKED_LOSS = "chunked_loss"  # never build the tokens x vocabulary logits
     ZERO2 = "zero2"  # shard the gradients too
@@ -37,7 +38,7 @@ LADDER = tuple(Rung)
 SHARDING_RUNGS = (Rung.ZERO1, Rung.ZERO2, Rung.ZERO3)  # sharding level 1, 2, 3
 # Rungs after which a run can resume from its checkpoints: the layout of weights and optimizer states is unchanged
 KEEPS_CHECKPOINTS = frozenset({Rung.MICRO_BATCH, Rung.GRADIENT_CHECKPOINTING, Rung.ACTIVATION_OFFLOADING,
-                               Rung.CHUNKED_LOSS})
+                               Rung.CHUNKED_LOSS, Rung.PRECOMPUTE_REFERENCE})
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class Tactics:
     method: str
     chunked_loss: bool = False
     activation_offloading: bool = False
+    precompute_reference: bool = False  # dpo/kto: objective.precompute_ref_log_probs
 
 
 def tactics_of(recipe: Recipe) -> Tactics:
@@ -63,7 +65,8 @@ def tactics_of(recipe: Recipe) -> Tactics:
     else:
         sharding = mem.distributed
     return Tactics(sharding, mem.gradient_checkpointing, mem.offload_optimizer, mem.offload_params,
-                   mem.micro_batch_size, recipe.method.kind, mem.chunked_loss, mem.activation_offloading)
+                   mem.micro_batch_size, recipe.method.kind, mem.chunked_loss, mem.activation_offloading,
+                   recipe.objective.precompute_ref_log_probs)
 
 
 _FSDP_LEVEL = {"no_shard": 0.0, "shard_grad_op": 2.0, "full_shard": 3.0}
@@ -92,7 +95,8 @@ def rungs_between(base: Tactics, tactics: Tactics, machines: int = 1) -> list[Ru
     if sharding_level(tactics.sharding, machines) > sharding_level(base.sharding, machines):
         rungs.append(sharding_rung(sharding_level(tactics.sharding, machines)))
     for rung, field in ((Rung.GRADIENT_CHECKPOINTING, "checkpointing"), (Rung.CHUNKED_LOSS, "chunked_loss"),
-                        (Rung.ACTIVATION_OFFLOADING, "activation_offloading")):
+                        (Rung.ACTIVATION_OFFLOADING, "activation_offloading"),
+                        (Rung.PRECOMPUTE_REFERENCE, "precompute_reference")):
         if getattr(tactics, field) and not getattr(base, field):
             rungs.append(rung)
     for rung in (Rung.OFFLOAD_OPTIMIZER, Rung.OFFLOAD_PARAMS):
@@ -125,6 +129,9 @@ def climb(recipe: Recipe, rung: Rung) -> Tactics | None:
         return replace(t, sharding=rung.value)
     if rung == Rung.MICRO_BATCH:
         return replace(t, micro_batch=t.micro_batch // 2) if t.micro_batch > 1 else None
+    if rung == Rung.PRECOMPUTE_REFERENCE:  # LoRA keeps no reference copy: its disabled adapter is the reference
+        useful = recipe.objective.preference and t.method == "full" and not t.precompute_reference
+        return replace(t, precompute_reference=True) if useful else None
     if rung in (Rung.GRADIENT_CHECKPOINTING, Rung.CHUNKED_LOSS, Rung.ACTIVATION_OFFLOADING):
         field = "checkpointing" if rung == Rung.GRADIENT_CHECKPOINTING else rung.value
         return None if getattr(t, field) else replace(t, **{field: True})
@@ -159,6 +166,8 @@ def apply_tactics(recipe: Recipe, t: Tactics) -> Recipe:
     else:
         update.update(distributed=t.sharding, zero_stage=None)
     changes = {"memory": mem.model_copy(update=update)}
+    if t.precompute_reference != recipe.objective.precompute_ref_log_probs:
+        changes["objective"] = recipe.objective.model_copy(update={"precompute_ref_log_probs": t.precompute_reference})
     if t.method != method.kind:
         quant = method.quantization
         if t.method == "qlora" and quant is None:

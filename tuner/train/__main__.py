@@ -1,8 +1,8 @@
 """Training entrypoint: ``python -m tuner.train RUN_DIR/recipe.lock.yaml [--profile N]``, run on every rank
 by ``accelerate launch``.
 
-Shape: setup (recipe, resume check, data, model) -> train (transformers Trainer) -> save -> report.
-The run directory is the folder holding the lock file.
+Shape: setup (recipe, resume check, data, model) -> train (transformers Trainer, or TRL's for dpo/kto) -> save
+-> report.  The run directory is the folder holding the lock file.
 """
 from __future__ import annotations
 
@@ -34,14 +34,20 @@ def checkpointing_arguments(arguments_class, enabled: bool, offload: bool = Fals
 
 
 def training_arguments(recipe: Recipe, run_dir: Path):
+    """transformers' TrainingArguments, or for dpo/kto the TRL config (a subclass) with the objective's settings."""
     from transformers import TrainingArguments
 
     from tuner.run_layout import CHECKPOINTS_DIR
     from tuner.train.trackers import tracker_arguments
 
+    arguments_class, objective = TrainingArguments, {}
+    if recipe.objective.preference:
+        from tuner.train.preference import objective_arguments
+
+        arguments_class, objective = objective_arguments(recipe)
     mem, training = recipe.memory, recipe.training
     evaluate = recipe.data.eval_fraction > 0
-    return TrainingArguments(
+    return arguments_class(
         output_dir=str(run_dir / CHECKPOINTS_DIR),
         per_device_train_batch_size=mem.micro_batch_size,
         per_device_eval_batch_size=mem.micro_batch_size,
@@ -63,7 +69,7 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         data_seed=training.seed,
         bf16=mem.mixed_precision == "bf16",
         fp16=mem.mixed_precision == "fp16",
-        **checkpointing_arguments(TrainingArguments, mem.gradient_checkpointing, mem.activation_offloading),
+        **checkpointing_arguments(arguments_class, mem.gradient_checkpointing, mem.activation_offloading),
         optim=mem.optimizer,
         torch_compile=mem.torch_compile,
         include_num_input_tokens_seen="non_padding",
@@ -73,6 +79,7 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         remove_unused_columns=False,
         disable_tqdm=True,
         logging_first_step=True,
+        **objective,
     )
 
 
@@ -147,22 +154,27 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
 
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     tokenizer = load_tokenizer(recipe)
-    data = prepare_data(recipe, tokenizer)
-    model, args.use_liger_kernel = build_model(recipe)  # the Trainer patches the kernels in when it starts
-    collator = data_collator(recipe, tokenizer)
-    trace = RankTrace(events, collator) if tracing_ranks() else None
-    callbacks = [CheckpointInfoCallback(recipe, lock_text), EventsCallback(events), *([trace] if trace else [])]
+    callbacks = [CheckpointInfoCallback(recipe, lock_text), EventsCallback(events)]
     if profile_steps:
         callbacks.append(ProfilerCallback(run_dir / PROFILE_DIR, profile_steps))
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=data.train,
-        eval_dataset=data.eval,
-        data_collator=trace.collate if trace else collator,
-        processing_class=tokenizer,
-        callbacks=callbacks,
-    )
+    if recipe.objective.preference:
+        from tuner.train.preference import preference_trainer
+
+        trainer, data = preference_trainer(recipe, args, tokenizer, callbacks)
+    else:
+        data = prepare_data(recipe, tokenizer)
+        model, args.use_liger_kernel = build_model(recipe)  # the Trainer patches the kernels in when it starts
+        collator = data_collator(recipe, tokenizer)
+        trace = RankTrace(events, collator) if tracing_ranks() else None
+        trainer = Trainer(
+            model=model,
+            args=args,
+            train_dataset=data.train,
+            eval_dataset=data.eval,
+            data_collator=trace.collate if trace else collator,
+            processing_class=tokenizer,
+            callbacks=callbacks + ([trace] if trace else []),
+        )
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     final = run_dir / FINAL_DIR
     trainer.model.config.use_cache = True  # saved for inference
