@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.planner import advise, next_step, plan
+from tuner.planner.memory import AFTER_LOADING, ALWAYS
 from tuner.recipe.io import load_recipe, validate_recipe
 from tuner.recipe.registry import builtin_path
 
@@ -28,8 +29,8 @@ def term(memory_plan, category, device=0) -> float:
 
 def resident_weights(memory_plan, device=0) -> float:
     """The policy's weights that stay on the device all step (not ZeRO-3's gathered working modules)."""
-    return sum(i.bytes for i in memory_plan.devices[device].items
-               if i.category == "weights" and i.phase == "always" and "gathered" not in i.name)
+    return sum(i.bytes for i in memory_plan.devices[device].items  # host RAM holds them once loading is over
+               if i.category == "weights" and i.phase in (ALWAYS, AFTER_LOADING) and "gathered" not in i.name)
 
 
 @pytest.mark.parametrize("memory", [dict(), dict(distributed="deepspeed", zero_stage=1),
@@ -90,7 +91,7 @@ def test_dpo_puts_chosen_and_rejected_through_one_forward():
 def test_fused_head_replaces_the_logits_buffers():
     dpo = plan(recipe(gpus=1, gpu="H200", micro_batch_size=4, max_seq_length=4096))
     sft = plan(recipe(objective="sft", gpus=1, gpu="H200", micro_batch_size=8, max_seq_length=4096))
-    assert [i.source for i in dpo.gpu.items if i.category == "logits_loss"] == ["trl-fused-head"]
+    assert {i.source for i in dpo.gpu.items if i.category == "logits_loss"} == {"trl-fused-head"}  # step and eval
     assert not any("logits segment" in i.name for i in dpo.gpu.items)
     # 32k tokens x 128k vocabulary: SFT's fp32 logits buffers (~47 GiB) against 4096 x 32768 tiles and the head's
     # fp32 weight gradient (~2 GiB)

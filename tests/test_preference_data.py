@@ -71,16 +71,15 @@ def test_bad_pairs_are_named_by_file_line_before_training(tmp_path):
     with pytest.raises(DataError) as caught:
         split_samples(recipe_for(path))
     message = str(caught.value)
-    assert message.startswith(f"data.source: 7 of 8 samples cannot be read as preference samples: ")
-    assert "line 2: 'chosen' is empty" in message
-    assert "line 3: 'rejected' is empty" in message
-    assert "line 4: 'chosen' and 'rejected' are the same answer" in message
-    assert "line 5: 'chosen' and 'rejected' are the same answer" in message
-    assert "line 6: 'chosen' and 'rejected' mix text and messages" in message
-    assert "(and 2 more)" in message  # lines 7 (text without prompt) and 8 (nothing shared to take it from)
-    with pytest.raises(DataError, match="line 1: 'prompt' is missing \\(text pairs need it"):
+    assert message.startswith(f"data.source: {path}:2: 'chosen' is empty; 6 more of 8 rows cannot be used: ")
+    assert "line 3 ('rejected' is empty)" in message
+    assert "line 4 ('chosen' and 'rejected' are the same answer" in message
+    assert "line 5 ('chosen' and 'rejected' are the same answer" in message
+    assert "line 6 ('chosen' and 'rejected' mix text and messages" in message
+    assert "line 7 ('prompt' is missing" in message and "(and 1 more)" in message  # line 8: nothing shared
+    with pytest.raises(DataError, match="t.jsonl:1: 'prompt' is missing \\(text pairs need it"):
         split_samples(recipe_for(write_jsonl(tmp_path / "t.jsonl", [rows[6]])))
-    with pytest.raises(DataError, match="line 1: no 'prompt', and 'chosen' and 'rejected' share no opening turn"):
+    with pytest.raises(DataError, match="c.jsonl:1: no 'prompt', and 'chosen' and 'rejected' share no opening turn"):
         split_samples(recipe_for(write_jsonl(tmp_path / "c.jsonl", [rows[7]])))
 
 
@@ -97,7 +96,7 @@ def test_kto_reads_labelled_completions_and_refuses_labels_that_are_not_booleans
     train, _, data_format = split_samples(recipe_for(write_jsonl(tmp_path / "u.jsonl", UNPAIRED), objective="kto"))
     assert data_format == "unpaired_preference" and sorted(train["label"]) == [False, True]
     bad = write_jsonl(tmp_path / "bad.jsonl", [UNPAIRED[0], {**UNPAIRED[1], "label": "no"}])
-    with pytest.raises(DataError, match="line 2: 'label' must be true \\(desirable\\) or false"):
+    with pytest.raises(DataError, match="bad.jsonl:2: 'label' must be true \\(desirable\\) or false"):
         split_samples(recipe_for(bad, objective="kto"))
 
 

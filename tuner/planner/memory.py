@@ -682,7 +682,12 @@ def _eval_items(s: _Setup) -> list[Item]:
     f = s.facts
     tokens = s.batch * s.seq
     per_layer = (layer_activation_bytes_per_token(s) + layer_score_bytes_per_token(s)) * tokens
-    if s.liger or s.chunked_loss:
+    if s.objective != "sft":  # TRL's fused log-prob head, forward only
+        from tuner.planner.preference import head_transient_bytes
+
+        loss = Item("evaluation: the fused log-prob head's forward tiles", "logits_loss",
+                    head_transient_bytes(s, tokens, backward=False), EVAL, source="trl-fused-head")
+    elif s.liger or s.chunked_loss:
         rows = min(tokens, _next_power_of_two(tokens / math.ceil(f.vocab_size / f.hidden_size)))
         loss = Item("evaluation: one logits chunk of the fused loss", "logits_loss", rows * f.vocab_size * 4, EVAL,
                     source="liger" if s.liger else "torch-lce")
@@ -797,9 +802,12 @@ def _allocator_items(tensors: float, loss_bytes: float) -> list[Item]:
     temporaries (parameter-shaped) fill the segments the loss buffers left only in part: all of them count.
     Measured on an H200 (docs/memory.md); a fused or chunked loss scales both with its own buffers.
     """
+    rounding = Item(f"caching-allocator rounding and split blocks ({ALLOCATOR_ROUNDING:.0%} of tensors)", "overhead",
+                    ALLOCATOR_ROUNDING * tensors, source="allocator", level="reserved")
+    if not loss_bytes:  # TRL's fused head (dpo/kto) reuses one tile buffer: no loss segments to cache
+        return [rounding]
     return [
-        Item(f"caching-allocator rounding and split blocks ({ALLOCATOR_ROUNDING:.0%} of tensors)", "overhead",
-             ALLOCATOR_ROUNDING * tensors, source="allocator", level="reserved"),
+        rounding,
         Item("cached fp32 logits segment (a third of the loss buffers)", "overhead", loss_bytes / 3, BACKWARD,
              source="allocator", level="reserved"),
         Item("cached segments of the loss buffers, partly refilled by the step", "overhead", loss_bytes, STEP,
