@@ -393,3 +393,37 @@ async def test_the_mouse_works_from_the_first_click():
         await pilot.click(fsdp)  # disabled: nothing happens
         await pilot.pause()
         assert app.draft.value("memory.distributed") == "deepspeed"
+
+
+@pilot_test
+async def test_the_objective_is_chosen_with_the_method_and_its_reference_shows_in_the_plan():
+    app = make_app(demo_draft({"data.source": "builtin:reverse-pairs", "data.format": "preference"}))
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("method")
+        await pilot.pause()
+        objective = app.screen.query_one("#objective-kind", ChoiceField)
+        assert not app.draft.valid  # sft does not read pairs; the conflict is said under the data format
+        assert "objective sft reads text or instruction or chat data, not preference" in app.draft.reason("data.format")
+        assert not objective.button("dpo").disabled
+        assert not app.screen.query_one("#preference").display
+        objective.radio_set.focus()
+        await pilot.press("right", "enter")  # sft -> dpo
+        await wait_until(pilot, lambda: app.draft.value("objective.kind") == "dpo" and app.plan is not None
+                         and "reference_model" in app.plan.devices[0].terms)
+        assert app.screen.query_one("#preference").display and app.draft.valid
+        assert app.plan.devices[0].terms["reference_model"] > 0  # full fine-tuning keeps a frozen copy
+
+        app.screen.query_one("#objective-precompute_ref_log_probs", ToggleField).checkbox.focus()
+        await pilot.press("space")
+        await wait_until(pilot, lambda: app.plan.devices[0].terms.get("reference_model", 0) == 0)
+        assert app.draft.value("objective.precompute_ref_log_probs") is True
+        assert any(device.kind == "pass" for device in app.plan.devices)  # the log-prob pass before training
+
+        app.switch_mode("training")
+        await pilot.pause()
+        tracker = app.screen.query_one("#tracker", ChoiceField)
+        tracker.radio_set.focus()
+        await pilot.press("right", "enter")  # none -> tensorboard
+        await pilot.pause()
+        assert app.draft.value("training.report_to") == ["tensorboard"]
+        assert "objective:\n  kind: dpo" in app.draft.to_yaml() and "report_to:\n  - tensorboard" in app.draft.to_yaml()

@@ -18,7 +18,7 @@ from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from tuner.planner import Advice
-from tuner.recipe.schema import FsdpSection, MemorySection, MethodSection, Recipe
+from tuner.recipe.schema import FsdpSection, MemorySection, MethodSection, ObjectiveSection, Recipe
 from tuner.tui.draft import Changes
 from tuner.tui.messages import DiskChecked, PlanUpdated
 from tuner.tui.planning import CannotPlan, worth_showing
@@ -78,6 +78,12 @@ class MethodScreen(WizardScreen):
         self.advised_recipe: Recipe | None = None
         with Horizontal(classes="body"):
             with VerticalScroll(classes="form", id="method-form", can_focus=False):  # tab goes to the fields
+                yield ChoiceField("Objective", value_choices("objective.kind", ["sft", "dpo", "kto"]),
+                                  id="objective-kind", help=_help(ObjectiveSection, "kind"))
+                with Horizontal(classes="pair", id="preference"):  # shown for dpo and kto
+                    yield InputField("Beta", "objective.beta", number=True)
+                    yield ToggleField("Precompute reference", "objective.precompute_ref_log_probs",
+                                      help=_help(ObjectiveSection, "precompute_ref_log_probs"))
                 yield ChoiceField("Method", METHODS, id="method-kind", help=_help(MethodSection, "kind"))
                 with Horizontal(classes="pair"):
                     yield InputField("LoRA rank", "method.lora.r", number=True)
@@ -117,7 +123,7 @@ class MethodScreen(WizardScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.query_one("#method-kind").query_one("RadioSet").focus(scroll_visible=False)
+        self.query_one("#objective-kind").query_one("RadioSet").focus(scroll_visible=False)
         form = self.query_one("#method-form", VerticalScroll)
         self.call_after_refresh(form.scroll_home, animate=False)  # the radio set scrolls its choice in: keep the label
 
@@ -128,6 +134,7 @@ class MethodScreen(WizardScreen):
         panel.plan, panel.status, panel.disk = app.plan, app.plan_status, app.disk_check
         self.query_one("#autofit", Button).disabled = app.draft.plannable is None
         self.query_one("#fsdp-sharding").display = app.draft.value("memory.distributed") == "fsdp"
+        self.query_one("#preference").display = app.draft.value("objective.kind") in ("dpo", "kto")
         self._follow_draft()
 
     def on_plan_updated(self, message: PlanUpdated) -> None:

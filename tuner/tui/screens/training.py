@@ -5,7 +5,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 
 from tuner.tui.screens.base import WizardScreen
-from tuner.tui.widgets.fields import ChoiceField, InputField, value_choices
+from tuner.recipe.schema import TRACKERS, TrainingSection
+from tuner.tui.widgets.fields import Choice, ChoiceField, InputField, value_choices
 
 
 class TrainingScreen(WizardScreen):
@@ -30,3 +31,6 @@ class TrainingScreen(WizardScreen):
                     yield InputField("Eval every", "training.eval_steps", number=True, placeholder="each epoch")
                 yield InputField("Output directory", "output.dir", placeholder="runs/<name>")
                 yield InputField("Resume", "training.resume", placeholder="never, auto or a checkpoint directory")
+                yield ChoiceField("Tracker", [Choice("none", {"training.report_to": []}),
+                                              *(Choice(name, {"training.report_to": [name]}) for name in TRACKERS)],
+                                  id="tracker", help=TrainingSection.model_fields["report_to"].description or "")

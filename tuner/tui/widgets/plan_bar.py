@@ -10,11 +10,11 @@ from tuner.planner import DevicePlan, MemoryPlan
 
 TERM_STYLES = {
     "weights": "bold #5f87ff",
+    "reference_model": "bold #8787d7",  # dpo/kto's frozen copy: a paler weights colour
     "lora_adapter": "bold #87d7ff",
     "gradients": "bold #d75fd7",
     "optimizer": "bold #d7af00",
     "activations": "bold #5faf5f",
-    "logits": "bold #00afaf",
     "logits_loss": "bold #00afaf",
     "overhead": "bold #8a8a8a",
 }
