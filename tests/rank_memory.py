@@ -131,11 +131,12 @@ def trace(engine_name: str, precision: str, config, rank: int) -> dict:
 
 def main(out_dir: str, model_dir: str, *runs: str) -> int:
     """Trace each ENGINE:PRECISION of ``runs`` in turn, in one process group."""
-    import deepspeed
     import torch.distributed as dist
     from transformers import AutoConfig
 
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)  # one gloo group for both engines
+    from tuner.train.deepspeed_cpu import init_cpu_deepspeed
+
+    init_cpu_deepspeed()  # one gloo group for both engines
     rank = int(os.environ["RANK"])
     config = AutoConfig.from_pretrained(model_dir)
     config.use_cache = False

@@ -146,13 +146,12 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     # everything a user can fix is checked before the model is built: resume settings, then the data
     resume = resume_checkpoint(recipe, run_dir, int(os.environ.get("WORLD_SIZE", 1)))
     configure_trackers(recipe, run_dir)
+    if recipe.memory.distributed == "deepspeed" and not recipe.uses_gpu:
+        from tuner.train.deepspeed_cpu import init_cpu_deepspeed
+
+        init_cpu_deepspeed()  # before the arguments: they set up Accelerate's state, which starts DeepSpeed's too
     # before the model: under ZeRO-3 the arguments' DeepSpeed config makes from_pretrained shard while loading
     args = training_arguments(recipe, run_dir)
-    if recipe.memory.distributed == "deepspeed" and not recipe.uses_gpu:
-        # Accelerate sets up DeepSpeed's communication only on accelerators; ZeRO-3's sharded load needs it
-        import deepspeed
-
-        deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     tokenizer = load_tokenizer(recipe)
     callbacks = [CheckpointInfoCallback(recipe, lock_text), EventsCallback(events)]
     if profile_steps:
