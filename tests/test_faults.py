@@ -90,7 +90,8 @@ def test_a_truncated_checkpoint_is_skipped_on_resume_with_a_message(tmp_path, ca
 
     prepared = prepare_run(load_recipe(builtin_path("demo"), [*SMALL, "training.max_steps=6"]), output_dir=run_dir)
     prepared.release()
-    told = prepared.notes
+    data, *told = prepared.notes
+    assert data.startswith("data: ") and "samples to train on" in data
     assert told[0].startswith(f"skipping {run_dir / 'checkpoints' / 'checkpoint-4'}: model.safetensors: truncated (")
     assert told[1] == f"resuming from {run_dir / 'checkpoints' / 'checkpoint-2'}"
     assert train_main([str(run_dir / "recipe.lock.yaml")]) == 0

@@ -237,9 +237,9 @@ def advise(recipe, limit: int = 5) -> list[Advice]:
         elif limiting.kind == "cpu":
             fix = "give the run more RAM (hardware.host_ram_gb), shorten max_seq_length, or train on a GPU"
         else:
-            fix = "add GPUs, use larger ones, shorten max_seq_length" + (
-                "" if recipe.method.allow_method_change or recipe.method.kind == "qlora"
-                else ", or set method.allow_method_change to allow LoRA/QLoRA")
+            fix = "add GPUs, use larger ones, shorten max_seq_length"
+        if not (recipe.method.allow_method_change or recipe.method.kind == "qlora"):
+            fix += ", or set method.allow_method_change to allow LoRA/QLoRA"  # smaller in every phase
         why = (f"nothing fits on {limiting.name}: {memory_plan.missing_gib:.1f} GiB missing while {limiting.moment} "
                f"even with {rung_list(changes) or 'the recipe as is'}; {fix}.")
         return [Advice(candidate, memory_plan, cost, [why] + _reasons(candidate, changes, before, memory_plan), changes,

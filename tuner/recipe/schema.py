@@ -377,7 +377,9 @@ class TrainingSection(Section):
     def _a_list_of_distinct_trackers(cls, value):
         """``report_to: tensorboard`` means a list of one; naming a tracker twice means it once."""
         value = [value] if isinstance(value, str) else value
-        return list(dict.fromkeys(value)) if isinstance(value, list) else value
+        if isinstance(value, list) and all(isinstance(item, str) for item in value):
+            return list(dict.fromkeys(value))
+        return value  # anything else is for the field's type to refuse, naming it
 
 
 class OutputSection(Section):

@@ -78,18 +78,18 @@ class MethodScreen(WizardScreen):
         self.advised_recipe: Recipe | None = None
         with Horizontal(classes="body"):
             with VerticalScroll(classes="form", id="method-form", can_focus=False):  # tab goes to the fields
-                yield ChoiceField("Objective", value_choices("objective.kind", ["sft", "dpo", "kto"]),
-                                  id="objective-kind", help=_help(ObjectiveSection, "kind"))
-                with Horizontal(classes="pair", id="preference"):  # shown for dpo and kto
-                    yield InputField("Beta", "objective.beta", number=True)
-                    yield ToggleField("Precompute reference", "objective.precompute_ref_log_probs",
-                                      help=_help(ObjectiveSection, "precompute_ref_log_probs"))
                 yield ChoiceField("Method", METHODS, id="method-kind", help=_help(MethodSection, "kind"))
                 with Horizontal(classes="pair"):
                     yield InputField("LoRA rank", "method.lora.r", number=True)
                     yield InputField("LoRA alpha", "method.lora.alpha", number=True)
                 yield ToggleField("Auto-fit may switch to LoRA / QLoRA", "method.allow_method_change",
                                   help=_help(MethodSection, "allow_method_change"))
+                yield ChoiceField("Objective", value_choices("objective.kind", ["sft", "dpo", "kto"]),
+                                  id="objective-kind", help=_help(ObjectiveSection, "kind"))
+                with Horizontal(classes="pair", id="preference"):  # shown for dpo and kto
+                    yield InputField("Beta", "objective.beta", number=True)
+                    yield ToggleField("Precompute reference", "objective.precompute_ref_log_probs",
+                                      help=_help(ObjectiveSection, "precompute_ref_log_probs"))
                 yield ChoiceField("Distribution", DISTRIBUTION, id="distribution",
                                   help=_help(MemorySection, "distributed"))
                 yield ChoiceField("FSDP sharding", value_choices(
@@ -123,7 +123,7 @@ class MethodScreen(WizardScreen):
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.query_one("#objective-kind").query_one("RadioSet").focus(scroll_visible=False)
+        self.query_one("#method-kind").query_one("RadioSet").focus(scroll_visible=False)
         form = self.query_one("#method-form", VerticalScroll)
         self.call_after_refresh(form.scroll_home, animate=False)  # the radio set scrolls its choice in: keep the label
 
