@@ -115,15 +115,14 @@ def eval_metric(events: list[dict], key: str) -> list[float]:
 
 
 @pytest.mark.slow
-def test_demo_dpo_after_a_short_sft_raises_held_out_reward_accuracy_and_margin(tmp_path, tuner_cli, demo_model_path):
-    """`tuner run demo` (cut short), then `tuner run demo-dpo` from its result, in the same directory."""
-    sft = tuner_cli("run", "demo", "--set", "training.max_steps=40", "--set", "memory.micro_batch_size=16",
-                    "--set", "data.max_samples=640", "--set", "training.warmup_steps=5", cwd=tmp_path, timeout=300)
-    assert sft.returncode == 0, sft.stdout + sft.stderr
+@pytest.mark.xdist_group("trained-demo")
+def test_demo_dpo_after_sft_raises_held_out_reward_accuracy_and_margin(trained_demo, tuner_cli):
+    """`tuner run demo` (the shared trained demo), then `tuner run demo-dpo` from its result, in the same directory."""
+    workdir = trained_demo.parent.parent  # where `tuner run demo` ran: demo-dpo's model.id is runs/demo/final
     dpo = tuner_cli("run", "demo-dpo", "--set", "training.max_steps=12", "--set", "training.eval_steps=6",
-                    "--set", "data.max_samples=320", "--set", "memory.micro_batch_size=8", cwd=tmp_path, timeout=300)
+                    "--set", "data.max_samples=320", "--set", "memory.micro_batch_size=8", cwd=workdir, timeout=300)
     assert dpo.returncode == 0, dpo.stdout + dpo.stderr
-    run_dir = tmp_path / "runs" / "demo-dpo"
+    run_dir = workdir / "runs" / "demo-dpo"
     events = read_events(run_dir / "events.jsonl")
     accuracy, margin = eval_metric(events, "rewards/accuracies"), eval_metric(events, "rewards/margins")
     assert len(accuracy) == len(margin) == 3  # before training (step 0), at step 6 and at the end
