@@ -55,3 +55,13 @@ def trained_demo(tmp_path_factory) -> Path:
                         "--set", "memory.max_seq_length=24", cwd=cwd)
     assert trained.returncode == 0, trained.stderr[-2000:]
     return cwd / "runs" / "demo"
+
+
+def process_running(pid: int) -> bool:
+    """Whether ``pid`` still runs (a killed rank can linger a moment as a zombie until init reaps it)."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, process_running
 from tuner.events import read_events
 
 
@@ -68,14 +68,6 @@ def test_a_plan_that_does_not_fit_is_refused_unless_forced(tmp_path, tuner_cli):
     assert forced.returncode == 0, forced.stderr
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.slow
 def test_ctrl_c_stops_every_rank_and_names_the_last_checkpoint(tmp_path, demo_model_path):
     command = [sys.executable, "-m", "tuner", "run", "demo", *sets(
@@ -100,4 +92,4 @@ def test_ctrl_c_stops_every_rank_and_names_the_last_checkpoint(tmp_path, demo_mo
     assert "last complete checkpoint: runs/stop/checkpoints/checkpoint-" in err, err
     assert "--resume" in err
     time.sleep(1)
-    assert not [pid for pid in rank_pids if alive(pid)], "a rank outlived Ctrl-C"
+    assert not [pid for pid in rank_pids if process_running(pid)], "a rank outlived Ctrl-C"

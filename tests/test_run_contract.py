@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO
+from conftest import REPO, process_running
 
 from tuner.events import read_events, write_event
 from tuner.launch.run import RunRefused, prepare_run
@@ -137,16 +137,6 @@ def _training_pids(events_file) -> list[int]:
     return [e["pid"] for e in read_events(events_file) if e["event"] == "rank_batch"]
 
 
-def _alive(pid: int) -> bool:
-    """Running (a killed rank can linger a moment as a zombie until init reaps it)."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_signal_to_tuner_stops_every_rank(sig, tmp_path, demo_model_path):
@@ -168,5 +158,5 @@ def test_a_signal_to_tuner_stops_every_rank(sig, tmp_path, demo_model_path):
     assert tuner.returncode == 128 + sig, err
     assert f"stopped by {signal.Signals(sig).name}" in err and "Start again with: tuner run runs/sig/recipe.lock.yaml" in err
     time.sleep(1)
-    assert not [pid for pid in ranks if _alive(pid)], "a rank outlived the signal"
+    assert not [pid for pid in ranks if process_running(pid)], "a rank outlived the signal"
     assert not lock_path(tmp_path / "runs" / "sig").exists(), "the lock is released"

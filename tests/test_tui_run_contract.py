@@ -7,6 +7,8 @@ import signal
 
 import pytest
 from textual.widgets import Button, Static
+
+from conftest import process_running
 from tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, pilot_test, wait_until
 
 from tuner.events import read_events
@@ -74,16 +76,6 @@ async def test_a_two_machine_recipe_shows_the_per_machine_commands_and_launches_
         assert not lock_path(in_tmp / "runs" / "two").exists()
 
 
-def _alive(pid: int) -> bool:
-    """Running (a killed rank can linger a moment as a zombie until init reaps it)."""
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 @pytest.mark.slow
 @pilot_test
 async def test_sigterm_to_the_wizard_stops_every_rank_before_it_exits(in_tmp, demo_model_path, monkeypatch):
@@ -102,5 +94,5 @@ async def test_sigterm_to_the_wizard_stops_every_rank_before_it_exits(in_tmp, de
         app.handle_stop_signal(signal.SIGTERM)  # what the loop's SIGTERM handler calls
         await wait_until(pilot, lambda: not app.is_running, timeout=60)
     assert app.return_code == 128 + signal.SIGTERM
-    assert not [pid for pid in pids if _alive(pid)], "a rank outlived the wizard"
+    assert not [pid for pid in pids if process_running(pid)], "a rank outlived the wizard"
     assert not lock_path(run_dir).exists()

@@ -96,15 +96,25 @@ def atomic_write_text(path: str | os.PathLike, text: str, mode: int | None = Non
         raise
 
 
-def _write_then_rename(path: Path, text: str, mode: int | None) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _synced_temporary(path: Path, text: str, mode: int) -> str:
+    """``text`` in a hidden temporary file beside ``path``, synced to disk with ``mode``; the caller moves it."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as stream:
             stream.write(text)
             stream.flush()
             os.fsync(stream.fileno())
-        os.chmod(tmp, _default_mode(path) if mode is None else mode)
+        os.chmod(tmp, mode)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def _write_then_rename(path: Path, text: str, mode: int | None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _synced_temporary(path, text, _default_mode(path) if mode is None else mode)
+    try:
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -118,13 +128,8 @@ def create_exclusive_text(path: str | os.PathLike, text: str) -> Path:
     all: the text is written to a temporary file first and then hard-linked into place, which fails if the name
     exists.  Two processes racing for the same name: exactly one wins, and nobody reads a half-written file."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = _synced_temporary(path, text, 0o666 & ~_umask())
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
         os.link(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
