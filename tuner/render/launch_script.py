@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 
 from tuner.recipe.schema import Recipe
-from tuner.render.launch_command import launch_argv, shell_command
+from tuner.render.launch_command import launch_argv, preflight_argv, shell_command
 from tuner.run_layout import LAUNCH_SCRIPT, SLURM_LOG, SLURM_SCRIPT
 
 MAIN_PROCESS_IP_VARIABLE = "MAIN_PROCESS_IP"
@@ -61,9 +61,14 @@ def render_launch_script(recipe: Recipe, run_dir: str | Path) -> str:
         f"main_process_ip=${{{MAIN_PROCESS_IP_VARIABLE}:-{ip}}}",
     ]
     placeholders = {"@RANK@": '"$machine_rank"', "@IP@": '"$main_process_ip"'}
-    argv = launch_argv(run_dir, machine_rank="@RANK@", main_process_ip="@IP@")
-    command = " ".join(placeholders.get(arg, shlex.quote(arg)) for arg in argv)
-    lines.append(f'exec {command} "$@"')
+
+    def with_placeholders(argv: list[str]) -> str:
+        return " ".join(placeholders.get(arg, shlex.quote(arg)) for arg in argv)
+
+    # the multi-machine preflight (tuner/preflight.py): a wrong rank, an unreachable rank 0 or a variable that
+    # contradicts this launch is named here, before a rendezvous that would wait for it
+    lines.append(with_placeholders(preflight_argv(run_dir, "@RANK@")))
+    lines.append(f'exec {with_placeholders(launch_argv(run_dir, machine_rank="@RANK@", main_process_ip="@IP@"))} "$@"')
     return "\n".join(lines) + "\n"
 
 
