@@ -206,9 +206,13 @@ def exchange_fingerprints(fingerprint: dict) -> list[dict]:
 
 def check_same_machines(fingerprint: dict | None = None) -> list[dict]:
     """After the rendezvous, on every rank: the gathered fingerprints, or MachinesDiffer (raised on every rank
-    alike, so all of them stop instead of some waiting in a collective)."""
+    alike, so all of them stop instead of some waiting in a collective).  Before raising, the process group is
+    taken down: left up, gloo aborts the process at exit once a peer has gone (seen here 1 time in 6)."""
+    import torch.distributed as dist
+
     gathered = exchange_fingerprints(fingerprint if fingerprint is not None else machine_fingerprint())
     difference = fingerprint_difference(gathered)
     if difference:
+        dist.destroy_process_group()
         raise MachinesDiffer([difference])
     return gathered
