@@ -1,4 +1,4 @@
-"""``launch.sh`` (the exact launch command, shell-quoted) and, for GPU runs, ``slurm.sbatch``.
+"""``launch.sh`` (the exact launch command, shell-quoted) and, for GPU and multi-machine runs, ``slurm.sbatch``.
 
 On several machines the same ``accelerate launch`` runs once per machine, each with its own
 ``--machine_rank``; launch.sh takes that rank as its argument and the Slurm script starts it on
@@ -72,6 +72,11 @@ def render_launch_script(recipe: Recipe, run_dir: str | Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def has_slurm_script(recipe: Recipe) -> bool:
+    """GPU runs and multi-machine runs get a ``slurm.sbatch`` (a one-machine CPU run has no use for a cluster)."""
+    return recipe.uses_gpu or recipe.hardware.machines > 1
+
+
 def render_slurm_script(recipe: Recipe, run_dir: str | Path) -> str:
     """An sbatch script: one task per node, each running launch.sh (with its rank on several nodes)."""
     run_dir = Path(run_dir)
@@ -84,8 +89,9 @@ def render_slurm_script(recipe: Recipe, run_dir: str | Path) -> str:
         f"#SBATCH --job-name={recipe.name}",
         f"#SBATCH --nodes={hw.machines}",
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={hw.gpus_per_machine}",
     ]
+    if hw.gpus_per_machine:  # a CPU job asks for no GPUs: --gpus-per-node=0 is refused where no GPU is configured
+        lines.append(f"#SBATCH --gpus-per-node={hw.gpus_per_machine}")
     if re.fullmatch(r"[A-Za-z0-9._/-]+", str(run_dir)):  # #SBATCH lines take no shell quoting
         lines.append(f"#SBATCH --output={run_dir}/{SLURM_LOG}")
     lines.append("set -euo pipefail")
