@@ -1,4 +1,5 @@
-"""Multi-machine runs proven on one host: two machine ranks over localhost train one run, and the preflight
+"""Multi-machine runs proven on one host: two machine ranks over localhost train one run (started by hand with
+launch.sh, and by a real two-node Slurm cluster when Slurm is installed), and the preflight
 turns the usual multi-node hangs (a wrong rank, an unreachable rank 0, contradicting variables, machines with
 different libraries) into named messages."""
 from __future__ import annotations
@@ -11,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from slurm_cluster import slurm_cluster, slurm_missing
 from test_cpu_ranks import check_data_parallel_run, free_port
 
 from conftest import REPO
@@ -18,7 +20,7 @@ from tuner.cli import main
 from tuner.events import read_events
 from tuner.preflight import check_interfaces, fingerprint_difference, machine_checks
 from tuner.recipe.io import validate_recipe
-from tuner.run_layout import EVENTS_FILE, LAUNCH_SCRIPT
+from tuner.run_layout import EVENTS_FILE, LAUNCH_SCRIPT, SLURM_SCRIPT
 
 TWO_CPU_MACHINES = {"machines": 2, "main_process_ip": "127.0.0.1", "main_process_port": 29400}
 
@@ -44,14 +46,25 @@ def start_machine(script: Path, rank: int, cwd: Path, env: dict[str, str]) -> su
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ranks")
-def test_two_machines_on_localhost_train_one_run(tmp_path, tuner_cli, demo_model_path):
+def render_two_machine_run(project: Path, tuner_cli) -> Path:
+    """The demo on two CPU machines (one gloo process each), a few steps: its run directory, rendered."""
     settings = ["name=two", "hardware.machines=2", "hardware.main_process_ip=127.0.0.1",
                 f"hardware.main_process_port={free_port()}", "memory.distributed=ddp", "training.max_steps=6",
                 "training.warmup_steps=0", "training.logging_steps=1", "data.max_samples=120", "data.eval_fraction=0",
                 "memory.micro_batch_size=4"]
-    rendered = tuner_cli("render", "demo", *(arg for setting in settings for arg in ("--set", setting)), cwd=tmp_path)
+    rendered = tuner_cli("render", "demo", *(arg for setting in settings for arg in ("--set", setting)), cwd=project)
     assert rendered.returncode == 0, rendered.stderr
-    run_dir = tmp_path / "runs" / "two"
+    return project / "runs" / "two"
+
+
+def check_two_machine_run(run_dir: Path, initial_model: Path) -> None:
+    check_data_parallel_run(run_dir, initial_model)
+    (joined,) = [event for event in read_events(run_dir / EVENTS_FILE) if event["event"] == "machines"]
+    assert [machine["machine_rank"] for machine in joined["machines"]] == [0, 1]
+
+
+def test_two_machines_on_localhost_train_one_run(tmp_path, tuner_cli, demo_model_path):
+    run_dir = render_two_machine_run(tmp_path, tuner_cli)
     env = machine_env(TUNER_TRACE_RANKS="1")
     machines = [start_machine(run_dir / LAUNCH_SCRIPT, rank, tmp_path, env) for rank in (0, 1)]
     try:
@@ -64,9 +77,24 @@ def test_two_machines_on_localhost_train_one_run(tmp_path, tuner_cli, demo_model
     for rank, (machine, output) in enumerate(zip(machines, outputs)):
         assert machine.returncode == 0, f"machine {rank}:\n{output[-4000:]}"
         assert f"machine {rank} of 2" in output  # its preflight ran before the rendezvous
-    check_data_parallel_run(run_dir, demo_model_path)
-    (joined,) = [event for event in read_events(run_dir / EVENTS_FILE) if event["event"] == "machines"]
-    assert [machine["machine_rank"] for machine in joined["machines"]] == [0, 1]
+    check_two_machine_run(run_dir, demo_model_path)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ranks")
+@pytest.mark.skipif(bool(slurm_missing()), reason=slurm_missing() or "")
+def test_the_rendered_sbatch_runs_on_a_real_two_node_slurm_cluster(tmp_path, tuner_cli, demo_model_path):
+    """sbatch --wait of the rendered slurm.sbatch: the job completes and the run is the same complete run."""
+    run_dir = render_two_machine_run(tmp_path, tuner_cli)
+    with slurm_cluster() as cluster:
+        env = {**machine_env(TUNER_TRACE_RANKS="1"), "SLURM_CONF": cluster["SLURM_CONF"]}
+        job = subprocess.run(["sbatch", "--wait", str(run_dir.relative_to(tmp_path) / SLURM_SCRIPT)], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=300)
+    (log,) = run_dir.glob("slurm-*.log")
+    assert job.returncode == 0, job.stdout + job.stderr + log.read_text()[-4000:]
+    output = log.read_text()
+    assert "machine 0 of 2" in output and "machine 1 of 2" in output  # each node's preflight
+    check_two_machine_run(run_dir, demo_model_path)
 
 
 MISMATCH_RANK = textwrap.dedent("""
