@@ -44,8 +44,6 @@ def start_machine(script: Path, rank: int, cwd: Path, env: dict[str, str]) -> su
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("ranks")
 def render_two_machine_run(project: Path, tuner_cli) -> Path:
     """The demo on two CPU machines (one gloo process each), a few steps: its run directory, rendered."""
     settings = ["name=two", "hardware.machines=2", "hardware.main_process_ip=127.0.0.1",
@@ -63,6 +61,8 @@ def check_two_machine_run(run_dir: Path, initial_model: Path) -> None:
     assert [machine["machine_rank"] for machine in joined["machines"]] == [0, 1]
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("ranks")
 def test_two_machines_on_localhost_train_one_run(tmp_path, tuner_cli, demo_model_path):
     run_dir = render_two_machine_run(tmp_path, tuner_cli)
     env = machine_env(TUNER_TRACE_RANKS="1")
