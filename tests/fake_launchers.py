@@ -1,7 +1,8 @@
-"""Fake ``accelerate``, ``srun`` and ``scontrol`` for running rendered scripts: what reached the launcher, exactly.
+"""Fake ``accelerate``, ``tuner``, ``srun`` and ``scontrol`` for running rendered scripts: what reached the launcher
+(and the multi-machine preflight, ``tuner doctor --preflight``), exactly.
 
-The fake ``accelerate`` appends its working directory and every argument it received (NUL-separated) to
-``$ARGV_DUMP``; ``srun`` runs its command once per node as that node; ``scontrol show hostnames`` lists two hosts.
+The fake ``accelerate`` and ``tuner`` append their working directory and every argument they received
+(NUL-separated) to ``$ARGV_DUMP``; ``srun`` runs its command once per node as that node; ``scontrol show hostnames`` lists two hosts.
 """
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import os
 import subprocess
 from pathlib import Path
 
-from tuner.render.launch_command import launch_argv
+from tuner.render.launch_command import launch_argv, preflight_argv
 from tuner.run_layout import LAUNCH_SCRIPT, SLURM_SCRIPT
 
 END_OF_CALL = "--end-of-call--"
 FIRST_HOST = "node001"
 FAKES = {
     "accelerate": f'#!/usr/bin/env bash\nprintf "%s\\0" "$PWD" "$@" "{END_OF_CALL}" >> "$ARGV_DUMP"\n',
+    "tuner": f'#!/usr/bin/env bash\nprintf "%s\\0" "$PWD" "$@" "{END_OF_CALL}" >> "$ARGV_DUMP"\n',
     "srun": '#!/usr/bin/env bash\nwhile [[ "$1" == -* ]]; do shift; done\n'
             'for ((node = 0; node < ${FAKE_NODES:-1}; node++)); do SLURM_NODEID=$node "$@" || exit; done\n',
     "scontrol": f'#!/usr/bin/env bash\n[[ "$1 $2" == "show hostnames" ]] || exit 1\nprintf "{FIRST_HOST}\\nnode002\\n"\n',
@@ -63,12 +65,14 @@ def run_rendered_scripts(project: Path, run_dir: str, recipe, env: dict[str, str
         for rank in range(machines):
             subprocess.run(["bash", str(script), str(rank)], cwd=outside, env=env, check=True, timeout=30)
             expected = launch_argv(run_dir, machine_rank=rank, main_process_ip=recipe.hardware.main_process_ip)
-            assert calls(env) == [[str(project), *expected[1:]]], run_dir
+            assert calls(env) == [[str(project), *preflight_argv(run_dir, rank)[1:]], [str(project), *expected[1:]]], run_dir
     sbatch = project / run_dir / SLURM_SCRIPT
     if sbatch.exists():  # sbatch runs the script from the directory it was submitted in
         subprocess.run(["bash", str(sbatch)], cwd=project, env={**env, "FAKE_NODES": str(machines)}, check=True,
                        timeout=30)
         expected = ([launch_argv(run_dir)] if machines == 1 else
-                    [launch_argv(run_dir, machine_rank=rank, main_process_ip=FIRST_HOST) for rank in range(machines)])
+                    [argv for rank in range(machines) for argv in (
+                        preflight_argv(run_dir, rank),
+                        launch_argv(run_dir, machine_rank=rank, main_process_ip=FIRST_HOST))])
         assert calls(env) == [[str(project), *argv[1:]] for argv in expected], run_dir
     assert not list(project.parent.rglob("pwned")), f"a value was executed by the shell ({run_dir})"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from render_cases import CASES, case_recipe
 
-from tuner.render.launch_command import launch_argv
+from tuner.render.launch_command import launch_argv, preflight_argv
 from tuner.render.run_directory import render_run_files, write_run_directory
 from tuner.run_layout import ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, LOCK_FILE, SLURM_SCRIPT
 
@@ -163,12 +163,14 @@ def test_deepspeed_json_sections():
 
 
 def fake_accelerate(tmp_path: Path) -> dict[str, str]:
-    """A PATH whose ``accelerate`` prints its arguments, one per line: shows exactly what launch.sh runs."""
+    """A PATH whose ``accelerate`` and ``tuner`` print their arguments, one per line: shows exactly what launch.sh
+    runs."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    stub = bin_dir / "accelerate"
-    stub.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "cwd=$PWD" accelerate "$@"\n')
-    stub.chmod(0o755)
+    for name in ("accelerate", "tuner"):
+        stub = bin_dir / name
+        stub.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "cwd=$PWD" {name} "$@"\n')
+        stub.chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
@@ -186,10 +188,12 @@ def test_launch_script_runs_the_exact_command_per_node(tmp_path):
     script = project / run_dir / LAUNCH_SCRIPT
     for rank in (0, 1):
         out = subprocess.run([str(script), str(rank)], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
-        assert out.stdout.splitlines() == [f"cwd={project}", *launch_argv(run_dir, machine_rank=rank, main_process_ip="10.0.0.1")]
+        assert out.stdout.splitlines() == [f"cwd={project}", *preflight_argv(run_dir, rank), f"cwd={project}",
+                                           *launch_argv(run_dir, machine_rank=rank, main_process_ip="10.0.0.1")]
     moved = subprocess.run([str(script), "1"], cwd=tmp_path, env={**env, "MAIN_PROCESS_IP": "node-a"},
                            capture_output=True, text=True, check=True)
-    assert moved.stdout.splitlines()[1:] == launch_argv(run_dir, machine_rank=1, main_process_ip="node-a")
+    expected = launch_argv(run_dir, machine_rank=1, main_process_ip="node-a")
+    assert moved.stdout.splitlines()[-len(expected):] == expected
     for bad in ([], ["2"], ["x"]):
         refused = subprocess.run([str(script), *bad], cwd=tmp_path, env=env, capture_output=True, text=True)
         assert refused.returncode != 0 and "MACHINE_RANK" in refused.stderr

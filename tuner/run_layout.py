@@ -4,7 +4,7 @@ merge, demo and the wizard read them.  Pure constants (bottom floor): any module
 runs/<name>/
   recipe.lock.yaml   the resolved recipe (every default explicit): the training entrypoint's only input
   accelerate.yaml    Accelerate's launch config;  deepspeed.json  when DeepSpeed is used
-  launch.sh          the exact launch command;     slurm.sbatch    for GPU runs
+  launch.sh          the exact launch command;     slurm.sbatch    for GPU and multi-machine runs
   events.jsonl       one JSON object per line (started, step, eval, checkpoint, memory, finished, error)
   train.log          every rank's output
   memory.json        the plan's prediction beside the measured peak, written at the end

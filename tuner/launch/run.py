@@ -28,7 +28,7 @@ from tuner.launch.summary import RunSummary, summarize_run
 from tuner.recipe.io import RecipeError, validate_recipe, with_output_dir
 from tuner.recipe.schema import Recipe
 from tuner.render.launch_command import launch_argv, shell_command
-from tuner.render.launch_script import node_commands
+from tuner.render.launch_script import has_slurm_script, node_commands
 from tuner.render.run_directory import check_run_directory, holds_only_rendered_files, write_run_directory
 from tuner.run_layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, SLURM_SCRIPT
 from tuner.run_lock import RunLock, RunLocked
@@ -73,7 +73,7 @@ class PreparedRun:
         count = len(self.machine_commands)
         lines = [f"{self.run_dir}: a run on {count} machines starts on each of them; run on machine N "
                  f"`{self.run_dir / LAUNCH_SCRIPT} N`"
-                 + (f", or submit `sbatch {self.run_dir / SLURM_SCRIPT}` on a Slurm cluster:" if self.recipe.uses_gpu else ":")]
+                 + (f", or submit `sbatch {self.run_dir / SLURM_SCRIPT}` on a Slurm cluster:" if has_slurm_script(self.recipe) else ":")]
         return lines + [f"  machine {rank}: {command}" for rank, command in enumerate(self.machine_commands)]
 
     def release(self) -> None:

@@ -28,9 +28,17 @@ def _topology(recipe: Recipe) -> list[Problem]:
             f"{hw.num_processes} processes do not match {hw.machines} machine(s) x {hw.gpus_per_machine} GPU(s) = "
             f"{hw.machines * hw.gpus_per_machine}; remove num_processes or make it equal machines x gpus_per_machine.",
         ))
-    if not hw.gpus_per_machine and hw.machines > 1:
+    if not hw.gpus_per_machine and hw.machines > 1 and hw.num_processes != hw.machines:
+        # tested: one gloo process per machine (tests/test_multi_machine.py); several per machine are not
         problems.append(Problem(
-            "hardware.machines", "multi-node runs need GPUs: set hardware.gpus_per_machine, or use machines: 1 on the CPU."))
+            "hardware.num_processes",
+            f"on the CPU a run on {hw.machines} machines starts one process on each: set num_processes to "
+            f"{hw.machines} (or remove it), or use machines: 1 for several processes on one machine."))
+    if not hw.gpus_per_machine and hw.machines > 1 and recipe.memory.distributed == "deepspeed":
+        problems.append(Problem(
+            "memory.distributed",
+            f"on the CPU a run on {hw.machines} machines is tested with ddp only: set distributed: ddp, or use "
+            "GPUs (hardware.gpus_per_machine) for deepspeed across machines."))
     if hw.machines > 1 and not hw.main_process_ip:
         problems.append(Problem(
             "hardware.main_process_ip", f"{hw.machines} machines need the address of machine rank 0 in hardware.main_process_ip.",

@@ -20,6 +20,11 @@ def launch_argv(run_dir: str | Path, machine_rank: int | str | None = None,
     return argv + ["-m", "tuner.train", str(run_dir / LOCK_FILE)]
 
 
+def preflight_argv(run_dir: str | Path, machine_rank: int | str) -> list[str]:
+    """The multi-machine preflight one machine runs before its rendezvous (``tuner doctor --preflight``)."""
+    return ["tuner", "doctor", "--preflight", "--machine-rank", str(machine_rank), str(Path(run_dir) / LOCK_FILE)]
+
+
 def shell_command(argv: list[str]) -> str:
     """The argument list as one shell-quoted line (for launch.sh and for showing the user)."""
     return shlex.join(argv)

@@ -1,4 +1,4 @@
-"""``launch.sh`` (the exact launch command, shell-quoted) and, for GPU runs, ``slurm.sbatch``.
+"""``launch.sh`` (the exact launch command, shell-quoted) and, for GPU and multi-machine runs, ``slurm.sbatch``.
 
 On several machines the same ``accelerate launch`` runs once per machine, each with its own
 ``--machine_rank``; launch.sh takes that rank as its argument and the Slurm script starts it on
@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 
 from tuner.recipe.schema import Recipe
-from tuner.render.launch_command import launch_argv, shell_command
+from tuner.render.launch_command import launch_argv, preflight_argv, shell_command
 from tuner.run_layout import LAUNCH_SCRIPT, SLURM_LOG, SLURM_SCRIPT
 
 MAIN_PROCESS_IP_VARIABLE = "MAIN_PROCESS_IP"
@@ -61,10 +61,20 @@ def render_launch_script(recipe: Recipe, run_dir: str | Path) -> str:
         f"main_process_ip=${{{MAIN_PROCESS_IP_VARIABLE}:-{ip}}}",
     ]
     placeholders = {"@RANK@": '"$machine_rank"', "@IP@": '"$main_process_ip"'}
-    argv = launch_argv(run_dir, machine_rank="@RANK@", main_process_ip="@IP@")
-    command = " ".join(placeholders.get(arg, shlex.quote(arg)) for arg in argv)
-    lines.append(f'exec {command} "$@"')
+
+    def with_placeholders(argv: list[str]) -> str:
+        return " ".join(placeholders.get(arg, shlex.quote(arg)) for arg in argv)
+
+    # the multi-machine preflight (tuner/preflight.py): a wrong rank, an unreachable rank 0 or a variable that
+    # contradicts this launch is named here, before a rendezvous that would wait for it
+    lines.append(with_placeholders(preflight_argv(run_dir, "@RANK@")))
+    lines.append(f'exec {with_placeholders(launch_argv(run_dir, machine_rank="@RANK@", main_process_ip="@IP@"))} "$@"')
     return "\n".join(lines) + "\n"
+
+
+def has_slurm_script(recipe: Recipe) -> bool:
+    """GPU runs and multi-machine runs get a ``slurm.sbatch`` (a one-machine CPU run has no use for a cluster)."""
+    return recipe.uses_gpu or recipe.hardware.machines > 1
 
 
 def render_slurm_script(recipe: Recipe, run_dir: str | Path) -> str:
@@ -79,8 +89,9 @@ def render_slurm_script(recipe: Recipe, run_dir: str | Path) -> str:
         f"#SBATCH --job-name={recipe.name}",
         f"#SBATCH --nodes={hw.machines}",
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={hw.gpus_per_machine}",
     ]
+    if hw.gpus_per_machine:  # a CPU job asks for no GPUs: --gpus-per-node=0 is refused where no GPU is configured
+        lines.append(f"#SBATCH --gpus-per-node={hw.gpus_per_machine}")
     if re.fullmatch(r"[A-Za-z0-9._/-]+", str(run_dir)):  # #SBATCH lines take no shell quoting
         lines.append(f"#SBATCH --output={run_dir}/{SLURM_LOG}")
     lines.append("set -euo pipefail")

@@ -9,7 +9,7 @@ from tuner.recipe.io import RecipeError, recipe_to_yaml, with_output_dir
 from tuner.recipe.schema import Recipe
 from tuner.render.accelerate_config import render_accelerate_config
 from tuner.render.deepspeed_config import render_deepspeed_config
-from tuner.render.launch_script import render_launch_script, render_slurm_script
+from tuner.render.launch_script import has_slurm_script, render_launch_script, render_slurm_script
 from tuner.run_layout import (
     ACCELERATE_CONFIG,
     DEEPSPEED_CONFIG,
@@ -43,7 +43,7 @@ def render_run_files(recipe: Recipe, run_dir: str | Path | None = None) -> dict[
     if deepspeed_file:
         files[DEEPSPEED_CONFIG] = render_deepspeed_config(recipe)
     files[LAUNCH_SCRIPT] = render_launch_script(recipe, run_dir)
-    if recipe.uses_gpu:
+    if has_slurm_script(recipe):
         files[SLURM_SCRIPT] = render_slurm_script(recipe, run_dir)
     return files
 

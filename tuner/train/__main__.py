@@ -128,6 +128,18 @@ def memory_report(recipe: Recipe, per_rank: dict[str, list[float]]) -> dict:
             "line": f"{plan_part}, measured {measured:.2f} GiB ({what})"}
 
 
+def same_machines(args, events: Path) -> None:
+    """Right after the rendezvous, before the model loads: every machine runs the same libraries and GPU count
+    (tuner.preflight), or every rank stops naming the difference; rank 0 records which machines joined."""
+    from tuner.preflight import check_same_machines
+
+    args.device  # joins the process group (Accelerate's state, as the Trainer would a moment later)
+    fingerprints = check_same_machines()
+    if args.process_index == 0:
+        machines = {each["machine_rank"]: each for each in fingerprints}
+        write_event(events, "machines", machines=[machines[rank] for rank in sorted(machines)])
+
+
 def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from transformers import Trainer
 
@@ -152,6 +164,8 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
         init_cpu_deepspeed()  # before the arguments: they set up Accelerate's state, which starts DeepSpeed's too
     # before the model: under ZeRO-3 the arguments' DeepSpeed config makes from_pretrained shard while loading
     args = training_arguments(recipe, run_dir)
+    if recipe.hardware.machines > 1:
+        same_machines(args, events)
     tokenizer = load_tokenizer(recipe)
     callbacks = [CheckpointInfoCallback(recipe, lock_text), EventsCallback(events)]
     if profile_steps:
