@@ -1,8 +1,6 @@
 """``tuner doctor [RECIPE]``: check this machine before a run; non-zero exit when the recipe's needs are not met."""
 from __future__ import annotations
 
-import json
-
 from tuner.commands._recipe_args import add_recipe_arguments, recipe_from_args
 
 EXIT_CHECK_FAILED = 1
@@ -17,6 +15,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    import json
+
     from tuner.doctor import run_checks
 
     recipe = recipe_from_args(args) if args.recipe else None
