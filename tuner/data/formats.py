@@ -132,7 +132,8 @@ def chat_segments(messages: list[dict[str, str]], tokenizer) -> list[tuple[str, 
                              "set data.train_on_prompt: true to train on the whole text")
         segments += [(prompt[len(done):], False), (full[len(prompt):], True)]
         done = full
-    tail = render(messages, False)[len(done):]
+    ends_with_answer = bool(messages) and messages[-1]["role"] == "assistant"  # then ``done`` is the whole text
+    tail = "" if ends_with_answer else render(messages, False)[len(done):]
     if tail:
         segments.append((tail, False))
     return [segment for segment in segments if segment[0]]
