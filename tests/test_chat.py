@@ -1,6 +1,8 @@
 """Chat keeps its history through the chat template, streams, and the CLI handles /reset and end of input."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tuner.infer.chat import ChatSession
@@ -63,11 +65,11 @@ def test_closing_the_stream_cancels_the_turn(demo):
 def test_chat_cli_reset_and_end_of_input(demo_model_path, tuner_cli):
     # a trailing backslash continues the message on the next line
     script = "reverse\\\nabc\n/reset\nreverse\\\nabc\n"
-    result = tuner_cli("chat", "--model", str(demo_model_path), "--greedy", "--max-new-tokens", "5",
-                       "--set", "model.dtype=float32", input=script)
+    result = tuner_cli("chat", "--model", str(demo_model_path), "--greedy", "--max-new-tokens", "5", input=script)
     assert result.returncode == 0, result.stderr
     first, second = result.stdout.splitlines()
     assert first == second  # after /reset the same question gets the same greedy answer
+    assert len(re.findall(r"^\(\d+ tokens in \d+\.\d\d s: \d+\.\d tokens/s\)$", result.stderr, re.MULTILINE)) == 2
     assert "(conversation cleared)" in result.stderr
     assert tuner_cli("chat", "--model", str(demo_model_path), input="/exit\nnever read\n").returncode == 0
 

@@ -120,3 +120,28 @@ def test_run_directory_without_a_final_model_says_what_to_do(tmp_path):
 def test_nothing_to_run():
     with pytest.raises(ModelLoadError, match="--model"):
         resolve_target()
+
+
+def test_on_a_cpu_the_weights_load_in_float32_unless_the_recipe_names_a_dtype(tmp_path, demo_model_path):
+    """The schema's training default (bf16 mixed precision, so model.dtype bfloat16) does not reach a CPU load:
+    the demo's float32 checkpoint stays float32; a dtype the user names (--set, a recipe) is kept, and a run's
+    lock file, which states every default, counts as the training's choice."""
+    import torch
+
+    bare = resolve_target(model=str(demo_model_path))
+    assert bare.recipe.model.dtype == "bfloat16"  # what training would use
+    loaded = load_for_inference(bare, context=32, max_memory=ALL_ON_CPU)
+    assert loaded.model.dtype == torch.float32
+    assert any("float32 on the CPU" in note and "--set model.dtype=bfloat16" in note for note in loaded.placement.notes)
+
+    named = resolve_target(model=str(demo_model_path), overrides=["model.dtype=bfloat16"])
+    assert load_for_inference(named, context=32, max_memory=ALL_ON_CPU).model.dtype == torch.bfloat16
+
+    run_dir = make_lora_run(tmp_path / "lora-run", demo_model_path)
+    lock = validate_recipe({"name": "lora-run", "method": {"kind": "lora"}, "output": {"dir": str(run_dir)}})
+    atomic_write_text(run_dir / "final" / LOCK_FILE, recipe_to_yaml(lock))  # trained with the bf16 default
+    assert "dtype: bfloat16" in (run_dir / "final" / LOCK_FILE).read_text()
+    assert load_for_inference(resolve_target(str(run_dir)), context=32,
+                              max_memory=ALL_ON_CPU).model.get_base_model().dtype == torch.float32
+    kept = resolve_target(str(run_dir), overrides=["model.dtype=bfloat16"])
+    assert load_for_inference(kept, context=32, max_memory=ALL_ON_CPU).model.get_base_model().dtype == torch.bfloat16

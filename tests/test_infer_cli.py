@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from tuner.data.reverse import BUILTIN_DATASETS, reverse_samples
 
-GREEDY = ["--greedy", "--max-new-tokens", "4", "--set", "model.dtype=float32"]
+GREEDY = ["--greedy", "--max-new-tokens", "4"]  # on a CPU the demo loads in float32 without --set model.dtype
 
 
 def test_batch_keeps_order_and_reports_malformed_lines(tmp_path, demo_model_path, tuner_cli):
@@ -50,6 +51,7 @@ def test_batch_keeps_order_and_reports_malformed_lines(tmp_path, demo_model_path
     one = tuner_cli("infer", "--model", str(demo_model_path), "--prompt", "reverse\nabc", *GREEDY)
     assert one.returncode == 0, one.stderr
     assert one.stdout == expected[0] + "\n"  # stdout holds only the answer; the placement goes to stderr
+    assert re.search(r"^\d+ tokens in \d+\.\d\d s: \d+\.\d tokens/s$", one.stderr, re.MULTILINE), one.stderr
 
     again = tuner_cli("infer", "--model", str(demo_model_path), "--input", str(prompts), "--output", str(answers))
     assert again.returncode == 2 and "--force" in again.stderr

@@ -181,6 +181,33 @@ def test_samples_with_nothing_to_learn_are_dropped_with_a_count(tmp_path, tokeni
     assert (len(data.train), data.truncated, data.dropped) == (1, 1, 1)
 
 
+def test_a_second_preparation_reuses_the_prepared_dataset(tmp_path, tokenizer, caplog):
+    """A re-run or a resume on the same data file, recipe fields and tokenizer reuses the tokenised dataset
+    ($TUNER_HOME/prepared/<fingerprint>) and trains on the same tokens; a change to either prepares again."""
+    path = write_jsonl(tmp_path / "d.jsonl", [{"instruction": "reverse", "input": f"w{i}x", "output": f"x{i}w"}
+                                              for i in range(40)] + [{"instruction": "r" * 30, "output": "cut"}] * 5)
+    recipe = recipe_for(path, eval_fraction=0.2, max_seq_length=20)
+    reused = "reusing the prepared dataset"
+    with caplog.at_level("INFO", logger="tuner"):
+        first = prepare_data(recipe, tokenizer)
+        assert reused not in caplog.text
+        again = prepare_data(recipe, tokenizer)
+        assert reused in caplog.text
+        for split in ("train", "eval"):
+            for column in ("input_ids", "labels"):
+                assert getattr(again, split)[column] == getattr(first, split)[column]
+        assert first.truncated and first.dropped  # the long rows: their counts are kept too
+        assert (again.data_format, again.truncated, again.dropped) == (first.data_format, first.truncated, first.dropped)
+        assert again.raw_eval["input"] == first.raw_eval["input"]
+
+        caplog.clear()
+        prepare_data(recipe_for(path, eval_fraction=0.2, max_seq_length=24), tokenizer)  # shapes the tokens
+        assert reused not in caplog.text
+        write_jsonl(path, [{"instruction": "reverse", "input": "ab", "output": "ba"}] * 5)  # the file changed
+        changed = prepare_data(recipe, tokenizer)
+        assert reused not in caplog.text and len(changed.train) == 4
+
+
 def test_split_is_deterministic_with_the_seed(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": f"s{i}"} for i in range(50)])
     first = split_samples(recipe_for(path, eval_fraction=0.2))

@@ -334,6 +334,11 @@ def _local_or_cached(model_id: str, revision: str | None, name: str) -> Path | N
         return None
     if "/" not in model_id:
         return None
+    from huggingface_hub import constants  # a few ms; try_to_load_from_cache brings the HTTP client (~0.2 s)
+
+    repo_folder = constants.REPO_ID_SEPARATOR.join(["models", *model_id.split("/")])  # its repo_folder_name
+    if not (Path(constants.HF_HUB_CACHE) / repo_folder).is_dir():
+        return None  # nothing of this model is cached: no need to load the cache reader
     try:
         from huggingface_hub import try_to_load_from_cache
 

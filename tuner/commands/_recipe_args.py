@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from tuner.recipe.io import load_recipe
-from tuner.recipe.registry import resolve_recipe_argument
-from tuner.recipe.schema import Recipe
-from tuner.recipe.warnings import recipe_warnings
+if TYPE_CHECKING:
+    from tuner.recipe.schema import Recipe
 
 
 def add_recipe_arguments(parser: argparse.ArgumentParser, required: bool = True,
@@ -19,6 +18,10 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, required: bool = True,
 
 def recipe_from_args(args: argparse.Namespace) -> Recipe:
     """The checked recipe; its warnings (e.g. trust_remote_code) go to stderr, so every command shows them."""
+    from tuner.recipe.io import load_recipe
+    from tuner.recipe.registry import resolve_recipe_argument
+    from tuner.recipe.warnings import recipe_warnings
+
     recipe = load_recipe(resolve_recipe_argument(args.recipe), args.overrides)
     for warning in recipe_warnings(recipe):
         print(f"warning: {warning}", file=sys.stderr)

@@ -11,20 +11,21 @@ from typing import Any, Callable
 
 
 def recipe_field(path: str) -> Callable[[str], Any]:
-    """A type reading the text as the recipe field at ``path`` (e.g. ``inference.max_new_tokens``) is read."""
-    from typing import Annotated
+    """A type reading the text as the recipe field at ``path`` (e.g. ``inference.max_new_tokens``) is read.
 
-    from pydantic import TypeAdapter, ValidationError
-
-    from tuner.recipe.schema import Recipe
-
-    section, name = path.split(".")
-    info = Recipe.model_fields[section].annotation.model_fields[name]
-    adapter = TypeAdapter(Annotated[info.annotation, *info.metadata])
-
+    The schema is imported when an argument is parsed, not when the parser is built, so ``--help`` stays fast.
+    """
     def parse(text: str) -> Any:
+        from typing import Annotated
+
+        from pydantic import TypeAdapter, ValidationError
+
+        from tuner.recipe.schema import Recipe
+
+        section, name = path.split(".")
+        info = Recipe.model_fields[section].annotation.model_fields[name]
         try:
-            value = adapter.validate_python(text)
+            value = TypeAdapter(Annotated[info.annotation, *info.metadata]).validate_python(text)
         except ValidationError as exc:
             message = exc.errors()[0]["msg"].replace("Input should be", "must be")
             raise argparse.ArgumentTypeError(f"{message} (got {text!r})") from None

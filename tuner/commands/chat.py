@@ -72,4 +72,7 @@ def run(args) -> int:
         except KeyboardInterrupt:
             answer.close()
             print("\n(stopped; this turn is not kept)", file=sys.stderr)
+            print()
+            continue
         print()
+        print(f"({session.last_speed.line()})", file=sys.stderr)

@@ -6,16 +6,14 @@ recipe first when its result is not there yet, in ``<run dir>/sft``, then itself
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 from tuner.commands.run import launch_and_report, prepare_or_refuse
-from tuner.events import read_events
-from tuner.recipe.io import load_recipe, with_model_id
-from tuner.recipe.registry import builtin_path, starting_recipe
-from tuner.recipe.schema import Recipe
-from tuner.run_layout import EVENTS_FILE, FINAL_DIR
+
+if TYPE_CHECKING:
+    from tuner.recipe.schema import Recipe
 
 
 def register(subparsers) -> None:
@@ -26,8 +24,7 @@ def register(subparsers) -> None:
     parser.set_defaults(run=run)
 
 
-@dataclass
-class ExactMatch:
+class ExactMatch(NamedTuple):
     accuracy: float
     examples: list[tuple[str, str, str]]  # (input, expected, answer)
 
@@ -76,6 +73,9 @@ def _print_examples(title: str, result) -> None:
 
 def _reward_lines(run_dir: Path) -> list[str]:
     """The held-out preference metrics of a dpo/kto run, first evaluation (before training) to last."""
+    from tuner.events import read_events
+    from tuner.run_layout import EVENTS_FILE
+
     evals = [e for e in read_events(run_dir / EVENTS_FILE) if "eval_rewards/margins" in e]
     if len(evals) < 2:
         return []
@@ -93,6 +93,9 @@ def _reward_lines(run_dir: Path) -> list[str]:
 
 def run(args) -> int:
     from tuner.loading.model import resolve_model_path
+    from tuner.recipe.io import load_recipe, with_model_id
+    from tuner.recipe.registry import builtin_path, starting_recipe
+    from tuner.run_layout import FINAL_DIR
 
     start = time.monotonic()
     path = Path(args.recipe) if Path(args.recipe).exists() else builtin_path(args.recipe)

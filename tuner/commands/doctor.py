@@ -4,7 +4,6 @@ With a multi-machine recipe it adds the multi-machine preflight (tuner/preflight
 that, as ``launch.sh N`` does on each machine before its rendezvous."""
 from __future__ import annotations
 
-import json
 import sys
 
 from tuner.commands._recipe_args import add_recipe_arguments, recipe_from_args
@@ -25,6 +24,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    import json
+
     from tuner.doctor import run_checks
     from tuner.preflight import machine_checks
 

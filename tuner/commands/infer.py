@@ -35,20 +35,22 @@ def run(args) -> int:
         raise DataError("give either --prompt TEXT or --input FILE --output FILE.")
     if args.input is not None:
         return _run_batch(args)
-    from tuner.infer.generate import generate_answers, render_prompt, user_turn
+    from tuner.infer.generate import Speed, generate_answers, render_prompt, user_turn
 
     loaded, sampling = load_from_args(args)
     found = prompt_format_from_args(args, loaded)
     messages = [{"role": "user", "content": user_turn(args.prompt, found.instruction)}]
     prompt = render_prompt(loaded.tokenizer, messages, found.data_format)
-    print(generate_answers(loaded.model, loaded.tokenizer, [prompt], **vars(sampling))[0])
+    speed = Speed()
+    print(generate_answers(loaded.model, loaded.tokenizer, [prompt], speed=speed, **vars(sampling))[0])
+    print(speed.line(), file=sys.stderr)
     return 0
 
 
 def _run_batch(args) -> int:
     from tuner.data.sources import DataError
     from tuner.infer.batch import answer_records, check_output, read_prompt_file, write_answers
-    from tuner.infer.generate import generate_answers, render_prompt
+    from tuner.infer.generate import Speed, generate_answers, render_prompt
 
     if args.output is None:
         raise DataError("--input needs --output FILE for the answers.")
@@ -57,11 +59,14 @@ def _run_batch(args) -> int:
     for line in bad:
         print(f"warning: {line.message(args.input)}", file=sys.stderr)
     answers: list[str] = []
+    speed = Speed()
     if prompts:
         loaded, sampling = load_from_args(args, batch=min(args.batch_size, len(prompts)))
         found = prompt_format_from_args(args, loaded)
         texts = [render_prompt(loaded.tokenizer, as_trained(p, found.instruction), found.data_format) for p in prompts]
-        answers = generate_answers(loaded.model, loaded.tokenizer, texts, batch_size=args.batch_size, **vars(sampling))
+        answers = generate_answers(loaded.model, loaded.tokenizer, texts, batch_size=args.batch_size, speed=speed,
+                                   **vars(sampling))
+        print(speed.line(), file=sys.stderr)
     write_answers(args.output, answer_records(prompts, answers, bad))
     skipped = f"; {len(bad)} malformed line(s) skipped, see above" if bad else ""
     print(f"wrote {len(prompts)} answer(s) to {args.output}{skipped}", file=sys.stderr)

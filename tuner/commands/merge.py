@@ -3,9 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.recipe.io import RecipeError, load_recipe
-from tuner.run_layout import MERGED_DIR
-
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("merge", help="merge a LoRA/QLoRA run's adapter into its base model (standalone model)")
@@ -18,7 +15,8 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from tuner.loading.merge import find_adapter, merge_adapter, run_of
-    from tuner.run_layout import LOCK_FILE
+    from tuner.recipe.io import RecipeError, load_recipe
+    from tuner.run_layout import LOCK_FILE, MERGED_DIR
 
     run_dir = Path(args.run_dir)
     adapter = find_adapter(run_dir)

@@ -9,11 +9,10 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tuner.fileio import atomic_write_text
-from tuner.recipe.io import RecipeError, load_recipe, read_recipe_text
-from tuner.recipe.registry import DEMO_FAMILY, builtin_names, builtin_path, describe, family, planned_as
-from tuner.recipe.schema import Recipe
+if TYPE_CHECKING:
+    from tuner.recipe.schema import Recipe
 
 PEAK_LINE = re.compile(r"^# Predicted peak:.*$", re.MULTILINE)
 METHOD_ORDER = ("full", "lora", "qlora")
@@ -52,6 +51,9 @@ def _size(name: str) -> float:
 
 
 def run_ls(args) -> int:
+    from tuner.recipe.io import RecipeError, load_recipe
+    from tuner.recipe.registry import DEMO_FAMILY, builtin_names, builtin_path, describe, family
+
     rows = []
     for name in builtin_names():
         try:
@@ -76,11 +78,18 @@ def run_ls(args) -> int:
 
 
 def run_show(args) -> int:
+    from tuner.recipe.io import read_recipe_text
+    from tuner.recipe.registry import builtin_path
+
     print(read_recipe_text(builtin_path(args.name)), end="")
     return 0
 
 
 def run_cp(args) -> int:
+    from tuner.fileio import atomic_write_text
+    from tuner.recipe.io import RecipeError, read_recipe_text
+    from tuner.recipe.registry import builtin_path
+
     source = builtin_path(args.name)
     dest = Path(args.dest)
     if dest.is_dir():
@@ -102,7 +111,10 @@ def peak_line(memory_plan) -> str:
 
 def check_recipe(name: str, write: bool) -> str | None:
     """Why a built-in recipe fails the check (None when it passes); with ``write``, fix a stale peak comment."""
+    from tuner.fileio import atomic_write_text
     from tuner.planner import plan
+    from tuner.recipe.io import RecipeError, load_recipe, read_recipe_text
+    from tuner.recipe.registry import builtin_path, planned_as
 
     path = builtin_path(name)
     try:
@@ -131,6 +143,8 @@ def check_recipe(name: str, write: bool) -> str | None:
 
 
 def run_check(args) -> int:
+    from tuner.recipe.registry import builtin_names
+
     problems = [problem for name in builtin_names() if (problem := check_recipe(name, args.write))]
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 from tuner.commands._recipe_args import add_recipe_arguments, recipe_from_args
-from tuner.render.launch_script import node_commands
-from tuner.render.run_directory import write_run_directory
 
 
 def register(subparsers) -> None:
@@ -15,6 +13,9 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from tuner.render.launch_script import node_commands
+    from tuner.render.run_directory import write_run_directory
+
     recipe = recipe_from_args(args)
     run_dir = write_run_directory(recipe, args.output, force=args.force)
     for path in sorted(run_dir.iterdir()):

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from tuner.commands._recipe_args import add_recipe_arguments, recipe_from_args
-from tuner.launch.progress import ProgressView
-from tuner.launch.run import PreparedRun, RunOutcome, RunRefused, follow_run, prepare_run
-from tuner.recipe.io import RecipeError
+
+if TYPE_CHECKING:
+    from tuner.launch.run import PreparedRun, RunOutcome
 
 FORCE_HINT = "pass --force to launch anyway."
 
@@ -24,6 +25,9 @@ def register(subparsers) -> None:
 
 def prepare_or_refuse(recipe, **options) -> PreparedRun:
     """:func:`prepare_run`, its refusal ending with the command line's override and its notes on stderr."""
+    from tuner.launch.run import RunRefused, prepare_run
+    from tuner.recipe.io import RecipeError
+
     try:
         prepared = prepare_run(recipe, **options)
     except RunRefused as exc:
@@ -35,6 +39,10 @@ def prepare_or_refuse(recipe, **options) -> PreparedRun:
 
 def launch_and_report(prepared: PreparedRun) -> RunOutcome:
     """Follow the run with a progress bar and print how it ended (the summary on stdout, anything else on stderr)."""
+    from tuner.launch.progress import ProgressView
+    from tuner.launch.run import follow_run
+    from tuner.recipe.io import RecipeError
+
     if not prepared.launchable:
         raise RecipeError(prepared.machine_lines())
     print(f"launching: {prepared.command}")

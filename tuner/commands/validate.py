@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from tuner.commands._recipe_args import add_recipe_arguments, recipe_from_args
-from tuner.recipe.io import recipe_to_yaml
 
 
 def register(subparsers) -> None:
@@ -13,6 +12,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from tuner.recipe.io import recipe_to_yaml
+
     recipe = recipe_from_args(args)
     if not args.quiet:
         print(recipe_to_yaml(recipe), end="")

@@ -132,7 +132,8 @@ def chat_segments(messages: list[dict[str, str]], tokenizer) -> list[tuple[str, 
                              "set data.train_on_prompt: true to train on the whole text")
         segments += [(prompt[len(done):], False), (full[len(prompt):], True)]
         done = full
-    tail = render(messages, False)[len(done):]
+    ends_with_answer = bool(messages) and messages[-1]["role"] == "assistant"  # then ``done`` is the whole text
+    tail = "" if ends_with_answer else render(messages, False)[len(done):]
     if tail:
         segments.append((tail, False))
     return [segment for segment in segments if segment[0]]
@@ -159,17 +160,25 @@ def prompt_text(sample: dict[str, Any], data_format: str, tokenizer) -> str:
     return "".join(text for text, _ in segments[:first_trainable])
 
 
-def tokenize_segments(segments: list[tuple[str, bool]], tokenizer, max_length: int, train_on_prompt: bool) -> dict:
-    """Token ids and labels (-100 where no loss is computed), truncated to ``max_length``."""
-    input_ids: list[int] = []
-    labels: list[int] = []
-    for text, trainable in segments:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        input_ids += ids
-        labels += ids if (trainable or train_on_prompt) else [IGNORE_INDEX] * len(ids)
-    truncated = len(input_ids) > max_length
-    return {
-        "input_ids": input_ids[:max_length],
-        "labels": labels[:max_length],
-        "truncated": truncated,
-    }
+def tokenize_batch(samples: list[list[tuple[str, bool]]], tokenizer, max_length: int, train_on_prompt: bool) -> dict:
+    """Token ids and labels (-100 where no loss is computed) of many samples' segments, truncated to ``max_length``;
+    whether each was truncated, and whether it ``learns`` (keeps a label after truncation). Every segment of every
+    sample goes to the tokenizer in one call (a fast tokenizer encodes a batch in parallel)."""
+    texts = [text for segments in samples for text, _ in segments]
+    pieces = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+    encoded: dict[str, list] = {"input_ids": [], "labels": [], "truncated": [], "learns": []}
+    for segments in samples:
+        input_ids: list[int] = []
+        labels: list[int] = []
+        learns = False
+        for _, trainable in segments:
+            ids = next(pieces)
+            learned = trainable or train_on_prompt
+            learns = learns or (learned and ids != [] and len(input_ids) < max_length)
+            input_ids += ids
+            labels += ids if learned else [IGNORE_INDEX] * len(ids)
+        encoded["input_ids"].append(input_ids[:max_length])
+        encoded["labels"].append(labels[:max_length])
+        encoded["truncated"].append(len(input_ids) > max_length)
+        encoded["learns"].append(learns)
+    return encoded

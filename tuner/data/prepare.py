@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from tuner.data.formats import (
     FORMAT_COLUMNS,
@@ -14,11 +15,12 @@ from tuner.data.formats import (
     detect_format,
     sample_problem,
     sample_segments,
-    tokenize_segments,
+    tokenize_batch,
 )
 from tuner.data import sources
 from tuner.data.preference import PREFERENCE_COLUMNS, preference_problem
 from tuner.data.sources import DataError, Samples, load_split
+from tuner.home import tuner_home
 from tuner.recipe.checks import OBJECTIVE_FORMATS
 from tuner.recipe.schema import Recipe
 
@@ -135,47 +137,134 @@ def check_data(recipe: Recipe) -> DataSummary:
     return DataSummary(len(train), len(held_out) if held_out is not None else 0, data_format)
 
 
-def encode_sample(sample: dict, data_format: str, tokenizer, recipe: Recipe) -> dict:
-    """input_ids, labels (-100 where no loss is taken) and whether the sample was truncated."""
+def encode_batch(batch: dict[str, list], data_format: str, tokenizer, recipe: Recipe) -> dict[str, list]:
+    """A batch of samples (datasets' batched ``map``: column -> values) as input_ids, labels (-100 where no loss is
+    taken), whether each was truncated and whether it still has a token to learn from."""
+    rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     try:
-        segments = sample_segments(sample, data_format, tokenizer)
+        segments = [sample_segments(row, data_format, tokenizer) for row in rows]
     except ValueError as exc:
         raise DataError(f"data.format: {exc}") from None
-    return tokenize_segments(segments, tokenizer, recipe.memory.max_seq_length, recipe.data.train_on_prompt)
+    return tokenize_batch(segments, tokenizer, recipe.memory.max_seq_length, recipe.data.train_on_prompt)
+
+
+def encode_sample(sample: dict, data_format: str, tokenizer, recipe: Recipe) -> dict:
+    """One sample as :func:`encode_batch` encodes it."""
+    encoded = encode_batch({key: [value] for key, value in sample.items()}, data_format, tokenizer, recipe)
+    return {key: values[0] for key, values in encoded.items()}
 
 
 def tokenise(raw, recipe: Recipe, tokenizer, data_format: str, what: str):
     """(dataset, truncated count, dropped count): samples with nothing left to learn from are dropped."""
+    import pyarrow.compute as pc
+
     max_length = recipe.memory.max_seq_length
-    encoded = raw.map(lambda sample: encode_sample(sample, data_format, tokenizer, recipe),
-                      remove_columns=raw.column_names, desc=f"tokenising {what}")
+    encoded = raw.map(encode_batch, batched=True, fn_kwargs=dict(data_format=data_format, tokenizer=tokenizer,
+                                                                  recipe=recipe),
+                      remove_columns=raw.column_names, desc=f"tokenising {what}", load_from_cache_file=False)
     total = len(encoded)
-    truncated = sum(encoded["truncated"])
+    truncated = pc.sum(encoded.data.column("truncated")).as_py() or 0
     if truncated == total:
         raise DataError(f"memory.max_seq_length: all {total} {what} samples are longer than {max_length} tokens; "
                         "raise max_seq_length (the planner shows what it costs) or shorten the samples.")
-    keep = [index for index, labels in enumerate(encoded["labels"]) if any(label != IGNORE_INDEX for label in labels)]
-    if not keep:
+    learns = encoded.data.column("learns")
+    kept = pc.sum(learns).as_py() or 0
+    if not kept:
         raise DataError(f"data: none of the {total} {what} samples has a token to learn from after loss masking and "
                         f"truncation to {max_length} tokens; check the format, raise max_seq_length, "
                         "or set data.train_on_prompt: true.")
-    dropped = total - len(keep)
+    dropped = total - kept
     if truncated:
         log.warning("%d of %d %s samples were longer than max_seq_length=%d and were truncated",
                     truncated, total, what, max_length)
     if dropped:
         log.warning("%d of %d %s samples had no token to learn from after masking/truncation and were dropped",
                     dropped, total, what)
-        encoded = encoded.select(keep)
-    return encoded.remove_columns("truncated"), truncated, dropped
+        encoded = encoded.select(pc.indices_nonzero(learns).to_numpy().astype("int64"))
+    return encoded.remove_columns(["truncated", "learns"]), truncated, dropped
+
+
+# What the prepared dataset depends on besides the recipe and the tokenizer: the code that formats and tokenises.
+_PREPARING_CODE = (Path(__file__), Path(__file__).with_name("formats.py"), Path(__file__).with_name("sources.py"))
+
+
+def data_fingerprint(recipe: Recipe, tokenizer) -> str | None:
+    """A key for the prepared dataset: the data file (path, size, modification time), the recipe fields that shape
+    the samples and their tokens, the tokenizer and tuner's preparing code; None for a hub dataset (not cached)."""
+    import hashlib
+    import json
+
+    from datasets.fingerprint import Hasher
+
+    loader, argument = sources.resolve_source(recipe.data.source)
+    if loader == "hub":
+        return None
+    path = Path(argument).resolve()
+    stat = path.stat()
+    shaping = {"file": [str(path), stat.st_size, stat.st_mtime_ns], "data": recipe.data.model_dump(mode="json"),
+               "max_seq_length": recipe.memory.max_seq_length, "seed": recipe.training.seed,
+               "objective": recipe.objective.kind, "tokenizer": Hasher.hash(tokenizer),
+               "code": [hashlib.sha256(code.read_bytes()).hexdigest() for code in _PREPARING_CODE]}
+    return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def prepare_data(recipe: Recipe, tokenizer) -> PreparedData:
+    """The tokenised train and held-out datasets; reused from ``$TUNER_HOME/prepared/<fingerprint>`` when the same
+    data file was prepared the same way before (a re-run, a resume), and saved there otherwise."""
+    fingerprint = data_fingerprint(recipe, tokenizer)
+    folder = tuner_home() / PREPARED_DIR / fingerprint if fingerprint else None
+    if folder is not None and (folder / PREPARED_INFO).is_file():
+        log.info("data: reusing the prepared dataset in %s (same data file, recipe fields and tokenizer)", folder)
+        return load_prepared(folder)
     train_raw, eval_raw, data_format = split_samples(recipe)
     log.info("data: %d training and %d held-out %s samples", len(train_raw), len(eval_raw) if eval_raw else 0, data_format)
     train, truncated, dropped = tokenise(train_raw, recipe, tokenizer, data_format, "training")
     evaluation = tokenise(eval_raw, recipe, tokenizer, data_format, "held-out")[0] if eval_raw is not None else None
-    return PreparedData(train, evaluation, data_format, truncated, dropped, eval_raw)
+    prepared = PreparedData(train, evaluation, data_format, truncated, dropped, eval_raw)
+    if folder is not None:
+        save_prepared(prepared, folder)
+    return prepared
+
+
+PREPARED_DIR = "prepared"  # under $TUNER_HOME, one folder per fingerprint
+PREPARED_INFO = "prepared.json"  # written last: the folder is complete
+_PREPARED_SPLITS = ("train", "eval", "raw_eval")
+
+
+def save_prepared(prepared: PreparedData, folder: Path) -> None:
+    """Write the prepared datasets to ``folder`` through a temporary folder renamed at the end, so ranks that
+    prepare at once, or a run stopped halfway, never leave a partial folder to be reused."""
+    import json
+    import os
+    import shutil
+    import tempfile
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        for name in _PREPARED_SPLITS:
+            dataset = getattr(prepared, name)
+            if dataset is not None:
+                dataset.flatten_indices().save_to_disk(str(partial / name))
+        info = {"data_format": prepared.data_format, "truncated": prepared.truncated, "dropped": prepared.dropped}
+        (partial / PREPARED_INFO).write_text(json.dumps(info) + "\n")
+        os.rename(partial, folder)
+    except OSError as exc:  # another rank renamed first, or no room: training goes on with what it prepared
+        log.info("data: the prepared dataset was not cached in %s (%s)", folder, exc)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def load_prepared(folder: Path) -> PreparedData:
+    import json
+
+    from datasets import load_from_disk
+
+    info = json.loads((folder / PREPARED_INFO).read_text())
+    splits = {name: load_from_disk(str(folder / name)) if (folder / name).is_dir() else None
+              for name in _PREPARED_SPLITS}
+    return PreparedData(splits["train"], splits["eval"], info["data_format"], info["truncated"], info["dropped"],
+                        splits["raw_eval"])
 
 
 def data_collator(recipe: Recipe, tokenizer):

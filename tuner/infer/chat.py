@@ -7,9 +7,10 @@ History goes through the same prompt rendering as ``tuner infer`` (the chat temp
 from __future__ import annotations
 
 import threading
+import time
 from typing import Iterator
 
-from tuner.infer.generate import Sampling, execution_device, generation_kwargs, render_prompt, user_turn
+from tuner.infer.generate import Sampling, Speed, execution_device, generation_kwargs, render_prompt, user_turn
 
 
 class ChatSession:
@@ -24,6 +25,7 @@ class ChatSession:
         self.system = system
         self.instruction = instruction  # an instruction-trained run's shared instruction: messages are its input
         self.history: list[dict[str, str]] = []
+        self.last_speed = Speed()  # of the last finished answer
         self.reset()
 
     def reset(self) -> None:
@@ -73,6 +75,7 @@ class ChatSession:
                 streamer.end()
 
         worker = threading.Thread(target=generate, name="tuner-chat-generate", daemon=True)
+        start = time.perf_counter()
         worker.start()
         try:
             for chunk in streamer:
@@ -83,6 +86,7 @@ class ChatSession:
             worker.join()
         if "error" in outcome:
             raise outcome["error"]
+        self.last_speed = Speed(outcome["ids"].shape[1] - len(ids), time.perf_counter() - start)
         answer = self.tokenizer.decode(outcome["ids"][0, len(ids):], skip_special_tokens=True)
         self.history += [{"role": "user", "content": user_turn(message, self.instruction)},
                          {"role": "assistant", "content": answer}]

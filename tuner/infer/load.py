@@ -17,6 +17,8 @@ from tuner.recipe.schema import QuantizationSection
 
 log = logging.getLogger("tuner")
 
+CPU_DTYPE = "float32"  # what CPU kernels run fastest and every checkpoint dtype converts to exactly
+
 
 @dataclass
 class LoadedModel:
@@ -49,10 +51,15 @@ def load_for_inference(target: InferenceTarget, *, batch: int = 1, context: int,
     notes: list[str] = []
     if max_memory is None:
         max_memory, notes = hardware_memory_map(recipe, target.use_recipe_hardware)
+    on_gpu = any(isinstance(device, int) for device in max_memory)
+    if not on_gpu and not target.dtype_chosen and recipe.model.dtype != CPU_DTYPE:
+        notes.append(f"weights in {CPU_DTYPE} on the CPU: model.dtype {recipe.model.dtype} follows the training's "
+                     f"mixed precision, which CPUs run slowly (--set model.dtype={recipe.model.dtype} keeps it).")
+        recipe.model.dtype = CPU_DTYPE
     quantization = quantization_config(recipe)
     if quantization is not None:
         quantization.llm_int8_enable_fp32_cpu_offload = True
-        if not any(isinstance(device, int) for device in max_memory):
+        if not on_gpu:
             notes.append(f"{recipe.method.quantization.bits}-bit weights without a GPU: bitsandbytes runs k-bit "
                          "layers on the CPU slowly and not for every layer shape; quantised loading pays off on GPUs.")
     offload_tmp = None

@@ -18,7 +18,7 @@ import shutil
 import socket
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tuner.fileio import atomic_write_text
@@ -48,7 +48,7 @@ def merged_if_any(target: InferenceTarget) -> InferenceTarget:
     merged = target.run_dir / MERGED_DIR if target.run_dir and target.adapter else None
     if merged is None or not (merged / MODEL_CONFIG).is_file():
         return target
-    return InferenceTarget(target.recipe, str(merged), str(merged), run_dir=target.run_dir)
+    return replace(target, model_path=str(merged), tokenizer_path=str(merged), adapter=None)
 
 
 def local_model_dir(target: InferenceTarget) -> Path:

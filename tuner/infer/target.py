@@ -5,7 +5,7 @@ full (or merged) model or a LoRA adapter; an adapter is loaded on the base model
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -28,6 +28,14 @@ class InferenceTarget:
     adapter: Path | None = None
     run_dir: Path | None = None
     use_recipe_hardware: bool = True
+    # model.dtype comes from a run's lock file, which states every default: the dtype training derived from
+    # its mixed precision, not one chosen for inference (a --set model.dtype=... is chosen)
+    dtype_from_training: bool = False
+
+    @property
+    def dtype_chosen(self) -> bool:
+        """Whether the recipe or a --set names model.dtype, rather than it following memory.mixed_precision."""
+        return "dtype" in self.recipe.model.model_fields_set and not self.dtype_from_training
 
     @property
     def offload_folder(self) -> Path | None:
@@ -63,7 +71,7 @@ def _adapter_dir(argument: str) -> Path:
     return found
 
 
-def _run_directory_target(run_dir: Path, overrides: Iterable[str]) -> InferenceTarget:
+def _run_directory_target(run_dir: Path, overrides: list[str]) -> InferenceTarget:
     final = saved_result(run_dir)
     if final is None:
         raise ModelLoadError(f"{run_dir}: the run has no {FINAL_DIR}/ model yet (training has not finished); "
@@ -73,10 +81,13 @@ def _run_directory_target(run_dir: Path, overrides: Iterable[str]) -> InferenceT
     recipe = load_recipe(lock, overrides)
     run_dir = final.parent if final.name == FINAL_DIR else final
     tokenizer = str(final) if (final / TOKENIZER_CONFIG).is_file() else None
+    from_training = not any(override.split("=", 1)[0].strip() == "model.dtype" for override in overrides)
     if (final / ADAPTER_CONFIG).is_file():
         base = resolve_model_path(recipe.model.id)
-        return InferenceTarget(recipe, base, tokenizer or base, adapter=final, run_dir=run_dir)
-    return InferenceTarget(recipe, str(final), tokenizer or str(final), run_dir=run_dir)
+        return InferenceTarget(recipe, base, tokenizer or base, adapter=final, run_dir=run_dir,
+                               dtype_from_training=from_training)
+    return InferenceTarget(recipe, str(final), tokenizer or str(final), run_dir=run_dir,
+                           dtype_from_training=from_training)
 
 
 def resolve_target(argument: str | None = None, overrides: Iterable[str] = (), model: str | None = None,
@@ -92,8 +103,7 @@ def resolve_target(argument: str | None = None, overrides: Iterable[str] = (), m
     if argument is not None and is_run_directory(Path(argument)):
         target = _run_directory_target(Path(argument), overrides)
         if model:
-            target = InferenceTarget(target.recipe, resolve_model_path(model), resolve_model_path(model),
-                                     target.adapter, target.run_dir)
+            target = replace(target, model_path=resolve_model_path(model), tokenizer_path=resolve_model_path(model))
     elif argument is not None:
         recipe = load_recipe(resolve_recipe_argument(argument), overrides)
         if model:
@@ -108,6 +118,5 @@ def resolve_target(argument: str | None = None, overrides: Iterable[str] = (), m
     if adapter:
         found = _adapter_dir(adapter)
         tokenizer = str(found) if (found / TOKENIZER_CONFIG).is_file() else target.tokenizer_path
-        target = InferenceTarget(target.recipe, target.model_path, tokenizer, found, target.run_dir,
-                                 target.use_recipe_hardware)
+        target = replace(target, tokenizer_path=tokenizer, adapter=found)
     return target

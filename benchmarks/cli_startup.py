@@ -1,0 +1,77 @@
+"""How fast the command line answers: ``tuner --help`` and ``tuner plan`` for an 8B recipe, whole process.
+
+    python benchmarks/cli_startup.py [--repeat N]   # prints the numbers; exit code 1 when over target
+
+Targets (issue 17), on an idle machine: ``tuner --help`` under 0.1 s, ``tuner plan llama3.1/8b-lora`` under
+0.15 s. Each command runs N times (default 15) as a fresh ``python -m tuner`` process, interleaved with a bare
+interpreter (``python -c pass``) so a busy moment hits all three alike; the median wall time is printed, with the
+child's CPU time beside it: on a shared, loaded machine wall time mostly measures the queue for a core.
+The children may write bytecode (into a temporary PYTHONPYCACHEPREFIX, not the checkout), as an installed package
+has it: with PYTHONDONTWRITEBYTECODE set, every run would compile tuner's modules from source (~0.1 s for plan).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+COMMANDS = {
+    "python -c pass": ([sys.executable, "-c", "pass"], None),
+    "tuner --help": ([sys.executable, "-m", "tuner", "--help"], 0.10),
+    "tuner plan llama3.1/8b-lora": ([sys.executable, "-m", "tuner", "plan", "llama3.1/8b-lora"], 0.15),
+}
+
+
+def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall, CPU) seconds of one run of ``argv``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env, cwd=REPO)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=15)
+    repeat = parser.parse_args().repeat
+    with tempfile.TemporaryDirectory() as pycache:
+        env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+        env.update(PYTHONPATH=str(REPO), PYTHONPYCACHEPREFIX=pycache)
+        return measure(repeat, env)
+
+
+def measure(repeat: int, env: dict[str, str]) -> int:
+    for argv, _ in COMMANDS.values():  # warm the file cache and write the .pyc files
+        timed(argv, env)
+    load_before = os.getloadavg()
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in COMMANDS}
+    for _ in range(repeat):
+        for name, (argv, _) in COMMANDS.items():
+            runs[name].append(timed(argv, env))
+    load_after = os.getloadavg()
+    ok = True
+    for name, (_, target) in COMMANDS.items():
+        wall = statistics.median(w for w, _ in runs[name])
+        cpu = statistics.median(c for _, c in runs[name])
+        verdict = ""
+        if target is not None:
+            verdict = f"target {target:.2f} s: {'met' if wall < target else 'NOT met'}"
+            ok = ok and wall < target
+        print(f"{name:<30} median {wall:.3f} s wall (min {min(w for w, _ in runs[name]):.3f}), "
+              f"{cpu:.3f} s CPU   {verdict}")
+    print(f"{repeat} runs each, interleaved; load average {' '.join(f'{x:.2f}' for x in load_before)} before, "
+          f"{' '.join(f'{x:.2f}' for x in load_after)} after, on {os.cpu_count()} cores")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
