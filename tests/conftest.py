@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Two xdist workers share two cores: one thread per process (and per rank of the processes they launch), or
+# OpenMP threads spin against each other and a training process runs ten times slower than alone.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

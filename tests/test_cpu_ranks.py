@@ -13,7 +13,7 @@ import pytest
 
 from tuner.events import read_events
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ranks")]  # one multi-rank run at a time
 
 
 def free_port() -> int:

@@ -20,7 +20,7 @@ from tuner.planner import plan
 from tuner.planner.memory import ALWAYS, TRAINING_STEP
 from tuner.recipe.schema import Recipe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ranks")]  # one multi-rank run at a time
 
 WORKER = Path(__file__).with_name("rank_memory.py")
 RUNS = ("zero1:bf16", "zero2:bf16", "zero3:bf16", "fsdp2:bf16")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -12,12 +11,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fake_launchers import calls, install_fakes
+
 from tuner.cli import main
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.recipe.schema import Recipe
 from tuner.recipe.warnings import recipe_warnings
-from tuner.render.launch_command import launch_argv, shell_command
+from tuner.render.launch_command import launch_argv, preflight_argv, shell_command
 
 REPO = Path(__file__).resolve().parents[1]
 HOSTILE = [
@@ -44,26 +45,14 @@ def test_the_launch_command_quotes_every_name(name) -> None:
     assert shlex.split(shell_command(argv)) == argv
 
 
-FAKE_ACCELERATE = """#!/usr/bin/env python3
-import json, os, sys
-with open(os.environ["ARGV_DUMP"], "w") as out:
-    json.dump({"argv": sys.argv[1:], "cwd": os.getcwd()}, out)
-"""
-
-
 @pytest.fixture
-def fake_accelerate(tmp_path) -> dict[str, str]:
-    """An ``accelerate`` first on PATH that records the argv it receives, byte for byte."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    script = bin_dir / "accelerate"
-    script.write_text(FAKE_ACCELERATE)
-    script.chmod(0o755)
-    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "ARGV_DUMP": str(tmp_path / "argv.json")}
+def fake_launchers(tmp_path) -> dict[str, str]:
+    """``accelerate`` and ``tuner`` first on PATH, recording every argv they receive, byte for byte."""
+    return install_fakes(tmp_path / "fakes")
 
 
 @pytest.mark.slow
-def test_launch_sh_passes_hostile_run_directories_byte_for_byte(tmp_path, monkeypatch, fake_accelerate, capsys) -> None:
+def test_launch_sh_passes_hostile_run_directories_byte_for_byte(tmp_path, monkeypatch, fake_launchers, capsys) -> None:
     project = tmp_path / "project"
     project.mkdir()
     monkeypatch.chdir(project)
@@ -78,21 +67,18 @@ def test_launch_sh_passes_hostile_run_directories_byte_for_byte(tmp_path, monkey
             check = subprocess.run(["shellcheck", "--severity=warning", str(script)], capture_output=True, text=True)
             assert check.returncode == 0, check.stdout
         # run from elsewhere: the script must return to the project directory by itself
-        subprocess.run(["bash", str(project / script), *extra], cwd=tmp_path, env={**os.environ, **fake_accelerate},
-                       check=True, timeout=30)
-        seen = json.loads(Path(fake_accelerate["ARGV_DUMP"]).read_text())
-        assert seen["argv"] == launch_argv(run_dir)[1:] + extra, name
-        assert Path(seen["cwd"]) == project
+        subprocess.run(["bash", str(project / script), *extra], cwd=tmp_path, env=fake_launchers, check=True, timeout=30)
+        assert calls(fake_launchers) == [[str(project), *launch_argv(run_dir)[1:], *extra]], name
     assert not list(tmp_path.rglob("pwned")), "a name was executed by the shell"
 
 
 @pytest.mark.slow
-def test_absolute_run_directory_needs_no_cd(tmp_path, fake_accelerate, capsys) -> None:
+def test_absolute_run_directory_needs_no_cd(tmp_path, fake_launchers, capsys) -> None:
     run_dir = tmp_path / "runs" / "it's $(touch pwned); x"
     assert main(["render", "demo", "-o", str(run_dir)]) == 0, capsys.readouterr().err
     assert "cd " not in (run_dir / "launch.sh").read_text()
-    subprocess.run(["bash", str(run_dir / "launch.sh")], cwd="/", env={**os.environ, **fake_accelerate}, check=True, timeout=30)
-    assert json.loads(Path(fake_accelerate["ARGV_DUMP"]).read_text())["argv"] == launch_argv(run_dir)[1:]
+    subprocess.run(["bash", str(run_dir / "launch.sh")], cwd="/", env=fake_launchers, check=True, timeout=30)
+    assert calls(fake_launchers) == [["/", *launch_argv(run_dir)[1:]]]
     assert not list(tmp_path.rglob("pwned"))
 
 
@@ -163,7 +149,7 @@ def test_recipes_are_data_and_launches_use_argument_lists() -> None:
 
 
 @pytest.mark.slow
-def test_multi_node_launch_sh_passes_rank_address_and_names_literally(tmp_path, monkeypatch, fake_accelerate, capsys) -> None:
+def test_multi_node_launch_sh_passes_rank_address_and_names_literally(tmp_path, monkeypatch, fake_launchers, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     address = "fe80::1"
     run_dir = Path("runs") / "it's; $(touch pwned)"
@@ -174,18 +160,16 @@ def test_multi_node_launch_sh_passes_rank_address_and_names_literally(tmp_path, 
     if shutil.which("shellcheck"):
         check = subprocess.run(["shellcheck", "--severity=warning", str(script)], capture_output=True, text=True)
         assert check.returncode == 0, check.stdout
-    env = {**os.environ, **fake_accelerate}
-    env.pop("MAIN_PROCESS_IP", None)
-    subprocess.run(["bash", str(script), "1", "--extra"], env=env, check=True, timeout=30)
-    seen = json.loads(Path(fake_accelerate["ARGV_DUMP"]).read_text())["argv"]
-    assert seen == launch_argv(run_dir, machine_rank=1, main_process_ip=address)[1:] + ["--extra"]
+    here = str(tmp_path)
+    subprocess.run(["bash", str(script), "1", "--extra"], env=fake_launchers, check=True, timeout=30)
+    assert calls(fake_launchers) == [[here, *preflight_argv(run_dir, 1)[1:]],
+                                     [here, *launch_argv(run_dir, machine_rank=1, main_process_ip=address)[1:], "--extra"]]
     # the address Slurm (or a user) puts in MAIN_PROCESS_IP at run time is passed on as one word, never run
     hostile = "$(touch pwned) 'x'"
-    subprocess.run(["bash", str(script), "0"], env={**env, "MAIN_PROCESS_IP": hostile}, check=True, timeout=30)
-    seen = json.loads(Path(fake_accelerate["ARGV_DUMP"]).read_text())["argv"]
-    assert seen == launch_argv(run_dir, machine_rank=0, main_process_ip=hostile)[1:]
-    bad = subprocess.run(["bash", str(script), "1; touch pwned"], env=env, capture_output=True, timeout=30)
-    assert bad.returncode == 2
+    subprocess.run(["bash", str(script), "0"], env={**fake_launchers, "MAIN_PROCESS_IP": hostile}, check=True, timeout=30)
+    assert calls(fake_launchers)[-1] == [here, *launch_argv(run_dir, machine_rank=0, main_process_ip=hostile)[1:]]
+    bad = subprocess.run(["bash", str(script), "1; touch pwned"], env=fake_launchers, capture_output=True, timeout=30)
+    assert bad.returncode == 2 and not calls(fake_launchers)
     assert not list(tmp_path.rglob("pwned"))
 
 

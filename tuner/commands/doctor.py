@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 from tuner.commands._recipe_args import add_recipe_arguments, recipe_from_args
+from tuner.commands._types import at_least
 
 EXIT_CHECK_FAILED = 1
 
@@ -16,7 +17,7 @@ def register(subparsers) -> None:
         "doctor", help="check torch, GPUs, kernels, DeepSpeed ops, disk and RAM; with a recipe, against its needs")
     add_recipe_arguments(parser, required=False)
     parser.add_argument("--json", action="store_true", help="print the checks as JSON lines")
-    parser.add_argument("--machine-rank", type=int, default=None, metavar="N",
+    parser.add_argument("--machine-rank", type=at_least(0), default=None, metavar="N",
                         help="on a multi-machine recipe: this machine's rank (checks the rank and the route to rank 0)")
     parser.add_argument("--preflight", action="store_true",
                         help="only the multi-machine checks (what launch.sh runs on each machine before it starts)")

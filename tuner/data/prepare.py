@@ -239,6 +239,8 @@ def save_prepared(prepared: PreparedData, folder: Path) -> None:
     import shutil
     import tempfile
 
+    from tuner.fileio import atomic_write_text
+
     folder.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
@@ -247,7 +249,7 @@ def save_prepared(prepared: PreparedData, folder: Path) -> None:
             if dataset is not None:
                 dataset.flatten_indices().save_to_disk(str(partial / name))
         info = {"data_format": prepared.data_format, "truncated": prepared.truncated, "dropped": prepared.dropped}
-        (partial / PREPARED_INFO).write_text(json.dumps(info) + "\n")
+        atomic_write_text(partial / PREPARED_INFO, json.dumps(info) + "\n")
         os.rename(partial, folder)
     except OSError as exc:  # another rank renamed first, or no room: training goes on with what it prepared
         log.info("data: the prepared dataset was not cached in %s (%s)", folder, exc)
