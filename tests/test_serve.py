@@ -259,3 +259,24 @@ def test_the_trained_demo_answers_the_openai_client_on_localhost(trained_demo):
     assert server.returncode == 0, err[-2000:]
     assert f"serving at http://127.0.0.1:{port}/v1" in out
     assert "Model placement" in err and "CPU" in err, "the placement is printed before serving"
+
+
+def test_a_cpu_server_loads_the_weights_in_float32_unless_the_recipe_names_a_dtype(demo_model_path):
+    """The training's bf16 default does not reach a CPU server, as it does not reach `tuner infer`."""
+    import torch
+
+    from tuner.infer.serve import Server, require_server, serving_folder
+
+    try:
+        require_server()
+    except ModelLoadError as exc:
+        pytest.skip(str(exc))
+    for overrides, dtype, noted in (((), torch.float32, True), (["model.dtype=bfloat16"], torch.bfloat16, False)):
+        target = resolve_target(model=str(demo_model_path), overrides=overrides)
+        assert target.recipe.model.dtype == "bfloat16"
+        server = Server(serving_folder(target), "127.0.0.1", free_port())  # loaded, not listening
+        try:
+            assert server.model().dtype == dtype
+            assert bool(server.dtype_note) == noted
+        finally:
+            server.close()

@@ -60,6 +60,8 @@ def serve(args, target) -> int:
         console.print(f"prompt format: {served.target.recipe.data.format} (the tokenizer has no chat template; "
                       f"wrote the one tuner trains with into {served.path})", highlight=False)
     server = Server(served, args.host, args.port, args.bits)
+    if server.dtype_note:
+        console.print(f"note: {server.dtype_note}", highlight=False)
     context = args.context or default_context(served.target, served.target.recipe.inference.max_new_tokens)
     placement = placement_of(server.model(), 1, context, facts=planner_facts(served.target))
     console.print(placement_table(placement))

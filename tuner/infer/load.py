@@ -37,6 +37,17 @@ def default_context(target: InferenceTarget, max_new_tokens: int) -> int:
     return target.recipe.memory.max_seq_length + max_new_tokens
 
 
+def inference_dtype(target: InferenceTarget, on_gpu: bool) -> tuple[str, str | None]:
+    """(the dtype to load the weights in, a note when it is not the recipe's): on a CPU float32, unless the recipe
+    or a --set names model.dtype; a dtype that only follows the training's mixed precision is no choice for
+    inference, and CPUs run 16-bit weights slowly."""
+    dtype = target.recipe.model.dtype
+    if on_gpu or target.dtype_chosen or dtype == CPU_DTYPE:
+        return dtype, None
+    return CPU_DTYPE, (f"weights in {CPU_DTYPE} on the CPU: model.dtype {dtype} follows the training's mixed "
+                       f"precision, which CPUs run slowly (--set model.dtype={dtype} keeps it).")
+
+
 def load_for_inference(target: InferenceTarget, *, batch: int = 1, context: int, bits: int | None = None,
                        max_memory: dict[int | str, int | str] | None = None,
                        offload_folder: str | Path | None = None) -> LoadedModel:
@@ -52,10 +63,8 @@ def load_for_inference(target: InferenceTarget, *, batch: int = 1, context: int,
     if max_memory is None:
         max_memory, notes = hardware_memory_map(recipe, target.use_recipe_hardware)
     on_gpu = any(isinstance(device, int) for device in max_memory)
-    if not on_gpu and not target.dtype_chosen and recipe.model.dtype != CPU_DTYPE:
-        notes.append(f"weights in {CPU_DTYPE} on the CPU: model.dtype {recipe.model.dtype} follows the training's "
-                     f"mixed precision, which CPUs run slowly (--set model.dtype={recipe.model.dtype} keeps it).")
-        recipe.model.dtype = CPU_DTYPE
+    recipe.model.dtype, note = inference_dtype(target, on_gpu)
+    notes += [note] if note else []
     quantization = quantization_config(recipe)
     if quantization is not None:
         quantization.llm_int8_enable_fp32_cpu_offload = True

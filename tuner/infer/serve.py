@@ -154,10 +154,16 @@ class Server:
                 self._generation_state.shutdown()
                 self._model_manager.shutdown()
 
+        import torch
+
+        from tuner.infer.load import inference_dtype
+
         recipe = served.target.recipe
+        # transformers' server puts the model on a GPU when there is one, else on the CPU
+        dtype, self.dtype_note = inference_dtype(served.target, on_gpu=torch.cuda.is_available())
         try:
             self._serve = Prepared(
-                force_model=served.model_name, host=host, port=port, dtype=recipe.model.dtype,
+                force_model=served.model_name, host=host, port=port, dtype=dtype,
                 quantization={4: "bnb-4bit", 8: "bnb-8bit"}.get(bits), trust_remote_code=recipe.model.trust_remote_code,
                 log_level="warning", non_blocking=True)
         except (OSError, ValueError) as exc:
@@ -175,4 +181,8 @@ class Server:
         except KeyboardInterrupt:
             print("server stopped", file=sys.stderr)
         finally:
-            self._serve.close()
+            self.close()
+
+    def close(self) -> None:
+        """Stop the generation workers and let the model go (a server that never listened too)."""
+        self._serve.close()
