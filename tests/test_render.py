@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fake_launchers import calls, install_fakes
 from render_cases import CASES, case_recipe
 
 from tuner.render.launch_command import launch_argv, preflight_argv
@@ -162,18 +163,6 @@ def test_deepspeed_json_sections():
     assert nvme["stage3_gather_16bit_weights_on_model_save"] is True
 
 
-def fake_accelerate(tmp_path: Path) -> dict[str, str]:
-    """A PATH whose ``accelerate`` and ``tuner`` print their arguments, one per line: shows exactly what launch.sh
-    runs."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name in ("accelerate", "tuner"):
-        stub = bin_dir / name
-        stub.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "cwd=$PWD" {name} "$@"\n')
-        stub.chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-
-
 def test_launch_script_runs_the_exact_command_per_node(tmp_path):
     recipe = case_recipe("multinode_zero3_2x8_c10d")
     project = tmp_path / "project"
@@ -184,19 +173,17 @@ def test_launch_script_runs_the_exact_command_per_node(tmp_path):
         (project / run_dir / file).write_text(files[file])
         (project / run_dir / file).chmod(0o755)
         subprocess.run(["bash", "-n", str(project / run_dir / file)], check=True)
-    env = fake_accelerate(tmp_path)
+    env = install_fakes(tmp_path / "fakes")
     script = project / run_dir / LAUNCH_SCRIPT
     for rank in (0, 1):
-        out = subprocess.run([str(script), str(rank)], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
-        assert out.stdout.splitlines() == [f"cwd={project}", *preflight_argv(run_dir, rank), f"cwd={project}",
-                                           *launch_argv(run_dir, machine_rank=rank, main_process_ip="10.0.0.1")]
-    moved = subprocess.run([str(script), "1"], cwd=tmp_path, env={**env, "MAIN_PROCESS_IP": "node-a"},
-                           capture_output=True, text=True, check=True)
-    expected = launch_argv(run_dir, machine_rank=1, main_process_ip="node-a")
-    assert moved.stdout.splitlines()[-len(expected):] == expected
+        subprocess.run([str(script), str(rank)], cwd=tmp_path, env=env, check=True)
+        assert calls(env) == [[str(project), *preflight_argv(run_dir, rank)[1:]],
+                              [str(project), *launch_argv(run_dir, machine_rank=rank, main_process_ip="10.0.0.1")[1:]]]
+    subprocess.run([str(script), "1"], cwd=tmp_path, env={**env, "MAIN_PROCESS_IP": "node-a"}, check=True)
+    assert calls(env)[-1] == [str(project), *launch_argv(run_dir, machine_rank=1, main_process_ip="node-a")[1:]]
     for bad in ([], ["2"], ["x"]):
         refused = subprocess.run([str(script), *bad], cwd=tmp_path, env=env, capture_output=True, text=True)
-        assert refused.returncode != 0 and "MACHINE_RANK" in refused.stderr
+        assert refused.returncode != 0 and "MACHINE_RANK" in refused.stderr and not calls(env)
 
 
 def test_single_machine_launch_script_returns_to_the_project(tmp_path):
@@ -208,8 +195,9 @@ def test_single_machine_launch_script_returns_to_the_project(tmp_path):
     script = tmp_path / run_dir / LAUNCH_SCRIPT
     script.write_text(files[LAUNCH_SCRIPT])
     script.chmod(0o755)
-    out = subprocess.run([str(script)], cwd="/", env=fake_accelerate(tmp_path), capture_output=True, text=True, check=True)
-    assert out.stdout.splitlines() == [f"cwd={tmp_path}", *launch_argv(run_dir)]
+    env = install_fakes(tmp_path / "fakes")
+    subprocess.run([str(script)], cwd="/", env=env, check=True)
+    assert calls(env) == [[str(tmp_path), *launch_argv(run_dir)[1:]]]
 
 
 def test_slurm_script_starts_one_launch_per_node():
