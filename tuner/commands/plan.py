@@ -78,6 +78,7 @@ def run(args) -> int:
 
         memory_plan = plan(recipe)
         advice = advise(recipe) if args.advise else None
+        more_gpus = alternative_topology(recipe, advice)
     except UnknownModelError as exc:
         raise RecipeError([f"model.id: {exc}"]) from None
     simulation = None
@@ -93,7 +94,8 @@ def run(args) -> int:
 
         data = memory_plan.to_dict()
         if advice is not None:
-            data = {"plan": data, "advice": [_advice_dict(a) for a in advice]}
+            data = {"plan": data, "advice": [_advice_dict(a) for a in advice],
+                    "topology": _advice_dict(more_gpus) if more_gpus else None}
         if simulation is not None:
             data = {**({"plan": data} if "plan" not in data else data),
                     "simulation": {**simulation.to_dict(), "planned_gib": round(simulated_step_gib(memory_plan), 4)}}
@@ -106,9 +108,18 @@ def run(args) -> int:
         if simulation is not None:
             print_simulation(console, simulation, memory_plan)
         if advice is not None:
-            print_advice(console, advice)
+            print_advice(console, advice, more_gpus)
     fits = advice[0].fits if advice else memory_plan.fits
     return 0 if fits else EXIT_DOES_NOT_FIT
+
+
+def alternative_topology(recipe, advice):
+    """Where the best advice offloads (or nothing fits), the fewest GPUs of the recipe's type that need no offload."""
+    from tuner.planner.advisor import topology, uses_offload
+
+    if not advice or (advice[0].fits and not uses_offload(advice[0].recipe)):
+        return None
+    return topology(recipe)
 
 
 def _advice_dict(advice) -> dict:
@@ -157,10 +168,11 @@ def print_plan(console, memory_plan) -> None:
         console.print(f"[dim]note: {note}[/]")
 
 
-def print_advice(console, advice) -> None:
+def print_advice(console, advice, more_gpus=None) -> None:
     console.print()
     if not advice[0].fits:
         console.print(f"[bold red]{advice[0].reasons[0]}[/]")
+        print_topology(console, more_gpus)
         return
     console.print("[bold]plans that fit, cheapest first[/] (cost = estimated throughput penalty):")
     for rank, item in enumerate(advice, 1):
@@ -173,6 +185,18 @@ def print_advice(console, advice) -> None:
     if best.largest_micro_batch:
         console.print(f"largest micro-batch that fits plan 1: {best.largest_micro_batch} "
                       f"(gradient_accumulation_steps {best.accumulation_for_largest} keeps the effective batch)")
+    print_topology(console, more_gpus)
+
+
+def print_topology(console, more_gpus) -> None:
+    """The fewest GPUs without offload, beside plans that offload."""
+    if more_gpus is None:
+        return
+    console.print(f"[bold]with more GPUs instead of offload[/]: {more_gpus.reasons[0]} (~{more_gpus.cost:.0%} slower "
+                  "than the recipe on those GPUs)")
+    for line in more_gpus.reasons[1:]:
+        console.print(f"     - {line}")
+    console.print("     [dim]" + " ".join(f"--set {c}" for c in more_gpus.overrides) + "[/]")
 
 
 def simulated_step_gib(memory_plan) -> float:

@@ -2,9 +2,10 @@
 
 ``plan(recipe)`` is pure arithmetic (no torch); ``advise(recipe)`` searches the ladder of memory tactics;
 ``next_step(recipe)`` is the advisor's next rung, as the recipe it leads to, for an out-of-memory handler;
+``topology(recipe)`` the fewest GPUs of the recipe's type on which it fits without offload;
 ``tuner.planner.simulate`` traces a real step on fake tensors to check the arithmetic.
 """
-from tuner.planner.advisor import Advice, Step, advise, largest_micro_batch, next_step
+from tuner.planner.advisor import Advice, Step, advise, largest_micro_batch, next_step, topology
 from tuner.planner.memory import DevicePlan, MemoryPlan, plan
 
-__all__ = ["Advice", "DevicePlan", "MemoryPlan", "Step", "advise", "largest_micro_batch", "next_step", "plan"]
+__all__ = ["Advice", "DevicePlan", "MemoryPlan", "Step", "advise", "largest_micro_batch", "next_step", "plan", "topology"]

@@ -36,6 +36,8 @@ RUNG_COST = {
     Rung.GRADIENT_CHECKPOINTING: 0.25,  # one extra forward of ~3 units of compute, partly hidden by lower memory traffic
     Rung.ACTIVATION_OFFLOADING: 0.15,  # the checkpointed inputs cross PCIe twice per step, on the compute stream
     Rung.ZERO3: 0.30,  # 1.5x DDP's communication volume and a gather before every module, rarely fully overlapped
+    Rung.TENSOR_PARALLEL: 0.07,  # per doubling of tp: all-reduces inside every layer over NVLink, smaller matmuls
+    Rung.CONTEXT_PARALLEL: 0.05,  # per doubling of cp/sp: KV exchange (ring) or all-to-all per layer, mostly overlapped
     Rung.OFFLOAD_OPTIMIZER: 0.60,  # optimizer step on the CPU and gradients over PCIe
     Rung.OFFLOAD_PARAMS: 1.20,  # every parameter crosses PCIe twice per step
     Rung.LORA: 1.0,  # not slower, but changes what is learned: only when nothing else fits
@@ -96,6 +98,9 @@ def _candidates(recipe) -> list[Tactics]:
     if recipe.method.allow_method_change:
         methods += {"full": ["lora", "qlora"], "lora": ["qlora"], "qlora": []}[base.method]
     offload = ["none", "cpu"] if on_gpu else ["none"]
+    # tensor parallelism within a machine, sequences split across the data-parallel ranks (doublings)
+    tps = _doublings(base.tp, recipe.hardware.gpus_per_machine) if on_gpu and "full" in methods else [base.tp]
+    seq_shards = _doublings(base.seq_shards, world) if on_gpu else [base.seq_shards]
 
     def at_least(value, floor):  # a tactic the recipe already uses is kept
         return [v for v in value if v or not floor]
@@ -104,12 +109,15 @@ def _candidates(recipe) -> list[Tactics]:
     precompute = at_least((False, True) if recipe.objective.preference else (False,), base.precompute_reference)
 
     out = []
-    for sharding, ckpt, act_off, chunked, opt_off, par_off, mb, meth, pre in product(
+    for sharding, ckpt, act_off, chunked, opt_off, par_off, mb, meth, pre, tp, shards in product(
             shardings, at_least((False, True), base.checkpointing), at_least((False, True) if on_gpu else (False,),
                                                                               base.activation_offloading),
-            at_least((False, True), base.chunked_loss), offload, offload, batches, methods, precompute):
+            at_least((False, True), base.chunked_loss), offload, offload, batches, methods, precompute, tps,
+            seq_shards):
         if act_off and not ckpt:
             continue  # offloading holds the checkpointed inputs
+        if world % (tp * shards) or (tp > 1 and (meth != "full" or chunked)):
+            continue  # the checks refuse these; skipped here so the search stays small
         if pre and not base.precompute_reference and meth != "full":
             continue
         if (base.offload_optimizer != "none" and opt_off == "none") or (base.offload_params != "none" and par_off == "none"):
@@ -118,8 +126,16 @@ def _candidates(recipe) -> list[Tactics]:
             opt_off = base.offload_optimizer
         if par_off != "none" and base.offload_params != "none":
             par_off = base.offload_params
-        out.append(Tactics(sharding, ckpt, opt_off, par_off, mb, meth, chunked, act_off, pre))
+        out.append(Tactics(sharding, ckpt, opt_off, par_off, mb, meth, chunked, act_off, pre, tp, shards))
     return list(dict.fromkeys(out))
+
+
+def _doublings(start: int, most: int) -> list[int]:
+    """``start`` and its doublings up to ``most``: the tp or cp/sp degrees the advisor tries."""
+    values = [start]
+    while values[-1] * 2 <= most:
+        values.append(values[-1] * 2)
+    return values
 
 
 # Why each rung helps, said once: the advice, the plan's reasons and the out-of-memory message all use it.
@@ -135,6 +151,11 @@ REASONS = {
     Rung.ACTIVATION_OFFLOADING: "activation offloading holds the checkpointed layer inputs in CPU RAM",
     Rung.ZERO3: "ZeRO-3 shards the optimizer states, gradients and parameters (gathered layer by layer) over the "
                 "{world} GPUs",
+    Rung.TENSOR_PARALLEL: "tensor parallelism (tp {tp}) splits every layer's weights, gradients, optimizer states and "
+                          "attention and MLP activations across {tp} GPUs of a machine; {acc} accumulation steps keep "
+                          "the effective batch of {batch}",
+    Rung.CONTEXT_PARALLEL: "{split} splits each sequence across {shards} GPUs, so each holds 1/{shards} of the "
+                           "activations; {acc} accumulation steps keep the effective batch of {batch}",
     Rung.OFFLOAD_OPTIMIZER: "optimizer states and the optimizer step move to CPU RAM",
     Rung.OFFLOAD_PARAMS: "parameters move to CPU RAM between uses",
     Rung.LORA: "LoRA trains small adapters instead of every weight (method.allow_method_change)",
@@ -144,9 +165,11 @@ REASONS = {
 
 def reason(recipe, rung: Rung) -> str:
     """Why ``rung`` helps, in the words of ``recipe`` (the recipe after the climb)."""
-    mem = recipe.memory
+    mem, par = recipe.memory, recipe.parallelism
+    split = f"context parallelism (cp {par.cp}, ring attention)" if par.cp > 1 else \
+        f"sequence parallelism (sp {par.sp}, DeepSpeed Ulysses)"
     line = REASONS[rung].format(world=recipe.world_size, mb=mem.micro_batch_size, acc=mem.gradient_accumulation_steps,
-                                eff=mem.micro_batch_size * mem.gradient_accumulation_steps)
+                                eff=mem.micro_batch_size * mem.gradient_accumulation_steps, batch=recipe.effective_batch_size, tp=par.tp, shards=par.cp * par.sp, split=split)
     if recipe.world_size == 1:
         line = line.replace(" over the 1 GPUs", " (on one GPU: what lets DeepSpeed offload)")
     if mem.distributed == "fsdp":
@@ -211,15 +234,16 @@ def _overrides(recipe, candidate) -> list[str]:
     return recipe_changes(recipe, candidate) if candidate is not recipe else []
 
 
-def advise(recipe, limit: int = 5) -> list[Advice]:
-    """Plans that fit, cheapest first (at most ``limit``); or one non-fitting Advice saying how much is missing."""
+def _search(recipe, keep=None) -> tuple[list[tuple], list[tuple]]:
+    """(every candidate planned, those that fit and may run, cheapest first); ``keep`` limits the tactics tried."""
     from tuner.recipe.checks import find_problems
 
-    before = plan(recipe)
     base = tactics_of(recipe)
     machines = recipe.hardware.machines
     scored = []
     for tactics in _candidates(recipe):
+        if keep is not None and not keep(base, tactics):
+            continue
         candidate = apply_tactics(recipe, tactics) if tactics != base else recipe
         if tactics != base and find_problems(candidate):
             continue  # e.g. 8-bit QLoRA with ZeRO-3, offload without sharding
@@ -228,6 +252,13 @@ def advise(recipe, limit: int = 5) -> list[Advice]:
         scored.append((memory_plan.fits, _cost(changes), memory_plan.gpu.total_gib, tactics, candidate, memory_plan, changes))
     fitting = [s for s in sorted((s for s in scored if s[0]), key=lambda s: (s[1], s[2]))
                if s[4] is recipe or _runnable(s[4])]  # a rung can push a field past its limit (found by fuzzing)
+    return scored, fitting
+
+
+def advise(recipe, limit: int = 5) -> list[Advice]:
+    """Plans that fit, cheapest first (at most ``limit``); or one non-fitting Advice saying how much is missing."""
+    before = plan(recipe)
+    scored, fitting = _search(recipe)
     if not fitting:
         best = min(scored, key=lambda s: s[5].missing_gib)
         _, cost, _, _, candidate, memory_plan, changes = best
@@ -261,6 +292,87 @@ def advise(recipe, limit: int = 5) -> list[Advice]:
     if found:
         chosen.largest_micro_batch, chosen.accumulation_for_largest = found
     return advice
+
+
+MOST_MACHINES = 64  # how far the topology advice looks
+OFFLOADS = (Rung.ACTIVATION_OFFLOADING, Rung.OFFLOAD_OPTIMIZER, Rung.OFFLOAD_PARAMS)
+PLACEHOLDER_ADDRESS = "10.0.0.1"  # machine rank 0's address in the advice, for the user to replace
+
+
+def uses_offload(recipe) -> bool:
+    """Whether a recipe moves states or activations to CPU RAM (what the topology advice avoids)."""
+    mem = recipe.memory
+    return mem.activation_offloading or mem.offload_optimizer != "none" or mem.offload_params != "none"
+
+
+def topology(recipe) -> Advice | None:
+    """The fewest GPUs of the recipe's type on which it fits without offloading anything, at the cheapest tactics
+    there (same method; more machines of the recipe's size, or more GPUs in its one machine up to 8); None on a CPU
+    or where even MOST_MACHINES machines would not do.  The effective batch is kept where accumulation allows."""
+    if not recipe.uses_gpu:
+        return None
+    base = tactics_of(recipe)
+
+    def without_offload(frugal: bool):
+        def keep(start: Tactics, tactics: Tactics) -> bool:
+            if tactics.method != start.method or set(OFFLOADS) & set(rungs_between(start, tactics)):
+                return False
+            return not frugal or (tactics.checkpointing and tactics.micro_batch == 1)
+        return keep
+
+    for machines, gpus in _layouts(recipe):
+        candidate = _on_layout(recipe, machines, gpus, base)
+        if candidate is None or not _search(candidate, without_offload(frugal=True))[1]:
+            continue  # not even the most frugal tactics fit here: no need to price the rest
+        _, cost, _, _, found, memory_plan, changes = _search(candidate, without_offload(frugal=False))[1][0]
+        finished = found if found is candidate else _finish(found)
+        where = f"{machines} machines x {gpus}" if machines > 1 else "one machine"
+        head = (f"on {machines * gpus} GPUs ({where} {_gpu_name(recipe)}) {rung_list(changes) or 'the recipe as is'} "
+                f"fits at {memory_plan.gpu.total_gib:.0f} GiB, no offload")
+        reasons = [head] + [reason(finished, c) for c in dict.fromkeys(changes)]
+        if finished.effective_batch_size != recipe.effective_batch_size:
+            reasons.append(f"the effective batch becomes {finished.effective_batch_size} (was "
+                           f"{recipe.effective_batch_size}): every data-parallel rank takes at least one sample a step")
+        if machines > 1 and recipe.hardware.main_process_ip is None:
+            reasons.append("set hardware.main_process_ip to machine rank 0's address")
+        return Advice(finished, memory_plan, cost, reasons, changes, overrides=_overrides(recipe, finished))
+    return None
+
+
+def _gpu_name(recipe) -> str:
+    hw = recipe.hardware
+    return hw.gpu or f"{hw.gpu_memory_gb:g}GB"
+
+
+def _layouts(recipe) -> list[tuple[int, int]]:
+    """(machines, GPUs per machine) with more GPUs than the recipe's, fewest first."""
+    hw = recipe.hardware
+    layouts = []
+    gpus = hw.gpus_per_machine
+    while hw.machines == 1 and gpus < 8:
+        gpus *= 2
+        layouts.append((1, gpus))
+    return layouts + [(machines, max(gpus, hw.gpus_per_machine)) for machines in range(hw.machines + 1, MOST_MACHINES + 1)]
+
+
+def _on_layout(recipe, machines: int, gpus: int, base: Tactics):
+    """The recipe on ``machines`` x ``gpus`` GPUs, its effective batch kept where accumulation allows; None where
+    the recipe cannot run so (its tp no longer divides the machine, say)."""
+    from tuner.recipe.io import RecipeError, validate_recipe
+
+    data = recipe.model_dump(mode="json")
+    data["hardware"].update(machines=machines, gpus_per_machine=gpus, num_processes=None,
+                            main_process_ip=recipe.hardware.main_process_ip or
+                            (PLACEHOLDER_ADDRESS if machines > 1 else None))
+    data["parallelism"].update(dp_replicate=None, dp_shard=None)
+    data["memory"].update(offload_optimizer="none", offload_params="none", activation_offloading=False)
+    data_parallel = machines * gpus // (base.tp * base.seq_shards)
+    data["memory"]["gradient_accumulation_steps"] = max(1, math.ceil(
+        recipe.effective_batch_size / (base.micro_batch * data_parallel)))
+    try:
+        return validate_recipe(data)
+    except RecipeError:
+        return None
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from tuner.catalog.models import ModelFacts, model_facts
+from tuner.catalog.models import ModelFacts, ParamCounts, model_facts
 
 GIB = 2**30
 TIGHT_HEADROOM = 0.10  # less than 10% of a device left free is "tight": fragmentation and spikes can still OOM
@@ -206,9 +206,11 @@ def _round(value: float | None) -> float | None:
 
 @dataclass(frozen=True)
 class _Setup:
-    """The recipe reduced to what the memory model reads."""
+    """The recipe reduced to what the memory model reads, for one rank."""
 
-    facts: ModelFacts
+    facts: ModelFacts  # one tensor-parallel rank's share of a decoder layer (the model's own shape when tp is 1)
+    model: ModelFacts  # the whole model (loading, saving and merging handle it whole)
+    counts: ParamCounts  # the parameters one rank holds before ZeRO/FSDP sharding (the model's when tp is 1)
     kind: str  # full, lora, qlora
     weight_bytes: int  # model.dtype
     act_bytes: int  # activations: 16-bit under mixed precision, else the weights' dtype
@@ -217,14 +219,15 @@ class _Setup:
     zero: int | None
     fsdp: str
     world: int
-    shard_group: int
+    shard_group: int  # FSDP: the ranks a parameter is sharded across
+    zero_ranks: int  # DeepSpeed: the ranks ZeRO partitions across (all but the tensor-parallel ones)
     offload_optimizer: str
     offload_params: str
     checkpointing: bool
     eager: bool
     flash: bool
     batch: int
-    seq: int
+    seq: int  # tokens of one sequence on one rank: max_seq_length over the cp x sp ranks that split it
     accumulation: int
     optimizer: str
     lora_r: int
@@ -245,6 +248,36 @@ class _Setup:
     fsdp_ram_efficient_loading: bool
     objective: str = "sft"  # sft, or a preference objective (tuner.planner.preference)
     precompute: bool = False  # preference: reference log-probabilities computed before training
+    tp: int = 1  # tensor-parallel ranks (parallelism.tp)
+    seq_shards: int = 1  # ranks a sequence is split across: cp (ring attention) or sp (Ulysses)
+
+    @property
+    def tp_label(self) -> str:
+        """' (tp 1/8)' after an item one tensor-parallel rank holds a share of; '' without tensor parallelism."""
+        return f" (tp 1/{self.tp})" if self.tp > 1 else ""
+
+
+def rank_facts(model: ModelFacts, tp: int) -> ModelFacts:
+    """One tensor-parallel rank's share of a decoder layer: transformers' plans and DeepSpeed AutoTP split q/k/v and
+    gate/up by output columns and o/down by input rows, so a rank holds heads / tp, KV heads / tp and an MLP width
+    / tp; the hidden width, the norms (and Qwen 3's q/k norms) and a MoE's router stay whole on every rank."""
+    if tp == 1:
+        return model
+    return replace(model, num_heads=model.num_heads // tp, num_kv_heads=max(1, model.num_kv_heads // tp),
+                   intermediate_size=model.intermediate_size // tp)
+
+
+def rank_param_counts(model: ModelFacts, tp: int, distributed: str) -> ParamCounts:
+    """The parameters one tensor-parallel rank holds: its share of every decoder layer (:func:`rank_facts`), and
+    the output head and embeddings as the backend splits them.  DeepSpeed AutoTP (deepspeed) splits the output
+    head by vocabulary, a tied embedding with it, an untied one along the hidden width; transformers' plan (fsdp)
+    splits an untied head by vocabulary and leaves the embeddings, and a head tied to them, whole."""
+    counts = rank_facts(model, tp).param_counts
+    if tp == 1:
+        return counts
+    if distributed == "deepspeed":
+        return replace(counts, embeddings=math.ceil(counts.embeddings / tp), lm_head=math.ceil(counts.lm_head / tp))
+    return replace(counts, lm_head=math.ceil(counts.lm_head / tp))
 
 
 def _setup(recipe) -> _Setup:
@@ -254,17 +287,29 @@ def _setup(recipe) -> _Setup:
     mixed = mem.mixed_precision != "no"
     world = recipe.world_size
     objective = recipe.objective
+    par = recipe.parallelism
+    model = model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code)
+    if mem.distributed == "fsdp" and par.model_parallel > 1:  # Accelerate's dp_shard_cp mesh: cp ranks shard too
+        shard_group = par.dp_shard * par.cp
+    elif mem.fsdp.sharding_strategy == "hybrid_shard":
+        shard_group = min(world, recipe.hardware.gpus_per_machine)
+    else:
+        shard_group = world
     from tuner.planner.preference import sequences_per_sample
 
     return _Setup(
-        facts=model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code),
+        facts=rank_facts(model, par.tp), model=model, counts=rank_param_counts(model, par.tp, mem.distributed),
+        tp=par.tp, seq_shards=par.cp * par.sp,
+        # ZeRO partitions across DeepSpeed's sequence-data-parallel group: every rank but the tensor-parallel ones
+        zero_ranks=max(1, world // par.tp),
         kind=method.kind, weight_bytes=weight_bytes, act_bytes=2 if mixed else weight_bytes, mixed=mixed,
         distributed=mem.distributed, zero=mem.zero_stage, fsdp=mem.fsdp.sharding_strategy, world=world,
-        shard_group=min(world, recipe.hardware.gpus_per_machine) if mem.fsdp.sharding_strategy == "hybrid_shard" else world,
+        shard_group=shard_group,
         offload_optimizer=mem.offload_optimizer, offload_params=mem.offload_params,
         checkpointing=mem.gradient_checkpointing, eager=mem.attention == "eager",
         flash=mem.attention == "flash" and recipe.uses_gpu,
-        batch=mem.micro_batch_size * sequences_per_sample(objective.kind), seq=mem.max_seq_length,
+        batch=mem.micro_batch_size * sequences_per_sample(objective.kind),
+        seq=mem.max_seq_length // (par.cp * par.sp),
         accumulation=mem.gradient_accumulation_steps, optimizer=mem.optimizer, lora_r=method.lora.r,
         lora_targets=method.lora.target_modules,
         lora_dropout=0.0 if objective.preference else method.lora.dropout,  # TRL turns dropout off
@@ -295,7 +340,7 @@ def _layer_params(facts: ModelFacts) -> int:
 
 def _frozen_weight_items(s: _Setup) -> list[Item]:
     """Base weights of LoRA/QLoRA (frozen), before any sharding."""
-    f, counts = s.facts, s.facts.param_counts
+    f, counts = s.facts, s.counts
     if s.quant_bits is None:
         return [Item("base weights (frozen)", "weights", counts.total * s.weight_bytes, source="dtype")]
     quantized = f.quantizable_params()
@@ -318,7 +363,7 @@ def _frozen_autocast_copies(s: _Setup) -> list[Item]:
     """fp32 frozen weights under autocast: each linear casts its weight to 16 bits on every use (autocast caches
     casts only of tensors that require grad) and keeps the copy for the backward of its input, until that backward
     (under checkpointing only the recomputed layer's, plus the output head's)."""
-    f, counts = s.facts, s.facts.param_counts
+    f, counts = s.facts, s.counts
     layers = counts.attention + counts.mlp
     head = Item("autocast 16-bit copy of the frozen fp32 output head", "weights",
                 (counts.lm_head or counts.embeddings) * 2, BACKWARD, source="autocast")
@@ -331,13 +376,13 @@ def _frozen_autocast_copies(s: _Setup) -> list[Item]:
 
 def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
     """(GPU items, host items per GPU, notes) for weights, adapters, gradients and optimizer states."""
-    f, counts = s.facts, s.facts.param_counts
+    f, counts = s.facts, s.counts
     notes: list[str] = []
     full = s.kind == "full"
     trainable = counts.total if full else f.lora_params(s.lora_r, s.lora_targets)
     deepspeed = s.distributed == "deepspeed" and s.world >= 1 and s.zero is not None
     fsdp = s.distributed == "fsdp"
-    n = s.world
+    n = s.zero_ranks if deepspeed else s.shard_group if fsdp else s.world
     gpu: list[Item] = []
     host: list[Item] = []
 
@@ -352,7 +397,8 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
     if deepspeed:
         w16 = 2 if s.mixed else 4  # DeepSpeed casts the module to its bf16/fp16 dtype
         if full:
-            base = Item("16-bit parameters" if s.mixed else "fp32 parameters", "weights", counts.total * w16, source="zero")
+            base = Item(("16-bit parameters" if s.mixed else "fp32 parameters") + s.tp_label, "weights",
+                        counts.total * w16, source="zero")
             frozen_items = [base]
         if s.zero == 3:
             for item in frozen_items:
@@ -373,8 +419,8 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
         group = s.shard_group if sharded else 1
         master = 4 if s.mixed or s.weight_bytes == 4 else s.weight_bytes  # Accelerate upcasts FSDP params to fp32 under mixed precision
         if full:
-            frozen_items = [Item("fp32 parameters (FSDP shard)" if master == 4 else "parameters (FSDP shard)",
-                                 "weights", counts.total * master, source="fsdp")]
+            frozen_items = [Item(("fp32 parameters (FSDP shard)" if master == 4 else "parameters (FSDP shard)")
+                                 + s.tp_label, "weights", counts.total * master, source="fsdp")]
         for item in frozen_items:
             place(Item(item.name + (f" (shard 1/{group})" if group > 1 else ""), item.category, item.bytes / group,
                        item.phase, item.source), s.offload_params)
@@ -384,7 +430,7 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
                             counts.total * compute, BACKWARD, source="fsdp"))
         elif group > 1:
             root = counts.embeddings + counts.lm_head + f.hidden_size
-            gpu.append(Item("gathered parameters (root module + two decoder layers)", "weights",
+            gpu.append(Item("gathered parameters (root module + two decoder layers)" + s.tp_label, "weights",
                             (root + 2 * _layer_params(f)) * compute, BACKWARD, source="fsdp"))
     else:
         if full:
@@ -421,18 +467,20 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
             gpu.append(Item("gradient reduce buckets (h^2 elements)", "gradients", f.hidden_size**2 * param_bytes * 2,
                             source="hf-deepspeed"))
         elif s.zero >= 3:
-            gpu.append(Item(f"{label} gradient partition (1/{n})", "gradients", trainable * param_bytes / n,
+            gpu.append(Item(f"{label} gradient partition (1/{n}){s.tp_label}", "gradients", trainable * param_bytes / n,
                             source="zero"))
         elif s.zero == 2:
-            gpu.append(Item(f"{label} gradient partition (1/{n})", "gradients", trainable * param_bytes / n,
+            gpu.append(Item(f"{label} gradient partition (1/{n}){s.tp_label}", "gradients", trainable * param_bytes / n,
                             between_steps, source="zero"))
         else:
-            gpu.append(Item(f"{label} gradients", "gradients", trainable * param_bytes, between_steps, source="zero"))
+            gpu.append(Item(f"{label} gradients{s.tp_label}", "gradients", trainable * param_bytes, between_steps,
+                            source="zero"))
             if s.zero == 1:
                 gpu.append(Item(f"{label} partition of the reduced gradients (1/{n}) buffer", "gradients",
                                 trainable * param_bytes / n, LAYER_BACKWARD, source="zero"))
-        opt_items = [Item("Adam moments (fp32)", "optimizer", trainable * 8 / opt_shard, source="zero"),
-                     Item("fp32 master weights", "optimizer", trainable * 4 / opt_shard, source="zero")]
+        opt_label = (f" (ZeRO 1/{opt_shard})" if s.tp > 1 and opt_shard > 1 else "") + s.tp_label
+        opt_items = [Item("Adam moments (fp32)" + opt_label, "optimizer", trainable * 8 / opt_shard, source="zero"),
+                     Item("fp32 master weights" + opt_label, "optimizer", trainable * 4 / opt_shard, source="zero")]
         # stage 1/2 upcast the whole gradient partition for the step; stage 3 one sub-group (1e9 elements) at a time
         step_elements = trainable / opt_shard if s.zero < 3 else min(trainable / opt_shard, 1e9)
         opt_items.append(Item("fp32 gradients for the step", "gradients", step_elements * 4,
@@ -448,13 +496,12 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
         shard = s.shard_group if s.fsdp != "no_shard" else 1
         # each layer's gradients are reduce-scattered into their shard as its backward ends: the shards fill up
         # through the backward (traced on gloo ranks), beside the unsharded gradients of the module being reduced
-        place(Item("fp32 gradients (sharded)" if shard > 1 else "gradients", "gradients",
+        place(Item(("fp32 gradients (sharded)" if shard > 1 else "gradients") + s.tp_label, "gradients",
                    trainable * param_bytes / shard, ALWAYS if grad_persistent else (LAYER_BACKWARD, STEP),
                    source="fsdp"), s.offload_optimizer)
         if shard > 1 and s.offload_optimizer == "none":
             # the root's gradients (output head first, embeddings last) wait for the root's reduce-scatter after
             # every layer's; a layer's wait only for its own backward to end.  Computed in the compute dtype.
-            counts = f.param_counts
             if full:
                 head = counts.lm_head or counts.embeddings
                 module = head + max(_layer_params(f), counts.embeddings if counts.lm_head else 0)
@@ -462,7 +509,8 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
                 module = trainable / f.num_layers
             gpu.append(Item("unsharded gradients awaiting reduce-scatter (output head, and a layer's)", "gradients",
                             module * (2 if s.mixed else param_bytes), LAYER_BACKWARD, source="fsdp"))
-        place(Item("Adam moments", "optimizer", trainable * 2 * param_bytes / shard, source="torch-adamw"),
+        place(Item("Adam moments" + (f" (shard 1/{shard})" if s.tp > 1 and shard > 1 else "") + s.tp_label,
+                   "optimizer", trainable * 2 * param_bytes / shard, source="torch-adamw"),
               s.offload_optimizer)
         if s.optimizer == "adamw_torch" and s.offload_optimizer == "none":
             gpu.append(Item("foreach AdamW temporaries", "optimizer", trainable * param_bytes / shard, STEP,
@@ -553,13 +601,14 @@ def layer_score_bytes_per_token(s: _Setup) -> float:
     sdpa receives the boolean causal/padding mask (with packing: the block-diagonal mask of the packed
     row, which transformers always materialises) and converts it to an additive mask of the compute dtype
     in every layer (kept for backward): a x span.  flash-attention keeps neither (packed rows run as
-    variable-length sequences).
+    variable-length sequences), nor does a split sequence: context parallelism swaps the mask for SDPA's is_causal
+    (transformers' Trainer) and Ulysses drops it (DeepSpeed).
     """
     f, a = s.facts, s.act_bytes
     span = attention_span(s)
     if s.eager:
         return f.num_heads * span * (4 + (a if a != 4 else 0))
-    if s.flash:
+    if s.flash or s.seq_shards > 1:
         return 0.0
     return a * span
 
@@ -636,8 +685,9 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
         mlp_backward += 2 * 4 * max(lin.in_features for lin in targets)
     layer_backward = tokens * max(mlp_backward, 6 * f.num_heads * span if s.eager else 0)
     items, host = [], []
+    sequence, split = _sequence_label(s), _activation_label(s)
     if s.checkpointing:
-        inputs = Item(f"checkpointed layer inputs ({f.num_layers} layers)", "activations",
+        inputs = Item(f"checkpointed layer inputs ({f.num_layers} layers{sequence})", "activations",
                       f.num_layers * tokens * f.hidden_size * residual_bytes(s), BACKWARD, source="korthikanti")
         if s.activation_offloading:  # transformers' offload: save_on_cpu around each checkpointed layer
             host.append(Item(inputs.name + ", offloaded to pinned host RAM", "activations", inputs.bytes, BACKWARD,
@@ -646,10 +696,10 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
                               tokens * f.hidden_size * residual_bytes(s), LAYER_BACKWARD, source="hf-offload"))
         else:
             items.append(inputs)
-        items.append(Item("one layer recomputed in backward", "activations", per_layer, LAYER_BACKWARD,
-                          source="korthikanti"))
+        items.append(Item(f"one layer recomputed in backward{split and f' ({split})'}", "activations", per_layer,
+                          LAYER_BACKWARD, source="korthikanti"))
     else:
-        items.append(Item(f"saved activations ({f.num_layers} layers)", "activations",
+        items.append(Item(f"saved activations ({f.num_layers} layers{split and f'; {split}'})", "activations",
                           f.num_layers * per_layer, BACKWARD, source="korthikanti"))
     items.append(Item("gradients of one layer's intermediates", "activations", layer_backward, LAYER_BACKWARD,
                       source="torch-autograd"))
@@ -660,7 +710,7 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
         items.append(Item("gradient of the output head", "gradients", f.vocab_size * f.hidden_size * s.weight_bytes,
                           BACKWARD if fused else LAYER_BACKWARD, source="liger" if s.liger else
                           "torch-lce" if s.chunked_loss else "torch-autograd"))
-    items += _loss_items(s, tokens, full)
+    items += _loss_items(s, tokens, full) + _communication_items(s, tokens)
     if f.is_moe:
         notes.append("MoE activations are approximated (tokens routed to top-k experts, no capacity padding).")
     if s.packing and not s.flash:
@@ -671,6 +721,42 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
         notes.append("sdpa: counts the per-layer additive mask made from a padding mask; "
                      "unpadded batches skip it (is_causal).")
     return items, host, notes
+
+
+def _sequence_label(s: _Setup) -> str:
+    """', sequence 1/4 by cp' where a sequence is split across ranks; '' otherwise."""
+    if s.seq_shards == 1:
+        return ""
+    return f", sequence 1/{s.seq_shards} by {'cp' if s.distributed == 'fsdp' else 'sp'}"
+
+
+def _activation_label(s: _Setup) -> str:
+    """How one rank's share of the saved activations is split: the attention core and the MLP's intermediates by tp
+    (the layer inputs, norms and residual stay whole: neither backend shards them along the sequence), every token
+    by cp or sp."""
+    parts = [f"attention and MLP tp 1/{s.tp}"] if s.tp > 1 else []
+    if s.seq_shards > 1:
+        parts.append(_sequence_label(s)[2:])
+    return ", ".join(parts)
+
+
+def _communication_items(s: _Setup, tokens: int) -> list[Item]:
+    """The buffers tensor, context and sequence parallelism add while one layer's backward runs (``tokens``: this
+    rank's); each layer's forward holds the same or less, and NCCL's own buffers are counted as overhead."""
+    f, m, a = s.facts, s.model, s.act_bytes
+    items = []
+    if s.tp > 1:  # o_proj and down_proj end in an all-reduce of the layer's output; q/k/v and gate/up's input grads too
+        items.append(Item(f"tensor-parallel all-reduce of a layer's output over the {s.tp} ranks (tokens x h)",
+                          "activations", tokens * f.hidden_size * a, LAYER_BACKWARD, source="megatron-tp"))
+    if s.seq_shards > 1 and s.distributed == "deepspeed":  # Ulysses: all-to-all of q, k, v in and the output back
+        items.append(Item("Ulysses all-to-all buffers of one layer (q, k, v and the attention output)", "activations",
+                          tokens * (2 * m.q_dim + 2 * m.kv_dim) / s.tp * a, LAYER_BACKWARD, source="ulysses"))
+    elif s.seq_shards > 1:  # torch's context_parallel, Accelerate's default allgather rotation
+        whole = tokens * s.seq_shards
+        items.append(Item("context-parallel K and V of the whole sequence, gathered for one layer, and their fp32 "
+                          "gradients", "activations", whole * 2 * f.kv_dim * (a + 4), LAYER_BACKWARD,
+                          source="torch-cp"))
+    return items
 
 
 def _eval_items(s: _Setup) -> list[Item]:
@@ -705,7 +791,7 @@ def _merge_items(s: _Setup) -> list[Item]:
     same): the base loaded unquantised in model.dtype on the CPU, plus the fp32 adapter (tuner.loading.merge)."""
     if s.kind == "full" or s.save not in ("merged", "full"):
         return []
-    f = s.facts
+    f = s.model
     return [Item("merging: base model in model.dtype and the fp32 adapter (rank 0)", "weights",
                  f.total_params * s.weight_bytes + f.lora_params(s.lora_r, s.lora_targets) * 4, MERGE,
                  source="peft-merge")]
@@ -713,8 +799,8 @@ def _merge_items(s: _Setup) -> list[Item]:
 
 def _host_phase_items(s: _Setup) -> tuple[list[Item], list[str]]:
     """Host RAM of one machine (of a GPU recipe) while loading, saving and resuming; ``gpus_per_machine``
-    processes share it."""
-    f = s.facts
+    processes share it; the weights are loaded, saved and resumed whole."""
+    f = s.model
     total, per_machine, n = f.total_params, max(s.gpus_per_machine, 1), s.world
     lora_bytes = 0 if s.kind == "full" else f.lora_params(s.lora_r, s.lora_targets) * 4
     deepspeed, fsdp = s.distributed == "deepspeed" and s.zero is not None, s.distributed == "fsdp"
@@ -776,7 +862,7 @@ def _cpu_phase_items(s: _Setup) -> list[Item]:
     if s.kind != "full" or not s.resumable:
         return []
     return [Item("resuming: the checkpoint's weights read before they are copied in", "weights",
-                 s.facts.total_params * s.weight_bytes, RESUME, source="hf-loading")]
+                 s.model.total_params * s.weight_bytes, RESUME, source="hf-loading")]
 
 
 # ---------------------------------------------------------------- the plan
@@ -893,16 +979,16 @@ def plan(recipe) -> MemoryPlan:
     notes += _setting_notes(recipe, s)
 
     verdict, missing = _verdict(devices)
-    counts = f.param_counts
+    counts = s.model.param_counts
     trainable = counts.total if s.kind == "full" else f.lora_params(s.lora_r, s.lora_targets)
     return MemoryPlan(model=recipe.model.id, devices=devices, verdict=verdict, missing_gib=missing,
                       host_ram_gib=host_ram, notes=notes, params=counts.as_dict(), trainable_params=trainable,
-                      micro_batch_size=recipe.memory.micro_batch_size, max_seq_length=s.seq)
+                      micro_batch_size=recipe.memory.micro_batch_size, max_seq_length=recipe.memory.max_seq_length)
 
 
 def _setting_notes(recipe, s: _Setup) -> list[str]:
     """What the recipe sets that changes memory in ways the plan models only in part (or not at all)."""
-    f, mem = s.facts, recipe.memory
+    f, mem = s.model, recipe.memory
     notes = []
     if s.quant_bits and s.distributed in ("fsdp", "deepspeed") and (s.distributed == "fsdp" or s.zero == 3):
         notes.append("QLoRA sharded with ZeRO-3/FSDP stores 4-bit weights as the compute dtype "

@@ -28,6 +28,8 @@ class Rung(str, Enum):
     GRADIENT_CHECKPOINTING = "gradient_checkpointing"  # keep each layer's input, recompute the rest
     ACTIVATION_OFFLOADING = "activation_offloading"  # hold the checkpointed inputs in CPU RAM
     ZERO3 = "zero3"  # shard the parameters too
+    TENSOR_PARALLEL = "tensor_parallel"  # per doubling of tp: split every layer's weights across GPUs of a machine
+    CONTEXT_PARALLEL = "context_parallel"  # per doubling of cp (fsdp) or sp (deepspeed): split each sequence
     OFFLOAD_OPTIMIZER = "offload_optimizer"  # optimizer states and step in CPU RAM
     OFFLOAD_PARAMS = "offload_params"  # parameter shards in CPU RAM
     LORA = "lora"  # train adapters instead of every weight (method.allow_method_change)
@@ -37,6 +39,9 @@ class Rung(str, Enum):
 LADDER = tuple(Rung)
 SHARDING_RUNGS = (Rung.ZERO1, Rung.ZERO2, Rung.ZERO3)  # sharding level 1, 2, 3
 # Rungs after which a run can resume from its checkpoints: the layout of weights and optimizer states is unchanged
+# Rungs that change which ranks share a batch (the effective batch is kept by more accumulation, the checkpoints are
+# laid out anew): the advisor proposes them where its plans show them cheapest; an out-of-memory run does not climb them
+LAYOUT_RUNGS = (Rung.TENSOR_PARALLEL, Rung.CONTEXT_PARALLEL)
 KEEPS_CHECKPOINTS = frozenset({Rung.MICRO_BATCH, Rung.GRADIENT_CHECKPOINTING, Rung.ACTIVATION_OFFLOADING,
                                Rung.CHUNKED_LOSS, Rung.PRECOMPUTE_REFERENCE})
 
@@ -54,6 +59,8 @@ class Tactics:
     chunked_loss: bool = False
     activation_offloading: bool = False
     precompute_reference: bool = False  # dpo/kto: objective.precompute_ref_log_probs
+    tp: int = 1  # parallelism.tp
+    seq_shards: int = 1  # parallelism.cp under fsdp, parallelism.sp under deepspeed
 
 
 def tactics_of(recipe: Recipe) -> Tactics:
@@ -66,7 +73,8 @@ def tactics_of(recipe: Recipe) -> Tactics:
         sharding = mem.distributed
     return Tactics(sharding, mem.gradient_checkpointing, mem.offload_optimizer, mem.offload_params,
                    mem.micro_batch_size, recipe.method.kind, mem.chunked_loss, mem.activation_offloading,
-                   recipe.objective.precompute_ref_log_probs)
+                   recipe.objective.precompute_ref_log_probs, recipe.parallelism.tp,
+                   recipe.parallelism.cp * recipe.parallelism.sp)
 
 
 _FSDP_LEVEL = {"no_shard": 0.0, "shard_grad_op": 2.0, "full_shard": 3.0}
@@ -102,6 +110,9 @@ def rungs_between(base: Tactics, tactics: Tactics, machines: int = 1) -> list[Ru
     for rung in (Rung.OFFLOAD_OPTIMIZER, Rung.OFFLOAD_PARAMS):
         if getattr(tactics, rung.value) != "none" and getattr(base, rung.value) == "none":
             rungs.append(rung)
+    for rung, field in ((Rung.TENSOR_PARALLEL, "tp"), (Rung.CONTEXT_PARALLEL, "seq_shards")):
+        if getattr(tactics, field) > getattr(base, field):
+            rungs += [rung] * int(round(math.log2(getattr(tactics, field) / getattr(base, field))))
     if tactics.micro_batch < base.micro_batch:
         rungs += [Rung.MICRO_BATCH] * int(round(math.log2(base.micro_batch / tactics.micro_batch)))
     if tactics.method != base.method:
@@ -116,6 +127,8 @@ def climb(recipe: Recipe, rung: Rung) -> Tactics | None:
     Whether the result is a valid recipe is for :func:`tuner.recipe.checks.find_problems` to say.
     """
     t = tactics_of(recipe)
+    if rung in LAYOUT_RUNGS:
+        return None
     machines, multi = recipe.hardware.machines, recipe.world_size > 1 and recipe.uses_gpu
     fsdp = t.sharding.startswith("fsdp:")
     if rung in SHARDING_RUNGS:
@@ -151,10 +164,11 @@ def climb(recipe: Recipe, rung: Rung) -> Tactics | None:
 def apply_tactics(recipe: Recipe, t: Tactics) -> Recipe:
     """The recipe with tactics ``t``, keeping the effective batch (not yet validated)."""
     mem, method = recipe.memory, recipe.method
-    effective = mem.micro_batch_size * mem.gradient_accumulation_steps
+    data_parallel = max(1, recipe.world_size // (t.tp * t.seq_shards))
     update = {"gradient_checkpointing": t.checkpointing, "offload_optimizer": t.offload_optimizer,
               "offload_params": t.offload_params, "micro_batch_size": t.micro_batch,
-              "gradient_accumulation_steps": max(1, math.ceil(effective / t.micro_batch)),
+              "gradient_accumulation_steps": max(1, math.ceil(recipe.effective_batch_size
+                                                              / (t.micro_batch * data_parallel))),
               "chunked_loss": t.chunked_loss, "activation_offloading": t.activation_offloading}
     if t.sharding.startswith("zero"):
         update.update(distributed="deepspeed", zero_stage=int(t.sharding[-1]))
@@ -166,6 +180,8 @@ def apply_tactics(recipe: Recipe, t: Tactics) -> Recipe:
     else:
         update.update(distributed=t.sharding, zero_stage=None)
     changes = {"memory": mem.model_copy(update=update)}
+    if (t.tp, t.seq_shards) != (recipe.parallelism.tp, recipe.parallelism.cp * recipe.parallelism.sp):
+        changes["parallelism"] = _layout(recipe, t, update["distributed"])
     if t.precompute_reference != recipe.objective.precompute_ref_log_probs:
         changes["objective"] = recipe.objective.model_copy(update={"precompute_ref_log_probs": t.precompute_reference})
     if t.method != method.kind:
@@ -178,6 +194,19 @@ def apply_tactics(recipe: Recipe, t: Tactics) -> Recipe:
         if recipe.output.save == "full" and t.method != "full":
             changes["output"] = recipe.output.model_copy(update={"save": "adapter"})
     return recipe.model_copy(update=changes)
+
+
+def _layout(recipe: Recipe, t: Tactics, distributed: str):
+    """The parallelism section for tactics ``t``: fsdp splits sequences with cp and lays out dp_replicate x dp_shard
+    (the recipe's replication kept), deepspeed with sp and shards ZeRO over the rest."""
+    par = recipe.parallelism
+    if distributed != "fsdp":
+        return par.model_copy(update={"tp": t.tp, "cp": 1, "sp": t.seq_shards, "dp_replicate": None, "dp_shard": None})
+    if t.tp == 1 and t.seq_shards == 1:
+        return par.model_copy(update={"tp": 1, "cp": 1, "sp": 1, "dp_replicate": None, "dp_shard": None})
+    replicate = par.dp_replicate or 1
+    return par.model_copy(update={"tp": t.tp, "cp": t.seq_shards, "sp": 1, "dp_replicate": replicate,
+                                  "dp_shard": max(1, recipe.world_size // (replicate * t.tp * t.seq_shards))})
 
 
 def recipe_changes(before: Recipe, after: Recipe) -> list[str]:
