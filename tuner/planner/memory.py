@@ -986,6 +986,18 @@ def plan(recipe) -> MemoryPlan:
                       micro_batch_size=recipe.memory.micro_batch_size, max_seq_length=recipe.memory.max_seq_length)
 
 
+MODEL_STATES = ("weights", "gradients", "optimizer")
+
+
+def rank_model_states(recipe, moment: str = STEP) -> dict[str, float]:
+    """Bytes of weights, gradients and optimizer states one rank holds at ``moment`` (default: the optimizer step),
+    as the plan counts them: split by tp, then sharded by ZeRO/FSDP over the data-parallel ranks.  The same items
+    as :func:`plan`'s (activations, buffers and overhead left out), for comparing with a per-rank trace."""
+    items, _, _ = _model_state_items(_setup(recipe))
+    return {category: sum(i.bytes for i in items if i.category == category and i.live_in(moment))
+            for category in MODEL_STATES}
+
+
 def _setting_notes(recipe, s: _Setup) -> list[str]:
     """What the recipe sets that changes memory in ways the plan models only in part (or not at all)."""
     f, mem = s.model, recipe.memory
