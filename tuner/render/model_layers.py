@@ -34,9 +34,13 @@ def model_class(model: ModelSection):
     try:
         config = AutoConfig.from_pretrained(source, revision=model.revision, trust_remote_code=model.trust_remote_code)
     except (OSError, ValueError) as exc:
-        reason = " ".join(str(exc).split()).rstrip(".")  # transformers' messages span lines
-        raise RecipeError([f"model.id: cannot read the config of {model.id!r} to find FSDP's layer class ({reason}). "
-                           "Download the model first (its config.json is enough) or point model.id at a local directory."]) from None
+        model_type = _catalogued_model_type(model)
+        if model_type is None:
+            reason = " ".join(str(exc).split()).rstrip(".")  # transformers' messages span lines
+            raise RecipeError([f"model.id: cannot read the config of {model.id!r} to find FSDP's layer class ({reason}). "
+                               "Download the model first (its config.json is enough) or point model.id at a local "
+                               "directory."]) from None
+        config = type("CatalogConfig", (), {"model_type": model_type})  # tuner's catalog knows the model's type
     auto_map = getattr(config, "auto_map", None) or {}
     if model.trust_remote_code and "AutoModelForCausalLM" in auto_map:
         from transformers.dynamic_module_utils import get_class_from_dynamic_module
@@ -52,6 +56,19 @@ def model_class(model: ModelSection):
             return cls
     raise RecipeError([f"model.id: transformers has no causal-LM class for {model.id!r} (model_type "
                        f"{config.model_type!r}); upgrade transformers or set trust_remote_code if the model ships its code."])
+
+
+def _catalogued_model_type(model: ModelSection) -> str | None:
+    """The model_type tuner's catalog records for a hub id whose config.json cannot be read (offline), else None."""
+    from tuner.catalog.models import UnknownModelError, model_facts
+
+    if model.trust_remote_code:
+        return None  # the model's own code decides its class
+    try:
+        facts = model_facts(model.id, model.revision)
+    except UnknownModelError:
+        return None
+    return facts.model_type
 
 
 def decoder_layer_classes(model: ModelSection) -> list[str]:
