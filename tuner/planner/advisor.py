@@ -169,7 +169,8 @@ def reason(recipe, rung: Rung) -> str:
     split = f"context parallelism (cp {par.cp}, ring attention)" if par.cp > 1 else \
         f"sequence parallelism (sp {par.sp}, DeepSpeed Ulysses)"
     line = REASONS[rung].format(world=recipe.world_size, mb=mem.micro_batch_size, acc=mem.gradient_accumulation_steps,
-                                eff=mem.micro_batch_size * mem.gradient_accumulation_steps, batch=recipe.effective_batch_size, tp=par.tp, shards=par.cp * par.sp, split=split)
+                                eff=mem.micro_batch_size * mem.gradient_accumulation_steps,
+                                batch=recipe.effective_batch_size, tp=par.tp, shards=par.cp * par.sp, split=split)
     if recipe.world_size == 1:
         line = line.replace(" over the 1 GPUs", " (on one GPU: what lets DeepSpeed offload)")
     if mem.distributed == "fsdp":
@@ -320,7 +321,11 @@ def topology(recipe) -> Advice | None:
             return not frugal or (tactics.checkpointing and tactics.micro_batch == 1)
         return keep
 
-    for machines, gpus in _layouts(recipe):
+    layouts = _layouts(recipe)
+    largest = _on_layout(recipe, *layouts[-1], base)
+    if largest is None or not _search(largest, without_offload(frugal=True))[1]:
+        return None  # not even the most GPUs tried would do
+    for machines, gpus in layouts:
         candidate = _on_layout(recipe, machines, gpus, base)
         if candidate is None or not _search(candidate, without_offload(frugal=True))[1]:
             continue  # not even the most frugal tactics fit here: no need to price the rest
