@@ -28,6 +28,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def mean_sample_tokens(run_dir: Path) -> float:
+    from tuner.data.prepare import prepare_data
+    from tuner.loading.model import load_tokenizer
+    from tuner.recipe import load_recipe
+
+    recipe = load_recipe(run_dir / "recipe.lock.yaml")
+    lengths = [len(sample["input_ids"]) for sample in prepare_data(recipe, load_tokenizer(recipe)).train]
+    return sum(lengths) / len(lengths)
+
+
 def held_out_loss(run_dir: Path, model_dir: Path) -> float:
     """The Trainer's held-out loss of ``model_dir`` in one process: the mean loss of the run's evaluation batches."""
     import torch
@@ -90,8 +100,12 @@ def test_demo_tp_trains_with_two_tensor_parallel_ranks(tmp_path, tuner_cli, demo
     initial = AutoModelForCausalLM.from_pretrained(demo_model_path)
     assert saved != pytest.approx(sum(float(p.detach().double().sum()) for p in initial.parameters()), rel=1e-6)
 
+    # a batch the two ranks share is counted once: tokens seen per trained sample is a sample's length, not twice it
+    finished_event = next(e for e in reversed(events) if e["event"] == "finished")
+    per_sample = finished_event["num_input_tokens_seen"] / (finished_event["step"] * 16)  # demo-tp: 16 a step
+    assert per_sample == pytest.approx(mean_sample_tokens(run_dir), rel=0.2)
     # the whole model computes what the tensor-parallel one reported
-    reported = next(e for e in reversed(events) if e["event"] == "finished")["eval_loss"]
+    reported = finished_event["eval_loss"]
     assert held_out_loss(run_dir, run_dir / "final") == pytest.approx(reported, rel=1e-5)
     checkpoint = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / "checkpoint-15")
     assert {name: list(p.shape) for name, p in checkpoint.named_parameters()} == whole

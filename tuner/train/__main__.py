@@ -171,7 +171,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     if recipe.hardware.machines > 1:
         same_machines(args, events)
     tokenizer = load_tokenizer(recipe)
-    callbacks = [CheckpointInfoCallback(recipe, lock_text), EventsCallback(events)]
+    callbacks = [CheckpointInfoCallback(recipe, lock_text), EventsCallback(events, recipe.parallelism.model_parallel)]
     if profile_steps:
         callbacks.append(ProfilerCallback(run_dir / PROFILE_DIR, profile_steps))
     if recipe.objective.preference:
@@ -201,6 +201,8 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     trainer.model.config.use_cache = True  # saved for inference
     trainer.save_model(str(final))
     metrics = dict(result.metrics)
+    if "num_input_tokens_seen" in metrics:  # the Trainer counts a batch once per rank that shares it
+        metrics["num_input_tokens_seen"] //= recipe.parallelism.model_parallel
     last_eval = next((entry for entry in reversed(trainer.state.log_history) if "eval_loss" in entry), None)
     if data.eval is not None and (last_eval is None or last_eval.get("step") != trainer.state.global_step):
         last_eval = trainer.evaluate()  # every rank: evaluation is a collective
