@@ -184,6 +184,8 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
             from tuner.train.parallelism import whole_eval_batch
 
             args.per_device_eval_batch_size = whole_eval_batch(recipe.memory.micro_batch_size, len(data.eval))
+            log.info("tensor parallel: evaluating %d held-out samples in batches of %d (equal batches keep every "
+                     "rank's copy the same weight)", len(data.eval), args.per_device_eval_batch_size)
         model, args.use_liger_kernel = build_model(recipe)  # the Trainer patches the kernels in when it starts
         collator = data_collator(recipe, tokenizer)
         trace = RankTrace(events, collator) if tracing_ranks() else None
