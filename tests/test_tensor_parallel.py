@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_cpu_ranks import free_port
 
 from tuner.events import read_events
 
@@ -18,14 +19,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ranks")]  # one multi-r
 
 SPLIT_BY_OUTPUT = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens")
 SPLIT_BY_INPUT = ("o_proj", "down_proj")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def mean_sample_tokens(run_dir: Path) -> float:
