@@ -2,7 +2,8 @@
 
     python -m torch.distributed.run --nproc_per_node N tests/rank_memory.py OUT_DIR MODEL_DIR ENGINE:PRECISION...
 
-ENGINE: zero1, zero2, zero3 (DeepSpeed, given a torch AdamW as the Trainer gives it) or fsdp2 (torch's
+ENGINE: zero1, zero2, zero3 (DeepSpeed, given a torch AdamW as the Trainer gives it), autotp1 (DeepSpeed AutoTP over
+every rank, ZeRO-1: the model split by ``deepspeed.tp_model_init`` as the Trainer splits it) or fsdp2 (torch's
 ``fully_shard`` on every decoder layer and the root, as Accelerate's FSDP2 plugin wraps a model); PRECISION: fp32, or
 bf16 (DeepSpeed's bf16 engine with fp32 master partitions; FSDP2's bf16 MixedPrecisionPolicy over fp32 parameters, as
 Accelerate sets it up). The model is built from MODEL_DIR/config.json in float32, a warm-up step creates the
@@ -38,10 +39,12 @@ def _snapshot(tracker, kind: str) -> dict[str, int]:
     return out
 
 
-def _deepspeed_engine(model, stage: int, bf16: bool):
+def _deepspeed_engine(model, stage: int, bf16: bool, tp: int = 1):
     import deepspeed
     import torch
 
+    if tp > 1:  # what the Trainer does with deepspeed.json's tensor_parallel before DeepSpeed starts
+        model = deepspeed.tp_model_init(model, tp_size=tp, dtype=torch.bfloat16 if bf16 else torch.float32)
     hidden = model.config.hidden_size
     zero = {"stage": stage, "contiguous_gradients": True, "overlap_comm": False,
             # the values Hugging Face's DeepSpeed integration fills in for "auto"
@@ -49,7 +52,8 @@ def _deepspeed_engine(model, stage: int, bf16: bool):
     if stage == 3:
         zero.update(stage3_prefetch_bucket_size=int(0.9 * hidden * hidden), stage3_param_persistence_threshold=10 * hidden)
     config = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1, "zero_optimization": zero,
-              "bf16": {"enabled": bf16}, "steps_per_print": 10**9, "wall_clock_breakdown": False}
+              "bf16": {"enabled": bf16}, "steps_per_print": 10**9, "wall_clock_breakdown": False,
+              **({"tensor_parallel": {"autotp_size": tp}} if tp > 1 else {})}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
 
@@ -107,15 +111,21 @@ def trace(engine_name: str, precision: str, config, rank: int) -> dict:
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
-    ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(rank))
+    tensor_parallel = engine_name.startswith("autotp")  # the ranks of a tp group compute one batch together
+    seed = 0 if tensor_parallel else rank
+    ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(seed))
     tracker = MemTracker()
-    if engine_name.startswith("zero"):
-        engine, step = _deepspeed_engine(model, int(engine_name[-1]), precision == "bf16")
+    elements = None
+    if engine_name.startswith(("zero", "autotp")):
+        tp = int(os.environ["WORLD_SIZE"]) if tensor_parallel else 1
+        engine, step = _deepspeed_engine(model, int(engine_name[-1]), precision == "bf16", tp)
         step(ids)  # warm-up: creates the optimizer states
         tracker.track_external(engine.module, engine.optimizer.optimizer, *_tensors(vars(engine.optimizer)))
         with tracker:
             step(ids)
             persistent = _snapshot(tracker, "current")
+        # the elements of the parameters as this rank holds them (its slice of each split one)
+        elements = sum(parameter.numel() for parameter in engine.module.parameters())
     else:
         tracker.track_external(model)
         with tracker:
@@ -126,7 +136,7 @@ def trace(engine_name: str, precision: str, config, rank: int) -> dict:
             tracker._peak_mem_snap.clear()
             step(ids)
             persistent = _snapshot(tracker, "current")
-    return {"peak": _snapshot(tracker, "peak"), "persistent": persistent}
+    return {"peak": _snapshot(tracker, "peak"), "persistent": persistent, "elements": elements}
 
 
 def main(out_dir: str, model_dir: str, *runs: str) -> int:

@@ -31,6 +31,18 @@ CASES: dict[str, dict] = {
                                  "memory": {"distributed": "deepspeed", "zero_stage": 3}},
     "multinode_fsdp_hybrid_2x8": {"hardware": TWO_NODES,
                                   "memory": {"distributed": "fsdp", "fsdp": {"sharding_strategy": "hybrid_shard"}}},
+    # tensor, context and sequence parallelism (the demo model: 4 heads, 2 KV heads, so tp/sp 2)
+    "cpu_autotp_2": {"hardware": {"num_processes": 2}, "parallelism": {"tp": 2},
+                     "memory": {"distributed": "deepspeed", "zero_stage": 1}},
+    "gpu_autotp_zero2_8": {"hardware": H100x8, "parallelism": {"tp": 2},
+                           "memory": {"distributed": "deepspeed", "zero_stage": 2}},
+    "gpu_sp_zero3_8": {"hardware": H100x8, "parallelism": {"sp": 2},
+                       "memory": {"distributed": "deepspeed", "zero_stage": 3, "attention": "sdpa"}},
+    "gpu_fsdp_tp_8": {"hardware": H100x8, "parallelism": {"tp": 2}, "memory": {"distributed": "fsdp"}},
+    "gpu_fsdp_cp_8": {"hardware": H100x8, "parallelism": {"cp": 2},
+                      "memory": {"distributed": "fsdp", "attention": "sdpa", "max_seq_length": 4096}},
+    "multinode_fsdp_tp_2x8": {"hardware": TWO_NODES, "parallelism": {"tp": 2, "dp_replicate": 2},
+                              "memory": {"distributed": "fsdp"}},
     "gpu_qlora_zero3_8": {"hardware": H100x8, "method": {"kind": "qlora", "quantization": {"bits": 4}},
                           "memory": {"distributed": "deepspeed", "zero_stage": 3}},
 }

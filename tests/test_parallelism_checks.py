@@ -1,6 +1,7 @@
-"""tuner's parallelism rules agree with Accelerate's own: every fsdp layout tuner accepts, ParallelismConfig accepts
-(construction and its check against a launched FSDP2 accelerator), and every one Accelerate refuses, tuner refuses
-first, naming a field."""
+"""tuner's parallelism rules agree with Accelerate's and transformers' own: every fsdp layout tuner accepts,
+ParallelismConfig accepts (construction and its check against a launched FSDP2 accelerator) and, with tp, so does
+transformers' DistributedConfig, which shards the model while loading it; every one they refuse, tuner refuses first,
+naming a field."""
 from __future__ import annotations
 
 import itertools
@@ -38,18 +39,33 @@ def accelerate_accepts(dp_replicate: int, dp_shard: int, tp: int, cp: int) -> bo
     return True
 
 
+def transformers_loads(dp_replicate: int, dp_shard: int, tp: int, cp: int) -> bool:
+    """With tp, transformers shards the model at load over a (pp, dp_replicate, fsdp, tp) mesh, which must hold every
+    rank (transformers.distributed.utils.initialize_distributed_mesh); without tp it leaves the model to Accelerate."""
+    import math
+
+    from tuner.recipe.schema import Recipe
+    from tuner.train.parallelism import distributed_config, loads_sharded
+
+    recipe = Recipe.model_validate(recipe_data(dp_replicate, dp_shard, tp, cp))  # the schema only, not the checks
+    if not loads_sharded(recipe):
+        return True
+    config = distributed_config(recipe)
+    return math.prod((config.pp_size, config.dp_replicate_size, config.fsdp_size, config.tp_size)) == GPUS
+
+
 LAYOUTS = [layout for layout in itertools.product((1, 2, 4, 8), repeat=4)
            if layout[0] * layout[1] * layout[2] * layout[3] == GPUS and (layout[2] > 1 or layout[3] > 1)]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=["r{}-s{}-tp{}-cp{}".format(*layout) for layout in LAYOUTS])
-def test_tuner_accepts_exactly_the_fsdp_layouts_accelerate_accepts(layout):
+def test_tuner_accepts_exactly_the_fsdp_layouts_accelerate_and_transformers_accept(layout):
     try:
         validate_recipe(recipe_data(*layout))
         tuner_accepts, message = True, ""
     except RecipeError as exc:
         tuner_accepts, message = False, str(exc)
-    assert tuner_accepts == accelerate_accepts(*layout), message
+    assert tuner_accepts == (accelerate_accepts(*layout) and transformers_loads(*layout)), message
     if not tuner_accepts:
         assert "parallelism." in message
 

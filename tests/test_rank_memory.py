@@ -5,6 +5,10 @@ AdamW) and of FSDP2 (``fully_shard`` with a bf16 MixedPrecisionPolicy over fp32 
 on every rank.  The plan of the same configuration (a CPU recipe: no CUDA context, the CPU's single-tensor AdamW) is
 held, per rank, to the tensors alive between steps (weights, master copies, optimizer states: what sharding divides)
 and to the peak of the step.  The 2-rank Llama was used to find the terms; the 4-rank tied Qwen2 was not.
+
+The 2-rank Llama is also trained tensor-parallel (DeepSpeed AutoTP over both ranks, ZeRO-1, fp32: what
+``tuner run demo-tp`` runs): each rank holds the slice of every linear the model's tensor-parallel plan splits and the
+rest whole, and its model states are the plan's for one data-parallel rank, scaled to that share.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ranks")]  # one multi-r
 
 WORKER = Path(__file__).with_name("rank_memory.py")
 RUNS = ("zero1:bf16", "zero2:bf16", "zero3:bf16", "fsdp2:bf16")
+TP_RUN = "autotp1:fp32"  # the 2-rank model only: the 4-rank one's 5 heads and 1 KV head do not split in two
 MODELS = {  # ranks -> model: the 4-rank one has another shape, tied embeddings and MQA
     2: {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 2048, "tie_word_embeddings": False},
@@ -50,7 +55,8 @@ def traced(request, tmp_path_factory):
     (root / "model" / "config.json").write_text(json.dumps(MODELS[ranks]))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-                           f"--master_port={free_port()}", str(WORKER), str(root), str(root / "model"), *RUNS],
+                           f"--master_port={free_port()}", str(WORKER), str(root), str(root / "model"), *RUNS,
+                           *([TP_RUN] if ranks == 2 else [])],
                           capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     per_rank = [json.loads((root / f"rank{rank}.json").read_text()) for rank in range(ranks)]
@@ -95,3 +101,39 @@ def test_per_rank_step_peak_matches_the_plan(traced, run):
     ranks, model_dir, per_rank = traced
     _, peak = planned(model_dir, run, ranks)
     assert peak == pytest.approx(per_rank[0][run]["peak"]["Total"], rel=PEAK_TOLERANCE), per_rank[0][run]["peak"]
+
+
+def tensor_parallel_share(model_dir: Path, tp: int) -> tuple[int, int]:
+    """(elements one rank holds, elements of the whole model) as DeepSpeed AutoTP splits it tp ways: the decoder
+    linears of the model's tensor-parallel plan (transformers' ``base_model_tp_plan``) and the output head by
+    vocabulary; the norms stay whole, and so does an untied input embedding (transformers' own plan would split it
+    too: ``embedding_rowwise``), while a tied one shares the head's vocabulary shard."""
+    from fnmatch import fnmatch
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    patterns = [f"{model.base_model_prefix}.{name}" for name in config.base_model_tp_plan] + ["lm_head"]
+    if config.tie_word_embeddings:
+        patterns.append(f"{model.base_model_prefix}.embed_tokens")
+    held = whole = 0
+    for name, parameter in model.named_parameters():
+        split = any(fnmatch(name.rsplit(".", 1)[0], pattern) for pattern in patterns)
+        held += parameter.numel() // tp if split else parameter.numel()
+        whole += parameter.numel()
+    return held, whole
+
+
+@pytest.mark.parametrize("traced", [2], indirect=True)
+def test_tensor_parallel_rank_holds_its_split_and_the_plans_share(traced):
+    ranks, model_dir, per_rank = traced
+    held, whole = tensor_parallel_share(model_dir, tp=ranks)
+    assert [rank[TP_RUN]["elements"] for rank in per_rank] == [held] * ranks
+    # every rank is the one data-parallel rank of its weights: the plan of one rank, for the share it holds.
+    # (Until the planner splits weights, gradients and optimizer states by tp itself; then: its tp 2 per-rank terms.)
+    states, _ = planned(model_dir, "zero1:fp32", 1)
+    for rank in per_rank:
+        assert states * held / whole == pytest.approx(rank[TP_RUN]["persistent"]["Total"], rel=STATES_TOLERANCE)

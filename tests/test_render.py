@@ -111,6 +111,58 @@ def test_fsdp_plugin_accepts_the_config_and_finds_the_layer_class(name, tmp_path
     plugin.set_auto_wrap_policy(AutoModelForCausalLM.from_pretrained(demo_model_path))  # raises if the class is wrong
 
 
+PARALLEL_CASES = sorted(name for name, case in CASES.items() if "parallelism" in case)
+
+
+@pytest.mark.parametrize("name", PARALLEL_CASES)
+def test_accelerate_launch_hands_the_ranks_the_recipes_parallel_layout(name, tmp_path, demo_model_path,
+                                                                     isolated_environment):
+    """What each rank's Accelerate builds from the environment `accelerate launch` gives it: the recipe's sizes.
+
+    fsdp + tp: transformers shards the model at load (DistributedConfig), its mesh must cover the world, and the
+    Trainer then builds ParallelismConfig(tp_size, dp_shard_size=the model's data-parallel size) over that
+    environment (transformers/trainer.py, create_accelerator_and_postprocess), which must cover it too."""
+    import math
+
+    from accelerate import ParallelismConfig
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import patch_environment
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+
+    from tuner.train.parallelism import distributed_config, loads_sharded
+
+    recipe = case_recipe(name)
+    par, world = recipe.parallelism, recipe.world_size
+    run_dir = write_run_directory(recipe, tmp_path / "run")
+    config = load_config_from_file(str(run_dir / ACCELERATE_CONFIG))
+    args, _ = launcher_arguments(run_dir / ACCELERATE_CONFIG)
+    args.main_process_port = 0  # a free port: the check below only needs the environment
+    deepspeed = recipe.memory.distributed == "deepspeed"
+    args.deepspeed_fields_from_accelerate_config = ",".join(config.deepspeed_config)  # as launch_command sets it
+    env = prepare_deepspeed_cmd_env(args)[1] if deepspeed else prepare_multi_gpu_env(args)
+    if deepspeed and par.sp == 1:  # AutoTP alone: the split lives in deepspeed.json, tested above
+        assert config.parallelism_config == {} and "ACCELERATE_USE_PARALLELISM_CONFIG" not in env
+        return
+    assert env["ACCELERATE_USE_PARALLELISM_CONFIG"] == "true"
+    with patch_environment(**{k: v for k, v in env.items() if k.startswith("PARALLELISM_CONFIG_")}):
+        if loads_sharded(recipe):
+            loading = distributed_config(recipe)
+            assert (loading.tp_size, loading.fsdp_size, loading.dp_replicate_size) == (par.tp, par.dp_shard,
+                                                                                      par.dp_replicate)
+            assert math.prod((loading.pp_size, loading.dp_replicate_size, loading.fsdp_size, loading.tp_size)) == world
+            built = ParallelismConfig(tp_size=loading.tp_size, dp_shard_size=loading.dp_size)
+        else:
+            built = ParallelismConfig()  # what the Accelerator makes of ACCELERATE_USE_PARALLELISM_CONFIG
+    assert (built.tp_size, built.cp_size, built.sp_size) == (par.tp, par.cp, par.sp)
+    if par.sp > 1:  # DeepSpeed Ulysses: Accelerate leaves the sp x dp layout to DeepSpeed's own groups
+        assert built.sp_backend == "deepspeed" and built.sp_handler.sp_attn_implementation == "sdpa"
+        assert built.sp_handler.sp_seq_length_is_variable is True
+    else:
+        assert built.total_size == world
+        assert built.data_parallel_size == recipe.data_parallel
+        assert built.cp_backend == "torch"
+
+
 def test_fsdp_layer_class_comes_from_the_model(demo_model_path):
     from tuner.recipe.schema import ModelSection
     from tuner.render.model_layers import decoder_layer_classes
@@ -137,7 +189,7 @@ def test_deepspeed_parses_the_json_once_the_trainer_fills_auto(name, tmp_path, d
     args = training_arguments(on_this_machine, run_dir)
     hf_config = args.hf_deepspeed_config
     hf_config.trainer_config_finalize(args, model, 100)
-    assert "auto" not in json.dumps(hf_config.config)
+    assert '"auto"' not in json.dumps(hf_config.config)
     parsed = DeepSpeedConfig(hf_config.config)
     mem = recipe.memory
     assert parsed.zero_optimization_stage == mem.zero_stage
@@ -148,7 +200,9 @@ def test_deepspeed_parses_the_json_once_the_trainer_fills_auto(name, tmp_path, d
     assert (str(getattr(zero.offload_param.device, "value", zero.offload_param.device)) if zero.offload_param else "none") == mem.offload_params
     if "nvme" in (mem.offload_optimizer, mem.offload_params):
         assert str(zero.offload_optimizer.nvme_path) == recipe.hardware.nvme_path
-    if mem.zero_stage == 3:
+    # AutoTP: DeepSpeed splits the model over tp ranks, and gathers it whole on save
+    assert parsed.tensor_parallel_config.autotp_size == (recipe.parallelism.tp if recipe.parallelism.tp > 1 else 0)
+    if mem.zero_stage == 3 or recipe.parallelism.tp > 1:
         assert zero.gather_16bit_weights_on_model_save is True
     assert parsed.bfloat16_config.enabled == (on_this_machine.memory.mixed_precision == "bf16")
     assert parsed.float16_config.enabled is False

@@ -192,6 +192,14 @@ def test_resume_refused_when_the_world_size_changed(tmp_path, capsys):
     assert error["event"] == "error" and "hardware.num_processes" in error["message"]
 
 
+def test_resume_refused_when_the_tensor_parallel_split_changed(tmp_path, capsys):
+    """A checkpoint of a tp 2 run holds each rank's slices; a launch without tp cannot load them."""
+    lock = make_run(tmp_path, "demo-lora.yaml", "training.resume=auto")
+    fake_checkpoint(lock, 4, **{"parallelism.tp": 2})
+    assert train_main([str(lock)]) == 2
+    assert "parallelism.tp: saved with 2, the recipe now has 1" in capsys.readouterr().err
+
+
 def test_resume_accepts_unchanged_settings(tmp_path):
     from tuner.launch.checkpoints import resume_checkpoint
 

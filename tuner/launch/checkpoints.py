@@ -26,7 +26,7 @@ _CHECKPOINT_NAME = re.compile(rf"^{re.escape(CHECKPOINT_PREFIX)}(\d+)$")
 
 
 # settings added after checkpoints were first written, with the value every older checkpoint was saved under
-SAVED_BEFORE = {"objective.kind": "sft"}
+SAVED_BEFORE = {"objective.kind": "sft", "parallelism.tp": 1, "parallelism.sp": 1, "parallelism.cp": 1}
 
 
 def resume_settings(recipe: Recipe, world_size: int) -> dict[str, Any]:
@@ -39,6 +39,10 @@ def resume_settings(recipe: Recipe, world_size: int) -> dict[str, Any]:
         "memory.zero_stage": mem.zero_stage,
         "memory.fsdp.sharding_strategy": mem.fsdp.sharding_strategy if mem.distributed == "fsdp" else None,
         "method.kind": method.kind,
+        # each rank's optimizer and weight slices follow the model-parallel split
+        "parallelism.tp": recipe.parallelism.tp,
+        "parallelism.sp": recipe.parallelism.sp,
+        "parallelism.cp": recipe.parallelism.cp,
     }
     if method.kind != "full":
         lora = method.lora

@@ -278,7 +278,12 @@ def _parallelism(recipe: Recipe) -> list[Problem]:
                 "group is whole: change it, or hardware.num_processes.", anchor="parallelism"))
     elif mem.distributed == "fsdp" and (par.tp > 1 or par.cp > 1):
         total = par.dp_replicate * par.dp_shard * par.tp * par.cp
-        if total != world:
+        if par.tp > 1 and par.cp > 1:
+            problems.append(Problem(
+                "parallelism.cp", "with fsdp, tp shards the model while transformers loads it (DistributedConfig), "
+                "whose mesh has no cp dimension; cp runs under Accelerate's FSDP2 only without tp: use tp or cp, or "
+                "sp (DeepSpeed Ulysses) with tp under deepspeed.", anchor="parallelism"))
+        elif total != world:
             problems.append(Problem(
                 "parallelism.dp_shard",
                 f"dp_replicate x dp_shard x tp x cp = {par.dp_replicate} x {par.dp_shard} x {par.tp} x {par.cp} = "

@@ -9,7 +9,9 @@ How each topology maps:
   (``MULTI_CPU``). Accelerate's own ``MULTI_CPU`` type expects mpirun and starts one process here;
 - deepspeed: ``DEEPSPEED`` pointing at the run's deepspeed.json. Precision and batch settings live in
   that file only: Accelerate refuses a config that sets them in both places;
-- fsdp: ``FSDP`` version 2, wrapping the model's own decoder-layer class.
+- fsdp: ``FSDP`` version 2, wrapping the model's own decoder-layer class;
+- tensor, context and sequence parallelism: Accelerate's ``parallelism_config`` (fsdp with tp/cp, DeepSpeed
+  Ulysses' sp); DeepSpeed AutoTP's tp is deepspeed.json's ``tensor_parallel`` instead.
 """
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ import yaml
 from tuner.recipe.schema import Recipe
 
 DISTRIBUTED_TYPES = {"none": "NO", "ddp": "MULTI_GPU", "deepspeed": "DEEPSPEED", "fsdp": "FSDP"}
+# the attention DeepSpeed Ulysses runs on each rank's heads (eager is refused by the checks; auto: sdpa, which runs
+# wherever the GPU is, where flash-attn may not be installed)
+SP_ATTENTION = {"flash": "flash_attention_2", "sdpa": "sdpa", "auto": "sdpa"}
 
 
 def distributed_type(recipe: Recipe) -> str:
@@ -50,14 +55,33 @@ def fsdp_config(recipe: Recipe, layer_classes: list[str] | None) -> dict[str, An
 
 
 def parallelism_config(recipe: Recipe) -> dict[str, Any]:
-    """HSDP for FSDP2: shard inside a machine, replicate across machines."""
-    hw = recipe.hardware
-    return {
-        "parallelism_config_dp_replicate_size": hw.machines,
-        "parallelism_config_dp_shard_size": hw.gpus_per_machine,
-        "parallelism_config_tp_size": 1,
-        "parallelism_config_cp_size": 1,
-    }
+    """Accelerate's N-D layout (``ParallelismConfig``), which ``accelerate launch`` turns into PARALLELISM_CONFIG_*
+    variables: for fsdp with tp or cp, the recipe's dp_replicate x dp_shard x tp x cp; for fsdp's hybrid_shard alone,
+    shard inside a machine and replicate across machines; for DeepSpeed Ulysses (sp), the sp group. Empty when the
+    run needs none (DeepSpeed AutoTP's tp lives in deepspeed.json)."""
+    par, hw, mem = recipe.parallelism, recipe.hardware, recipe.memory
+    if mem.distributed == "fsdp" and par.tp > 1:
+        # transformers shards the model itself at load (DistributedConfig: tp, FSDP2 and HSDP replicas), and the
+        # Trainer hands Accelerate ParallelismConfig(tp, dp_shard = every data-parallel rank) over these
+        # variables: a dp_replicate here would count the replicas twice
+        sizes = {"dp_replicate": 1, "dp_shard": par.dp_replicate * par.dp_shard, "tp": par.tp, "cp": 1}
+    elif mem.distributed == "fsdp" and par.cp > 1:
+        sizes = {"dp_replicate": par.dp_replicate, "dp_shard": par.dp_shard, "tp": 1, "cp": par.cp}
+    elif mem.distributed == "fsdp" and mem.fsdp.sharding_strategy == "hybrid_shard":
+        sizes = {"dp_replicate": hw.machines, "dp_shard": hw.gpus_per_machine, "tp": 1, "cp": 1}
+    elif mem.distributed == "deepspeed" and par.sp > 1:
+        return {
+            "parallelism_config_sp_size": par.sp,
+            "parallelism_config_sp_backend": "deepspeed",
+            "parallelism_config_sp_seq_length_is_variable": True,  # packed or padded batches vary in length
+            "parallelism_config_sp_attn_implementation": SP_ATTENTION[mem.attention],
+        }
+    else:
+        return {}
+    config = {f"parallelism_config_{name}_size": size for name, size in sizes.items()}
+    if par.cp > 1:
+        config["parallelism_config_cp_backend"] = "torch"
+    return config
 
 
 def accelerate_config(recipe: Recipe, deepspeed_file: str | None = None,
@@ -99,8 +123,9 @@ def accelerate_config(recipe: Recipe, deepspeed_file: str | None = None,
         config["deepspeed_config"] = ds
     if kind == "FSDP":
         config["fsdp_config"] = fsdp_config(recipe, layer_classes)
-        if mem.fsdp.sharding_strategy == "hybrid_shard":
-            config["parallelism_config"] = parallelism_config(recipe)
+    parallelism = parallelism_config(recipe)
+    if parallelism:
+        config["parallelism_config"] = parallelism
     config["debug"] = False
     return config
 

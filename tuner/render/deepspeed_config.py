@@ -2,7 +2,8 @@
 
 Every value the Trainer knows (batch sizes, accumulation, clipping, precision, optimizer
 hyper-parameters, bucket sizes from the model's hidden size) is ``"auto"``: the Trainer fills it from
-the same recipe-derived TrainingArguments, so this file and the recipe cannot disagree.
+the same recipe-derived TrainingArguments, so this file and the recipe cannot disagree.  With tensor parallelism
+it also holds DeepSpeed AutoTP's ``tensor_parallel.autotp_size``.
 """
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ def zero_optimization(recipe: Recipe) -> dict[str, Any]:
     if stage == 3:
         zero["stage3_prefetch_bucket_size"] = "auto"
         zero["stage3_param_persistence_threshold"] = "auto"
-        # without it a ZeRO-3 save writes empty (sharded-away) weights
+    if stage == 3 or recipe.parallelism.tp > 1:
+        # without it a ZeRO-3 or AutoTP save writes each rank's slice (or empty placeholders), not whole weights:
+        # DeepSpeed gathers the split weights to rank 0 only when asked (the name is ZeRO-3's, the switch both's)
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     return zero
 
@@ -51,6 +54,10 @@ def deepspeed_config(recipe: Recipe) -> dict[str, Any]:
         "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16},
         "zero_optimization": zero_optimization(recipe),
     }
+    if recipe.parallelism.tp > 1:
+        # DeepSpeed AutoTP: the Trainer splits the model's linears (deepspeed.tp_model_init) across tp ranks, and
+        # Accelerate gives the ranks of one tp group the same batches
+        config["tensor_parallel"] = {"autotp_size": recipe.parallelism.tp}
     if mem.offload_optimizer != "none":
         # an offloaded optimizer step runs on the CPU: DeepSpeed's own (CPU) Adam, not the Trainer's torch one
         config["optimizer"] = {

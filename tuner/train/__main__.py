@@ -38,6 +38,7 @@ def training_arguments(recipe: Recipe, run_dir: Path):
     from transformers import TrainingArguments
 
     from tuner.run_layout import CHECKPOINTS_DIR
+    from tuner.train.parallelism import loads_sharded
     from tuner.train.trackers import tracker_arguments
 
     arguments_class, objective = TrainingArguments, {}
@@ -63,6 +64,8 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         save_strategy="steps" if training.save_steps else "no",
         save_steps=training.save_steps or 500,
         save_total_limit=training.save_total_limit,
+        # transformers checkpoints no optimizer state of a model it sharded at load (fsdp with tp): weights only
+        save_only_model=loads_sharded(recipe),
         eval_strategy=("steps" if training.eval_steps else "epoch") if evaluate else "no",
         eval_steps=training.eval_steps,
         seed=training.seed,
@@ -86,8 +89,9 @@ def training_arguments(recipe: Recipe, run_dir: Path):
 def build_model(recipe: Recipe):
     """The model to train: loaded, adapted for lora/qlora, its trainable share logged; and whether to use Liger."""
     from tuner.loading.model import apply_lora, choose_liger, count_parameters, load_model
+    from tuner.train.parallelism import loading_arguments
 
-    model = load_model(recipe)
+    model = load_model(recipe, **loading_arguments(recipe))
     model.config.use_cache = False  # no KV cache in training; packing's per-sample masks need it off too
     liger, reason = choose_liger(recipe.memory.liger, model.config.model_type, recipe.uses_gpu)
     log.info("liger kernels: %s", reason)
@@ -167,7 +171,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     if recipe.hardware.machines > 1:
         same_machines(args, events)
     tokenizer = load_tokenizer(recipe)
-    callbacks = [CheckpointInfoCallback(recipe, lock_text), EventsCallback(events)]
+    callbacks = [CheckpointInfoCallback(recipe, lock_text), EventsCallback(events, recipe.parallelism.model_parallel)]
     if profile_steps:
         callbacks.append(ProfilerCallback(run_dir / PROFILE_DIR, profile_steps))
     if recipe.objective.preference:
@@ -176,6 +180,12 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
         trainer, data = preference_trainer(recipe, args, tokenizer, callbacks)
     else:
         data = prepare_data(recipe, tokenizer)
+        if recipe.parallelism.tp > 1 and data.eval is not None:
+            from tuner.train.parallelism import whole_eval_batch
+
+            args.per_device_eval_batch_size = whole_eval_batch(recipe.memory.micro_batch_size, len(data.eval))
+            log.info("tensor parallel: evaluating %d held-out samples in batches of %d (equal batches keep every "
+                     "rank's copy the same weight)", len(data.eval), args.per_device_eval_batch_size)
         model, args.use_liger_kernel = build_model(recipe)  # the Trainer patches the kernels in when it starts
         collator = data_collator(recipe, tokenizer)
         trace = RankTrace(events, collator) if tracing_ranks() else None
@@ -193,6 +203,8 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     trainer.model.config.use_cache = True  # saved for inference
     trainer.save_model(str(final))
     metrics = dict(result.metrics)
+    if "num_input_tokens_seen" in metrics:  # the Trainer counts a batch once per rank that shares it
+        metrics["num_input_tokens_seen"] //= recipe.parallelism.model_parallel
     last_eval = next((entry for entry in reversed(trainer.state.log_history) if "eval_loss" in entry), None)
     if data.eval is not None and (last_eval is None or last_eval.get("step") != trainer.state.global_step):
         last_eval = trainer.evaluate()  # every rank: evaluation is a collective

@@ -53,10 +53,14 @@ def memory_fields(per_rank: dict[str, list[float]]) -> dict:
 
 
 class EventsCallback(TrainerCallback):
-    """Writes started/step/eval/checkpoint events (rank 0). Tokens/s counts real (non-padding) tokens."""
+    """Writes started/step/eval/checkpoint events (rank 0). Tokens/s counts real (non-padding) tokens.
 
-    def __init__(self, events_path: Path):
+    ``same_batch_ranks``: the ranks that compute one batch together (tp x cp x sp). The Trainer's token count adds
+    up every rank's batch, so it counts a batch they share that many times; tokens/s and samples/s count it once."""
+
+    def __init__(self, events_path: Path, same_batch_ranks: int = 1):
         self.path = events_path
+        self.same_batch_ranks = same_batch_ranks
         self._start = time.monotonic()
         self._first_step = 0
         self._first_tokens = 0
@@ -79,9 +83,10 @@ class EventsCallback(TrainerCallback):
         if done:
             seconds_per_step = elapsed / done
             speed = {
-                "tokens_per_s": round((state.num_input_tokens_seen - self._first_tokens) / elapsed, 1),
+                "tokens_per_s": round((state.num_input_tokens_seen - self._first_tokens)
+                                      / self.same_batch_ranks / elapsed, 1),
                 "samples_per_s": round(args.per_device_train_batch_size * args.gradient_accumulation_steps
-                                       * args.world_size / seconds_per_step, 2),
+                                       * args.world_size / self.same_batch_ranks / seconds_per_step, 2),
                 "eta_s": round(seconds_per_step * max(state.max_steps - state.global_step, 0), 1),
             }
         kind = "eval" if any(key.startswith("eval_") for key in logs) else "step"

@@ -1,5 +1,6 @@
-"""Per-rank evidence of data parallelism, for tests: which samples each rank's first batch held, and
-each rank's final weights. Off unless TUNER_TRACE_RANKS=1, so a normal run pays nothing for it."""
+"""Per-rank evidence of data and tensor parallelism, for tests: which samples each rank's first batch held, and
+each rank's final weights (their sum, and the shape of each as this rank holds it: a tensor-parallel rank holds
+its slice). Off unless TUNER_TRACE_RANKS=1, so a normal run pays nothing for it."""
 from __future__ import annotations
 
 import hashlib
@@ -54,4 +55,5 @@ class RankTrace(TrainerCallback):
         while getattr(inner, "optimizer", inner) is not inner:
             inner = inner.optimizer
         write_event(self.path, "rank_finished", rank=self.rank, world_size=args.world_size,
-                    optimizer=type(inner).__name__, parameters_checksum=parameters_checksum(model))
+                    optimizer=type(inner).__name__, parameters_checksum=parameters_checksum(model),
+                    shapes={name: list(parameter.shape) for name, parameter in model.named_parameters()})
