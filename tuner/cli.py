@@ -42,6 +42,7 @@ def user_errors() -> tuple[type[Exception], ...]:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed: what `--tp N` runs again on each rank
     if args.command is None:
         from tuner.tui.app import run_app
 
