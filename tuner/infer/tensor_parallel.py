@@ -57,6 +57,7 @@ def check_tensor_parallel(target: InferenceTarget, tp: int, *, bits: int | None 
     if target.adapter is not None:
         raise ModelLoadError(f"{flag} cannot apply the adapter in {target.adapter} to a split model: merge it into "
                              f"its base model first (tuner merge RUN) and run the merged folder with {flag}.")
+    _check_split(target, tp)
     if gpus is None:
         import torch
 
@@ -68,7 +69,6 @@ def check_tensor_parallel(target: InferenceTarget, tp: int, *, bits: int | None 
     if not gpus and tp > cpus:
         raise ModelLoadError(f"{flag} without a GPU runs {tp} processes on {cpus} CPU core(s): use --tp {cpus} or "
                              "less.")
-    _check_split(target, tp)
 
 
 def _check_split(target: InferenceTarget, tp: int) -> None:
