@@ -22,7 +22,7 @@ from tuner.loading.model import ModelLoadError
 
 GREEDY = ["--greedy", "--max-new-tokens", "12"]
 WORDS = ["hello", "abcdef", "stone", "xy", "planet"]
-RANK_ROW = re.compile(r"^│ ([01]) +│ cpu +│ +([\d.]+) MiB │ +([\d.]+) MiB │", re.MULTILINE)
+RANK_ROW = re.compile(r"^│ ([01]) \(cpu\) +│ +([\d.]+) MiB │ +([\d.]+) MiB │", re.MULTILINE)
 
 
 @pytest.mark.slow

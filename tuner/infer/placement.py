@@ -348,20 +348,19 @@ def tensor_parallel_table(placement: TensorParallelPlacement):
     from rich.table import Table
 
     caption = (f"every rank computes all {placement.total_layers} layers on its slice; "
-               f"split: {', '.join(placement.split)}; replicated: {', '.join(placement.replicated) or 'nothing'}\n"
+               f"weights split: {', '.join(placement.split)}; replicated: {', '.join(placement.replicated) or 'nothing'}\n"
                f"KV cache at batch {placement.batch} × context {placement.context} tokens, split by KV heads "
                f"(model facts: {placement.facts_from})")
     table = Table(title=f"Tensor-parallel placement ({len(placement.ranks)} ranks)", title_justify="left",
                   caption=caption, caption_justify="left")
-    for column in ("rank", "device", "split", "replicated", "weights", "KV cache", "weights + KV", "budget"):
-        table.add_column(column, justify="left" if column in ("rank", "device") else "right")
+    for column in ("rank", "split", "replicated", "KV cache", "weights + KV", "budget"):
+        table.add_column(column, justify="left" if column == "rank" else "right")
     for row in placement.ranks:
         budget = "-" if row.budget_bytes is None else format_bytes(row.budget_bytes)
-        table.add_row(str(row.rank), row.device, format_bytes(row.split_bytes), format_bytes(row.replicated_bytes),
-                      format_bytes(row.weights_bytes), format_bytes(row.kv_cache_bytes),
-                      format_bytes(row.total_bytes), budget)
+        table.add_row(f"{row.rank} ({row.device})", format_bytes(row.split_bytes), format_bytes(row.replicated_bytes),
+                      format_bytes(row.kv_cache_bytes), format_bytes(row.total_bytes), budget)
     table.add_section()
     total = [sum(getattr(row, name) for row in placement.ranks)
-             for name in ("split_bytes", "replicated_bytes", "weights_bytes", "kv_cache_bytes", "total_bytes")]
-    table.add_row("total", "", *map(format_bytes, total), "")
+             for name in ("split_bytes", "replicated_bytes", "kv_cache_bytes", "total_bytes")]
+    table.add_row("total", *map(format_bytes, total), "")
     return table
