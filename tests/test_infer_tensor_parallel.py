@@ -56,7 +56,9 @@ def test_two_ranks_answer_token_for_token_as_one_process(tmp_path, tuner_cli, tr
     whole_mib = float(re.search(r"^│ CPU +│ +\d+ │ +([\d.]+) MiB", single.stderr, re.MULTILINE).group(1))
     assert split_mib == other_split
     assert 2 * float(split_mib) + float(replicated_mib) == pytest.approx(whole_mib, abs=0.15)
-    assert "q_proj (colwise)" in split.stderr and "o_proj (rowwise)" in split.stderr
+    said = " ".join(split.stderr.split())  # the caption wraps at the width of the stream
+    assert "weights split: lm_head (colwise_gather_output), embed_tokens (embedding_rowwise), q_proj (colwise)" in said
+    assert "o_proj (rowwise)" in said and "replicated: input_layernorm, post_attention_layernorm, norm" in said
 
     # chat: rank 0 reads the piped messages, every rank runs each answer (an instruction run: one message at a time)
     chat = tuner_cli("chat", str(trained_demo), "--tp", "2", *GREEDY, input="\n".join(WORDS[:3]) + "\n", timeout=300)

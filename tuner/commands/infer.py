@@ -17,7 +17,7 @@ EXIT_BAD_LINES = 2
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "infer", help="answer one prompt or a JSONL file of prompts with device_map=auto placement")
+        "infer", help="answer one prompt or a JSONL file of prompts (device_map=auto placement, or --tp N ranks)")
     add_inference_arguments(parser)
     what = parser.add_argument_group("prompts")
     what.add_argument("--prompt", metavar="TEXT", type=utf8_text, help="one prompt (a user turn); the answer goes to stdout")

@@ -139,7 +139,7 @@ def _follow_ranks(ranks: list[subprocess.Popen]) -> int:
                 time.sleep(POLL_S)
             stop_process_groups(ranks, STOP_GRACE_S)
             return code
-        failed = next(((number, rank.returncode) for number, rank in enumerate(ranks) if rank.poll()), None)
+        failed = next(((number, rank.returncode) for number, rank in enumerate(ranks[1:], 1) if rank.poll()), None)
         if failed:
             print(f"rank {failed[0]} failed (exit code {failed[1]}); stopping every rank", file=sys.stderr, flush=True)
             stop_process_groups(ranks, STOP_GRACE_S)
