@@ -208,14 +208,14 @@ def _leave() -> None:
 
 
 def join_ranks() -> None:
-    """In every rank: SIGINT ends it at once (only tuner sends it, to stop every rank); ranks after 0 stay quiet."""
+    """In every rank: SIGINT ends it at once (only tuner sends it, to stop every rank); ranks after 0 run no command
+    code, and the libraries' warnings and progress bars are turned off there."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     if tensor_parallel_rank():
         import warnings
 
         from transformers.utils import logging as hf_logging
 
-        sys.stdout = open(os.devnull, "w")
         warnings.simplefilter("ignore")
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
