@@ -85,8 +85,14 @@ def run_on_ranks(args: argparse.Namespace, command: Callable[[argparse.Namespace
     if args.tp == 1:
         return command(args)
     from tuner.infer.target import resolve_target
-    from tuner.infer.tensor_parallel import (check_tensor_parallel, follow_rank, join_ranks, launch_ranks,
-                                             release_ranks, tensor_parallel_rank)
+    from tuner.infer.tensor_parallel import (
+        check_tensor_parallel,
+        follow_rank,
+        join_ranks,
+        launch_ranks,
+        release_ranks,
+        tensor_parallel_rank,
+    )
 
     rank = tensor_parallel_rank()
     if rank is None:

@@ -32,7 +32,7 @@ AFTER_RANK_ZERO_S = 10.0  # the other ranks finish within this once rank 0 has f
 STOP_GRACE_S = 2.0
 POLL_S = 0.2
 
-_leading: list["TensorParallelModel"] = []  # rank 0's model, released to the other ranks when the command ends
+_leading: list[TensorParallelModel] = []  # rank 0's model, released to the other ranks when the command ends
 
 
 def tensor_parallel_rank() -> int | None:
