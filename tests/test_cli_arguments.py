@@ -29,6 +29,7 @@ BAD_ARGUMENTS = [
     (["infer", "demo", "--prompt", "hi", "--temperature", "nan"], "--temperature", ""),
     (["infer", "demo", "--prompt", "hi", "--top-p", "1.5"], "--top-p", "less than or equal to 1"),
     (["infer", "demo", "--prompt", "hi", "--context", "-5"], "--context", "greater than or equal to 1"),
+    (["infer", "demo", "--prompt", "hi", "--tp", "0"], "--tp", "greater than or equal to 1"),
     (["infer", "demo", "--input", "p.jsonl", "--output", "a.jsonl", "--batch-size", "0"], "--batch-size",
      "greater than or equal to 1"),
     (["infer", "demo", "--prompt", "hi", "--max-memory", "gpu0=lots"], "--max-memory", "DEVICE=SIZE"),

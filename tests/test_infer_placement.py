@@ -10,6 +10,8 @@ from tuner.catalog.models import facts_from_config, model_facts
 from tuner.commands._types import memory_budget
 from tuner.infer.placement import (
     GIB,
+    RankShare,
+    TensorParallelPlacement,
     hardware_memory_map,
     kv_cache_bytes,
     max_memory_map,
@@ -98,6 +100,26 @@ def test_cpu_only_placement_has_no_warnings_and_renders():
     console.print(placement_table(placement))
     text = console.export_text()
     assert "CPU" in text and "total" in text and "batch 1 × context 16" in text and "model facts: test" in text
+
+
+def test_tensor_parallel_table_has_a_row_per_rank_and_flags_a_rank_its_gpu_cannot_hold():
+    """Llama-3.1-70B in bf16 over 8 GPUs of 80 GB (illustrative: 1/8 of 131.4 GiB of weights and of the KV cache)."""
+    rows = tuple(RankShare(rank, f"cuda:{rank}", int(16.43 * GIB), 2_600_000, int(0.32 * GIB), int(77.1 * GIB))
+                 for rank in range(8))
+    placement = TensorParallelPlacement(rows, 1, 8320, 80, ("q_proj (colwise)", "o_proj (rowwise)"),
+                                        ("input_layernorm", "norm"), int(2 * GIB), "tuner catalog")
+    assert placement.warnings() == []
+    console = Console(record=True, width=80)  # stderr that is not a terminal
+    console.print(placement_table(placement))
+    text = console.export_text()
+    assert "Tensor-parallel placement (8 ranks)" in text and "…" not in text
+    assert "│ 7 (cuda:7) │  16.43 GiB │    2.5 MiB │ 0.32 GiB │    16.75 GiB │ 77.10 GiB │" in text
+    caption = " ".join(text.split("└")[-1].split())
+    assert "weights split: q_proj (colwise), o_proj (rowwise); replicated: input_layernorm, norm" in caption
+    crowded = TensorParallelPlacement((RankShare(0, "cuda:0", int(78 * GIB), 0, int(2 * GIB), int(77.1 * GIB)),),
+                                      1, 8320, 80, (), (), int(2 * GIB))
+    [warning] = crowded.warnings()
+    assert warning.startswith("rank 0 (cuda:0): weights + KV cache (80.00 GiB) exceed the GPU's 79.10 GiB")
 
 
 def test_max_memory_flags():

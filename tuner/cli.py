@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
+    args.argv = list(argv)  # as typed: what `--tp N` runs again on each rank
     if args.command is None:
         from tuner.tui.app import run_app
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Callable
 
 from tuner.commands._recipe_args import add_recipe_arguments
 from tuner.commands._types import at_least, memory_budget, recipe_field
@@ -22,6 +23,10 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--offload-folder", metavar="DIR",
                       help="where weights that fit nowhere else go (default: inference.offload_folder, "
                            "<run dir>/offload, or a temporary folder)")
+    load.add_argument("--tp", type=at_least(1), default=1, metavar="N",
+                      help="tensor parallelism: split every layer over N ranks of this machine (N GPUs, or N CPU "
+                           "processes) with transformers' tensor-parallel plan, instead of placing whole layers "
+                           "one device after another with device_map=auto")
     load.add_argument("--context", type=at_least(1), metavar="TOKENS",
                       help="context length the KV cache is predicted for "
                            "(default: memory.max_seq_length + max new tokens)")
@@ -56,8 +61,13 @@ def load_from_args(args: argparse.Namespace, batch: int = 1):
     sampling = Sampling.from_recipe(target.recipe, args.max_new_tokens, args.greedy, args.temperature, args.top_p)
     max_memory = dict(args.max_memory) or None
     context = args.context or default_context(target, sampling.max_new_tokens)
-    loaded = load_for_inference(target, batch=batch, context=context,
-                                bits=args.bits, max_memory=max_memory, offload_folder=args.offload_folder)
+    if args.tp > 1:  # one of the ranks run_on_ranks launched: rank 0 (the others follow it)
+        from tuner.infer.tensor_parallel import load_tensor_parallel
+
+        loaded = load_tensor_parallel(target, args.tp, batch=batch, context=context)
+    else:
+        loaded = load_for_inference(target, batch=batch, context=context,
+                                    bits=args.bits, max_memory=max_memory, offload_folder=args.offload_folder)
     console = Console(stderr=True)
     console.print(f"model: {target.describe()}")
     console.print(placement_table(loaded.placement))
@@ -67,6 +77,38 @@ def load_from_args(args: argparse.Namespace, batch: int = 1):
         console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
     sys.stderr.flush()
     return loaded, sampling
+
+
+def run_on_ranks(args: argparse.Namespace, command: Callable[[argparse.Namespace], int]) -> int:
+    """``command(args)`` in this process, or with ``--tp N`` on N ranks: checked and launched from here (rank 0's
+    exit code), or run as one of them (rank 0 runs the command, the others follow its generate calls)."""
+    if args.tp == 1:
+        return command(args)
+    from tuner.infer.target import resolve_target
+    from tuner.infer.tensor_parallel import (
+        check_tensor_parallel,
+        follow_rank,
+        join_ranks,
+        launch_ranks,
+        release_ranks,
+        tensor_parallel_rank,
+    )
+
+    rank = tensor_parallel_rank()
+    if rank is None:
+        target = resolve_target(args.recipe, args.overrides, args.model, args.adapter)
+        device_map_options = [flag for flag, given in (("--max-memory", args.max_memory),
+                                                        ("--offload-folder", args.offload_folder)) if given]
+        check_tensor_parallel(target, args.tp, bits=args.bits, device_map_options=device_map_options)
+        return launch_ranks(args.argv, args.tp)
+    join_ranks()
+    if rank:
+        follow_rank(resolve_target(args.recipe, args.overrides, args.model, args.adapter), args.tp)
+        return 0
+    try:
+        return command(args)
+    finally:
+        release_ranks()
 
 
 def prompt_format_from_args(args: argparse.Namespace, loaded):

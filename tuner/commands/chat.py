@@ -1,19 +1,23 @@
 """``tuner chat TARGET``: an interactive conversation that streams tokens as they are generated.
 
 A line ending in a backslash continues the message on the next line; /reset forgets the conversation,
-/exit (or end of input, Ctrl-D) quits; Ctrl-C stops the answer being written.
+/exit (or end of input, Ctrl-D) quits; Ctrl-C stops the answer being written (with ``--tp N``, it ends the chat
+on every rank: rank 0 reads the terminal and sends each message's generate call to the other ranks).
 """
 from __future__ import annotations
 
 import sys
 
-from tuner.commands._inference_args import add_inference_arguments, load_from_args, prompt_format_from_args
+from tuner.commands._inference_args import (add_inference_arguments, load_from_args, prompt_format_from_args,
+                                            run_on_ranks)
 from tuner.commands._types import not_utf8, utf8_text
 
 EXIT_SKIPPED = 2  # a piped conversation had messages that could not be sent
 
 HELP = ("end a line with \\ to continue the message; /reset forgets the conversation, /exit or Ctrl-D quits, "
         "Ctrl-C stops an answer")
+# the ranks run in their own sessions: the terminal's Ctrl-C reaches tuner, which stops every rank
+HELP_TP = HELP.replace("Ctrl-C stops an answer", "Ctrl-C ends the chat on every rank")
 
 
 def register(subparsers) -> None:
@@ -37,6 +41,10 @@ def _read(interactive: bool) -> str | None:
 
 
 def run(args) -> int:
+    return run_on_ranks(args, _chat)
+
+
+def _chat(args) -> int:
     from tuner.infer.chat import ChatSession
 
     loaded, sampling = load_from_args(args)
@@ -44,7 +52,7 @@ def run(args) -> int:
     session = ChatSession(loaded.model, loaded.tokenizer, sampling, prompt.data_format, args.system, prompt.instruction)
     interactive = sys.stdin.isatty()
     sys.stdin.reconfigure(errors="surrogateescape")  # a byte that is not UTF-8 fails its message, not the session
-    print(HELP, file=sys.stderr)
+    print(HELP if args.tp == 1 else HELP_TP, file=sys.stderr)
     number = skipped = 0
     while True:
         message = _read(interactive)

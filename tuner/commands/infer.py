@@ -1,14 +1,15 @@
 """``tuner infer TARGET --prompt TEXT`` (one answer) or ``--input prompts.jsonl --output answers.jsonl`` (a batch).
 
-TARGET is a recipe, a run directory or ``--model``; the model is placed with device_map="auto" and the
-placement is printed to stderr before generating, so stdout carries only the answer.
+TARGET is a recipe, a run directory or ``--model``; the model is placed with device_map="auto" (or split over
+``--tp N`` ranks) and the placement is printed to stderr before generating, so stdout carries only the answer.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from tuner.commands._inference_args import add_inference_arguments, load_from_args, prompt_format_from_args
+from tuner.commands._inference_args import (add_inference_arguments, load_from_args, prompt_format_from_args,
+                                            run_on_ranks)
 from tuner.commands._types import at_least, utf8_text
 
 EXIT_BAD_LINES = 2
@@ -16,7 +17,7 @@ EXIT_BAD_LINES = 2
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "infer", help="answer one prompt or a JSONL file of prompts with device_map=auto placement")
+        "infer", help="answer one prompt or a JSONL file of prompts (device_map=auto placement, or --tp N ranks)")
     add_inference_arguments(parser)
     what = parser.add_argument_group("prompts")
     what.add_argument("--prompt", metavar="TEXT", type=utf8_text, help="one prompt (a user turn); the answer goes to stdout")
@@ -30,11 +31,19 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from tuner.data.sources import DataError
+    from tuner.infer.batch import check_output
 
     if (args.prompt is None) == (args.input is None):
         raise DataError("give either --prompt TEXT or --input FILE --output FILE.")
-    if args.input is not None:
-        return _run_batch(args)
+    if args.input is None:
+        return run_on_ranks(args, _run_one)
+    if args.output is None:
+        raise DataError("--input needs --output FILE for the answers.")
+    check_output(Path(args.output), Path(args.input), args.force)
+    return run_on_ranks(args, _run_batch)
+
+
+def _run_one(args) -> int:
     from tuner.infer.generate import Speed, generate_answers, render_prompt, user_turn
 
     loaded, sampling = load_from_args(args)
@@ -48,13 +57,9 @@ def run(args) -> int:
 
 
 def _run_batch(args) -> int:
-    from tuner.data.sources import DataError
-    from tuner.infer.batch import answer_records, check_output, read_prompt_file, write_answers
+    from tuner.infer.batch import answer_records, read_prompt_file, write_answers
     from tuner.infer.generate import Speed, generate_answers, render_prompt
 
-    if args.output is None:
-        raise DataError("--input needs --output FILE for the answers.")
-    check_output(Path(args.output), Path(args.input), args.force)
     prompts, bad = read_prompt_file(args.input)
     for line in bad:
         print(f"warning: {line.message(args.input)}", file=sys.stderr)

@@ -211,7 +211,7 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
 
 
 @contextlib.contextmanager
-def _signals_stop_the_run() -> Iterator[None]:
+def signals_stop_the_run() -> Iterator[None]:
     """In the main thread, SIGTERM and SIGHUP raise :class:`RunInterrupted` while a run is followed, as SIGINT
     raises KeyboardInterrupt; the ranks run in their own session, so tuner must stop them itself."""
     if threading.current_thread() is not threading.main_thread():
@@ -249,7 +249,7 @@ def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[dict], list[s
     signum = signal.SIGINT
     launch: Launch | None = None
     try:
-        with _signals_stop_the_run():
+        with signals_stop_the_run():
             try:
                 launch = Launch(launch_argv(run_dir), run_dir)
                 while (code := launch.wait(POLL_S)) is None:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from pathlib import Path
 
@@ -104,15 +105,7 @@ class Launch:
 
     def stop(self, grace_s: float = 20.0) -> int:
         """SIGINT the whole group (ranks save and exit), then SIGTERM, then SIGKILL."""
-        for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            if self.process.poll() is not None:
-                break
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                break
-            if self.wait(wait) is not None:
-                break
+        stop_process_groups([self.process], grace_s)
         return self.finish()
 
     def _kill_leftovers(self) -> None:
@@ -121,6 +114,26 @@ class Launch:
             os.killpg(self.process.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def stop_process_groups(processes: list[subprocess.Popen], grace_s: float = 20.0) -> None:
+    """SIGINT the process group each of ``processes`` leads (started with ``start_new_session``), then SIGTERM,
+    then SIGKILL, each signal after the last one's wait for every leader to exit."""
+    for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        running = [process for process in processes if process.poll() is None]
+        if not running:
+            return
+        for process in running:
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        for process in running:
+            try:
+                process.wait(timeout=max(deadline - time.monotonic(), 0))
+            except subprocess.TimeoutExpired:
+                break
 
 
 def log_tail(path: Path, size: int = 256 * 1024) -> list[str]:

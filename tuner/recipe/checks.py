@@ -318,6 +318,16 @@ def _parallelism(recipe: Recipe) -> list[Problem]:
     return problems + _heads_divisible(recipe)
 
 
+def tp_uneven(facts, tp: int) -> tuple[list[str], list[int]]:
+    """What tensor parallelism over ``tp`` ranks cannot split evenly (e.g. ``["KV heads 8"]``: tp splits attention
+    heads, KV heads and the MLP width), and the sizes from 2 up that split all three; ``facts`` are the planner's."""
+    widths = (("attention heads", facts.num_heads), ("KV heads", facts.num_kv_heads),
+              ("MLP width", facts.intermediate_size))
+    uneven = [f"{name} {value}" for name, value in widths if value % tp]
+    fitting = [size for size in range(2, facts.num_kv_heads + 1) if not any(value % size for _, value in widths)]
+    return uneven, fitting
+
+
 def _heads_divisible(recipe: Recipe) -> list[Problem]:
     """tp splits heads, KV heads and the MLP width; sp splits heads: each must divide evenly (the model's facts)."""
     par = recipe.parallelism
@@ -330,17 +340,12 @@ def _heads_divisible(recipe: Recipe) -> list[Problem]:
     except UnknownModelError:
         return []  # the plan says the model is unknown
     problems = []
-    if par.tp > 1:
-        widths = (("attention heads", facts.num_heads), ("KV heads", facts.num_kv_heads),
-                  ("MLP width", facts.intermediate_size))
-        uneven = [f"{name} {value}" for name, value in widths if value % par.tp]
-        if uneven:
-            fitting = [str(size) for size in range(2, facts.num_kv_heads + 1)
-                       if not any(value % size for _, value in widths)]
-            advice = f"use tp {' or '.join(fitting)}" if fitting else "this model cannot be split by tp"
-            problems.append(Problem(
-                "parallelism.tp", f"tp {par.tp} must divide {recipe.model.id}'s {', '.join(uneven)}: {advice}, or "
-                "tp: 1.", anchor="parallelism"))
+    uneven, fitting = tp_uneven(facts, par.tp)
+    if uneven:
+        advice = f"use tp {' or '.join(map(str, fitting))}" if fitting else "this model cannot be split by tp"
+        problems.append(Problem(
+            "parallelism.tp", f"tp {par.tp} must divide {recipe.model.id}'s {', '.join(uneven)}: {advice}, or "
+            "tp: 1.", anchor="parallelism"))
     if par.sp > 1 and (facts.num_heads % par.sp or (facts.num_kv_heads % par.sp and par.sp % facts.num_kv_heads)):
         problems.append(Problem(
             "parallelism.sp", f"Ulysses gives each rank num_heads / sp heads: sp {par.sp} must divide "
