@@ -1,11 +1,9 @@
 """Load samples from a recipe's data source: local files, the datasets cache, or a built-in task.
 
-datasets reads a local file once, into Arrow.  Before it does, a byte scan (no parsing) looks for a line longer
-than :data:`MAX_ROW_BYTES`: datasets would hold such a row whole several times over.  The row-by-row line scan
-(:func:`file_rows`: every row read up to :data:`MAX_ROW_BYTES` and no further, decoded as UTF-8, parsed, JSON no
-deeper than :data:`MAX_ROW_DEPTH`, CSV with the header's field count) runs only when something is wrong: datasets
-cannot read the file, a line is too long, the columns nest too deeply, or a row fails a check; it names the
-file line of every problem, which datasets' own errors never do.
+A local JSON-lines, JSON or CSV file is scanned row by row before datasets reads it: every row is read up
+to :data:`MAX_ROW_BYTES` and no further, decoded as UTF-8, parsed (JSON no deeper than :data:`MAX_ROW_DEPTH`;
+CSV with the header's field count), and every problem is named by its file line.  datasets' own errors
+name neither the file nor the line, and a 100 MB row would be tokenised whole.
 """
 from __future__ import annotations
 
@@ -88,18 +86,14 @@ class RowProblems:
 
 @dataclass
 class Samples:
-    """A loaded split and, for local JSON and CSV files, the file, whose lines are scanned only to name a problem."""
+    """A loaded split and, for local JSON and CSV files, the file line where every row starts (for messages)."""
 
     dataset: object  # datasets.Dataset
     source: str
-    path: Path | None = None  # a local JSON, JSON-lines or CSV file
-    loader: str = ""
+    lines: list[int] | None = None
 
     def problems(self) -> RowProblems:
-        """The problems of this split's rows, named by file line.  Scanning the lines raises first when the scan
-        finds what makes the file unreadable (a CSV record with the wrong field count, say)."""
-        lines = file_rows(self.path, self.loader, self.source) if self.path is not None else None
-        return RowProblems(self.source, lines)
+        return RowProblems(self.source, self.lines)
 
 
 def bounded_lines(path: Path, pipes: bool = False) -> Iterator[tuple[int, bytes | None, int]]:
@@ -313,96 +307,18 @@ def file_rows(path: Path, loader: str, source: str) -> list[int] | None:
     return None
 
 
-def has_long_line(path: Path) -> bool:
-    """Whether a line of the file may be longer than MAX_ROW_BYTES: newlines found by a byte scan, nothing parsed
-    (about a second per GB).  A JSON array file counts as one line when it is larger than MAX_JSON_ARRAY_BYTES."""
-    import numpy as np
-
-    size = path.stat().st_size
-    if size <= MAX_ROW_BYTES:
-        return False
-    start = offset = 0  # where the current line starts; how much has been read
-    with open_input(path, pipes=False) as stream:
-        while chunk := stream.read(_SCAN_CHUNK):
-            if offset == 0 and chunk.lstrip().startswith(b"["):
-                return size > MAX_JSON_ARRAY_BYTES
-            ends = np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10) + offset
-            if ends.size:
-                if ends[0] - start > MAX_ROW_BYTES or (ends.size > 1 and np.diff(ends).max() - 1 > MAX_ROW_BYTES):
-                    return True
-                start = int(ends[-1]) + 1
-            offset += len(chunk)
-            if offset - start > MAX_ROW_BYTES:
-                return True
-    return False
-
-
-_SCAN_CHUNK = 2**24
-_UNREADABLE = (ValueError, UnicodeDecodeError, TypeError, StopIteration)  # what datasets raises on a file it cannot read
-
-
-def _read_file(loader: str, path: Path, split: str, source: str):
-    """A local file as a datasets.Dataset, read once; the line scan runs first only when a line is too long, and
-    afterwards when datasets cannot read the file, to name the line that is wrong."""
-    import datasets
-    from datasets.utils import logging as datasets_logging
-
-    verbosity = datasets_logging.get_verbosity()
-    try:
-        if has_long_line(path):
-            file_rows(path, loader, source)  # raises, naming the line: the row is never read whole
-        datasets_logging.set_verbosity_error()
-        datasets_logging.get_logger("datasets.packaged_modules").setLevel("CRITICAL")  # its tracebacks: named below
-        dataset = datasets.load_dataset(loader, data_files={split: str(path)}, split=split)
-    except NotARegularFile as exc:
-        raise DataError(f"data.source: {source}: not a regular file ({exc.kind}); save the data to a file.") from None
-    except (datasets.exceptions.DatasetGenerationError, *_UNREADABLE):
-        if file_rows(path, loader, source) == []:  # raises when a line is wrong
-            raise DataError(f"data.source: {source}: the file holds no samples.") from None
-        raise
-    finally:
-        datasets_logging.get_logger("datasets.packaged_modules").setLevel("NOTSET")
-        datasets_logging.set_verbosity(verbosity)
-    if not _valid_text(dataset) or loader == "json" and _type_depth(dataset.features.arrow_schema) > MAX_ROW_DEPTH:
-        file_rows(path, loader, source)  # raises, naming the first line that is not UTF-8 or nests too deeply
-    return dataset
-
-
-def _valid_text(dataset) -> bool:
-    """Whether every string in the dataset is UTF-8: pyarrow's JSON reader copies the bytes without checking."""
-    import pyarrow as pa
-
-    try:
-        dataset.data.table.validate(full=True)
-    except pa.ArrowInvalid:
-        return False
-    return True
-
-
-def _type_depth(arrow_type) -> int:
-    """How deeply an Arrow type nests (a schema of flat columns is 1): at least the depth of every row's JSON."""
-    import pyarrow as pa
-
-    if isinstance(arrow_type, pa.Schema):
-        return 1 + max((_type_depth(column.type) for column in arrow_type), default=0)
-    if pa.types.is_struct(arrow_type):
-        return 1 + max((_type_depth(arrow_type.field(i).type) for i in range(arrow_type.num_fields)), default=0)
-    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type):
-        return 1 + _type_depth(arrow_type.value_type)
-    return 0
-
-
 def load_split(source: str, split: str) -> Samples:
-    """The named split of a data source; a local file is read once (see :func:`_read_file`)."""
+    """The named split of a data source, after checking every row of a local file."""
     import datasets
 
     loader, argument = resolve_source(source)
     try:
         if loader == "hub":
             return Samples(datasets.load_dataset(argument, split=split), source)
-        path = Path(argument)
-        dataset = _read_file(loader, path, split, source)
-        return Samples(dataset, source, path if loader in ("json", "csv") else None, loader)
+        lines = file_rows(Path(argument), loader, source)
+        if lines == []:
+            raise DataError(f"data.source: {source}: the file holds no samples.")
+        return Samples(datasets.load_dataset(loader, data_files={split: argument}, split=split), source, lines)
     except (FileNotFoundError, ConnectionError, ValueError) as exc:
         if loader == "hub":
             raise DataError(
