@@ -8,6 +8,10 @@ interpreter (``python -c pass``) so a busy moment hits all three alike; the medi
 child's CPU time beside it: on a shared, loaded machine wall time mostly measures the queue for a core.
 The children may write bytecode (into a temporary PYTHONPYCACHEPREFIX, not the checkout), as an installed package
 has it: with PYTHONDONTWRITEBYTECODE set, every run would compile tuner's modules from source (~0.1 s for plan).
+
+Two floors run in the same rotation, so a plan time can be read against them on any machine: the interpreter with
+pydantic and one small model (what validating a recipe costs before tuner's own schema), and the interpreter with
+every library ``tuner plan`` uses (argparse, YAML, pydantic with one model, rich's console and table) and no tuner.
 """
 from __future__ import annotations
 
@@ -22,8 +26,12 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+PYDANTIC_MODEL = "from pydantic import BaseModel, Field\nclass A(BaseModel):\n    x: int = Field(1, ge=1)\n"
 COMMANDS = {
     "python -c pass": ([sys.executable, "-c", "pass"], None),
+    "floor: pydantic, one model": ([sys.executable, "-c", PYDANTIC_MODEL], None),
+    "floor: plan's libraries": ([sys.executable, "-c", "import argparse, yaml, rich.console, rich.table\n"
+                                 + PYDANTIC_MODEL], None),
     "tuner --help": ([sys.executable, "-m", "tuner", "--help"], 0.10),
     "tuner plan llama3.1/8b-lora": ([sys.executable, "-m", "tuner", "plan", "llama3.1/8b-lora"], 0.15),
 }

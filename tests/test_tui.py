@@ -107,6 +107,32 @@ async def test_incompatible_choices_are_disabled_with_the_reason():
 
 
 @pilot_test
+async def test_tensor_parallel_is_chosen_on_the_method_step_with_reasons_and_saved(in_tmp):
+    """tp is refused with the checks' own reason until the recipe can run it; chosen, it is what the file says."""
+    app = make_app(demo_draft({"hardware.num_processes": 2, "memory.distributed": "ddp",
+                               "memory.mixed_precision": "no"}))
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("method")
+        await pilot.pause()
+        tp = app.screen.query_one("#parallelism-tp", ChoiceField)
+        assert tp.button("2").disabled and "runs under distributed: deepspeed" in str(tp.button("2").tooltip)
+        sp = app.screen.query_one("#parallelism-sp", ChoiceField)
+        assert sp.button("2").disabled and "sequence parallelism is DeepSpeed Ulysses" in str(sp.button("2").tooltip)
+
+        app.screen.query_one("#distribution", ChoiceField).button("ZeRO-1").value = True
+        await pilot.pause()
+        assert not tp.button("2").disabled
+        assert tp.button("4").disabled and "must divide the 2 processes" in str(tp.button("4").tooltip)
+        tp.button("2").value = True
+        await pilot.pause()
+        assert app.draft.value("parallelism.tp") == 2 and app.draft.valid
+        assert app.screen.query_one("#distribution", ChoiceField).button("ZeRO-3").disabled  # AutoTP: ZeRO 0-2
+        saved = app.draft.save(in_tmp / "tp.yaml")
+    recipe = load_recipe(saved)
+    assert (recipe.parallelism.tp, recipe.memory.zero_stage, recipe.data_parallel) == (2, 1, 1)
+
+
+@pilot_test
 async def test_invalid_input_is_kept_as_typed_marked_and_left_out_of_the_recipe():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

@@ -18,14 +18,19 @@ EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 1
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``command`` (a subcommand's name), only that subcommand's parser is built.
+
+    A subcommand's usage, help and errors do not depend on its siblings, so ``tuner plan ...`` need not import and
+    build the eleven others (about 20 ms); anything else (``--help``, a misspelt command) gets the whole parser.
+    """
     parser = argparse.ArgumentParser(
         prog="tuner",
         description="Declarative fine-tuning that plans GPU memory before it runs. Without a command, opens the TUI.",
     )
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name in (command,) if command in COMMANDS else COMMANDS:
         importlib.import_module(f"tuner.commands.{name}").register(subparsers)
     return parser
 
@@ -40,7 +45,8 @@ def user_errors() -> tuple[type[Exception], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if args.command is None:
         from tuner.tui.app import run_app

@@ -224,6 +224,126 @@ def _long_context(recipe: Recipe) -> list[Problem]:
     return problems
 
 
+def _parallelism(recipe: Recipe) -> list[Problem]:
+    """tp/cp/sp and the data-parallel degrees, as Accelerate, DeepSpeed and transformers accept them."""
+    par, mem, hw = recipe.parallelism, recipe.memory, recipe.hardware
+    if par.model_parallel == 1 and par.dp_replicate is None and par.dp_shard is None:
+        return []
+    problems = []
+    world = recipe.world_size
+    if par.tp > 1 and mem.distributed not in ("deepspeed", "fsdp"):
+        problems.append(Problem(
+            "parallelism.tp", "tensor parallelism runs under distributed: deepspeed (DeepSpeed AutoTP, ZeRO 0-2) or "
+            "fsdp (transformers' tensor-parallel plan with FSDP2): set one of them, or tp: 1.",
+            anchor="parallelism"))
+    if par.cp > 1 and mem.distributed != "fsdp":
+        problems.append(Problem(
+            "parallelism.cp", "context parallelism is torch's ring attention under FSDP2: set distributed: fsdp, or "
+            "use sp (DeepSpeed Ulysses) with deepspeed.", anchor="parallelism"))
+    if par.sp > 1 and mem.distributed != "deepspeed":
+        problems.append(Problem(
+            "parallelism.sp", "sequence parallelism is DeepSpeed Ulysses: set distributed: deepspeed, or use cp "
+            "(context parallelism) with fsdp.", anchor="parallelism"))
+    if (par.cp > 1 or par.sp > 1) and not recipe.uses_gpu:
+        field = "parallelism.cp" if par.cp > 1 else "parallelism.sp"
+        problems.append(Problem(
+            field, "splitting sequences needs GPUs (ring attention and Ulysses' all-to-all are not run on CPU ranks "
+            "here): use tp on the CPU, or set hardware.gpus_per_machine.", anchor="parallelism"))
+    if par.tp > 1 and recipe.method.kind != "full":
+        problems.append(Problem(
+            "parallelism.tp", f"tuner's tensor parallelism trains full weights; {recipe.method.kind} adapters are not "
+            "split by DeepSpeed AutoTP or transformers' plan: set method.kind: full, or tp: 1.", anchor="parallelism"))
+    if par.tp > 1 and mem.distributed == "deepspeed" and mem.zero_stage == 3:
+        problems.append(Problem(
+            "memory.zero_stage", "DeepSpeed AutoTP trains with ZeRO 0-2 (transformers cannot load a ZeRO-3 model with "
+            "tensor_parallel): set zero_stage to 1 or 2, or distributed: fsdp for tp with full sharding."))
+    if par.tp > 1 and mem.chunked_loss:
+        problems.append(Problem(
+            "memory.chunked_loss", "the chunked loss multiplies by the whole output head, which tensor parallelism "
+            "splits by vocabulary: set chunked_loss: false, or tp: 1."))
+    if hw.gpus_per_machine and par.tp > 1 and hw.gpus_per_machine % par.tp:
+        problems.append(Problem(
+            "parallelism.tp", f"tensor parallelism stays within a machine (it all-reduces inside every layer): tp "
+            f"must divide gpus_per_machine ({hw.gpus_per_machine}).", anchor="parallelism"))
+    if mem.distributed == "deepspeed":
+        if par.dp_replicate is not None or par.dp_shard is not None:
+            field = "parallelism.dp_replicate" if par.dp_replicate is not None else "parallelism.dp_shard"
+            problems.append(Problem(
+                field, "with deepspeed, ZeRO shards over all data-parallel ranks, num_processes / (tp x sp): remove "
+                "dp_replicate and dp_shard (they lay out fsdp)."))
+        elif world % (par.tp * par.sp):
+            problems.append(Problem(
+                "parallelism.tp" if par.tp > 1 else "parallelism.sp",
+                f"tp x sp = {par.tp * par.sp} must divide the {world} processes, so that each data-parallel "
+                "group is whole: change it, or hardware.num_processes.", anchor="parallelism"))
+    elif mem.distributed == "fsdp" and (par.tp > 1 or par.cp > 1):
+        total = par.dp_replicate * par.dp_shard * par.tp * par.cp
+        if total != world:
+            problems.append(Problem(
+                "parallelism.dp_shard",
+                f"dp_replicate x dp_shard x tp x cp = {par.dp_replicate} x {par.dp_shard} x {par.tp} x {par.cp} = "
+                f"{total}, but the run has {world} processes: make the product equal num_processes (remove dp_shard "
+                "to derive it).", anchor="parallelism"))
+        elif par.dp_replicate > 1 and par.dp_shard == 1:
+            problems.append(Problem(
+                "parallelism.dp_shard", "Accelerate refuses tensor/context parallelism with pure replication "
+                "(dp_replicate > 1, dp_shard 1): shard inside each copy (dp_shard > 1), or set dp_replicate: 1.",
+                anchor="parallelism"))
+        elif par.dp_shard == 1 and par.cp == 1:
+            problems.append(Problem(
+                "parallelism.tp", f"with fsdp and tp {par.tp} on {world} processes no rank is left for FSDP to shard "
+                "across, which Accelerate refuses: use more processes (dp_shard 2 or more), or distributed: deepspeed "
+                "with zero_stage 1 or 2 for tensor parallelism alone.", anchor="parallelism"))
+    elif par.dp_replicate is not None or par.dp_shard is not None:
+        field = "parallelism.dp_replicate" if par.dp_replicate is not None else "parallelism.dp_shard"
+        problems.append(Problem(field, "dp_replicate and dp_shard lay out fsdp with tp or cp: remove them."))
+    if par.cp > 1 and mem.attention != "sdpa":
+        problems.append(Problem(
+            "memory.attention", "context parallelism replaces PyTorch's SDPA with ring attention: set attention: sdpa.",
+            anchor="parallelism.cp"))
+    if par.sp > 1 and mem.attention == "eager":
+        problems.append(Problem(
+            "memory.attention", "DeepSpeed Ulysses wraps sdpa or flash attention, not eager: set attention: sdpa.",
+            anchor="parallelism.sp"))
+    for name, size, multiple in (("cp", par.cp, 2 * par.cp), ("sp", par.sp, par.sp)):
+        if size > 1 and recipe.memory.max_seq_length % multiple:
+            problems.append(Problem(
+                "memory.max_seq_length", f"{name} {size} splits each sequence into {multiple} equal parts: make "
+                f"max_seq_length a multiple of {multiple}.", anchor=f"parallelism.{name}"))
+    return problems + _heads_divisible(recipe)
+
+
+def _heads_divisible(recipe: Recipe) -> list[Problem]:
+    """tp splits heads, KV heads and the MLP width; sp splits heads: each must divide evenly (the model's facts)."""
+    par = recipe.parallelism
+    if par.tp == 1 and par.sp == 1:
+        return []
+    from tuner.catalog.models import UnknownModelError, model_facts
+
+    try:
+        facts = model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code)
+    except UnknownModelError:
+        return []  # the plan says the model is unknown
+    problems = []
+    if par.tp > 1:
+        widths = (("attention heads", facts.num_heads), ("KV heads", facts.num_kv_heads),
+                  ("MLP width", facts.intermediate_size))
+        uneven = [f"{name} {value}" for name, value in widths if value % par.tp]
+        if uneven:
+            fitting = [str(size) for size in range(2, facts.num_kv_heads + 1)
+                       if not any(value % size for _, value in widths)]
+            advice = f"use tp {' or '.join(fitting)}" if fitting else "this model cannot be split by tp"
+            problems.append(Problem(
+                "parallelism.tp", f"tp {par.tp} must divide {recipe.model.id}'s {', '.join(uneven)}: {advice}, or "
+                "tp: 1.", anchor="parallelism"))
+    if par.sp > 1 and (facts.num_heads % par.sp or (facts.num_kv_heads % par.sp and par.sp % facts.num_kv_heads)):
+        problems.append(Problem(
+            "parallelism.sp", f"Ulysses gives each rank num_heads / sp heads: sp {par.sp} must divide "
+            f"{recipe.model.id}'s {facts.num_heads} attention heads, and divide or be a multiple of its "
+            f"{facts.num_kv_heads} KV heads.", anchor="parallelism"))
+    return problems
+
+
 def remote_code_problem(model_id: str, revision: str | None, trust_remote_code: bool) -> str | None:
     """Why a model cannot be loaded as the recipe stands: it ships code (config.json's auto_map) the recipe does not
     allow to run.  Read from a local folder or the Hugging Face cache, before anything runs it."""
@@ -284,7 +404,8 @@ def _objective(recipe: Recipe) -> list[Problem]:
     return problems
 
 
-RULES = (_model, _topology, _sharding, _method, _lora_targets, _precision, _training, _long_context, _objective)
+RULES = (_model, _topology, _sharding, _parallelism, _method, _lora_targets, _precision, _training, _long_context,
+         _objective)
 
 
 def find_problems(recipe: Recipe) -> list[Problem]:

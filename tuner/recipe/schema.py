@@ -266,6 +266,39 @@ class MemorySection(Section):
         return "no" if value is False else value
 
 
+class ParallelismSection(Section):
+    tp: int = Field(
+        1, ge=1, le=1024,
+        description="Tensor-parallel degree: every decoder layer's linear weights are split across this many ranks of "
+        "one machine, which compute each layer together. With distributed: deepspeed it is DeepSpeed AutoTP "
+        "(ZeRO 0-2); with fsdp, transformers' tensor-parallel plan under Accelerate's ParallelismConfig. 1: off.",
+    )
+    cp: int = Field(
+        1, ge=1, le=1024,
+        description="Context-parallel degree: each sequence is split along its tokens across this many GPUs (ring "
+        "attention, torch's context_parallel). Needs distributed: fsdp and sdpa attention. 1: off.",
+    )
+    sp: int = Field(
+        1, ge=1, le=1024,
+        description="Sequence-parallel degree with DeepSpeed Ulysses: the tokens are split across this many GPUs and "
+        "attention heads are exchanged all-to-all. Needs distributed: deepspeed; heads divisible by sp. 1: off.",
+    )
+    dp_replicate: int | None = Field(
+        None, ge=1, le=262144,
+        description="fsdp with tp or cp: copies of the FSDP-sharded model (HSDP, e.g. one per machine). Default 1.",
+    )
+    dp_shard: int | None = Field(
+        None, ge=1, le=262144,
+        description="fsdp with tp or cp: ranks each model copy is FSDP-sharded across. Default: the processes left "
+        "over, num_processes / (dp_replicate x tp x cp).",
+    )
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that work on one batch together (tp x cp x sp); 1 when only data is parallel."""
+        return self.tp * self.cp * self.sp
+
+
 # TRL 1.16's loss variants, per trainer (DPOConfig.loss_type, KTOConfig.loss_type); "sft" is objective.sft_weight
 DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
                   "aot_unpaired", "apo_zero", "apo_down", "discopop", "sigmoid_norm")
@@ -417,6 +450,10 @@ class Recipe(Section):
     hardware: HardwareSection = Field(default_factory=HardwareSection, description="Machines and accelerators.")
     method: MethodSection = Field(default_factory=MethodSection, description="Full fine-tuning, LoRA or QLoRA.")
     memory: MemorySection = Field(default_factory=MemorySection, description="Memory tactics: sharding, offload, batch, precision.")
+    parallelism: ParallelismSection = Field(
+        default_factory=ParallelismSection,
+        description="Splitting one model or one sequence across ranks: tensor (tp), context (cp) and sequence (sp) "
+        "parallelism, composed with data parallelism.")
     data: DataSection = Field(default_factory=DataSection, description="Training data.")
     training: TrainingSection = Field(default_factory=TrainingSection, description="Optimisation schedule and checkpoints.")
     output: OutputSection = Field(default_factory=OutputSection, description="Where results go.")
@@ -436,6 +473,12 @@ class Recipe(Section):
             object.__setattr__(self.output, "dir", f"runs/{self.name}")
         if self.objective.loss_type is None and self.objective.preference:
             object.__setattr__(self.objective, "loss_type", LOSS_TYPES[self.objective.kind][0])
+        par = self.parallelism
+        if mem.distributed == "fsdp" and (par.tp > 1 or par.cp > 1):
+            if par.dp_replicate is None:
+                object.__setattr__(par, "dp_replicate", 1)
+            if par.dp_shard is None:
+                object.__setattr__(par, "dp_shard", max(1, self.world_size // (par.dp_replicate * par.tp * par.cp)))
         if self.output.save == "auto":
             object.__setattr__(self.output, "save", "full" if self.method.kind == "full" else "adapter")
         return self
@@ -449,5 +492,10 @@ class Recipe(Section):
         return self.hardware.gpus_per_machine > 0
 
     @property
+    def data_parallel(self) -> int:
+        """Ranks that each see a different batch: the world over the ranks that share one (tp x cp x sp)."""
+        return max(1, self.world_size // self.parallelism.model_parallel)
+
+    @property
     def effective_batch_size(self) -> int:
-        return self.memory.micro_batch_size * self.memory.gradient_accumulation_steps * self.world_size
+        return self.memory.micro_batch_size * self.memory.gradient_accumulation_steps * self.data_parallel

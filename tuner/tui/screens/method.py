@@ -18,7 +18,7 @@ from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from tuner.planner import Advice
-from tuner.recipe.schema import FsdpSection, MemorySection, MethodSection, ObjectiveSection, Recipe
+from tuner.recipe.schema import FsdpSection, MemorySection, MethodSection, ObjectiveSection, ParallelismSection, Recipe
 from tuner.tui.draft import Changes
 from tuner.tui.messages import DiskChecked, PlanUpdated
 from tuner.tui.planning import CannotPlan, worth_showing
@@ -38,6 +38,8 @@ DISTRIBUTION = [
     *[Choice(f"ZeRO-{stage}", {"memory.distributed": "deepspeed", "memory.zero_stage": stage}) for stage in (1, 2, 3)],
     Choice("FSDP", {"memory.distributed": "fsdp", "memory.zero_stage": None}),
 ]
+
+PARALLEL_DEGREES = [1, 2, 4, 8]  # ranks splitting one layer (tp) or one sequence (cp, sp); a refused one says why
 
 OPTIMIZERS = [
     Choice(label, {"memory.optimizer": value}) for label, value in (
@@ -95,6 +97,9 @@ class MethodScreen(WizardScreen):
                 yield ChoiceField("FSDP sharding", value_choices(
                     "memory.fsdp.sharding_strategy", ["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]),
                     id="fsdp-sharding", help=_help(FsdpSection, "sharding_strategy"))
+                for degree, label in (("tp", "Tensor parallel"), ("cp", "Context parallel"), ("sp", "Sequence parallel")):
+                    yield ChoiceField(f"{label} ({degree})", value_choices(f"parallelism.{degree}", PARALLEL_DEGREES),
+                                      id=f"parallelism-{degree}", help=_help(ParallelismSection, degree))
                 yield ChoiceField("Offload optimizer", value_choices("memory.offload_optimizer", ["none", "cpu", "nvme"]),
                                   id="offload-optimizer", help=_help(MemorySection, "offload_optimizer"))
                 yield ChoiceField("Offload parameters", value_choices("memory.offload_params", ["none", "cpu", "nvme"]),
