@@ -1,15 +1,18 @@
 """How data preparation grows with the data: tuner's ``prepare_data`` against a plain ``datasets`` pipeline.
 
-    python benchmarks/data_prep.py [--sizes 10000 100000 1000000] [--formats text instruction]
+    python benchmarks/data_prep.py [--sizes 10000 100000 1000000] [--formats text instruction chat]
+                                   [--files jsonl parquet] [--big 1000000 --big-cases text.jsonl ...]
 
-For each size and format a JSON-lines file is generated; each side then runs in its own process with an empty
-datasets cache and an empty tuner home, so both convert the file to Arrow once, as a first run does:
+For each size, format and file type (JSON lines or Parquet) a file is generated; each side then runs in its own
+process with an empty datasets cache and an empty tuner home, so both convert the file to Arrow once, as a first
+run does.  The cases run size by size, the two sides of a case one after the other (plain first):
 
 - tuner: ``prepare_data(recipe, tokenizer)``: every row checked (file:line messages), shuffled with the seed,
   5% held out, tokenised with loss masks, truncated to 128 tokens, rows with nothing to learn dropped, and the
   result cached; then the same call again, which reuses the cache (what a re-run or a resume costs);
-- plain: ``load_dataset("json")``, the same shuffle and split, and a batched ``map`` that renders the same chat
-  template (prompt, then prompt + answer) and tokenises with the same tokenizer (the demo's), masking the prompt.
+- plain: ``load_dataset("json"/"parquet")``, the same shuffle and split, and a batched ``map`` that renders the
+  same chat template (prompt, then prompt + answer) and tokenises with the same tokenizer (the demo's), masking the
+  prompt.  Chat rows are a system message, a question and an answer.
 
 Printed per row: seconds of preparation (imports excluded), peak RSS of the process, and tuner / plain.
 Target (issue 17): within 1.2x of the plain pipeline at every size, and growth linear in the rows.
@@ -36,15 +39,27 @@ WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lim
 
 
 def write_rows(path: Path, rows: int, data_format: str) -> None:
+    """``rows`` generated samples of ``data_format`` in a .jsonl or .parquet file."""
     chance = random.Random(0)
+    samples = []
+    for _ in range(rows):
+        words = " ".join(chance.choices(WORDS, k=chance.randint(3, 12)))
+        answer = " ".join(reversed(words.split()))
+        if data_format == "text":
+            samples.append({"text": words})
+        elif data_format == "instruction":
+            samples.append({"instruction": "reverse the words", "input": words, "output": answer})
+        else:
+            samples.append({"messages": [{"role": "system", "content": "reverse the words"},
+                                         {"role": "user", "content": words}, {"role": "assistant", "content": answer}]})
+    if path.suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(samples), path)
+        return
     with open(path, "w") as stream:
-        for _ in range(rows):
-            words = " ".join(chance.choices(WORDS, k=chance.randint(3, 12)))
-            if data_format == "text":
-                row = {"text": words}
-            else:
-                row = {"instruction": "reverse the words", "input": words, "output": " ".join(reversed(words.split()))}
-            stream.write(json.dumps(row) + "\n")
+        stream.writelines(json.dumps(sample) + "\n" for sample in samples)
 
 
 def peak_mib() -> float:
@@ -74,12 +89,15 @@ def run_plain(path: str, data_format: str, tokenizer) -> dict:
         if data_format == "text":
             ids = tokenizer([text + tokenizer.eos_token for text in batch["text"]], add_special_tokens=False)["input_ids"]
             return {"input_ids": [i[:MAX_SEQ_LENGTH] for i in ids], "labels": [i[:MAX_SEQ_LENGTH] for i in ids]}
-        users = [f"{instruction}\n{given}" if given else instruction
-                 for instruction, given in zip(batch["instruction"], batch["input"])]
-        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
-                                                 add_generation_prompt=True) for user in users]
-        fulls = [tokenizer.apply_chat_template([{"role": "user", "content": user}, {"role": "assistant", "content": out}],
-                                               tokenize=False) for user, out in zip(users, batch["output"])]
+        if data_format == "chat":  # the conversation up to its answer, and the whole of it
+            asks, conversations = [m[:-1] for m in batch["messages"]], batch["messages"]
+        else:
+            users = [f"{instruction}\n{given}" if given else instruction
+                     for instruction, given in zip(batch["instruction"], batch["input"])]
+            asks = [[{"role": "user", "content": user}] for user in users]
+            conversations = [ask + [{"role": "assistant", "content": out}] for ask, out in zip(asks, batch["output"])]
+        prompts = [tokenizer.apply_chat_template(ask, tokenize=False, add_generation_prompt=True) for ask in asks]
+        fulls = [tokenizer.apply_chat_template(conversation, tokenize=False) for conversation in conversations]
         prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
         answer_ids = tokenizer([full[len(prompt):] for prompt, full in zip(prompts, fulls)],
                                add_special_tokens=False)["input_ids"]
@@ -87,7 +105,8 @@ def run_plain(path: str, data_format: str, tokenizer) -> dict:
                 "labels": [([-100] * len(p) + a)[:MAX_SEQ_LENGTH] for p, a in zip(prompt_ids, answer_ids)]}
 
     start = time.perf_counter()
-    dataset = load_dataset("json", data_files=path, split="train").shuffle(seed=SEED)
+    dataset = load_dataset(Path(path).suffix.lstrip(".").replace("jsonl", "json"), data_files=path,
+                           split="train").shuffle(seed=SEED)
     held_out = max(1, round(len(dataset) * EVAL_FRACTION))
     train, evaluation = dataset.select(range(held_out, len(dataset))), dataset.select(range(held_out))
     train = train.map(encode, batched=True, remove_columns=train.column_names)
@@ -122,7 +141,11 @@ def measure(side: str, path: Path, data_format: str, tokenizer_dir: Path) -> dic
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
-    parser.add_argument("--formats", nargs="+", default=["text", "instruction"], choices=("text", "instruction"))
+    parser.add_argument("--formats", nargs="+", default=["text", "instruction", "chat"],
+                        choices=("text", "instruction", "chat"))
+    parser.add_argument("--files", nargs="+", default=["jsonl", "parquet"], choices=("jsonl", "parquet"))
+    parser.add_argument("--big", type=int, default=0, help="one more size, run only for the --big-cases")
+    parser.add_argument("--big-cases", nargs="*", default=[], metavar="FORMAT.FILE", help="e.g. text.jsonl")
     parser.add_argument("--child", nargs=4, metavar=("SIDE", "FILE", "FORMAT", "TOKENIZER"), help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.child:
@@ -132,22 +155,25 @@ def main() -> int:
     from tuner.loading.demo_model import builtin_model_path
 
     tokenizer_dir = builtin_model_path("builtin:demo")  # built once, before anything is timed
+    cases = [(rows, data_format, kind) for rows in options.sizes for data_format in options.formats
+             for kind in options.files]
+    cases += [(options.big, *case.split(".")) for case in options.big_cases if options.big]
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
-    print(f"{'format':<12}{'rows':>9}  {'tuner s':>8}  {'plain s':>8}  {'ratio':>6}  {'reuse s':>8}  "
+    print(f"{'format':<12}{'file':<8}{'rows':>9}  {'tuner s':>8}  {'plain s':>8}  {'ratio':>6}  {'reuse s':>8}  "
           f"{'tuner MiB':>9}  {'plain MiB':>9}")
     ok = True
     with tempfile.TemporaryDirectory() as folder:
-        for data_format in options.formats:
-            for rows in options.sizes:
-                path = Path(folder) / f"{data_format}-{rows}.jsonl"
-                write_rows(path, rows, data_format)
-                plain = measure("plain", path, data_format, tokenizer_dir)
-                tuner = measure("tuner", path, data_format, tokenizer_dir)
-                ratio = tuner["seconds"] / plain["seconds"]
-                ok = ok and ratio <= TARGET_RATIO
-                print(f"{data_format:<12}{rows:>9}  {tuner['seconds']:>8.2f}  {plain['seconds']:>8.2f}  {ratio:>6.2f}  "
-                      f"{tuner['reuse_seconds']:>8.2f}  {tuner['peak_mib']:>9.0f}  {plain['peak_mib']:>9.0f}", flush=True)
-                path.unlink()
+        for rows, data_format, kind in cases:
+            path = Path(folder) / f"{data_format}-{rows}.{kind}"
+            write_rows(path, rows, data_format)
+            plain = measure("plain", path, data_format, tokenizer_dir)
+            tuner = measure("tuner", path, data_format, tokenizer_dir)
+            ratio = tuner["seconds"] / plain["seconds"]
+            ok = ok and ratio <= TARGET_RATIO
+            print(f"{data_format:<12}{kind:<8}{rows:>9}  {tuner['seconds']:>8.2f}  {plain['seconds']:>8.2f}  "
+                  f"{ratio:>6.2f}  {tuner['reuse_seconds']:>8.2f}  {tuner['peak_mib']:>9.0f}  {plain['peak_mib']:>9.0f}",
+                  flush=True)
+            path.unlink()
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end; target ratio <= {TARGET_RATIO}")
     return 0 if ok else 1
 

@@ -135,3 +135,30 @@ def test_prompt_files_for_infer_are_read_line_by_line_with_the_same_limits(tmp_p
     assert reasons[3].startswith("the row is 30014 bytes; a row may hold 20000 bytes")
     assert reasons[4].startswith("nested too deeply")
     assert reasons[5] == "role 'wizard' is not one of system, user, assistant, tool."
+
+
+def test_rows_checked_column_by_column_are_accepted_or_named_by_their_line(tmp_path) -> None:
+    """The row checks run on Arrow columns: good text, instruction and chat rows pass (a null input, an empty tool
+    message), and a refused row is named by its file line (blank lines counted)."""
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    good = {"text.jsonl": [{"text": "a"}, {"text": "b"}],
+            "instruction.jsonl": [{"instruction": "a", "input": None, "output": "b"}, {"instruction": "a", "output": "b"}],
+            "chat.jsonl": [{"messages": chat}, {"messages": chat[:1] + [{"role": "tool", "content": ""}]}]}
+    for name, rows in good.items():
+        (tmp_path / name).write_text("\n".join(json.dumps(row) for row in rows) + "\n\n")
+        check_data(recipe_for(tmp_path / name))
+    (tmp_path / "good.csv").write_text("text\na\n\nb\n")
+    check_data(recipe_for(tmp_path / "good.csv"))
+
+    bad = {"text.jsonl": ([{"text": "a"}, {"text": ""}], r"text\.jsonl:3: 'text' is missing or empty"),
+           "instruction.jsonl": ([{"instruction": "a", "output": "b"}, {"instruction": "a", "input": 3, "output": "b"}],
+                                 r"instruction\.jsonl:3: 'input' is not a string"),
+           "chat.jsonl": ([{"messages": chat}, {"messages": chat}, {"messages": [{"role": "user"}]}],
+                          r"chat\.jsonl:4: a message lacks a 'role' or a string 'content'"),
+           "empty.jsonl": ([{"messages": chat}, {"messages": []}], r"empty\.jsonl:3: 'messages' is missing or not a list")}
+    for name, (rows, fragment) in bad.items():
+        path = tmp_path / "bad" / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(rows[0]) + "\n\n" + "\n".join(json.dumps(row) for row in rows[1:]) + "\n")
+        with pytest.raises(DataError, match=fragment):
+            check_data(recipe_for(path))

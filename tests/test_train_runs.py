@@ -129,7 +129,8 @@ def test_merged_model_answers_like_the_adapter(lora_run, tmp_path):
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
-def test_resume_after_sigkill_continues_the_same_loss_curve(tmp_path):
+def test_resume_after_sigkill_continues_the_same_loss_curve(tmp_path, caplog):
+    """The resumed run trains on the dataset the killed run prepared (the cache), and on the same loss curve."""
     resumable = ["data.eval_fraction=0", "training.max_steps=12", "training.save_steps=4", "training.resume=auto"]
     straight = make_run(tmp_path / "straight", "demo.yaml", *resumable)
     killed = make_run(tmp_path / "killed", "demo.yaml", *resumable)
@@ -154,7 +155,9 @@ def test_resume_after_sigkill_continues_the_same_loss_curve(tmp_path):
     (partial / "config.json").write_text("{}")
     assert latest_complete_checkpoint(killed.parent / "checkpoints").name == f"checkpoint-{saved}"
 
-    assert train_main([str(killed)]) == 0
+    with caplog.at_level("INFO", logger="tuner"):
+        assert train_main([str(killed)]) == 0
+    assert "data: reusing the prepared dataset" in caplog.text  # the killed run's, not prepared again
     assert train_main([str(straight)]) == 0
     resumed = [e for e in read_events(killed.parent / "events.jsonl") if e["event"] == "started"][-1]
     assert resumed["resumed_from_step"] == saved

@@ -103,6 +103,46 @@ def sample_problem(sample: dict[str, Any], data_format: str) -> str | None:
     return None
 
 
+def problem_rows(batch, data_format: str):
+    """The rows of an Arrow record batch that :func:`sample_problem` refuses, found column by column with
+    pyarrow.compute (a boolean mask), or None when a column's type needs the row-by-row check (a 'text' column of
+    numbers, messages without a string 'role')."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def text_type(arrow_type) -> bool:
+        return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+
+    def missing_or_empty(name: str):
+        if name not in batch.schema.names:
+            return pa.array([True] * batch.num_rows)
+        column = batch.column(name)
+        if pa.types.is_null(column.type):
+            return pa.array([True] * batch.num_rows)
+        return pc.fill_null(pc.equal(pc.binary_length(column), 0), True) if text_type(column.type) else None
+
+    if data_format == "text":
+        return missing_or_empty("text")
+    if data_format == "instruction":
+        masks = [missing_or_empty("instruction"), missing_or_empty("output")]
+        given = batch.column("input").type if "input" in batch.schema.names else pa.null()
+        if None in masks or not (pa.types.is_null(given) or text_type(given)):
+            return None
+        return pc.or_(*masks)
+    messages = batch.column("messages") if "messages" in batch.schema.names else None
+    if messages is None or not pa.types.is_list(messages.type) or not pa.types.is_struct(messages.type.value_type):
+        return None
+    fields = messages.type.value_type
+    if any(fields.get_field_index(key) < 0 or not text_type(fields.field(key).type) for key in ("role", "content")):
+        return None
+    flat = pc.list_flatten(messages)
+    role, content = pc.struct_field(flat, "role"), pc.struct_field(flat, "content")
+    bad_message = pc.or_(pc.invert(pc.is_in(role, pa.array(CHAT_ROLES))), pc.is_null(content))
+    bad = pc.fill_null(pc.equal(pc.list_value_length(messages), 0), True).to_numpy(zero_copy_only=False).copy()
+    bad[pc.filter(pc.list_parent_indices(messages), pc.fill_null(bad_message, True)).to_numpy()] = True
+    return pa.array(bad)
+
+
 def instruction_messages(sample: dict[str, Any]) -> list[dict[str, str]]:
     """An instruction sample as a two-turn conversation (user: instruction + input, assistant: output)."""
     user = sample["instruction"]
@@ -139,10 +179,16 @@ def chat_segments(messages: list[dict[str, str]], tokenizer) -> list[tuple[str, 
     return [segment for segment in segments if segment[0]]
 
 
+def text_segments(texts: list[str], tokenizer) -> list[list[tuple[str, bool]]]:
+    """The segments of text samples: each text and the EOS token, learned."""
+    eos = tokenizer.eos_token or ""
+    return [[(text + eos, True)] for text in texts]
+
+
 def sample_segments(sample: dict[str, Any], data_format: str, tokenizer) -> list[tuple[str, bool]]:
     """The segments of one sample in the given layout."""
     if data_format == "text":
-        return [(sample["text"] + (tokenizer.eos_token or ""), True)]
+        return text_segments([sample["text"]], tokenizer)[0]
     if data_format == "instruction":
         if tokenizer.chat_template:
             return chat_segments(instruction_messages(sample), tokenizer)
