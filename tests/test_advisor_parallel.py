@@ -74,3 +74,10 @@ def test_no_topology_advice_where_the_best_plan_needs_no_offload(capsys):
 
     assert main(["plan", "llama3.1/8b-full-zero3", "--advise", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["topology"] is None
+
+
+def test_an_sft_recipe_that_sets_the_inert_precompute_flag_is_still_advised():
+    """objective.precompute_ref_log_probs means nothing to sft; the advisor once had no candidate left (fuzz)."""
+    recipe = validate_recipe({"objective": {"precompute_ref_log_probs": True}, "memory": {"mixed_precision": "no"}})
+    plans = advise(recipe)
+    assert plans and plans[0].fits

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tuner.planner import plan
-from tuner.planner.memory import ALWAYS, TRAINING_STEP
+from tuner.planner.memory import ALWAYS, TRAINING_STEP, rank_model_states
 from tuner.recipe.schema import Recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ranks")]  # one multi-rank run at a time
@@ -132,8 +132,14 @@ def test_tensor_parallel_rank_holds_its_split_and_the_plans_share(traced):
     ranks, model_dir, per_rank = traced
     held, whole = tensor_parallel_share(model_dir, tp=ranks)
     assert [rank[TP_RUN]["elements"] for rank in per_rank] == [held] * ranks
-    # every rank is the one data-parallel rank of its weights: the plan of one rank, for the share it holds.
-    # (Until the planner splits weights, gradients and optimizer states by tp itself; then: its tp 2 per-rank terms.)
-    states, _ = planned(model_dir, "zero1:fp32", 1)
+    # the plan's own per-rank terms of the traced configuration: split by tp, the data-parallel group of one
+    recipe = Recipe.model_validate({
+        "model": {"id": str(model_dir), "dtype": "float32"},
+        "hardware": {"gpus_per_machine": 0, "num_processes": ranks},
+        "memory": {"distributed": "deepspeed", "zero_stage": 1, "mixed_precision": "no", "max_seq_length": 32,
+                   "micro_batch_size": 1},
+        "parallelism": {"tp": ranks}, "data": {"eval_fraction": 0}})
+    states = sum(rank_model_states(recipe, moment=ALWAYS).values())
+    assert states == pytest.approx(planned(model_dir, "zero1:fp32", 1)[0] * held / whole, rel=1e-3)
     for rank in per_rank:
-        assert states * held / whole == pytest.approx(rank[TP_RUN]["persistent"]["Total"], rel=STATES_TOLERANCE)
+        assert states == pytest.approx(rank[TP_RUN]["persistent"]["Total"], rel=STATES_TOLERANCE)

@@ -106,7 +106,8 @@ def _candidates(recipe) -> list[Tactics]:
         return [v for v in value if v or not floor]
 
     # dpo/kto with full fine-tuning may drop the reference copy (LoRA needs none: its disabled adapter is the reference)
-    precompute = at_least((False, True) if recipe.objective.preference else (False,), base.precompute_reference)
+    precompute = at_least((False, True), base.precompute_reference) if recipe.objective.preference else [
+        base.precompute_reference]  # sft has no reference model: the setting is inert, kept as the recipe says
 
     out = []
     for sharding, ckpt, act_off, chunked, opt_off, par_off, mb, meth, pre, tp, shards in product(

@@ -270,13 +270,15 @@ def rank_facts(model: ModelFacts, tp: int) -> ModelFacts:
 def rank_param_counts(model: ModelFacts, tp: int, distributed: str) -> ParamCounts:
     """The parameters one tensor-parallel rank holds: its share of every decoder layer (:func:`rank_facts`), and
     the output head and embeddings as the backend splits them.  DeepSpeed AutoTP (deepspeed) splits the output
-    head by vocabulary, a tied embedding with it, an untied one along the hidden width; transformers' plan (fsdp)
-    splits an untied head by vocabulary and leaves the embeddings, and a head tied to them, whole."""
+    head by vocabulary and a tied embedding with it, and leaves an untied one whole (traced on two ranks:
+    tests/test_rank_memory.py); transformers' plan (fsdp) splits an untied head by vocabulary and leaves the
+    embeddings, and a head tied to them, whole."""
     counts = rank_facts(model, tp).param_counts
     if tp == 1:
         return counts
     if distributed == "deepspeed":
-        return replace(counts, embeddings=math.ceil(counts.embeddings / tp), lm_head=math.ceil(counts.lm_head / tp))
+        embeddings = math.ceil(counts.embeddings / tp) if model.tie_word_embeddings else counts.embeddings
+        return replace(counts, embeddings=embeddings, lm_head=math.ceil(counts.lm_head / tp))
     return replace(counts, lm_head=math.ceil(counts.lm_head / tp))
 
 
