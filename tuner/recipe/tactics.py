@@ -28,8 +28,8 @@ class Rung(str, Enum):
     GRADIENT_CHECKPOINTING = "gradient_checkpointing"  # keep each layer's input, recompute the rest
     ACTIVATION_OFFLOADING = "activation_offloading"  # hold the checkpointed inputs in CPU RAM
     ZERO3 = "zero3"  # shard the parameters too
-    TENSOR_PARALLEL = "tensor_parallel"  # per doubling of tp: split every layer's weights across GPUs of a machine
-    CONTEXT_PARALLEL = "context_parallel"  # per doubling of cp (fsdp) or sp (deepspeed): split each sequence
+    TENSOR_PARALLEL = "tensor_parallelism"  # per doubling of tp: split every layer's weights across GPUs of a machine
+    CONTEXT_PARALLEL = "context_parallelism"  # per doubling of cp (fsdp) or sp (deepspeed): split each sequence
     OFFLOAD_OPTIMIZER = "offload_optimizer"  # optimizer states and step in CPU RAM
     OFFLOAD_PARAMS = "offload_params"  # parameter shards in CPU RAM
     LORA = "lora"  # train adapters instead of every weight (method.allow_method_change)
