@@ -24,18 +24,18 @@ from tuner.data.preference import PREFERENCE_COLUMNS, preference_problem
 from tuner.data.sources import DataError, Samples, load_split
 from tuner.home import tuner_home
 from tuner.recipe.checks import OBJECTIVE_FORMATS
-from tuner.recipe.schema import Recipe
+from tuner.recipe.schema import STREAM_SHUFFLE_BUFFER, Recipe
 
 log = logging.getLogger("tuner")
 
 
 @dataclass
 class PreparedData:
-    train: object  # datasets.Dataset with input_ids / labels
+    train: object  # datasets.Dataset with input_ids / labels (a datasets.IterableDataset when streamed)
     eval: object | None
     data_format: str
-    truncated: int  # training samples cut to max_seq_length
-    dropped: int  # training samples left with no token to learn from
+    truncated: int | None  # training samples cut to max_seq_length (None when streamed: not known up front)
+    dropped: int | None  # training samples left with no token to learn from (None when streamed)
     raw_eval: object | None  # untokenised held-out samples, for generation checks
 
 
@@ -86,51 +86,91 @@ def used_columns(data_format: str, columns: list[str]) -> list[str]:
     return sorted((LAYOUT_COLUMNS[data_format] | optional) & set(columns))
 
 
-def check_samples(samples: Samples, data_format: str) -> None:
+def streamed(dataset) -> bool:
+    """Whether ``dataset`` is a stream (a datasets.IterableDataset: no length, read as it is iterated)."""
+    return not hasattr(dataset, "__len__")
+
+
+def column_batches(dataset, columns: list[str]):
+    """``columns`` of the dataset as Arrow record batches of at most _CHECK_BATCH rows, in the dataset's order:
+    from the table in memory, or read from a stream one batch at a time."""
+    dataset = dataset.select_columns(columns)
+    if not streamed(dataset):
+        yield from dataset.data.table.to_batches(max_chunksize=_CHECK_BATCH)
+        return
+    for table in dataset.with_format("arrow").iter(batch_size=_CHECK_BATCH):
+        yield from table.to_batches()
+
+
+def check_samples(samples: Samples, data_format: str) -> int:
     """Refuse the data when any row does not fit the layout or is larger than a row may be, naming the first rows by
-    their file lines (row numbers for parquet and hub datasets).  The checks run on Arrow columns, a record batch
-    at a time; only the rows they refuse (and preference rows, whose checks stay in Python) are read as rows."""
+    their file lines (row numbers for parquet and hub datasets); returns the number of rows.  The checks run on
+    Arrow columns a record batch at a time, in memory or streamed alike; only the rows they flag (all preference
+    rows, whose checks stay in Python) are read as rows, a batch at a time."""
     import numpy as np
+    from datasets import Features
 
     dataset = samples.dataset
-    used = used_columns(data_format, dataset.column_names)
+    used = used_columns(data_format, columns_of(dataset))
     problem_of = preference_problem if data_format in PREFERENCE_COLUMNS else sample_problem
-    table = dataset.select_columns(used).data.table
-    flagged, sizes, offset = [], {}, 0
-    for batch in table.to_batches(max_chunksize=_CHECK_BATCH):
-        mask = None if data_format in PREFERENCE_COLUMNS else problem_rows(batch, data_format)
-        bad = np.ones(batch.num_rows, bool) if mask is None else mask.to_numpy(zero_copy_only=False).copy()
-        size = sum((row_bytes(column) for column in batch.columns), np.zeros(batch.num_rows, np.int64))
-        large = size > sources.MAX_ROW_BYTES
-        sizes.update(zip((np.flatnonzero(large) + offset).tolist(), size[large].tolist()))
-        flagged.extend((np.flatnonzero(bad | large) + offset).tolist())
-        offset += batch.num_rows
-    if not flagged:
-        return
     problems = samples.problems()
+    features = dataset.features and Features({name: dataset.features[name] for name in used})
+    offset = 0
     try:
-        batches = dataset.select(flagged).select_columns(used).iter(batch_size=_CHECK_BATCH)
-        rows = (dict(zip(batch, values)) for batch in batches for values in zip(*batch.values()))
-        for index, sample in zip(flagged, rows):
-            problem = problem_of(sample, data_format) or (sources.too_large(sizes[index]) if index in sizes else None)
-            if problem:
-                problems.add_row(index, problem)
+        for batch in column_batches(dataset, used):
+            mask = None if data_format in PREFERENCE_COLUMNS else problem_rows(batch, data_format)
+            bad = np.ones(batch.num_rows, bool) if mask is None else mask.to_numpy(zero_copy_only=False).copy()
+            size = sum((row_bytes(column) for column in batch.columns), np.zeros(batch.num_rows, np.int64))
+            flagged = np.flatnonzero(bad | (size > sources.MAX_ROW_BYTES))
+            rows = batch.take(flagged).to_pylist()  # as datasets decodes them: e.g. a Json column holds JSON text
+            for index, sample in zip(flagged.tolist(), map(features.decode_example, rows) if features else rows):
+                large = size[index] > sources.MAX_ROW_BYTES
+                problem = problem_of(sample, data_format) or (sources.too_large(int(size[index])) if large else None)
+                if problem:
+                    problems.add_row(offset + index, problem)
+            offset += batch.num_rows
     except (KeyError, TypeError, ValueError) as exc:  # datasets cannot decode some nested shapes, e.g. {"\x00": {}}
         raise DataError(f"data.source: {samples.source}: the samples cannot be read ({exc!r}); the column(s) "
                         f"{', '.join(used)} should hold text (for chat, a list of role/content messages).") from None
-    problems.raise_any(len(dataset), f"Fix or remove those rows, or set data.format (they are read as {data_format}).")
+    problems.raise_any(offset, f"Fix or remove those rows, or set data.format (they are read as {data_format}).")
+    return offset
 
 
 _CHECK_BATCH = 10_000
 
 
+def columns_of(dataset) -> list[str]:
+    """The dataset's column names; a stream whose loader does not know them up front (CSV) is read for its first
+    row."""
+    if dataset.column_names is not None:
+        return dataset.column_names
+    return next(iter(dataset.with_format("arrow").iter(batch_size=1))).column_names
+
+
+def load_samples(recipe: Recipe) -> tuple[Samples, str]:
+    """The recipe's samples (streamed when the recipe says so) and the format they are read in; a local file is
+    scanned row by row first, holding one row at a time."""
+    samples = load_split(recipe.data.source, recipe.data.split, recipe.data.streaming)
+    try:
+        if not streamed(samples.dataset) and len(samples.dataset) == 0:
+            raise StopIteration
+        columns = columns_of(samples.dataset)
+    except StopIteration:
+        raise DataError(f"data.source: {recipe.data.source}: the dataset is empty.") from None
+    return samples, resolve_format(recipe.data.format, columns, recipe.objective.kind)
+
+
 def split_samples(recipe: Recipe):
-    """The raw samples, checked, shuffled with the seed and split into (train, eval or None), plus the format."""
-    samples = load_split(recipe.data.source, recipe.data.split)
+    """The raw samples, checked, shuffled with the seed and split into (train, eval or None), plus the format.
+
+    A stream is shuffled within a buffer of STREAM_SHUFFLE_BUFFER samples, cut to max_samples and not split (the
+    recipe checks refuse eval_fraction); its rows are not checked here: :func:`check_data` reads the whole stream
+    for that before ``tuner run`` launches, and reading it again would cost every rank what training costs."""
+    samples, data_format = load_samples(recipe)
     dataset = samples.dataset
-    if len(dataset) == 0:
-        raise DataError(f"data.source: {recipe.data.source}: the dataset is empty.")
-    data_format = resolve_format(recipe.data.format, dataset.column_names, recipe.objective.kind)
+    if streamed(dataset):
+        dataset = dataset.shuffle(seed=recipe.training.seed, buffer_size=STREAM_SHUFFLE_BUFFER)
+        return (dataset.take(recipe.data.max_samples) if recipe.data.max_samples else dataset), None, data_format
     check_samples(samples, data_format)
     dataset = dataset.shuffle(seed=recipe.training.seed)
     if recipe.data.max_samples:
@@ -148,6 +188,7 @@ class DataSummary:
     train: int
     held_out: int
     data_format: str
+    streamed: bool = False  # read and tokenised as training goes
 
 
 def check_data(recipe: Recipe) -> DataSummary:
@@ -155,10 +196,15 @@ def check_data(recipe: Recipe) -> DataSummary:
     row sizes, nesting), the columns fit the format, every row fits it, and the split leaves samples to train on.
 
     Raises DataError naming the file and line.  ``tuner run`` calls it before it writes or launches anything;
-    preview and the training entrypoint run the same checks (:func:`split_samples`).
+    preview and the training entrypoint run the same checks (:func:`split_samples`).  A stream is read through
+    once for them, a batch at a time: memory does not grow with the data.
     """
-    train, held_out, data_format = split_samples(recipe)
-    return DataSummary(len(train), len(held_out) if held_out is not None else 0, data_format)
+    if not recipe.data.streaming:
+        train, held_out, data_format = split_samples(recipe)
+        return DataSummary(len(train), len(held_out) if held_out is not None else 0, data_format)
+    samples, data_format = load_samples(recipe)
+    rows = check_samples(samples, data_format)
+    return DataSummary(min(rows, recipe.data.max_samples or rows), 0, data_format, streamed=True)
 
 
 def encode_batch(batch: dict[str, list], data_format: str, tokenizer, recipe: Recipe) -> dict[str, list]:
@@ -211,20 +257,30 @@ def tokenise(raw, recipe: Recipe, tokenizer, data_format: str, what: str):
     return encoded.remove_columns(["truncated", "learns"]), truncated, dropped
 
 
+def tokenise_stream(raw, recipe: Recipe, tokenizer, data_format: str):
+    """A stream of samples tokenised as it is read, with :func:`encode_batch` as :func:`tokenise` does, the samples
+    with nothing to learn from dropped; how many were truncated or dropped is not known up front."""
+    used = used_columns(data_format, columns_of(raw))
+    encoded = raw.select_columns(used).map(encode_batch, batched=True, remove_columns=used, fn_kwargs=dict(
+        data_format=data_format, tokenizer=tokenizer, recipe=recipe))
+    return encoded.filter(lambda batch: batch["learns"], batched=True).remove_columns(["truncated", "learns"])
+
+
 # What the prepared dataset depends on besides the recipe and the tokenizer: the code that formats and tokenises.
 _PREPARING_CODE = (Path(__file__), Path(__file__).with_name("formats.py"), Path(__file__).with_name("sources.py"))
 
 
 def data_fingerprint(recipe: Recipe, tokenizer) -> str | None:
     """A key for the prepared dataset: the data file (path, size, modification time), the recipe fields that shape
-    the samples and their tokens, the tokenizer and tuner's preparing code; None for a hub dataset (not cached)."""
+    the samples and their tokens, the tokenizer and tuner's preparing code; None for a hub dataset or a stream
+    (neither is cached)."""
     import hashlib
     import json
 
     from datasets.fingerprint import Hasher
 
     loader, argument = sources.resolve_source(recipe.data.source)
-    if loader == "hub":
+    if loader == "hub" or recipe.data.streaming:
         return None
     path = Path(argument).resolve()
     stat = path.stat()
@@ -244,6 +300,11 @@ def prepare_data(recipe: Recipe, tokenizer) -> PreparedData:
         log.info("data: reusing the prepared dataset in %s (same data file, recipe fields and tokenizer)", folder)
         return load_prepared(folder)
     train_raw, eval_raw, data_format = split_samples(recipe)
+    if streamed(train_raw):
+        log.info("data: streaming %s samples: read and tokenised as training goes, shuffled within %d (their rows "
+                 "were checked before launch)", data_format, STREAM_SHUFFLE_BUFFER)
+        return PreparedData(tokenise_stream(train_raw, recipe, tokenizer, data_format), None, data_format, None,
+                            None, None)
     log.info("data: %d training and %d held-out %s samples", len(train_raw), len(eval_raw) if eval_raw else 0, data_format)
     train, truncated, dropped = tokenise(train_raw, recipe, tokenizer, data_format, "training")
     evaluation = tokenise(eval_raw, recipe, tokenizer, data_format, "held-out")[0] if eval_raw is not None else None

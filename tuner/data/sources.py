@@ -10,9 +10,9 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import dataclass, field
-from itertools import count
+from itertools import count, islice
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 from tuner.data.reverse import BUILTIN_DATASETS, builtin_dataset_path
 from tuner.fileio import NotARegularFile, TooLarge, open_input, read_limited, special_kind
@@ -46,54 +46,77 @@ def resolve_source(source: str) -> tuple[str, str]:
     return "hub", source
 
 
-def listed(places: list[str]) -> str:
-    """'line 3, line 9, ... (and 12 more)': the first few places of a problem."""
-    more = f" (and {len(places) - MAX_LISTED} more)" if len(places) > MAX_LISTED else ""
+def listed(places: list[str], total: int | None = None) -> str:
+    """'line 3, line 9, ... (and 12 more)': the first few of ``total`` places of a problem (all of them by default)."""
+    total = len(places) if total is None else total
+    more = f" (and {total - MAX_LISTED} more)" if total > MAX_LISTED else ""
     return ", ".join(places[:MAX_LISTED]) + more
 
 
 @dataclass
 class RowProblems:
-    """What is wrong with which rows of one source; raised as one DataError naming the first at its file line."""
+    """What is wrong with which rows of one source; raised as one DataError naming the first at its file line.
+
+    Holds only the first few problems and a count, however many rows are refused; dataset rows are named by their
+    file lines only when raised (``lines`` maps row indices to lines, reading the file again)."""
 
     source: str
-    lines: list[int] | None = None  # the file line of each dataset row, when the source has lines
-    found: list[tuple[int, str, str]] = field(default_factory=list)  # (order, place, reason)
+    lines: Callable[[Iterable[int]], dict[int, int]] | None = None  # dataset rows -> file lines, when the file has lines
+    found: list[tuple[int, str, str]] = field(default_factory=list)  # (order, place, reason): the first few
+    count: int = 0  # problems found in all
+
+    def _note(self, order: int, place: str, reason: str) -> None:
+        self.count += 1
+        self.found.append((order, place, reason))
+        if len(self.found) > 4 * MAX_LISTED:  # only the first MAX_LISTED + 1 are ever named
+            self.found = sorted(self.found)[:MAX_LISTED + 1]
 
     def add(self, reason: str, line: int) -> None:
         """A problem at a line of the file."""
-        self.found.append((line, f"line {line}", reason))
+        self._note(line, f"line {line}", reason)
 
     def add_row(self, index: int, reason: str) -> None:
-        """A problem of the dataset's row ``index`` (from 0), named by its file line when the file has lines."""
-        if self.lines:
-            self.add(reason, self.lines[index])
-        else:
-            self.found.append((index + 1, f"row {index + 1}", reason))
+        """A problem of the dataset's row ``index`` (from 0), named by its file line (when the file has lines)."""
+        self._note(index + 1, f"row {index + 1}", reason)
 
     def raise_any(self, total: int, fix: str) -> None:
         if not self.found:
             return
-        found = sorted(self.found)
+        found = sorted(self.found)[:MAX_LISTED + 1]
+        rows = [order - 1 for order, place, _ in found if place.startswith("row ")]
+        if rows and self.lines:
+            lines = self.lines(rows)
+            found = [(lines[order - 1], f"line {lines[order - 1]}", reason) if place.startswith("row ")
+                     else (order, place, reason) for order, place, reason in found]
         _, place, reason = found[0]
         where = f"{self.source}:{place.removeprefix('line ')}" if place.startswith("line ") else f"{self.source}: {place}"
         more = ""
-        if len(found) > 1:
-            more = (f"; {len(found) - 1} more of {total} rows cannot be used: "
-                    + listed([f"{p} ({r})" for _, p, r in found[1:]]))
+        if self.count > 1:
+            more = (f"; {self.count - 1} more of {total} rows cannot be used: "
+                    + listed([f"{p} ({r})" for _, p, r in found[1:]], self.count - 1))
         raise DataError(f"data.source: {where}: {reason}{more}. {fix}")
 
 
 @dataclass
 class Samples:
-    """A loaded split and, for local JSON and CSV files, the file line where every row starts (for messages)."""
+    """A loaded split: a datasets.Dataset, or a datasets.IterableDataset when streamed; for a local JSON or CSV
+    file, the file (its rows are named by their lines) and the number of rows its scan counted."""
 
-    dataset: object  # datasets.Dataset
+    dataset: object
     source: str
-    lines: list[int] | None = None
+    file: tuple[Path, str] | None = None  # (path, loader) of a local JSON or CSV file
+    rows: int | None = None  # counted by the scan of a local JSON or CSV file
 
     def problems(self) -> RowProblems:
-        return RowProblems(self.source, self.lines)
+        return RowProblems(self.source, self.lines_of if self.file else None)
+
+    def lines_of(self, indices: Iterable[int]) -> dict[int, int]:
+        """The file line where each of the dataset rows ``indices`` (from 0) starts: the file is scanned again,
+        only as far as the last of them (only refused rows are named, so a clean file is scanned once)."""
+        wanted = set(indices)
+        path, loader = self.file
+        starts = islice(enumerate(row_lines(path, loader, self.source)), max(wanted) + 1)
+        return {index: line for index, line in starts if index in wanted}
 
 
 def bounded_lines(path: Path, pipes: bool = False) -> Iterator[tuple[int, bytes | None, int]]:
@@ -169,9 +192,9 @@ def _parse_json(text: str) -> tuple[object, str | None]:
         return None, _TOO_DEEP
 
 
-def _json_lines_rows(path: Path, source: str) -> list[int]:
-    """The line of every object in a JSON-lines file; every bad line is named."""
-    rows: list[int] = []
+def _json_lines_rows(path: Path, source: str) -> Iterator[int]:
+    """The line of every object in a JSON-lines file, in one pass; every bad line is named at the end."""
+    rows = 0
     problems = RowProblems(source)
     empty = 0
     for number, raw, size in bounded_lines(path):
@@ -186,16 +209,17 @@ def _json_lines_rows(path: Path, source: str) -> list[int]:
         if problem:
             problems.add(problem, number)
             continue
-        rows.append(number)
+        yield number
+        rows += 1
         empty += not value
-    problems.raise_any(len(rows) + len(problems.found), "Fix or remove those lines (one JSON object per line).")
-    if rows and empty == len(rows):  # datasets would find no columns and say so in its own words
+    problems.raise_any(rows + problems.count, "Fix or remove those lines (one JSON object per line).")
+    if rows and empty == rows:  # datasets would find no columns and say so in its own words
         raise DataError(f"data.source: {source}: the file holds no samples: every line is an empty object {{}}.")
-    return rows
 
 
-def _json_array_rows(path: Path, source: str) -> list[int]:
-    """The line where every object of a JSON array file starts; the first bad element is named."""
+def _json_array_rows(path: Path, source: str) -> Iterator[int]:
+    """The line where every object of a JSON array file starts (the file is read whole); the first bad element is
+    named at the end."""
     try:
         raw = read_limited(path, MAX_JSON_ARRAY_BYTES, pipes=False)
     except TooLarge:
@@ -206,7 +230,7 @@ def _json_array_rows(path: Path, source: str) -> list[int]:
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         raise DataError(f"data.source: {source}:{line}: {_not_utf8(raw, exc)}.") from None
-    decoder, rows, problems = json.JSONDecoder(), [], RowProblems(source)
+    decoder, rows, problems = json.JSONDecoder(), 0, RowProblems(source)
     position, line, counted = text.index("[") + 1, 1, 0
 
     def skip_space(at: int) -> int:
@@ -235,7 +259,8 @@ def _json_array_rows(path: Path, source: str) -> list[int]:
         if problem or size > MAX_ROW_BYTES:
             problems.add(problem or too_large(size), line)
             break
-        rows.append(line)
+        yield line
+        rows += 1
         position = skip_space(end)
         if position < len(text) and text[position] == ",":
             position += 1
@@ -243,19 +268,19 @@ def _json_array_rows(path: Path, source: str) -> list[int]:
             line += text.count("\n", counted, position)
             problems.add("not valid JSON (expected ',' or ']' after a sample)", line)
             break
-    problems.raise_any(len(rows) + len(problems.found), "Fix it (a JSON array of objects, one per sample).")
-    return rows
+    problems.raise_any(rows + problems.count, "Fix it (a JSON array of objects, one per sample).")
 
 
-def _json_rows(path: Path, source: str) -> list[int]:
+def _json_rows(path: Path, source: str) -> Iterator[int]:
     """A JSON array file or a JSON-lines file, told apart by the first character that is not white space."""
     with open_input(path, pipes=False) as stream:
         start = stream.read(4096).lstrip()
-    return _json_array_rows(path, source) if start.startswith(b"[") else _json_lines_rows(path, source)
+    yield from _json_array_rows(path, source) if start.startswith(b"[") else _json_lines_rows(path, source)
 
 
-def _csv_rows(path: Path, source: str) -> list[int]:
-    """The line where every record of a CSV file starts; records with the wrong field count are named."""
+def _csv_rows(path: Path, source: str) -> Iterator[int]:
+    """The line where every record of a CSV file starts, in one pass; records with the wrong field count are named
+    at the end."""
     problems = RowProblems(source)
     consumed = [0]  # bytes of the file the csv reader has been given
 
@@ -269,7 +294,7 @@ def _csv_rows(path: Path, source: str) -> list[int]:
 
     csv.field_size_limit(max(csv.field_size_limit(), MAX_ROW_BYTES))
     reader = csv.reader(decoded())
-    rows: list[int] = []
+    rows = 0
     header: list[str] | None = None
     ended, ended_bytes = 0, 0  # the line and byte where the previous record ended
     try:
@@ -287,38 +312,41 @@ def _csv_rows(path: Path, source: str) -> list[int]:
                 problems.add(f"{len(record)} {fields} where the header has {len(header)}; quote values that hold "
                              "commas", start)
             else:
-                rows.append(start)
+                yield start
+                rows += 1
     except csv.Error as exc:
         problems.add(f"not valid CSV ({exc})", reader.line_num)
-    problems.raise_any(len(rows) + len(problems.found), "Fix or remove those lines.")
-    return rows
+    problems.raise_any(rows + problems.count, "Fix or remove those lines.")
 
 
-def file_rows(path: Path, loader: str, source: str) -> list[int] | None:
-    """The file line of every row of a local JSON, JSON-lines or CSV file, after checking every row (None for
-    formats without lines); raises DataError naming the file and line of what cannot be read."""
+LINED_LOADERS = {"json": _json_rows, "csv": _csv_rows}  # the loaders whose rows have file lines, and their scans
+
+
+def row_lines(path: Path, loader: str, source: str) -> Iterator[int]:
+    """The file line where each row of a local JSON, JSON-lines or CSV file starts, in one pass holding one row at a
+    time; every row is checked, and what cannot be read raises DataError naming the file and line at the end."""
     try:
-        if loader == "json":
-            return _json_rows(path, source)
-        if loader == "csv":
-            return _csv_rows(path, source)
+        yield from LINED_LOADERS[loader](path, source)
     except NotARegularFile as exc:
         raise DataError(f"data.source: {source}: not a regular file ({exc.kind}); save the data to a file.") from None
-    return None
 
 
-def load_split(source: str, split: str) -> Samples:
-    """The named split of a data source, after checking every row of a local file."""
+def load_split(source: str, split: str, streaming: bool = False) -> Samples:
+    """The named split of a data source, after checking every row of a local JSON or CSV file.  Streamed, a local
+    file is read as the dataset is iterated and a hub dataset from its Arrow files in the datasets cache."""
     import datasets
 
     loader, argument = resolve_source(source)
     try:
         if loader == "hub":
-            return Samples(datasets.load_dataset(argument, split=split), source)
-        lines = file_rows(Path(argument), loader, source)
-        if lines == []:
+            dataset = datasets.load_dataset(argument, split=split)
+            return Samples(dataset.to_iterable_dataset() if streaming else dataset, source)
+        file = (Path(argument), loader) if loader in LINED_LOADERS else None
+        rows = sum(1 for _ in row_lines(*file, source)) if file else None
+        if rows == 0:
             raise DataError(f"data.source: {source}: the file holds no samples.")
-        return Samples(datasets.load_dataset(loader, data_files={split: argument}, split=split), source, lines)
+        dataset = datasets.load_dataset(loader, data_files={split: argument}, split=split, streaming=streaming)
+        return Samples(dataset, source, file, rows)
     except (FileNotFoundError, ConnectionError, ValueError) as exc:
         if loader == "hub":
             raise DataError(

@@ -414,8 +414,29 @@ def _objective(recipe: Recipe) -> list[Problem]:
     return problems
 
 
+def _streaming(recipe: Recipe) -> list[Problem]:
+    """A stream (data.streaming) has no length: nothing can be counted, split off or prepared whole up front."""
+    data = recipe.data
+    if not data.streaming:
+        return []
+    problems = []
+    if recipe.training.max_steps is None:
+        problems.append(Problem(
+            "training.max_steps", "a stream has no length, so epochs cannot be counted: set max_steps (optimizer "
+            "steps to train for), or data.streaming: false.", anchor="data.streaming"))
+    if data.eval_fraction > 0:
+        problems.append(Problem(
+            "data.eval_fraction", "a stream has no length to hold a fraction of out: set eval_fraction: 0, or "
+            "data.streaming: false to evaluate on held-out samples.", anchor="data.streaming"))
+    if recipe.objective.preference:
+        problems.append(Problem(
+            "data.streaming", f"{recipe.objective.kind} trains on a dataset TRL's trainer tokenises whole before the "
+            "first step, not on a stream: set streaming: false, or objective.kind: sft."))
+    return problems
+
+
 RULES = (_model, _topology, _sharding, _parallelism, _method, _lora_targets, _precision, _training, _long_context,
-         _objective)
+         _objective, _streaming)
 
 
 def find_problems(recipe: Recipe) -> list[Problem]:

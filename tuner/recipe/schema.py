@@ -349,6 +349,9 @@ class ObjectiveSection(Section):
         return self.kind in PREFERENCE_OBJECTIVES
 
 
+STREAM_SHUFFLE_BUFFER = 10_000  # samples a stream is shuffled within (a stream has no global shuffle)
+
+
 class DataSection(Section):
     source: str = Field(
         "builtin:reverse",
@@ -374,6 +377,12 @@ class DataSection(Section):
         False, description="Concatenate each micro-batch's samples into one row without padding; attention stays within each sample."
     )
     max_samples: int | None = Field(None, ge=1, description="Use at most this many samples (after shuffling with the seed).")
+    streaming: bool = Field(
+        False, description="Read and tokenise the samples as training goes, for data larger than RAM: nothing is "
+        f"prepared up front or cached, samples are shuffled only within a buffer of {STREAM_SHUFFLE_BUFFER:,}, and a stream has no "
+        "length, so it needs training.max_steps and data.eval_fraction: 0 (and objective.kind: sft). tuner run "
+        "still checks every row first, reading the file through once a batch at a time.",
+    )
 
 
 class TrainingSection(Section):
