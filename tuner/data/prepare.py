@@ -147,10 +147,10 @@ def columns_of(dataset) -> list[str]:
     return next(iter(dataset.with_format("arrow").iter(batch_size=1))).column_names
 
 
-def load_samples(recipe: Recipe) -> tuple[Samples, str]:
+def load_samples(recipe: Recipe, scan: bool = True) -> tuple[Samples, str]:
     """The recipe's samples (streamed when the recipe says so) and the format they are read in; a local file is
-    scanned row by row first, holding one row at a time."""
-    samples = load_split(recipe.data.source, recipe.data.split, recipe.data.streaming)
+    scanned row by row first (unless ``scan`` is false), holding one row at a time."""
+    samples = load_split(recipe.data.source, recipe.data.split, recipe.data.streaming, scan)
     try:
         if not streamed(samples.dataset) and len(samples.dataset) == 0:
             raise StopIteration
@@ -166,7 +166,7 @@ def split_samples(recipe: Recipe):
     A stream is shuffled within a buffer of STREAM_SHUFFLE_BUFFER samples, cut to max_samples and not split (the
     recipe checks refuse eval_fraction); its rows are not checked here: :func:`check_data` reads the whole stream
     for that before ``tuner run`` launches, and reading it again would cost every rank what training costs."""
-    samples, data_format = load_samples(recipe)
+    samples, data_format = load_samples(recipe, scan=not recipe.data.streaming)
     dataset = samples.dataset
     if streamed(dataset):
         dataset = dataset.shuffle(seed=recipe.training.seed, buffer_size=STREAM_SHUFFLE_BUFFER)

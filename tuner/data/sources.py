@@ -331,9 +331,10 @@ def row_lines(path: Path, loader: str, source: str) -> Iterator[int]:
         raise DataError(f"data.source: {source}: not a regular file ({exc.kind}); save the data to a file.") from None
 
 
-def load_split(source: str, split: str, streaming: bool = False) -> Samples:
-    """The named split of a data source, after checking every row of a local JSON or CSV file.  Streamed, a local
-    file is read as the dataset is iterated and a hub dataset from its Arrow files in the datasets cache."""
+def load_split(source: str, split: str, streaming: bool = False, scan: bool = True) -> Samples:
+    """The named split of a data source, after checking every row of a local JSON or CSV file unless ``scan`` is
+    false.  Streamed, a local file is read as the dataset is iterated, a hub dataset from its Arrow files in the
+    datasets cache."""
     import datasets
 
     loader, argument = resolve_source(source)
@@ -342,7 +343,7 @@ def load_split(source: str, split: str, streaming: bool = False) -> Samples:
             dataset = datasets.load_dataset(argument, split=split)
             return Samples(dataset.to_iterable_dataset() if streaming else dataset, source)
         file = (Path(argument), loader) if loader in LINED_LOADERS else None
-        rows = sum(1 for _ in row_lines(*file, source)) if file else None
+        rows = sum(1 for _ in row_lines(*file, source)) if file and scan else None
         if rows == 0:
             raise DataError(f"data.source: {source}: the file holds no samples.")
         dataset = datasets.load_dataset(loader, data_files={split: argument}, split=split, streaming=streaming)

@@ -26,7 +26,7 @@ from tuner.launch.failures import describe_failure
 from tuner.launch.runner import Launch, log_tail
 from tuner.launch.summary import RunSummary, summarize_run
 from tuner.recipe.io import RecipeError, validate_recipe, with_output_dir
-from tuner.recipe.schema import Recipe
+from tuner.recipe.schema import STREAM_SHUFFLE_BUFFER, Recipe
 from tuner.render.launch_command import launch_argv, shell_command
 from tuner.render.launch_script import has_slurm_script, node_commands
 from tuner.render.run_directory import check_run_directory, holds_only_rendered_files, write_run_directory
@@ -141,6 +141,9 @@ def _check_data(recipe: Recipe) -> str:
     finally:
         if shown:
             enable_progress_bar()
+    if data.streamed:
+        return (f"data: {data.train} {data.data_format} samples, streamed (read and tokenised as training goes, "
+                f"shuffled within {STREAM_SHUFFLE_BUFFER:,}; nothing prepared or cached)")
     held_out = f", {data.held_out} held out for evaluation" if data.held_out else ""
     return f"data: {data.train} {data.data_format} samples to train on{held_out}"
 

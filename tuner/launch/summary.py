@@ -81,6 +81,9 @@ def summarize_run(run_dir: str | Path, since: float = 0.0, wall_s: float | None 
         notes.append(f"{finished['truncated']} training samples were cut to memory.max_seq_length")
     if finished.get("dropped"):
         notes.append(f"{finished['dropped']} training samples had no token to learn from and were dropped")
+    if "truncated" in finished and finished["truncated"] is None:
+        notes.append("samples cut to memory.max_seq_length or dropped with no token to learn from were not counted "
+                     "(the data was streamed)")
     runtime = finished.get("train_runtime")
     return RunSummary(
         run_dir=run_dir, final_dir=finished.get("final_dir"), merged_dir=finished.get("merged_dir"),

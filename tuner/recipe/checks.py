@@ -428,6 +428,11 @@ def _streaming(recipe: Recipe) -> list[Problem]:
         problems.append(Problem(
             "data.eval_fraction", "a stream has no length to hold a fraction of out: set eval_fraction: 0, or "
             "data.streaming: false to evaluate on held-out samples.", anchor="data.streaming"))
+    if recipe.parallelism.model_parallel > 1:
+        problems.append(Problem(
+            "data.streaming", "a stream is read by each rank for its own batches (tested with data parallelism), but "
+            "tensor-, context- and sequence-parallel ranks must share theirs: set streaming: false, or tp, cp and sp "
+            "to 1."))
     if recipe.objective.preference:
         problems.append(Problem(
             "data.streaming", f"{recipe.objective.kind} trains on a dataset TRL's trainer tokenises whole before the "

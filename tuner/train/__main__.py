@@ -80,6 +80,9 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         deepspeed=str(run_dir / DEEPSPEED_CONFIG) if mem.distributed == "deepspeed" else None,
         **tracker_arguments(TrainingArguments, recipe, run_dir),
         remove_unused_columns=False,
+        # a stream is read by every rank, each keeping its own batches (or its own files, when the stream has as many):
+        # dispatched from rank 0 instead, Accelerate concatenates the ranks' batches, which padding leaves uneven
+        accelerator_config={"dispatch_batches": False} if recipe.data.streaming else None,
         disable_tqdm=True,
         logging_first_step=True,
         **objective,
