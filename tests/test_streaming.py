@@ -117,6 +117,17 @@ def test_preview_of_a_stream_shows_its_first_samples_without_a_scan(tmp_path, ca
     assert "format: instruction" in out and out.count("sample ") == 2 and "reverse: " in out
 
 
+def test_inference_learns_a_streamed_runs_shared_instruction_from_its_first_samples(tmp_path, monkeypatch):
+    import tuner.data.sources as sources
+    from tuner.infer.prompt_format import trained_prompt_format
+
+    monkeypatch.setattr(sources, "row_lines", lambda *args: pytest.fail("the whole stream was scanned"))
+    path = tmp_path / "shared.jsonl"
+    path.write_text("".join(json.dumps({"instruction": "reverse", "input": f"w{i}", "output": f"{i}w"}) + "\n"
+                            for i in range(3000)))
+    assert trained_prompt_format(streaming_recipe(path)).instruction == "reverse"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -132,7 +143,7 @@ def test_tuner_run_trains_on_a_stream_and_prepares_nothing(processes, tmp_path, 
                 "data.format=instruction", "training.max_steps=4", "training.warmup_steps=0", "training.logging_steps=1",
                 "memory.micro_batch_size=8", f"hardware.num_processes={processes}",
                 f"hardware.main_process_port={free_port()}", "name=stream",
-                *(["memory.distributed=ddp"] if processes > 1 else [])]
+                *(["memory.distributed=ddp"] if processes > 1 else ["data.packing=true"])]  # packing: a collator
     result = tuner_cli("run", "demo", *[arg for s in settings for arg in ("--set", s)], cwd=tmp_path,
                        env={"TUNER_HOME": str(home), "TUNER_TRACE_RANKS": "1"}, timeout=300)
     run_dir = tmp_path / "runs" / "stream"

@@ -91,6 +91,11 @@ def streamed(dataset) -> bool:
     return not hasattr(dataset, "__len__")
 
 
+def first_rows(dataset, count: int):
+    """The first ``count`` rows of a dataset, or of a stream (read no further than they are)."""
+    return dataset.take(count) if streamed(dataset) else dataset.select(range(min(count, len(dataset))))
+
+
 def column_batches(dataset, columns: list[str]):
     """``columns`` of the dataset as Arrow record batches of at most _CHECK_BATCH rows, in the dataset's order:
     from the table in memory, or read from a stream one batch at a time."""

@@ -44,10 +44,10 @@ def labelled_segments(input_ids: list[int], labels: list[int], tokenizer) -> lis
 def preview_examples(recipe: Recipe, tokenizer, count: int = 3) -> tuple[str, list[PreviewExample]]:
     """The data format and the first ``count`` training samples as the Trainer will see them (from a stream, the
     first it yields: only as much of the file is read as fills its shuffle buffer)."""
-    from tuner.data.prepare import encode_sample, split_samples, streamed
+    from tuner.data.prepare import encode_sample, first_rows, split_samples
 
     train, _, data_format = split_samples(recipe)
-    rows = train.take(count) if streamed(train) else train.select(range(min(count, len(train))))
+    rows = first_rows(train, count)
     if recipe.objective.preference:
         return data_format, [example for row, sample in enumerate(rows, 1)
                              for example in preference_examples(sample, data_format, tokenizer, recipe, row)]

@@ -26,14 +26,14 @@ def trained_prompt_format(recipe: Recipe, instruction: str | None = None) -> Pro
     ``instruction`` (``--instruction``) replaces what the data says.  Data that cannot be read here
     leaves the recipe's format, and a message's first line is its instruction.
     """
-    from tuner.data.prepare import resolve_format
+    from tuner.data.prepare import columns_of, first_rows, resolve_format
     from tuner.data.sources import DataError, load_split
 
-    data_format = recipe.data.format
-    try:
-        dataset = load_split(recipe.data.source, recipe.data.split).dataset
-        data_format = resolve_format(data_format, dataset.column_names)
-        found = set(dataset.select(range(min(SAMPLES_READ, len(dataset))))["instruction"]) \
+    data_format, streaming = recipe.data.format, recipe.data.streaming
+    try:  # streamed data: only its first samples are read
+        dataset = load_split(recipe.data.source, recipe.data.split, streaming, scan=not streaming).dataset
+        data_format = resolve_format(data_format, columns_of(dataset))
+        found = {row["instruction"] for row in first_rows(dataset, SAMPLES_READ)} \
             if data_format == "instruction" else set()
     except DataError as exc:
         if data_format != "instruction":
