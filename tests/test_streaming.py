@@ -38,10 +38,17 @@ def streaming_recipe(path: Path, **data):
     })
 
 
-def test_a_bad_row_deep_in_a_stream_is_refused_by_its_line_before_launch(tmp_path):
+def test_a_bad_row_deep_in_a_stream_is_refused_by_its_line_before_launch(tmp_path, capsys, monkeypatch):
+    from tuner.cli import main
+
     path = write_pairs(tmp_path / "big.jsonl", 12_000, bad_at=11_123)  # past the first batch checked
     with pytest.raises(DataError, match=r"big\.jsonl:11123: 'output' is missing or empty"):
         check_data(streaming_recipe(path))
+    monkeypatch.chdir(tmp_path)
+    settings = [f"data.source={path}", "data.eval_fraction=0", "data.streaming=true", "training.max_steps=3"]
+    assert main(["run", "demo", *[arg for s in settings for arg in ("--set", s)]]) == 2
+    assert f"error: data.source: {path}:11123: 'output' is missing or empty" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists(), "refused before anything is written"
     summary = check_data(streaming_recipe(write_pairs(tmp_path / "good.jsonl", 12_000)))
     assert (summary.train, summary.held_out, summary.data_format, summary.streamed) == (12_000, 0, "instruction", True)
     assert check_data(streaming_recipe(tmp_path / "good.jsonl", max_samples=100)).train == 100
