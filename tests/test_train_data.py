@@ -208,6 +208,33 @@ def test_a_second_preparation_reuses_the_prepared_dataset(tmp_path, tokenizer, c
         assert reused not in caplog.text and len(changed.train) == 4
 
 
+def test_tokenising_processes_give_the_same_tokens_and_share_the_prepared_dataset(tmp_path, tokenizer, monkeypatch):
+    """data.num_proc: 2 tokenises in two processes (a real datasets map) into the same tokens, flags and drops as one
+    process, and the prepared dataset is keyed without it; unset, small data stays in one process and large data
+    gets the cores this rank may use (shared with the machine's other ranks)."""
+    import os
+
+    from tuner.data.prepare import SAMPLES_PER_PROCESS, data_fingerprint, tokenise, tokenising_processes
+
+    rows = [{"instruction": "reverse", "input": f"w{i}x" * (i % 7), "output": f"x{i}w"} for i in range(300)]
+    path = write_jsonl(tmp_path / "d.jsonl", rows + [{"instruction": "r" * 30, "output": "cut"}] * 5)
+    one, two = (recipe_for(path, max_seq_length=24, num_proc=n) for n in (1, 2))
+    raw, _, data_format = split_samples(one)
+    alone, split = (tokenise(raw, recipe, tokenizer, data_format, "training") for recipe in (one, two))
+    assert (len(alone[0].cache_files), len(split[0].cache_files)) == (1, 2)  # one shard per process
+    assert split[1:] == alone[1:] and alone[1] and alone[2]  # truncated and dropped, counted across processes
+    for column in ("input_ids", "labels"):
+        assert split[0][column] == alone[0][column]
+    assert data_fingerprint(one, tokenizer) == data_fingerprint(two, tokenizer)
+
+    unset = recipe_for(path)
+    cores = len(os.sched_getaffinity(0))
+    assert tokenising_processes(unset, SAMPLES_PER_PROCESS * 64) == (cores if cores > 1 else None)
+    assert tokenising_processes(unset, SAMPLES_PER_PROCESS + 1) is None  # one process's worth of samples
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores))  # one rank per core: each tokenises alone
+    assert tokenising_processes(unset, SAMPLES_PER_PROCESS * 64) is None
+
+
 def test_split_is_deterministic_with_the_seed(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": f"s{i}"} for i in range(50)])
     first = split_samples(recipe_for(path, eval_fraction=0.2))

@@ -181,6 +181,21 @@ def encode_sample(sample: dict, data_format: str, tokenizer, recipe: Recipe) -> 
     return {key: values[0] for key, values in encoded.items()}
 
 
+SAMPLES_PER_PROCESS = 20_000  # on fewer samples a tokenising process costs more to start than it saves
+
+
+def tokenising_processes(recipe: Recipe, samples: int) -> int | None:
+    """datasets' ``num_proc`` for tokenising ``samples``: the recipe's, or one per core this rank may use (the
+    machine's cores shared by its ranks), at most one per SAMPLES_PER_PROCESS; None for one process."""
+    import os
+
+    if recipe.data.num_proc:
+        return recipe.data.num_proc if recipe.data.num_proc > 1 else None
+    cores = len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    processes = min(cores, samples // SAMPLES_PER_PROCESS)
+    return processes if processes > 1 else None
+
+
 def tokenise(raw, recipe: Recipe, tokenizer, data_format: str, what: str):
     """(dataset, truncated count, dropped count): samples with nothing left to learn from are dropped."""
     import pyarrow.compute as pc
@@ -188,7 +203,8 @@ def tokenise(raw, recipe: Recipe, tokenizer, data_format: str, what: str):
     max_length = recipe.memory.max_seq_length
     encoded = raw.map(encode_batch, batched=True, fn_kwargs=dict(data_format=data_format, tokenizer=tokenizer,
                                                                   recipe=recipe),
-                      remove_columns=raw.column_names, desc=f"tokenising {what}", load_from_cache_file=False)
+                      remove_columns=raw.column_names, desc=f"tokenising {what}", load_from_cache_file=False,
+                      num_proc=tokenising_processes(recipe, len(raw)))
     total = len(encoded)
     truncated = pc.sum(encoded.data.column("truncated")).as_py() or 0
     if truncated == total:
@@ -228,7 +244,8 @@ def data_fingerprint(recipe: Recipe, tokenizer) -> str | None:
         return None
     path = Path(argument).resolve()
     stat = path.stat()
-    shaping = {"file": [str(path), stat.st_size, stat.st_mtime_ns], "data": recipe.data.model_dump(mode="json"),
+    shaping = {"file": [str(path), stat.st_size, stat.st_mtime_ns],
+               "data": recipe.data.model_dump(mode="json", exclude={"num_proc"}),  # the same tokens in any processes
                "max_seq_length": recipe.memory.max_seq_length, "seed": recipe.training.seed,
                "objective": recipe.objective.kind, "tokenizer": Hasher.hash(tokenizer),
                "code": [hashlib.sha256(code.read_bytes()).hexdigest() for code in _PREPARING_CODE]}
