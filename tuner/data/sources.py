@@ -307,15 +307,16 @@ def file_rows(path: Path, loader: str, source: str) -> list[int] | None:
     return None
 
 
-def load_split(source: str, split: str) -> Samples:
-    """The named split of a data source, after checking every row of a local file."""
+def load_split(source: str, split: str, scan: bool = True) -> Samples:
+    """The named split of a data source, after checking every row of a local file (unless ``scan`` is False: the
+    same file passed the checks before)."""
     import datasets
 
     loader, argument = resolve_source(source)
     try:
         if loader == "hub":
             return Samples(datasets.load_dataset(argument, split=split), source)
-        lines = file_rows(Path(argument), loader, source)
+        lines = file_rows(Path(argument), loader, source) if scan else None
         if lines == []:
             raise DataError(f"data.source: {source}: the file holds no samples.")
         return Samples(datasets.load_dataset(loader, data_files={split: argument}, split=split), source, lines)
