@@ -198,7 +198,8 @@ def tokenising_processes(recipe: Recipe, samples: int) -> int | None:
 
     if recipe.data.num_proc:
         return recipe.data.num_proc if recipe.data.num_proc > 1 else None
-    cores = len(os.sched_getaffinity(0)) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # Linux/other
+    cores = usable // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     processes = min(cores, samples // SAMPLES_PER_PROCESS)
     return processes if processes > 1 else None
 
