@@ -12,9 +12,11 @@ run does.  The cases run size by size, the two sides of a case one after the oth
   result cached; then the same call again, which reuses the cache (what a re-run or a resume costs);
 - plain: ``load_dataset("json"/"parquet")``, the same shuffle and split, and a batched ``map`` that renders the
   same chat template (prompt, then prompt + answer) and tokenises with the same tokenizer (the demo's), masking the
-  prompt.  Chat rows are a system message, a question and an answer.
+  prompt, in as many processes as tuner chooses for the size (``data.num_proc`` unset: one per core from 40,000
+  rows on).  Chat rows are a system message, a question and an answer.
 
-Printed per row: seconds of preparation (imports excluded), peak RSS of the process, and tuner / plain.
+Printed per row: seconds of preparation (imports excluded), tuner / plain, tuner's microseconds per row (flat
+when the growth is linear), peak RSS of each process and the tokenising processes both sides used.
 Target (issue 17): within 1.2x of the plain pipeline at every size, and growth linear in the rows.
 """
 from __future__ import annotations
@@ -66,14 +68,19 @@ def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_tuner(path: str, data_format: str, tokenizer) -> dict:
-    from tuner.data.prepare import prepare_data
+def bench_recipe(path: str, data_format: str):
     from tuner.recipe.io import validate_recipe
 
-    recipe = validate_recipe({"model": {"id": "builtin:demo", "dtype": "float32"},
-                              "memory": {"mixed_precision": "no", "max_seq_length": MAX_SEQ_LENGTH},
-                              "training": {"seed": SEED},
-                              "data": {"source": path, "format": data_format, "eval_fraction": EVAL_FRACTION}})
+    return validate_recipe({"model": {"id": "builtin:demo", "dtype": "float32"},
+                            "memory": {"mixed_precision": "no", "max_seq_length": MAX_SEQ_LENGTH},
+                            "training": {"seed": SEED},
+                            "data": {"source": path, "format": data_format, "eval_fraction": EVAL_FRACTION}})
+
+
+def run_tuner(path: str, data_format: str, tokenizer) -> dict:
+    from tuner.data.prepare import prepare_data
+
+    recipe = bench_recipe(path, data_format)
     start = time.perf_counter()
     prepared = prepare_data(recipe, tokenizer)
     seconds = time.perf_counter() - start
@@ -84,6 +91,10 @@ def run_tuner(path: str, data_format: str, tokenizer) -> dict:
 
 def run_plain(path: str, data_format: str, tokenizer) -> dict:
     from datasets import load_dataset
+
+    from tuner.data.prepare import tokenising_processes
+
+    recipe = bench_recipe(path, data_format)
 
     def encode(batch: dict) -> dict:
         if data_format == "text":
@@ -109,9 +120,10 @@ def run_plain(path: str, data_format: str, tokenizer) -> dict:
                            split="train").shuffle(seed=SEED)
     held_out = max(1, round(len(dataset) * EVAL_FRACTION))
     train, evaluation = dataset.select(range(held_out, len(dataset))), dataset.select(range(held_out))
-    train = train.map(encode, batched=True, remove_columns=train.column_names)
-    evaluation.map(encode, batched=True, remove_columns=evaluation.column_names)
-    return {"seconds": time.perf_counter() - start, "train_rows": len(train)}
+    processes = [tokenising_processes(recipe, len(split)) for split in (train, evaluation)]  # as many as tuner's
+    train = train.map(encode, batched=True, remove_columns=train.column_names, num_proc=processes[0])
+    evaluation.map(encode, batched=True, remove_columns=evaluation.column_names, num_proc=processes[1])
+    return {"seconds": time.perf_counter() - start, "train_rows": len(train), "num_proc": processes[0] or 1}
 
 
 def child(side: str, path: str, data_format: str, tokenizer_dir: str) -> None:
@@ -159,8 +171,8 @@ def main() -> int:
              for kind in options.files]
     cases += [(options.big, *case.split(".")) for case in options.big_cases if options.big]
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} cores")
-    print(f"{'format':<12}{'file':<8}{'rows':>9}  {'tuner s':>8}  {'plain s':>8}  {'ratio':>6}  {'reuse s':>8}  "
-          f"{'tuner MiB':>9}  {'plain MiB':>9}")
+    print(f"{'format':<12}{'file':<8}{'rows':>9}  {'tuner s':>8}  {'plain s':>8}  {'ratio':>6}  {'us/row':>6}  {'reuse s':>8}  "
+          f"{'tuner MiB':>9}  {'plain MiB':>9}  {'procs':>5}")
     ok = True
     with tempfile.TemporaryDirectory() as folder:
         for rows, data_format, kind in cases:
@@ -171,7 +183,8 @@ def main() -> int:
             ratio = tuner["seconds"] / plain["seconds"]
             ok = ok and ratio <= TARGET_RATIO
             print(f"{data_format:<12}{kind:<8}{rows:>9}  {tuner['seconds']:>8.2f}  {plain['seconds']:>8.2f}  "
-                  f"{ratio:>6.2f}  {tuner['reuse_seconds']:>8.2f}  {tuner['peak_mib']:>9.0f}  {plain['peak_mib']:>9.0f}",
+                  f"{ratio:>6.2f}  {tuner['seconds'] / rows * 1e6:>6.0f}  {tuner['reuse_seconds']:>8.2f}  {tuner['peak_mib']:>9.0f}  {plain['peak_mib']:>9.0f}"
+                  f"  {plain['num_proc']:>5}",
                   flush=True)
             path.unlink()
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end; target ratio <= {TARGET_RATIO}")

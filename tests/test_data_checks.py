@@ -52,6 +52,9 @@ CASES = {
                                     r"deep\.json:2: nested too deeply"),
     "jsonl nested 40 deep": ("nest.jsonl", b'{"text": "ok", "x": ' + b"[" * 40 + b"]" * 40 + b"}\n",
                              r"nest\.jsonl:1: nested too deeply"),
+    # pyarrow 26's JSON reader (what datasets reads JSON lines with) dies with SIGSEGV on a file of only null rows:
+    # the line scan must refuse it before datasets sees it
+    "jsonl of null rows": ("nulls.jsonl", b"null\n\nnull\n", r"nulls\.jsonl:1: a JSON null, not an object.*line 3"),
     "json array with a broken row": ("broken.json", b'[\n{"text": "a"},\n{"text": b}\n]\n', r"broken\.json:3: not valid JSON"),
     "json array of lists": ("lists.json", b'[\n{"text": "a"},\n[1]\n]\n', r"lists\.json:3: a JSON list, not an object"),
     "chat role wizard": ("wizard.jsonl", json.dumps({"messages": [{"role": "wizard", "content": "hi"},

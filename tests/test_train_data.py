@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tuner.data.formats import DEFAULT_CHAT_TEMPLATE, IGNORE_INDEX, chat_segments
-from tuner.data.prepare import data_collator, encode_sample, prepare_data, split_samples
+from tuner.data.prepare import data_collator, encode_batch, prepare_data, split_samples
 from tuner.data.preview import labelled_segments, preview_examples
 from tuner.data.sources import DataError
 from tuner.recipe.io import validate_recipe
@@ -61,7 +61,10 @@ def write_jsonl(path, rows) -> object:
 
 
 def encode(tokenizer, sample, data_format, tmp_path, **data):
-    return encode_sample(sample, data_format, tokenizer, recipe_for(tmp_path / "unused.jsonl", **data))
+    """One sample as the batched ``map`` encodes it."""
+    recipe = recipe_for(tmp_path / "unused.jsonl", **data)
+    encoded = encode_batch({key: [value] for key, value in sample.items()}, data_format, tokenizer, recipe)
+    return {key: values[0] for key, values in encoded.items()}
 
 
 def test_demo_tokenizer_is_character_level(tokenizer):
@@ -206,6 +209,73 @@ def test_a_second_preparation_reuses_the_prepared_dataset(tmp_path, tokenizer, c
         write_jsonl(path, [{"instruction": "reverse", "input": "ab", "output": "ba"}] * 5)  # the file changed
         changed = prepare_data(recipe, tokenizer)
         assert reused not in caplog.text and len(changed.train) == 4
+
+
+def test_tokenising_processes_give_the_same_tokens_and_share_the_prepared_dataset(tmp_path, tokenizer, monkeypatch):
+    """data.num_proc: 2 tokenises in two processes (a real datasets map) into the same tokens, flags and drops as one
+    process, and the prepared dataset is keyed without it; unset, small data stays in one process and large data
+    gets the cores this rank may use (shared with the machine's other ranks)."""
+    import os
+
+    from tuner.data.prepare import SAMPLES_PER_PROCESS, data_fingerprint, tokenise, tokenising_processes
+
+    rows = [{"instruction": "reverse", "input": f"w{i}x" * (i % 7), "output": f"x{i}w"} for i in range(300)]
+    path = write_jsonl(tmp_path / "d.jsonl", rows + [{"instruction": "r" * 30, "output": "cut"}] * 5)
+    one, two = (recipe_for(path, max_seq_length=24, num_proc=n) for n in (1, 2))
+    raw, _, data_format = split_samples(one)
+    alone, split = (tokenise(raw, recipe, tokenizer, data_format, "training") for recipe in (one, two))
+    assert (len(alone[0].cache_files), len(split[0].cache_files)) == (1, 2)  # one shard per process
+    assert split[1:] == alone[1:] and alone[1] and alone[2]  # truncated and dropped, counted across processes
+    for column in ("input_ids", "labels"):
+        assert split[0][column] == alone[0][column]
+    assert data_fingerprint(one, tokenizer) == data_fingerprint(two, tokenizer)
+
+    unset = recipe_for(path)
+    cores = len(os.sched_getaffinity(0))
+    assert tokenising_processes(unset, SAMPLES_PER_PROCESS * 64) == (cores if cores > 1 else None)
+    assert tokenising_processes(unset, SAMPLES_PER_PROCESS + 1) is None  # one process's worth of samples
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores))  # one rank per core: each tokenises alone
+    assert tokenising_processes(unset, SAMPLES_PER_PROCESS * 64) is None
+
+
+def test_a_file_whose_rows_passed_is_not_scanned_again_until_it_changes(tmp_path, caplog):
+    """``tuner run`` checks every row before launch; the ranks, a re-run, a resume and preview then load the same
+    file without scanning it again.  A file that changed, or one read another way, is checked again."""
+    from tuner.data.prepare import check_data
+
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": f"s{i}"} for i in range(30)])
+    recipe = recipe_for(path)
+    skipped = "passed the checks before"
+    with caplog.at_level("INFO", logger="tuner"):
+        assert check_data(recipe).train == 30
+        assert skipped not in caplog.text
+        assert check_data(recipe).train == 30
+        assert skipped in caplog.text
+        caplog.clear()
+        with pytest.raises(DataError, match=r"instruction needs the column"):  # read as another layout: checked
+            check_data(recipe_for(path, format="instruction"))
+        with path.open("a") as stream:
+            stream.write('{"text": "fine"}\n{"text": 7}\n{broken\n')
+        with pytest.raises(DataError, match=r"d\.jsonl:33: not valid JSON"):
+            check_data(recipe)
+        assert skipped not in caplog.text
+
+
+def test_preview_shows_the_prepared_samples_without_reading_the_file_again(tmp_path, tokenizer, caplog):
+    """Once a run prepared the data, preview shows the first samples of the prepared dataset (the tokens the
+    Trainer takes, with their truncation flags) instead of loading and encoding the file: the same examples."""
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "word " * (i % 9 + 1)} for i in range(40)])
+    recipe = recipe_for(path, max_seq_length=16)
+    encoded_here = preview_examples(recipe, tokenizer, 6)
+    assert any(example.truncated for example in encoded_here[1]) and not all(e.truncated for e in encoded_here[1])
+    prepared = prepare_data(recipe, tokenizer)
+    with caplog.at_level("INFO", logger="tuner"):
+        caplog.clear()
+        from_cache = preview_examples(recipe, tokenizer, 6)
+        assert "data:" not in caplog.text  # neither loaded nor checked: the prepared dataset answered
+    assert from_cache == encoded_here
+    assert [example.tokens for example in from_cache[1]] == [len(ids) for ids in prepared.train[:6]["input_ids"]]
+    assert prepared.train.column_names == ["input_ids", "labels"]  # the flags stay out of the Trainer's batches
 
 
 def test_split_is_deterministic_with_the_seed(tmp_path):

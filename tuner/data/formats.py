@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 IGNORE_INDEX = -100
+TRUNCATED = "truncated"  # the column that flags a sample cut to max_seq_length (kept for preview, not trained on)
 
 # Alpaca's template, used when the tokenizer has no chat template.
 ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
@@ -212,7 +213,7 @@ def tokenize_batch(samples: list[list[tuple[str, bool]]], tokenizer, max_length:
     sample goes to the tokenizer in one call (a fast tokenizer encodes a batch in parallel)."""
     texts = [text for segments in samples for text, _ in segments]
     pieces = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
-    encoded: dict[str, list] = {"input_ids": [], "labels": [], "truncated": [], "learns": []}
+    encoded: dict[str, list] = {"input_ids": [], "labels": [], TRUNCATED: [], "learns": []}
     for segments in samples:
         input_ids: list[int] = []
         labels: list[int] = []
@@ -225,6 +226,6 @@ def tokenize_batch(samples: list[list[tuple[str, bool]]], tokenizer, max_length:
             labels += ids if learned else [IGNORE_INDEX] * len(ids)
         encoded["input_ids"].append(input_ids[:max_length])
         encoded["labels"].append(labels[:max_length])
-        encoded["truncated"].append(len(input_ids) > max_length)
+        encoded[TRUNCATED].append(len(input_ids) > max_length)
         encoded["learns"].append(learns)
     return encoded

@@ -12,6 +12,7 @@ from pathlib import Path
 from tuner.data.formats import (
     FORMAT_COLUMNS,
     IGNORE_INDEX,
+    TRUNCATED,
     detect_format,
     problem_rows,
     sample_problem,
@@ -91,9 +92,9 @@ def streamed(dataset) -> bool:
     return not hasattr(dataset, "__len__")
 
 
-def first_rows(dataset, count: int):
+def first_rows(dataset, count: int) -> list[dict]:
     """The first ``count`` rows of a dataset, or of a stream (read no further than they are)."""
-    return dataset.take(count) if streamed(dataset) else dataset.select(range(min(count, len(dataset))))
+    return list(dataset.take(count) if streamed(dataset) else dataset.select(range(min(count, len(dataset)))))
 
 
 def column_batches(dataset, columns: list[str]):
@@ -170,13 +171,26 @@ def split_samples(recipe: Recipe):
 
     A stream is shuffled within a buffer of STREAM_SHUFFLE_BUFFER samples, cut to max_samples and not split (the
     recipe checks refuse eval_fraction); its rows are not checked here: :func:`check_data` reads the whole stream
-    for that before ``tuner run`` launches, and reading it again would cost every rank what training costs."""
-    samples, data_format = load_samples(recipe, scan=not recipe.data.streaming)
-    dataset = samples.dataset
-    if streamed(dataset):
-        dataset = dataset.shuffle(seed=recipe.training.seed, buffer_size=STREAM_SHUFFLE_BUFFER)
+    for that before ``tuner run`` launches, and reading it again would cost every rank what training costs.
+
+    A local file whose rows all passed the checks before (the same file, read the same way, by the same checks:
+    :func:`checked_marker`) is not scanned again: ``tuner run`` checks it before launch, and the ranks, a re-run,
+    a resume and preview then only load it."""
+    if recipe.data.streaming:
+        samples, data_format = load_samples(recipe, scan=False)
+        dataset = samples.dataset.shuffle(seed=recipe.training.seed, buffer_size=STREAM_SHUFFLE_BUFFER)
         return (dataset.take(recipe.data.max_samples) if recipe.data.max_samples else dataset), None, data_format
-    check_samples(samples, data_format)
+    marker = checked_marker(recipe)
+    checked = marker is not None and marker.is_file()
+    samples, data_format = load_samples(recipe, scan=not checked)
+    dataset = samples.dataset
+    if checked:
+        log.info("data: every row of %s passed the checks before (same file, read the same way); not scanned again",
+                 recipe.data.source)
+    else:
+        check_samples(samples, data_format)
+        if marker is not None:
+            mark_checked(marker)
     dataset = dataset.shuffle(seed=recipe.training.seed)
     if recipe.data.max_samples:
         dataset = dataset.select(range(min(recipe.data.max_samples, len(dataset))))
@@ -226,22 +240,34 @@ def encode_batch(batch: dict[str, list], data_format: str, tokenizer, recipe: Re
     return tokenize_batch(segments, tokenizer, recipe.memory.max_seq_length, recipe.data.train_on_prompt)
 
 
-def encode_sample(sample: dict, data_format: str, tokenizer, recipe: Recipe) -> dict:
-    """One sample as :func:`encode_batch` encodes it."""
-    encoded = encode_batch({key: [value] for key, value in sample.items()}, data_format, tokenizer, recipe)
-    return {key: values[0] for key, values in encoded.items()}
+SAMPLES_PER_PROCESS = 20_000  # on fewer samples a tokenising process costs more to start than it saves
+
+
+def tokenising_processes(recipe: Recipe, samples: int) -> int | None:
+    """datasets' ``num_proc`` for tokenising ``samples``: the recipe's, or one per core this rank may use (the
+    machine's cores shared by its ranks), at most one per SAMPLES_PER_PROCESS; None for one process."""
+    import os
+
+    if recipe.data.num_proc:
+        return recipe.data.num_proc if recipe.data.num_proc > 1 else None
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # Linux/other
+    cores = usable // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    processes = min(cores, samples // SAMPLES_PER_PROCESS)
+    return processes if processes > 1 else None
 
 
 def tokenise(raw, recipe: Recipe, tokenizer, data_format: str, what: str):
-    """(dataset, truncated count, dropped count): samples with nothing left to learn from are dropped."""
+    """(dataset, truncated count, dropped count): samples with nothing left to learn from are dropped; each kept
+    sample has input_ids, labels and its TRUNCATED flag."""
     import pyarrow.compute as pc
 
     max_length = recipe.memory.max_seq_length
     encoded = raw.map(encode_batch, batched=True, fn_kwargs=dict(data_format=data_format, tokenizer=tokenizer,
                                                                   recipe=recipe),
-                      remove_columns=raw.column_names, desc=f"tokenising {what}", load_from_cache_file=False)
+                      remove_columns=raw.column_names, desc=f"tokenising {what}", load_from_cache_file=False,
+                      num_proc=tokenising_processes(recipe, len(raw)))
     total = len(encoded)
-    truncated = pc.sum(encoded.data.column("truncated")).as_py() or 0
+    truncated = pc.sum(encoded.data.column(TRUNCATED)).as_py() or 0
     if truncated == total:
         raise DataError(f"memory.max_seq_length: all {total} {what} samples are longer than {max_length} tokens; "
                         "raise max_seq_length (the planner shows what it costs) or shorten the samples.")
@@ -259,7 +285,7 @@ def tokenise(raw, recipe: Recipe, tokenizer, data_format: str, what: str):
         log.warning("%d of %d %s samples had no token to learn from after masking/truncation and were dropped",
                     dropped, total, what)
         encoded = encoded.select(pc.indices_nonzero(learns).to_numpy().astype("int64"))
-    return encoded.remove_columns(["truncated", "learns"]), truncated, dropped
+    return encoded.remove_columns(["learns"]), truncated, dropped
 
 
 def tokenise_stream(raw, recipe: Recipe, tokenizer, data_format: str):
@@ -268,40 +294,72 @@ def tokenise_stream(raw, recipe: Recipe, tokenizer, data_format: str):
     used = used_columns(data_format, columns_of(raw))
     encoded = raw.select_columns(used).map(encode_batch, batched=True, remove_columns=used, fn_kwargs=dict(
         data_format=data_format, tokenizer=tokenizer, recipe=recipe))
-    return encoded.filter(lambda batch: batch["learns"], batched=True).remove_columns(["truncated", "learns"])
+    return encoded.filter(lambda batch: batch["learns"], batched=True).remove_columns([TRUNCATED, "learns"])
 
 
-# What the prepared dataset depends on besides the recipe and the tokenizer: the code that formats and tokenises.
-_PREPARING_CODE = (Path(__file__), Path(__file__).with_name("formats.py"), Path(__file__).with_name("sources.py"))
+# What the checks and the prepared dataset depend on besides the recipe and the tokenizer: tuner's code that reads,
+# checks, formats and tokenises the samples.
+_PREPARING_CODE = tuple(Path(__file__).with_name(name) for name in ("prepare.py", "formats.py", "sources.py",
+                                                                     "preference.py"))
 
 
-def data_fingerprint(recipe: Recipe, tokenizer) -> str | None:
-    """A key for the prepared dataset: the data file (path, size, modification time), the recipe fields that shape
-    the samples and their tokens, the tokenizer and tuner's preparing code; None for a hub dataset or a stream
-    (neither is cached)."""
+def _data_key(recipe: Recipe, **fields) -> str | None:
+    """A key for what was made of the recipe's data file: the file (resolved path, size, modification time), the
+    given fields and tuner's preparing code; None for a hub dataset or a stream (nothing is kept for those)."""
     import hashlib
     import json
-
-    from datasets.fingerprint import Hasher
 
     loader, argument = sources.resolve_source(recipe.data.source)
     if loader == "hub" or recipe.data.streaming:
         return None
     path = Path(argument).resolve()
     stat = path.stat()
-    shaping = {"file": [str(path), stat.st_size, stat.st_mtime_ns], "data": recipe.data.model_dump(mode="json"),
-               "max_seq_length": recipe.memory.max_seq_length, "seed": recipe.training.seed,
-               "objective": recipe.objective.kind, "tokenizer": Hasher.hash(tokenizer),
-               "code": [hashlib.sha256(code.read_bytes()).hexdigest() for code in _PREPARING_CODE]}
-    return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:32]
+    keyed = {"file": [str(path), stat.st_size, stat.st_mtime_ns], **fields,
+             "code": [hashlib.sha256(code.read_bytes()).hexdigest() for code in _PREPARING_CODE]}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def data_fingerprint(recipe: Recipe, tokenizer) -> str | None:
+    """A key for the prepared dataset: the data file, the recipe fields that shape the samples and their tokens,
+    the tokenizer and tuner's preparing code; None for a hub dataset or a stream (not cached)."""
+    from datasets.fingerprint import Hasher
+
+    return _data_key(recipe, data=recipe.data.model_dump(mode="json", exclude={"num_proc"}),  # same tokens in any
+                     max_seq_length=recipe.memory.max_seq_length, seed=recipe.training.seed,  # number of processes
+                     objective=recipe.objective.kind, tokenizer=Hasher.hash(tokenizer))
+
+
+CHECKED_DIR = "checked"  # under $TUNER_HOME: one empty file per data file whose every row passed the checks
+
+
+def checked_marker(recipe: Recipe) -> Path | None:
+    """Where the proof is kept that every row of the recipe's data file passed the checks, read as the recipe reads
+    it (source, split, format, objective); None for a hub dataset or a stream, checked every time."""
+    key = _data_key(recipe, read_as=[recipe.data.source, recipe.data.split, recipe.data.format,
+                                     recipe.objective.kind])
+    return tuner_home() / CHECKED_DIR / key if key else None
+
+
+def mark_checked(marker: Path) -> None:
+    """Record that the file passed; where it cannot be recorded (a read-only home) it is checked again next time."""
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError as exc:
+        log.info("data: could not record that the rows passed the checks (%s)", exc)
+
+
+def prepared_folder(recipe: Recipe, tokenizer) -> Path | None:
+    """``$TUNER_HOME/prepared/<fingerprint>``: where the recipe's prepared dataset is (or will be) kept."""
+    fingerprint = data_fingerprint(recipe, tokenizer)
+    return tuner_home() / PREPARED_DIR / fingerprint if fingerprint else None
 
 
 def prepare_data(recipe: Recipe, tokenizer) -> PreparedData:
     """The tokenised train and held-out datasets; reused from ``$TUNER_HOME/prepared/<fingerprint>`` when the same
     data file was prepared the same way before (a re-run, a resume), and saved there otherwise."""
-    fingerprint = data_fingerprint(recipe, tokenizer)
-    folder = tuner_home() / PREPARED_DIR / fingerprint if fingerprint else None
-    if folder is not None and (folder / PREPARED_INFO).is_file():
+    folder = prepared_folder(recipe, tokenizer)
+    if is_prepared(folder):
         log.info("data: reusing the prepared dataset in %s (same data file, recipe fields and tokenizer)", folder)
         return load_prepared(folder)
     train_raw, eval_raw, data_format = split_samples(recipe)
@@ -316,11 +374,23 @@ def prepare_data(recipe: Recipe, tokenizer) -> PreparedData:
     prepared = PreparedData(train, evaluation, data_format, truncated, dropped, eval_raw)
     if folder is not None:
         save_prepared(prepared, folder)
-    return prepared
+    return without_flags(prepared)
 
 
 PREPARED_DIR = "prepared"  # under $TUNER_HOME, one folder per fingerprint
 PREPARED_INFO = "prepared.json"  # written last: the folder is complete
+
+
+def is_prepared(folder: Path | None) -> bool:
+    return folder is not None and (folder / PREPARED_INFO).is_file()
+
+
+def without_flags(prepared: PreparedData) -> PreparedData:
+    """The prepared datasets as the Trainer takes them: input_ids and labels only."""
+    from dataclasses import replace
+
+    return replace(prepared, train=prepared.train.remove_columns([TRUNCATED]),
+                   eval=prepared.eval.remove_columns([TRUNCATED]) if prepared.eval is not None else None)
 _PREPARED_SPLITS = ("train", "eval", "raw_eval")
 
 
@@ -350,7 +420,8 @@ def save_prepared(prepared: PreparedData, folder: Path) -> None:
         shutil.rmtree(partial, ignore_errors=True)
 
 
-def load_prepared(folder: Path) -> PreparedData:
+def load_prepared(folder: Path, flags: bool = False) -> PreparedData:
+    """The prepared datasets kept in ``folder``; with ``flags``, each sample's TRUNCATED flag too (for preview)."""
     import json
 
     from datasets import load_from_disk
@@ -358,8 +429,9 @@ def load_prepared(folder: Path) -> PreparedData:
     info = json.loads((folder / PREPARED_INFO).read_text())
     splits = {name: load_from_disk(str(folder / name)) if (folder / name).is_dir() else None
               for name in _PREPARED_SPLITS}
-    return PreparedData(splits["train"], splits["eval"], info["data_format"], info["truncated"], info["dropped"],
-                        splits["raw_eval"])
+    prepared = PreparedData(splits["train"], splits["eval"], info["data_format"], info["truncated"], info["dropped"],
+                            splits["raw_eval"])
+    return prepared if flags else without_flags(prepared)
 
 
 def data_collator(recipe: Recipe, tokenizer):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.data.formats import IGNORE_INDEX
+from tuner.data.formats import IGNORE_INDEX, TRUNCATED
 from tuner.recipe.schema import Recipe
 
 
@@ -42,26 +42,26 @@ def labelled_segments(input_ids: list[int], labels: list[int], tokenizer) -> lis
 
 
 def preview_examples(recipe: Recipe, tokenizer, count: int = 3) -> tuple[str, list[PreviewExample]]:
-    """The data format and the first ``count`` training samples as the Trainer will see them (from a stream, the
-    first it yields: only as much of the file is read as fills its shuffle buffer)."""
-    from tuner.data.prepare import encode_sample, first_rows, split_samples
+    """The data format and the first ``count`` training samples as the Trainer will see them: taken from the
+    prepared dataset when a run (or a preview before) prepared it, so the file is neither read nor tokenised again;
+    otherwise the first samples of the split (of a stream: the first it yields, read no further), encoded here."""
+    from tuner.data.prepare import encode_batch, first_rows, is_prepared, load_prepared, prepared_folder, split_samples
 
-    train, _, data_format = split_samples(recipe)
-    rows = first_rows(train, count)
-    if recipe.objective.preference:
-        return data_format, [example for row, sample in enumerate(rows, 1)
-                             for example in preference_examples(sample, data_format, tokenizer, recipe, row)]
-    examples = []
-    for sample in rows:
-        encoded = encode_sample(sample, data_format, tokenizer, recipe)
-        labels = encoded["labels"]
-        examples.append(PreviewExample(
-            segments=labelled_segments(encoded["input_ids"], labels, tokenizer),
-            tokens=len(labels),
-            trainable_tokens=sum(label != IGNORE_INDEX for label in labels),
-            truncated=encoded["truncated"],
-        ))
-    return data_format, examples
+    folder = None if recipe.objective.preference else prepared_folder(recipe, tokenizer)
+    if is_prepared(folder):
+        prepared = load_prepared(folder, flags=True)
+        data_format, encoded = prepared.data_format, prepared.train[:count]
+    else:
+        train, _, data_format = split_samples(recipe)
+        rows = first_rows(train, count)
+        if recipe.objective.preference:
+            return data_format, [example for row, sample in enumerate(rows, 1)
+                                 for example in preference_examples(sample, data_format, tokenizer, recipe, row)]
+        encoded = encode_batch({key: [row[key] for row in rows] for key in rows[0]}, data_format, tokenizer, recipe)
+    return data_format, [
+        PreviewExample(segments=labelled_segments(input_ids, labels, tokenizer), tokens=len(labels),
+                       trainable_tokens=sum(label != IGNORE_INDEX for label in labels), truncated=truncated)
+        for input_ids, labels, truncated in zip(encoded["input_ids"], encoded["labels"], encoded[TRUNCATED])]
 
 
 def preference_examples(sample: dict, data_format: str, tokenizer, recipe: Recipe, row: int) -> list[PreviewExample]:

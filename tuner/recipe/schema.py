@@ -377,6 +377,12 @@ class DataSection(Section):
         False, description="Concatenate each micro-batch's samples into one row without padding; attention stays within each sample."
     )
     max_samples: int | None = Field(None, ge=1, description="Use at most this many samples (after shuffling with the seed).")
+    num_proc: int | None = Field(
+        None, ge=1, le=256,
+        description="Processes that tokenise the samples (datasets' map). Unset: one per core this rank may use, "
+        "shared with the other ranks on the machine, and none beyond one per 20,000 samples (starting one costs more "
+        "than it saves on less).",
+    )
     streaming: bool = Field(
         False, description="Read and tokenise the samples as training goes, for data larger than RAM: nothing is "
         f"prepared up front or cached, samples are shuffled only within a buffer of {STREAM_SHUFFLE_BUFFER:,}, and a stream has no "
