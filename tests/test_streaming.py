@@ -97,6 +97,18 @@ def test_the_stream_check_holds_no_row_list(tmp_path, monkeypatch):
     assert len(scans) == 1, "a clean file is scanned once"
     assert sum(batches) == 5_000 and max(batches) <= 1_000
 
+    import tracemalloc
+
+    monkeypatch.undo()
+    path = write_pairs(tmp_path / "more.jsonl", 20_000)
+    tracemalloc.start()
+    try:
+        assert sum(1 for _ in sources.row_lines(path, "json", str(path))) == 20_000
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 256 * 2**10, f"the scan held {peak} bytes (a list of 20,000 lines is about 0.7 MiB)"
+
 
 def test_a_stream_is_shuffled_within_its_buffer_and_cut_to_max_samples(tmp_path):
     path = write_pairs(tmp_path / "rows.jsonl", 50)
