@@ -157,13 +157,9 @@ def load_samples(recipe: Recipe, scan: bool = True) -> tuple[Samples, str]:
     """The recipe's samples (streamed when the recipe says so) and the format they are read in; a local file is
     scanned row by row first (unless ``scan`` is false), holding one row at a time."""
     samples = load_split(recipe.data.source, recipe.data.split, recipe.data.streaming, scan)
-    try:
-        if not streamed(samples.dataset) and len(samples.dataset) == 0:
-            raise StopIteration
-        columns = columns_of(samples.dataset)
-    except StopIteration:
-        raise DataError(f"data.source: {recipe.data.source}: the dataset is empty.") from None
-    return samples, resolve_format(recipe.data.format, columns, recipe.objective.kind)
+    if not first_rows(samples.dataset, 1):
+        raise DataError(f"data.source: {recipe.data.source}: the dataset is empty.")
+    return samples, resolve_format(recipe.data.format, columns_of(samples.dataset), recipe.objective.kind)
 
 
 def split_samples(recipe: Recipe):
