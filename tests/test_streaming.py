@@ -120,27 +120,43 @@ def test_a_stream_is_shuffled_within_its_buffer_and_cut_to_max_samples(tmp_path)
     assert first != in_file[:20], "shuffled with the seed"
 
 
-def test_preview_of_a_stream_shows_its_first_samples_without_a_scan(tmp_path, capsys, monkeypatch):
+def first_lines_only(monkeypatch) -> None:
+    """Fail the test when anything scans a stream further than its first lines."""
     import tuner.data.sources as sources
+
+    scan = sources.row_lines
+
+    def bounded(path, loader, source, until=None):
+        assert until == sources.FIRST_LINES_SCANNED, "the whole stream was scanned"
+        return scan(path, loader, source, until)
+
+    monkeypatch.setattr(sources, "row_lines", bounded)
+
+
+def test_preview_of_a_stream_shows_its_first_samples_scanning_only_its_first_lines(tmp_path, capsys, monkeypatch):
+    """Preview reads a stream's first samples after scanning its first lines only: a bad row far down the file is
+    left to `tuner run`'s whole check, a first row that is not a sample is refused by its line (pyarrow's reader
+    would die on a null one)."""
     from tuner.cli import main
 
-    def no_scan(*args):
-        raise AssertionError("preview of a stream scanned the whole file")
-
-    monkeypatch.setattr(sources, "row_lines", no_scan)
-    path = write_pairs(tmp_path / "rows.jsonl", 30_000)
+    first_lines_only(monkeypatch)
+    path = write_pairs(tmp_path / "rows.jsonl", 30_000, bad_at=20_000)
     settings = [f"data.source={path}", "data.eval_fraction=0", "data.streaming=true", "training.max_steps=3",
                 "data.format=auto"]
-    assert main(["data", "preview", "demo", "-n", "2", *[arg for s in settings for arg in ("--set", s)]]) == 0
+    sets = [arg for s in settings for arg in ("--set", s)]
+    assert main(["data", "preview", "demo", "-n", "2", *sets]) == 0
     out = capsys.readouterr().out
     assert "format: instruction" in out and out.count("sample ") == 2 and "reverse: " in out
 
+    path.write_text("null\n" + path.read_text())
+    assert main(["data", "preview", "demo", "-n", "2", *sets]) == 2
+    assert f"{path}:1: a JSON null, not an object" in capsys.readouterr().err
+
 
 def test_inference_learns_a_streamed_runs_shared_instruction_from_its_first_samples(tmp_path, monkeypatch):
-    import tuner.data.sources as sources
     from tuner.infer.prompt_format import trained_prompt_format
 
-    monkeypatch.setattr(sources, "row_lines", lambda *args: pytest.fail("the whole stream was scanned"))
+    first_lines_only(monkeypatch)
     path = tmp_path / "shared.jsonl"
     path.write_text("".join(json.dumps({"instruction": "reverse", "input": f"w{i}", "output": f"{i}w"}) + "\n"
                             for i in range(3000)))

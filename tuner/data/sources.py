@@ -192,12 +192,15 @@ def _parse_json(text: str) -> tuple[object, str | None]:
         return None, _TOO_DEEP
 
 
-def _json_lines_rows(path: Path, source: str) -> Iterator[int]:
-    """The line of every object in a JSON-lines file, in one pass; every bad line is named at the end."""
+def _json_lines_rows(path: Path, source: str, until: int | None = None) -> Iterator[int]:
+    """The line of every object in a JSON-lines file (up to line ``until``), in one pass; every bad line is named at
+    the end."""
     rows = 0
     problems = RowProblems(source)
     empty = 0
     for number, raw, size in bounded_lines(path):
+        if until is not None and number > until:
+            break
         text, problem = decode_line(raw, size)
         if problem:
             problems.add(problem, number)
@@ -217,9 +220,9 @@ def _json_lines_rows(path: Path, source: str) -> Iterator[int]:
         raise DataError(f"data.source: {source}: the file holds no samples: every line is an empty object {{}}.")
 
 
-def _json_array_rows(path: Path, source: str) -> Iterator[int]:
-    """The line where every object of a JSON array file starts (the file is read whole); the first bad element is
-    named at the end."""
+def _json_array_rows(path: Path, source: str, until: int | None = None) -> Iterator[int]:
+    """The line where every object of a JSON array file starts (the file is read whole, up to MAX_JSON_ARRAY_BYTES:
+    ``until`` does not shorten it); the first bad element is named at the end."""
     try:
         raw = read_limited(path, MAX_JSON_ARRAY_BYTES, pipes=False)
     except TooLarge:
@@ -271,16 +274,16 @@ def _json_array_rows(path: Path, source: str) -> Iterator[int]:
     problems.raise_any(rows + problems.count, "Fix it (a JSON array of objects, one per sample).")
 
 
-def _json_rows(path: Path, source: str) -> Iterator[int]:
+def _json_rows(path: Path, source: str, until: int | None = None) -> Iterator[int]:
     """A JSON array file or a JSON-lines file, told apart by the first character that is not white space."""
     with open_input(path, pipes=False) as stream:
         start = stream.read(4096).lstrip()
-    yield from _json_array_rows(path, source) if start.startswith(b"[") else _json_lines_rows(path, source)
+    yield from (_json_array_rows if start.startswith(b"[") else _json_lines_rows)(path, source, until)
 
 
-def _csv_rows(path: Path, source: str) -> Iterator[int]:
-    """The line where every record of a CSV file starts, in one pass; records with the wrong field count are named
-    at the end."""
+def _csv_rows(path: Path, source: str, until: int | None = None) -> Iterator[int]:
+    """The line where every record of a CSV file starts (up to the record that ends at or after line ``until``), in
+    one pass; records with the wrong field count are named at the end."""
     problems = RowProblems(source)
     consumed = [0]  # bytes of the file the csv reader has been given
 
@@ -314,6 +317,8 @@ def _csv_rows(path: Path, source: str) -> Iterator[int]:
             else:
                 yield start
                 rows += 1
+            if until is not None and ended >= until:
+                break
     except csv.Error as exc:
         problems.add(f"not valid CSV ({exc})", reader.line_num)
     problems.raise_any(rows + problems.count, "Fix or remove those lines.")
@@ -322,11 +327,15 @@ def _csv_rows(path: Path, source: str) -> Iterator[int]:
 LINED_LOADERS = {"json": _json_rows, "csv": _csv_rows}  # the loaders whose rows have file lines, and their scans
 
 
-def row_lines(path: Path, loader: str, source: str) -> Iterator[int]:
+FIRST_LINES_SCANNED = 1000  # of a stream read without the whole-file scan (preview, inference, the ranks)
+
+
+def row_lines(path: Path, loader: str, source: str, until: int | None = None) -> Iterator[int]:
     """The file line where each row of a local JSON, JSON-lines or CSV file starts, in one pass holding one row at a
-    time; every row is checked, and what cannot be read raises DataError naming the file and line at the end."""
+    time (up to line ``until``); every row is checked, and what cannot be read raises DataError naming the file and
+    line at the end."""
     try:
-        yield from LINED_LOADERS[loader](path, source)
+        yield from LINED_LOADERS[loader](path, source, until)
     except NotARegularFile as exc:
         raise DataError(f"data.source: {source}: not a regular file ({exc.kind}); save the data to a file.") from None
 
@@ -334,7 +343,8 @@ def row_lines(path: Path, loader: str, source: str) -> Iterator[int]:
 def load_split(source: str, split: str, streaming: bool = False, scan: bool = True) -> Samples:
     """The named split of a data source, after checking every row of a local JSON or CSV file unless ``scan`` is
     false.  Streamed, a local file is read as the dataset is iterated, a hub dataset from its Arrow files in the
-    datasets cache."""
+    datasets cache; a stream not scanned whole still has its first FIRST_LINES_SCANNED lines scanned, for what
+    reads its first rows: pyarrow's JSON reader dies (SIGSEGV) on a file whose first row is null."""
     import datasets
 
     loader, argument = resolve_source(source)
@@ -343,7 +353,12 @@ def load_split(source: str, split: str, streaming: bool = False, scan: bool = Tr
             dataset = datasets.load_dataset(argument, split=split)
             return Samples(dataset.to_iterable_dataset() if streaming else dataset, source)
         file = (Path(argument), loader) if loader in LINED_LOADERS else None
-        rows = sum(1 for _ in row_lines(*file, source)) if file and scan else None
+        rows = None
+        if file and scan:
+            rows = sum(1 for _ in row_lines(*file, source))
+        elif file and streaming:  # its first lines: what preview, inference and each rank read first
+            for _ in row_lines(*file, source, until=FIRST_LINES_SCANNED):
+                pass
         if rows == 0:
             raise DataError(f"data.source: {source}: the file holds no samples.")
         dataset = datasets.load_dataset(loader, data_files={split: argument}, split=split, streaming=streaming)
