@@ -428,6 +428,10 @@ def _streaming(recipe: Recipe) -> list[Problem]:
         problems.append(Problem(
             "data.eval_fraction", "a stream has no length to hold a fraction of out: set eval_fraction: 0, or "
             "data.streaming: false to evaluate on held-out samples.", anchor="data.streaming"))
+    if data.num_proc and data.num_proc > 1:
+        problems.append(Problem(
+            "data.num_proc", "a stream is tokenised by each rank as training reads it, not by a pool of processes "
+            "up front: remove num_proc, or set data.streaming: false.", anchor="data.streaming"))
     if recipe.parallelism.model_parallel > 1:
         problems.append(Problem(
             "data.streaming", "a stream is read by each rank for its own batches (tested with data parallelism), but "
