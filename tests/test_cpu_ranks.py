@@ -50,7 +50,6 @@ def test_two_ranks_train_on_different_samples_and_agree(name, tactic, tmp_path, 
     run_dir = tmp_path / "runs" / name
     assert result.returncode == 0, result.stdout + result.stderr + (run_dir / "train.log").read_text()[-3000:]
     check_data_parallel_run(run_dir, demo_model_path)
-    assert "passed the checks before" in (run_dir / "train.log").read_text()  # checked by `tuner run`, not by ranks
     # DeepSpeed's CPU ranks talk through gloo: no C++ op compiled at start-up (minutes, behind a lock a stop leaves)
     assert not extensions.exists() or not any(extensions.iterdir()), sorted(extensions.rglob("*"))
 

@@ -238,9 +238,10 @@ def test_tokenising_processes_give_the_same_tokens_and_share_the_prepared_datase
     assert tokenising_processes(unset, SAMPLES_PER_PROCESS * 64) is None
 
 
-def test_a_file_whose_rows_passed_is_not_scanned_again_until_it_changes(tmp_path, caplog):
-    """``tuner run`` checks every row before launch; the ranks, a re-run, a resume and preview then load the same
-    file without scanning it again.  A file that changed, or one read another way, is checked again."""
+def test_a_file_whose_rows_passed_is_not_scanned_again_until_it_changes(tmp_path, tokenizer, caplog):
+    """``tuner run`` checks every row before launch (check_data); the ranks (prepare_data), a re-run, a resume and
+    preview then load the same file without scanning it again.  A file that changed, or one read another way, is
+    checked again."""
     from tuner.data.prepare import check_data
 
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": f"s{i}"} for i in range(30)])
@@ -249,6 +250,9 @@ def test_a_file_whose_rows_passed_is_not_scanned_again_until_it_changes(tmp_path
     with caplog.at_level("INFO", logger="tuner"):
         assert check_data(recipe).train == 30
         assert skipped not in caplog.text
+        assert len(prepare_data(recipe, tokenizer).train) == 30  # what each rank does after `tuner run`
+        assert skipped in caplog.text
+        caplog.clear()
         assert check_data(recipe).train == 30
         assert skipped in caplog.text
         caplog.clear()

@@ -92,6 +92,14 @@ def streamed(dataset) -> bool:
     return not hasattr(dataset, "__len__")
 
 
+def empty(dataset) -> bool:
+    """Whether the dataset, or the stream, has no row (told without decoding one: datasets cannot decode some
+    nested shapes, which the row checks name)."""
+    if not streamed(dataset):
+        return len(dataset) == 0
+    return next(iter(dataset.with_format("arrow").iter(batch_size=1)), None) is None
+
+
 def first_rows(dataset, count: int) -> list[dict]:
     """The first ``count`` rows of a dataset, or of a stream (read no further than they are)."""
     return list(dataset.take(count) if streamed(dataset) else dataset.select(range(min(count, len(dataset)))))
@@ -157,7 +165,7 @@ def load_samples(recipe: Recipe, scan: bool = True) -> tuple[Samples, str]:
     """The recipe's samples (streamed when the recipe says so) and the format they are read in; a local file is
     scanned row by row first (unless ``scan`` is false), holding one row at a time."""
     samples = load_split(recipe.data.source, recipe.data.split, recipe.data.streaming, scan)
-    if not first_rows(samples.dataset, 1):
+    if empty(samples.dataset):
         raise DataError(f"data.source: {recipe.data.source}: the dataset is empty.")
     return samples, resolve_format(recipe.data.format, columns_of(samples.dataset), recipe.objective.kind)
 
