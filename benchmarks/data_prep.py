@@ -15,6 +15,7 @@ run does.  The cases run size by size, the two sides of a case one after the oth
   prompt, in as many processes as tuner chooses for the size (``data.num_proc`` unset: one per core from 40,000
   rows on).  Chat rows are a system message, a question and an answer.
 
+With ``--repeat N`` each case runs N pairs, interleaved, and prints the medians.
 Printed per row: seconds of preparation (imports excluded), tuner / plain, tuner's microseconds per row (flat
 when the growth is linear), peak RSS of each process and the tokenising processes both sides used.
 Target (issue 17): within 1.2x of the plain pipeline at every size, and growth linear in the rows.
@@ -26,6 +27,7 @@ import json
 import os
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -156,6 +158,8 @@ def main() -> int:
     parser.add_argument("--formats", nargs="+", default=["text", "instruction", "chat"],
                         choices=("text", "instruction", "chat"))
     parser.add_argument("--files", nargs="+", default=["jsonl", "parquet"], choices=("jsonl", "parquet"))
+    parser.add_argument("--repeat", type=int, default=1, help="pairs per case (plain, tuner, plain, ...): the "
+                        "median of each side is printed, and the ratio is the median of the pairs' ratios")
     parser.add_argument("--big", type=int, default=0, help="one more size, run only for the --big-cases")
     parser.add_argument("--big-cases", nargs="*", default=[], metavar="FORMAT.FILE", help="e.g. text.jsonl")
     parser.add_argument("--child", nargs=4, metavar=("SIDE", "FILE", "FORMAT", "TOKENIZER"), help=argparse.SUPPRESS)
@@ -178,13 +182,16 @@ def main() -> int:
         for rows, data_format, kind in cases:
             path = Path(folder) / f"{data_format}-{rows}.{kind}"
             write_rows(path, rows, data_format)
-            plain = measure("plain", path, data_format, tokenizer_dir)
-            tuner = measure("tuner", path, data_format, tokenizer_dir)
-            ratio = tuner["seconds"] / plain["seconds"]
+            pairs = [(measure("plain", path, data_format, tokenizer_dir), measure("tuner", path, data_format,
+                                                                                  tokenizer_dir))
+                     for _ in range(options.repeat)]
+            ratio = statistics.median(tuner["seconds"] / plain["seconds"] for plain, tuner in pairs)
+            plain, tuner = ({key: statistics.median(side[key] for side in sides) for key in sides[0]}
+                            for sides in zip(*pairs))
             ok = ok and ratio <= TARGET_RATIO
             print(f"{data_format:<12}{kind:<8}{rows:>9}  {tuner['seconds']:>8.2f}  {plain['seconds']:>8.2f}  "
                   f"{ratio:>6.2f}  {tuner['seconds'] / rows * 1e6:>6.0f}  {tuner['reuse_seconds']:>8.2f}  {tuner['peak_mib']:>9.0f}  {plain['peak_mib']:>9.0f}"
-                  f"  {plain['num_proc']:>5}",
+                  f"  {plain['num_proc']:>5.0f}",
                   flush=True)
             path.unlink()
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end; target ratio <= {TARGET_RATIO}")
