@@ -9,6 +9,7 @@ from tuner.catalog.models import model_facts
 from tuner.planner import advise, plan
 from tuner.planner.memory import GIB
 from tuner.recipe.io import RecipeError, validate_recipe
+from tuner.recipe.registry import builtin_path
 from tuner.recipe.tactics import Rung
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B"
@@ -147,8 +148,8 @@ def test_liger_on_a_gpu_follows_its_published_kernels():
 def test_liger_and_compile_are_said_when_not_modelled(tuner_home):
     from tuner.recipe.io import load_recipe
 
-    cpu = plan(load_recipe("recipes/demo.yaml", ["memory.liger=true", "memory.torch_compile=true"]))
-    assert plan(load_recipe("recipes/demo.yaml")).devices[0].total_gib == cpu.devices[0].total_gib
+    cpu = plan(load_recipe(builtin_path("demo"), ["memory.liger=true", "memory.torch_compile=true"]))
+    assert plan(load_recipe(builtin_path("demo"))).devices[0].total_gib == cpu.devices[0].total_gib
     assert any("Liger's Triton kernels need a GPU" in note for note in cpu.notes)
     assert any("torch_compile: not modelled" in note for note in cpu.notes)
 

@@ -10,6 +10,7 @@ import pytest
 from tuner.planner import advise, next_step, plan
 from tuner.recipe.checks import find_problems
 from tuner.recipe.io import validate_recipe
+from tuner.recipe.registry import builtin_path
 
 GIB = 2**30
 
@@ -82,7 +83,7 @@ def test_checkpointing_and_attention_change_activations():
 def test_cpu_recipe_plans_against_host_ram(tuner_home):
     from tuner.recipe.io import load_recipe
 
-    p = plan(load_recipe("recipes/demo.yaml"))
+    p = plan(load_recipe(builtin_path("demo")))
     assert p.devices[0].kind == "cpu" and p.verdict in ("fits", "tight") and p.devices[0].capacity_gib > 0
 
 

@@ -10,6 +10,7 @@ from tuner.catalog.models import model_facts
 from tuner.planner import advise, plan
 from tuner.planner.memory import CUDA_CONTEXT_GIB, GIB, NCCL_GIB
 from tuner.recipe.io import validate_recipe
+from tuner.recipe.registry import builtin_path
 
 LLAMA_8B, LLAMA_70B = "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B"
 
@@ -42,7 +43,7 @@ def test_json_separates_allocated_reserved_and_device_memory():
 def test_cpu_recipes_have_no_allocator_cache(tuner_home):
     from tuner.recipe.io import load_recipe
 
-    cpu = plan(load_recipe("recipes/demo.yaml")).devices[0]
+    cpu = plan(load_recipe(builtin_path("demo"))).devices[0]
     assert cpu.reserved_gib == cpu.allocated_gib < cpu.total_gib
 
 

@@ -11,7 +11,7 @@ from conftest import REPO
 from tuner.cli import main
 from tuner.commands.recipes import hardware_needed
 from tuner.recipe.io import load_recipe
-from tuner.recipe.registry import builtin_names, builtin_path, family
+from tuner.recipe.registry import builtin_names, builtin_path, family, recipes_dir
 
 REAL_MODELS = ["meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B", "Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-32B",
                "Qwen/Qwen2.5-72B", "mistralai/Mistral-7B", "google/gemma-2-9b", "microsoft/phi-4"]
@@ -38,7 +38,7 @@ def test_the_library_covers_each_model_and_setup():
 
 def test_a_stale_peak_is_caught_and_make_recipe_peaks_refreshes_it(tmp_path, monkeypatch, capsys):
     library = tmp_path / "recipes"
-    shutil.copytree(REPO / "recipes", library)
+    shutil.copytree(recipes_dir(), library)
     monkeypatch.setenv("TUNER_RECIPES_DIR", str(library))
     path = library / "llama3.1" / "8b-qlora.yaml"
     original = path.read_text()

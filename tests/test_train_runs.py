@@ -19,6 +19,7 @@ import pytest
 from tuner.events import read_events
 from tuner.launch.checkpoints import latest_complete_checkpoint, resume_settings
 from tuner.recipe.io import load_recipe
+from tuner.recipe.registry import recipes_dir
 from tuner.render.run_directory import write_run_directory
 from tuner.run_layout import CHECKPOINT_INFO
 from tuner.train.__main__ import main as train_main
@@ -32,7 +33,7 @@ TINY = ["data.max_samples=96", "data.eval_fraction=0.25", "memory.micro_batch_si
 
 def make_run(tmp_path: Path, recipe: str, *overrides: str) -> Path:
     """Render a run directory from a shipped recipe made tiny; returns its lock file."""
-    parsed = load_recipe(REPO / "recipes" / recipe, [*TINY, *overrides])
+    parsed = load_recipe(recipes_dir() / recipe, [*TINY, *overrides])
     run_dir = write_run_directory(parsed, tmp_path / recipe.removesuffix(".yaml"))
     return run_dir / "recipe.lock.yaml"
 
@@ -217,7 +218,7 @@ def test_8bit_base_with_lora_trains_on_the_cpu():
 
     from tuner.loading.model import apply_lora, count_parameters, load_model
 
-    recipe = load_recipe(REPO / "recipes" / "demo-qlora.yaml", ["method.quantization.bits=8"])
+    recipe = load_recipe(recipes_dir() / "demo-qlora.yaml", ["method.quantization.bits=8"])
     model = apply_lora(load_model(recipe), recipe)
     assert type(model.base_model.model.model.layers[0].self_attn.q_proj.base_layer).__name__ == "Linear8bitLt"
     trainable, total = count_parameters(model)

@@ -1,4 +1,4 @@
-"""Built-in recipes shipped in the repository's ``recipes/`` folder (``tuner recipes ls|show|cp|check``).
+"""Built-in recipes shipped as package data in ``tuner/recipes/`` (``tuner recipes ls|show|cp|check``).
 
 The demos sit at the top (``demo``, ``demo-lora``); real-model recipes sit in one folder per model family and are
 named as torchtune names its configs, ``<family>/<size>-<method>[-<variant>]`` (``llama3.1/8b-qlora``).
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+from importlib.resources import files
 from pathlib import Path
 
 from tuner.recipe.io import RecipeError, parse_yaml, read_recipe_text
@@ -17,7 +18,10 @@ _NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # no '..', no
 
 def recipes_dir() -> Path:
     override = os.environ.get("TUNER_RECIPES_DIR")
-    return Path(override) if override else Path(__file__).resolve().parents[2] / "recipes"
+    if override:
+        return Path(override)
+    # package data: a real folder both in a checkout and in an installed wheel (tuner is never imported from a zip)
+    return Path(str(files("tuner") / "recipes"))
 
 
 def builtin_names() -> list[str]:
