@@ -93,11 +93,14 @@ class RunOutcome:
 
 def _memory_check(recipe: Recipe) -> tuple[list[str], str | None]:
     """(refusal lines, or [] when it fits; a note for a tight plan)."""
+    from tuner.catalog.hub import HubError
     from tuner.catalog.models import UnknownModelError
     from tuner.planner import advise, plan
 
     try:
         memory = plan(recipe)
+    except HubError:  # the hub was asked and could not answer (exit 1), not a recipe error
+        raise
     except UnknownModelError as exc:
         raise RecipeError([f"model.id: {exc}"]) from None
     device = memory.limiting  # the device that decides the verdict: a GPU, the CPU, or a machine's host RAM
