@@ -4,9 +4,10 @@ of local files: tests point ``HF_ENDPOINT`` at it instead of mocking huggingface
 What huggingface_hub asks (read in its source, huggingface_hub 2.x):
 - ``hf_hub_download``: ``HEAD /{repo}/resolve/{revision}/{file}`` (needs ``X-Repo-Commit``, ``ETag`` and
   ``Content-Length``), then ``GET`` of the same URL (a ``Range`` header resumes a partial file);
-- ``snapshot_download``: ``GET /api/models/{repo}/revision/{revision}`` (its ``sha``) and
-  ``GET /api/models/{repo}/tree/{commit}?recursive=True`` (every file with its size), then ``hf_hub_download``
-  of each file;
+- ``model_info``: ``GET /api/models/{repo}/revision/{revision}`` (its ``sha`` and ``siblings``, with ``?blobs=True``
+  each file's size);
+- ``snapshot_download``: that, and ``GET /api/models/{repo}/tree/{commit}?recursive=True`` (every file with its
+  size), then ``hf_hub_download`` of each file;
 - errors come back as the hub sends them: a status and the ``X-Error-Code`` / ``X-Error-Message`` headers
   huggingface_hub turns into RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError, EntryNotFoundError.
 
@@ -21,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 LFS_SUFFIXES = (".safetensors", ".bin")  # stored in git-lfs on the hub: their ETag is the content's sha256
 
@@ -53,14 +54,26 @@ class HubRepo:
             return hashlib.sha256(content).hexdigest()
         return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()  # git's blob id
 
-    def tree(self) -> list[dict]:
-        entries = []
+    def tree(self, recursive: bool) -> list[dict]:
+        """``GET .../tree/REV``: every file (``recursive``), or the top level's files and folders."""
+        entries, folders = [], set()
         for name, content in sorted(self.files.items()):
+            if not recursive and "/" in name:
+                folders.add(name.split("/")[0])
+                continue
             entry = {"type": "file", "path": name, "size": len(content), "oid": self.etag(name)}
             if name.endswith(LFS_SUFFIXES):
                 entry["lfs"] = {"oid": self.etag(name), "size": len(content), "pointerSize": 134}
             entries.append(entry)
-        return entries
+        return entries + [{"type": "directory", "path": folder, "oid": "0" * 40} for folder in sorted(folders)]
+
+    def siblings(self, blobs: bool) -> list[dict]:
+        """``siblings`` of the model's info: names, and with ``?blobs=True`` sizes and LFS details as the hub gives."""
+        if not blobs:
+            return [{"rfilename": name} for name in sorted(self.files)]
+        return [{"rfilename": entry["path"], "size": entry["size"], "blobId": entry["oid"],
+                 **({"lfs": {"size": entry["size"], "sha256": entry["lfs"]["oid"], "pointerSize": 134}}
+                    if "lfs" in entry else {})} for entry in self.tree(recursive=True)]
 
 
 class LocalHub(ThreadingHTTPServer):
@@ -112,7 +125,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(head=False)
 
     def _answer(self, head: bool) -> None:
-        path = unquote(urlsplit(self.path).path)
+        url = urlsplit(self.path)
+        path, self.query = unquote(url.path), parse_qs(url.query)
         self.server.requests.append((self.command, path))
         for pattern, action in ((API_TREE, self._tree), (API_INFO, self._info), (RESOLVE, self._file)):
             match = pattern.match(path)
@@ -143,10 +157,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _info(self, repo: HubRepo, match, head: bool) -> None:
         self._json({"id": match["repo"], "sha": repo.commit, "private": repo.private, "gated": repo.gated,
-                    "siblings": [{"rfilename": name} for name in sorted(repo.files)]}, head)
+                    "siblings": repo.siblings(self._flag("blobs"))}, head)
 
     def _tree(self, repo: HubRepo, match, head: bool) -> None:
-        self._json(repo.tree(), head)
+        self._json(repo.tree(self._flag("recursive")), head)
+
+    def _flag(self, name: str) -> bool:
+        return self.query.get(name, ["False"])[0].lower() in ("true", "1")
 
     def _file(self, repo: HubRepo, match, head: bool) -> None:
         name = match["file"]

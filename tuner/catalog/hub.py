@@ -153,9 +153,11 @@ def _fetch(model_id: str, revision: str) -> HubConfig:
 
     what = f"fetching {model_id}'s {CONFIG_FILE} (revision {revision}) from {constants.ENDPOINT}"
     try:
-        # one HEAD first, without huggingface_hub's retries (half a minute when the hub cannot be reached at all)
-        commit = get_hf_file_metadata(hf_hub_url(model_id, CONFIG_FILE, revision=revision)).commit_hash
-        config_path = hf_hub_download(model_id, CONFIG_FILE, revision=commit)
+        # one HEAD first, without huggingface_hub's retries (half a minute when the hub cannot be reached at all);
+        # then the download by the revision's name, so the cache records which commit it names (offline use)
+        get_hf_file_metadata(hf_hub_url(model_id, CONFIG_FILE, revision=revision))
+        config_path = hf_hub_download(model_id, CONFIG_FILE, revision=revision)
+        commit = Path(config_path).parent.name  # the snapshot folder is named by its commit
         config = _read_json(config_path, MAX_CONFIG_BYTES)
         index, single = None, None
         try:
