@@ -143,6 +143,14 @@ def test_a_run_of_a_hub_model_downloads_it_once_before_the_ranks_which_load_it_f
     assert "all 6 files already in the Hugging Face cache" in answered.stderr and hub.downloads() == []
 
 
+def test_a_dry_run_says_what_it_would_download_and_downloads_nothing(hub, tmp_path):
+    hub.requests.clear()
+    ran = run_tuner("run", "demo", "--set", "model.id=org/demo", "--dry-run", env=hub_env(hub, tmp_path), cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert "on launch: downloading org/demo" in ran.stderr and "5 of 6 files, 3.0 MB" in ran.stderr
+    assert hub.downloads() == ["config.json"] and not (tmp_path / "runs" / "demo" / "model_snapshot.json").exists()
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 2 MiB tmpfs: smaller than the demo model's 3.0 MB of files."""

@@ -214,6 +214,8 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
     if refusals and not force:
         raise RunRefused(refusals)
     notes = [data_note] + ([tight] if tight else []) + [f"launching anyway: {line}" for line in refusals] + notes
+    if download is not None and dry_run:
+        notes.append(f"on launch: {download.describe()}")
     lock = RunLock(run_dir)
     try:
         lock.acquire()
