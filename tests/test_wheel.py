@@ -20,16 +20,21 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("wheel")]  # one worker builds and installs it once
-
 PIP_QUIET = ["--quiet", "--no-compile", "--disable-pip-version-check"]  # bytecode is compiled on first import
 
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
-    """``python -m build``: the sdist, then the wheel built from the unpacked sdist."""
-    out = tmp_path_factory.mktemp("dist")
-    built = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(REPO)],
+    """``python -m build``: the sdist, then the wheel built from the unpacked sdist; from a copy of the checkout's
+    files (as a clean clone holds them), so building writes nothing into the checkout others test from."""
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist")
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
+    built = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(source)],
                            capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     return out
@@ -56,6 +61,7 @@ def user_env(home: Path, venv: Path) -> dict[str, str]:
     return {**env, "TUNER_HOME": str(home), "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_the_package_its_recipes_and_nothing_of_the_repository(dist):
     names = zipfile.ZipFile(next(dist.glob("*.whl"))).namelist()
     assert all(name.startswith(("tuner/", "tuner-")) for name in names), sorted(
@@ -67,6 +73,7 @@ def test_the_wheel_holds_the_package_its_recipes_and_nothing_of_the_repository(d
     assert "tuner" in tops and not tops & {"tests", "benchmarks", "docs", ".ci"}, tops
 
 
+@pytest.mark.slow
 def test_the_installed_wheel_plans_demos_and_trains_from_outside_the_checkout(user_venv, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
@@ -114,6 +121,7 @@ def test_the_python_floor_is_the_oldest_version_tested():
     assert requires == ">={}.{}".format(*min(tested)), requires
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", OTHER_PYTHONS)
 def test_the_torch_free_core_runs_on_each_newer_python(version, dist, tmp_path):
     python = interpreter(version)
