@@ -2,15 +2,16 @@
 
 Nothing can be downloaded here, so tuner builds its own default once, saves it in
 Hugging Face format under ``$TUNER_HOME/models/``, and from then on it is loaded
-through the ordinary ``from_pretrained`` path like any user model.
+through the ordinary ``from_pretrained`` path like any user model.  Ranks and machines that share the home build
+it once between them (:func:`tuner.build_once.build_once`).
 """
 from __future__ import annotations
 
 import string
 from pathlib import Path
 
+from tuner.build_once import build_once
 from tuner.catalog.demo import DEMO_CONFIG, SPECIAL_TOKENS, demo_model_dir
-from tuner.fileio import staged_directory
 
 # A compact template keeps the demo's sequences short: "reverse\nabc=cba</s>".
 CHAT_TEMPLATE = (
@@ -22,10 +23,9 @@ CHAT_TEMPLATE = (
 
 
 def builtin_model_path(model_id: str) -> Path:
-    """Directory of a built-in model, building it on first use."""
+    """Directory of a built-in model, complete: built on first use by one of the processes that ask for it at once."""
     path = demo_model_dir(model_id)
-    if not (path / "config.json").is_file():
-        build_demo_model(path)
+    build_once(path, build_demo_model, what="the built-in demo model")
     return path
 
 
@@ -50,8 +50,8 @@ def _train_tokenizer():
     return fast
 
 
-def build_demo_model(path: Path) -> Path:
-    """Build the demo model with random weights (seeded) and save it atomically at ``path``."""
+def build_demo_model(path: Path) -> None:
+    """Build the demo model with random weights (seeded) and save it, with its tokenizer, in the folder ``path``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -65,7 +65,5 @@ def build_demo_model(path: Path) -> Path:
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
-    with staged_directory(path, existing="keep") as staging:  # another process may finish first: keep its model
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-    return path
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
