@@ -1,6 +1,7 @@
 """build_once with real processes racing for one cache: one builds while the others wait, a builder killed mid-build
 leaves nothing that looks complete and is taken over, a frozen builder (as a vanished machine looks) is taken over
-once its lease runs out, and a builder that lives but never finishes stops its waiters with a message naming it."""
+once its lease runs out, and a builder that lives but never finishes stops its waiters with a message naming it.
+The demo model is whole whichever rank of a process group builds it."""
 from __future__ import annotations
 
 import os
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_cpu_ranks import free_port
 
 from conftest import REPO
 from tuner.build_once import BUILT_MARKER, build_once, is_built, lock_path
@@ -171,3 +173,32 @@ def test_a_build_that_fails_publishes_nothing_and_the_next_one_builds(tmp_path):
     assert not target.exists() and leftovers(target) == []
     assert build_once(target, lambda staging: (staging / "whole").write_text("x"), what="the test cache") == 1
     assert build_once(target, failing, what="the test cache") is None  # complete: not built again
+
+
+RANK_ONE_BUILDS = textwrap.dedent("""
+    import torch.distributed as dist
+    from tuner.loading.demo_model import builtin_model_path
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        builtin_model_path("builtin:demo")
+    dist.barrier()
+""")
+
+
+@pytest.mark.slow
+def test_the_demo_model_built_by_a_rank_other_than_zero_is_whole(tmp_path):
+    """Inside a process group transformers' save_pretrained writes no weights on ranks but 0; the demo model used to
+    be saved there as a tokenizer alone, and the other ranks failed on its missing config.json."""
+    from transformers import AutoModelForCausalLM
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TUNER_HOME": str(tmp_path), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK_ONE_BUILDS], env={**env, "RANK": str(rank)},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in (0, 1)]
+    for process in ranks:
+        output = process.communicate(timeout=300)[0]
+        assert process.returncode == 0, output[-3000:]
+    model = tmp_path / "models" / "demo"
+    assert is_built(model)
+    assert AutoModelForCausalLM.from_pretrained(model).num_parameters() > 0

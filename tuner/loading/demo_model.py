@@ -8,6 +8,8 @@ it once between them (:func:`tuner.build_once.build_once`).
 from __future__ import annotations
 
 import string
+import subprocess
+import sys
 from pathlib import Path
 
 from tuner.build_once import build_once
@@ -51,6 +53,19 @@ def _train_tokenizer():
 
 
 def build_demo_model(path: Path) -> None:
+    """Build the demo model in the folder ``path`` in a fresh Python process (:func:`save_demo_model`).
+
+    Whichever rank gets there first builds it, and inside a rank transformers would save something else: with a
+    process group up, ``save_pretrained`` writes no weights on any rank but 0 (the folder then held only the
+    tokenizer), and a ZeRO-3 configuration partitions a model as it is made.  A process of its own has neither.
+    """
+    built = subprocess.run([sys.executable, "-m", __name__, str(path)])
+    if built.returncode != 0:
+        raise OSError(f"building the built-in demo model in {path} failed (exit code {built.returncode}); its error "
+                      "is printed above.")
+
+
+def save_demo_model(path: Path) -> None:
     """Build the demo model with random weights (seeded) and save it, with its tokenizer, in the folder ``path``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -67,3 +82,7 @@ def build_demo_model(path: Path) -> None:
     model = LlamaForCausalLM(config)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+
+
+if __name__ == "__main__":  # the process build_demo_model starts
+    save_demo_model(Path(sys.argv[1]))
