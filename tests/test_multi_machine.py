@@ -1,5 +1,6 @@
 """Multi-machine runs proven on one host: two machine ranks over localhost train one run (started by hand with
-launch.sh, and by a real two-node Slurm cluster when Slurm is installed), and the preflight
+launch.sh at once on a cold home they share, and on cold homes of their own; and by a real two-node Slurm cluster
+when Slurm is installed), and the preflight
 turns the usual multi-node hangs (a wrong rank, an unreachable rank 0, contradicting variables, machines with
 different libraries) into named messages."""
 from __future__ import annotations

@@ -95,11 +95,13 @@ def build_once(target: str | os.PathLike, build: Callable[[Path], T], *, what: s
                          poll_interval=min(_RETRY_SECONDS / 4, lease / 6))
     deadline = time.monotonic() + (wait_timeout() if timeout is None else timeout)
     seen = None  # the builder this process is waiting for
+    patience = 0.0  # one attempt first: the builder is named before a lease can run out
     while True:
         try:
-            lock.acquire(timeout=min(_RETRY_SECONDS, lease / 3))
+            lock.acquire(timeout=patience)
             break
         except Timeout:
+            patience = min(_RETRY_SECONDS, lease / 3)
             if is_built(target):
                 return None
             owner = _builder(lock.owner)

@@ -438,12 +438,14 @@ def save_prepared(prepared: PreparedData, folder: Path) -> None:
     whole, so ranks that prepare at once, or a run stopped halfway, never leave a partial folder to be reused."""
     import json
 
+    from tuner.fileio import atomic_write_text
+
     for name in _PREPARED_SPLITS:
         dataset = getattr(prepared, name)
         if dataset is not None:
             dataset.save_to_disk(str(folder / name))  # in the order its indices give (no extra copy)
     info = {"data_format": prepared.data_format, "truncated": prepared.truncated, "dropped": prepared.dropped}
-    (folder / PREPARED_INFO).write_text(json.dumps(info) + "\n", encoding="utf-8")
+    atomic_write_text(folder / PREPARED_INFO, json.dumps(info) + "\n")
 
 
 def load_prepared(folder: Path, flags: bool = False) -> PreparedData:

@@ -11,6 +11,7 @@ import string
 from pathlib import Path
 
 from tuner.build_once import build_once
+from tuner.fileio import atomic_write_text
 
 INSTRUCTION = "reverse"
 ALPHABET = string.ascii_lowercase
@@ -74,7 +75,7 @@ def builtin_dataset_path(source: str, directory: Path) -> Path:
 
     def write(staging: Path) -> None:
         samples = _GENERATORS[source](BUILTIN_DATASETS[source])
-        (staging / SAMPLES_FILE).write_text("".join(json.dumps(sample) + "\n" for sample in samples), encoding="utf-8")
+        atomic_write_text(staging / SAMPLES_FILE, "".join(json.dumps(sample) + "\n" for sample in samples))
 
     build_once(folder, write, what=f"the built-in data {source}")
     return folder / SAMPLES_FILE
