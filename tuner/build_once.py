@@ -52,8 +52,15 @@ class BuildTimeout(TimeoutError):
 
 
 def is_built(target: str | os.PathLike) -> bool:
-    """Whether the cache folder ``target`` is complete (its builder wrote :data:`BUILT_MARKER` into it last)."""
-    return (Path(target) / BUILT_MARKER).is_file()
+    """Whether the cache folder ``target`` is complete (its builder wrote :data:`BUILT_MARKER` into it last).
+
+    The marker is opened, not looked up with stat: NFS promises a fresh view on open (close-to-open consistency),
+    while a stat may answer from the client's attribute cache."""
+    try:
+        os.close(os.open(Path(target) / BUILT_MARKER, os.O_RDONLY))
+    except OSError:
+        return False
+    return True
 
 
 def lock_path(target: str | os.PathLike) -> Path:
@@ -93,7 +100,8 @@ def build_once(target: str | os.PathLike, build: Callable[[Path], T], *, what: s
     target.parent.mkdir(parents=True, exist_ok=True)
     lock = SoftFileLease(lock_path(target), lease_duration=lease, heartbeat_interval=min(HEARTBEAT_SECONDS, lease / 3),
                          poll_interval=min(_RETRY_SECONDS / 4, lease / 6))
-    deadline = time.monotonic() + (wait_timeout() if timeout is None else timeout)
+    timeout = wait_timeout() if timeout is None else timeout
+    deadline = time.monotonic() + timeout
     seen = None  # the builder this process is waiting for
     patience = 0.0  # one attempt first: the builder is named before a lease can run out
     while True:
@@ -104,7 +112,8 @@ def build_once(target: str | os.PathLike, build: Callable[[Path], T], *, what: s
             patience = min(_RETRY_SECONDS, lease / 3)
             if is_built(target):
                 return None
-            owner = _builder(lock.owner)
+            record = lock.owner  # filelock's owner record of the lock; None while unreadable
+            owner = None if record is None else _process(record.pid, record.hostname)
             if owner != seen and owner is not None:
                 log.info("waiting for %s in %s: %s is building it", what, target, owner)
                 seen = owner
@@ -116,7 +125,7 @@ def build_once(target: str | os.PathLike, build: Callable[[Path], T], *, what: s
         if seen is not None:
             log.info("%s did not finish %s (it failed or was stopped); building it here", seen, what)
         _remove_leftovers(target, what)
-        log.info("building %s in %s (%s)", what, target, _builder_here())
+        log.info("building %s in %s (%s)", what, target, _process(os.getpid(), socket.gethostname()))
         with staged_directory(target, existing="replace") as staging:
             value = build(staging)
             atomic_write_text(staging / BUILT_MARKER, json.dumps(
@@ -126,17 +135,11 @@ def build_once(target: str | os.PathLike, build: Callable[[Path], T], *, what: s
         lock.release()
 
 
-def _builder(owner) -> str | None:
-    """'pid 123 on host node-1' from filelock's owner record of the lock, or None while it is unreadable."""
-    return None if owner is None else f"pid {owner.pid} on host {owner.hostname}"
+def _process(pid: int, host: str) -> str:
+    return f"pid {pid} on host {host}"
 
 
-def _builder_here() -> str:
-    return f"pid {os.getpid()} on host {socket.gethostname()}"
-
-
-def _stalled(what: str, target: Path, owner: str | None, timeout: float | None) -> str:
-    waited = wait_timeout() if timeout is None else timeout
+def _stalled(what: str, target: Path, owner: str | None, waited: float) -> str:
     builder = owner or "another process"
     return (f"{what} in {target} is still not built after {waited:.0f} s: {builder} holds its lock "
             f"({lock_path(target)}) and keeps it fresh, so it is alive but has not finished. If that process is stuck, "
