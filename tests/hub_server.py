@@ -45,8 +45,11 @@ class HubRepo:
 
     @classmethod
     def from_folder(cls, folder: Path, **kwargs) -> "HubRepo":
-        return cls({path.relative_to(folder).as_posix(): path.read_bytes()
-                    for path in sorted(folder.rglob("*")) if path.is_file()}, **kwargs)
+        """A saved model's files as a hub repository holds them (hidden files, such as tuner's completion marker of a
+        cache, are not part of a model)."""
+        return cls({path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(folder.rglob("*"))
+                    if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts)},
+                   **kwargs)
 
     def etag(self, name: str) -> str:
         content = self.files[name]

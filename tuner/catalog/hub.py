@@ -1,6 +1,6 @@
 """Any hub model by name: its config.json, and its safetensors index for the size and dtype it ships in, fetched
-once through huggingface_hub and kept under ``$TUNER_HOME/hub/``, so planning a model outside the catalog needs none
-of its weights.  Offline (``HF_HUB_OFFLINE``) only what tuner kept or the Hugging Face cache holds answers.
+once through huggingface_hub and kept under ``$TUNER_HOME/hub/`` (by one process of all the ranks and machines that
+share it: tuner/build_once.py), so planning a model outside the catalog needs none of its weights.  Offline (``HF_HUB_OFFLINE``) only what tuner kept or the Hugging Face cache holds answers.
 
 huggingface_hub is imported inside the functions (its HTTP client costs ~0.2 s): ``tuner plan`` of a catalog model
 never loads it.  The hub's own settings apply: ``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HOME``/``HF_HUB_CACHE``.
@@ -19,7 +19,8 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # 'name' or 
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_WEIGHTS_FILE = "model.safetensors"
-KEPT_DIR = "hub"  # under $TUNER_HOME: one JSON per model and revision
+KEPT_DIR = "hub"  # under $TUNER_HOME: a folder per model and revision (built once, tuner/build_once.py)
+KEPT_FILE = "hub_config.json"
 MAX_CONFIG_BYTES = 4 * 2**20  # a config.json is a few KiB; an index of a 1T-parameter model a few MiB
 MAX_INDEX_BYTES = 64 * 2**20
 
@@ -82,20 +83,24 @@ def is_hub_id(model_id: str) -> bool:
     return "/" in model_id and bool(HUB_ID.match(model_id))
 
 
-def _kept_path(model_id: str, revision: str) -> Path:
+def _kept_dir(model_id: str, revision: str) -> Path:
     from tuner.home import tuner_home
 
-    return tuner_home() / KEPT_DIR / model_id.replace("/", "--") / f"{quote(revision, safe='')}.json"
+    return tuner_home() / KEPT_DIR / model_id.replace("/", "--") / quote(revision, safe="")
 
 
 def _read_kept(model_id: str, revision: str) -> HubConfig | None:
-    path = _kept_path(model_id, revision)
+    from tuner.build_once import is_built
+
+    folder = _kept_dir(model_id, revision)
+    if not is_built(folder):
+        return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads((folder / KEPT_FILE).read_text(encoding="utf-8"))
         weights = data["weights"] and ShippedWeights(**data["weights"])
         return HubConfig(data["model_id"], data["revision"], data["commit"], data["config"], weights,
-                         f"the hub's config.json (commit {data['commit'][:12]}), kept by tuner in {path}")
-    except (OSError, ValueError, KeyError, TypeError):  # not kept yet, or damaged: fetched again
+                         f"the hub's config.json (commit {data['commit'][:12]}), kept by tuner in {folder}")
+    except (OSError, ValueError, KeyError, TypeError):  # damaged: fetched again
         return None
 
 
@@ -116,10 +121,27 @@ def hub_config(model_id: str, revision: str | None = None) -> HubConfig | None:
     if (model_id, revision) in _FAILED:
         raise _FAILED[model_id, revision]
     try:
-        return _fetch(model_id, revision)
+        return _fetch_and_keep(model_id, revision)
     except HubError as exc:
         _FAILED[model_id, revision] = exc
         raise
+
+
+def _fetch_and_keep(model_id: str, revision: str) -> HubConfig:
+    """Fetched by one process of all those sharing $TUNER_HOME (ranks, machines), the others reading what it kept."""
+    from tuner.build_once import build_once
+    from tuner.fileio import atomic_write_text
+
+    def fetch_into(folder: Path) -> HubConfig:
+        found = _fetch(model_id, revision)
+        atomic_write_text(folder / KEPT_FILE, found.to_json())
+        return found
+
+    try:
+        fetched = build_once(_kept_dir(model_id, revision), fetch_into, what=f"{model_id}'s hub config.json")
+    except OSError:  # a read-only or full home: fetched again next time
+        return _fetch(model_id, revision)
+    return fetched or _read_kept(model_id, revision) or _fetch(model_id, revision)
 
 
 def _weights(config: dict, index: dict | None, single_file_bytes: int | None) -> ShippedWeights | None:
@@ -149,8 +171,6 @@ def _fetch(model_id: str, revision: str) -> HubConfig:
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_download, hf_hub_url
     from huggingface_hub.errors import EntryNotFoundError
 
-    from tuner.fileio import atomic_write_text
-
     what = f"fetching {model_id}'s {CONFIG_FILE} (revision {revision}) from {constants.ENDPOINT}"
     try:
         # one HEAD first, without huggingface_hub's retries (half a minute when the hub cannot be reached at all);
@@ -169,13 +189,8 @@ def _fetch(model_id: str, revision: str) -> HubConfig:
                 pass
     except Exception as exc:
         raise hub_error(exc, model_id, revision, what) from None
-    found = HubConfig(model_id, revision, commit, config, _weights(config, index, single),
-                      f"the hub's config.json (commit {commit[:12]}), fetched now from {constants.ENDPOINT}")
-    try:
-        atomic_write_text(_kept_path(model_id, revision), found.to_json())
-    except OSError:
-        pass  # a read-only home: it is fetched again next time
-    return found
+    return HubConfig(model_id, revision, commit, config, _weights(config, index, single),
+                     f"the hub's config.json (commit {commit[:12]}), fetched now from {constants.ENDPOINT}")
 
 
 def _from_hub_cache(model_id: str, revision: str) -> HubConfig | None:
