@@ -18,7 +18,7 @@ from typing import Callable
 import gguf
 import numpy as np
 
-from tuner.export import ExportRefused
+from tuner.export import QUANT_NAMES, ExportRefused
 from tuner.export.vocab import gguf_vocab, write_vocab
 
 QUANTS = {  # --quant: (tensor type of 2-D weights, the file type written in general.file_type)
@@ -26,6 +26,7 @@ QUANTS = {  # --quant: (tensor type of 2-D weights, the file type written in gen
     "bf16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
     "q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
 }
+assert tuple(QUANTS) == QUANT_NAMES
 
 
 @dataclass(frozen=True)
