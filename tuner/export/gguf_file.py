@@ -41,6 +41,10 @@ class Layout:
 
 
 def _gemma2_keys(writer: gguf.GGUFWriter, config) -> None:
+    if config.query_pre_attn_scalar != _head_dim(config):
+        raise ExportRefused(f"Gemma 2 with query_pre_attn_scalar {config.query_pre_attn_scalar} != head_dim "
+                            f"{_head_dim(config)} (the 27B) is not exported: llama.cpp picks that attention scale "
+                            "by model size, not from the file.")
     writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
     writer.add_final_logit_softcapping(config.final_logit_softcapping)
     writer.add_sliding_window(config.sliding_window)
