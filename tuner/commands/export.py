@@ -27,6 +27,11 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("gguf") is None:
+        print("error: tuner export needs the gguf package: pip install 'tuner[export]'", file=sys.stderr)
+        return 1
     from tuner.export.exporter import export
     from tuner.infer.target import resolve_target
 
@@ -40,5 +45,5 @@ def run(args) -> int:
         print(f"Modelfile: {result.modelfile}")
         print(f"next: {result.ollama_create}")
     else:
-        print(f"next: llama-cli -m {result.gguf_path} (or tuner export {args.run_dir} --format ollama)", file=sys.stdout)
+        print(f"next: llama-cli -m {result.gguf_path} (or tuner export {args.run_dir} --format ollama)")
     return 0
