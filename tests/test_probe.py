@@ -192,6 +192,17 @@ def test_tune_batch_refuses_an_existing_destination_before_launching(tmp_path, t
 
 # ---------------------------------------------------------------- real launches
 
+@pytest.fixture
+def probe_home(tmp_path, demo_model_path, monkeypatch) -> Path:
+    """A tuner home of the test's own (the records a probe keeps stay out of the other tests' plans), holding the
+    session's built demo model."""
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    (home / "models" / "demo").symlink_to(demo_model_path, target_is_directory=True)
+    monkeypatch.setenv("TUNER_HOME", str(home))
+    return home
+
+
 def probe_json(run_dir: Path) -> dict:
     return json.loads((run_dir / "probe" / "probe.json").read_text())
 
@@ -201,7 +212,7 @@ def rank_pids(report: dict) -> set[int]:
 
 
 @pytest.mark.slow
-def test_run_with_probe_measures_beside_the_plan_then_trains_and_plan_shows_it(tmp_path, tuner_cli, demo_model_path):
+def test_run_with_probe_measures_beside_the_plan_then_trains_and_plan_shows_it(tmp_path, tuner_cli, probe_home):
     """One process: the demo probed (measured vs planned per phase and term group), then trained as usual; probe.json
     and the record under $TUNER_HOME are left, and `tuner plan` of the same setup shows the measurement."""
     overrides = sets("data.max_samples=300", "training.max_steps=2", "memory.micro_batch_size=16")
@@ -238,7 +249,7 @@ def test_run_with_probe_measures_beside_the_plan_then_trains_and_plan_shows_it(t
     ("zero2", ["memory.distributed=deepspeed", "memory.zero_stage=2"]),
     ("zero3", ["memory.distributed=deepspeed", "memory.zero_stage=3"]),
 ])
-def test_two_gloo_ranks_are_each_measured_per_phase(name, tactic, tmp_path, tuner_cli, demo_model_path):
+def test_two_gloo_ranks_are_each_measured_per_phase(name, tactic, tmp_path, tuner_cli, probe_home):
     result = tuner_cli("probe", "demo", *two_ranks(name, *tactic), cwd=tmp_path, timeout=400,
                        env={"TORCH_EXTENSIONS_DIR": str(tmp_path / "torch_extensions")})
     run_dir = tmp_path / "runs" / name
@@ -288,7 +299,7 @@ def launched(process: subprocess.Popen) -> list:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ranks")
-def test_a_real_out_of_memory_on_one_rank_stops_every_rank_and_is_named(tmp_path):
+def test_a_real_out_of_memory_on_one_rank_stops_every_rank_and_is_named(tmp_path, probe_home):
     """Rank 1 alone gets an address-space limit (RLIMIT_AS, set on its process once it has loaded) a quarter GiB
     above what it holds; its first worst-case step (64 x 256 tokens) needs more, and torch's CPU allocator fails."""
     import psutil
@@ -314,7 +325,7 @@ def test_a_real_out_of_memory_on_one_rank_stops_every_rank_and_is_named(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ranks")
-def test_a_signal_stops_the_probe_and_leaves_no_process(tmp_path):
+def test_a_signal_stops_the_probe_and_leaves_no_process(tmp_path, probe_home):
     probe = start_probe(tmp_path, *two_ranks("signal", "memory.distributed=ddp"))
     events = tmp_path / "runs" / "signal" / "probe" / "events.jsonl"
     wait_for_event(events, lambda e: e["event"] == "probe_phase" and e["phase"] == "training step", probe)
@@ -330,7 +341,7 @@ def test_a_signal_stops_the_probe_and_leaves_no_process(tmp_path):
 
 @pytest.mark.slow
 def test_tune_batch_picks_the_fastest_measured_micro_batch_and_keeps_the_effective_batch(tmp_path, tuner_cli,
-                                                                                      demo_model_path):
+                                                                                      probe_home):
     (tmp_path / "mine.yaml").write_text(builtin_path("demo").read_text())
     before = (tmp_path / "mine.yaml").read_text()
     result = tuner_cli("probe", "mine.yaml", "--tune-batch", "--max-probes", "2", "--write",
@@ -352,3 +363,51 @@ def test_tune_batch_picks_the_fastest_measured_micro_batch_and_keeps_the_effecti
         fastest["micro_batch_size"], fastest["gradient_accumulation_steps"])
     assert copy.data.max_samples == 200 and copy.effective_batch_size == 4  # the user's --set lines kept
     assert (tmp_path / "mine.yaml").read_text() == before  # the user's file is never touched
+
+
+def test_the_plan_bar_marks_the_measured_peak_beside_the_prediction():
+    from tuner.tui.widgets.plan_bar import measured_marker, plan_text
+
+    recipe = load_recipe(builtin_path("demo"), ["hardware.host_ram_gb=2"])
+    memory_plan = plan(recipe)
+    record = MeasuredRecord("2026-12-01", 0.5, memory_plan.gpu.total_gib, "peak resident set of the process", "p.json")
+    text = plan_text(memory_plan, 60, measured=record).plain
+    line = next(line for line in text.splitlines() if "▲" in line)
+    assert line.index("▲") == round(0.5 / 2 * 58)  # on the bar's scale: 2 GiB over 58 cells
+    assert f"measured 2026-12-01: 0.50 GiB (plan {memory_plan.gpu.total_gib:.2f} GiB)" in line
+    assert "▲" not in plan_text(memory_plan, 60).plain  # no probe, no marker
+    late = measured_marker(1.9, memory_plan.gpu, 58, "measured").plain  # no room after it: the words go before
+    assert late.rstrip().endswith("▲") and len(late) <= 58
+
+
+@pytest.mark.slow
+def test_the_wizards_probe_shows_measurements_and_marks_the_plan_bar(tmp_path, probe_home, monkeypatch):
+    import asyncio
+
+    from tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, wait_until
+
+    from tuner.tui.widgets.plan_bar import PlanPanel
+
+    monkeypatch.chdir(tmp_path)
+
+    async def scenario():
+        app = make_app(demo_draft({**QUICK_RUN, "data.eval_fraction": 0.05}))
+        async with app.run_test(size=SIZE) as pilot:
+            app.switch_mode("run")
+            await pilot.pause()
+            await pilot.press("ctrl+p")
+            await wait_until(pilot, lambda: app.run_watch is not None and app.run_watch.exit_code is not None,
+                             timeout=300)
+            watch = app.run_watch
+            assert watch.kind == "probe" and watch.status == "measured", list(watch.log)[-20:]
+            assert watch.run_dir.resolve() == tmp_path / "runs" / "demo" / "probe"
+            assert any(line.startswith("probe: rank 0 measured training step") for line in watch.log)
+            assert any(line.startswith("peak: ") for line in watch.outcome)
+            await wait_until(pilot, lambda: app.measured is not None)
+            app.switch_mode("method")
+            await pilot.pause()
+            panel = app.screen.query_one(PlanPanel)
+            assert panel.measured == app.measured
+            assert "▲ measured " in panel.render().plain
+
+    asyncio.run(scenario())

@@ -11,6 +11,7 @@ import hashlib
 import json
 import platform
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from tuner.fileio import atomic_write_text
@@ -22,6 +23,7 @@ VERSIONED = ("torch", "transformers", "accelerate", "deepspeed", "peft", "bitsan
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 
 
+@lru_cache(maxsize=1)
 def cpu_name() -> str:
     """The processor's model name, from /proc/cpuinfo where there is one."""
     try:
@@ -34,7 +36,8 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "CPU"
 
 
-def gpu_names() -> list[str]:
+@lru_cache(maxsize=1)
+def gpu_names() -> tuple[str, ...]:
     """The NVIDIA GPUs the driver lists (its /proc files: no torch, no subprocess); empty where it lists none."""
     names = []
     for information in sorted(NVIDIA_GPUS.glob("*/information")) if NVIDIA_GPUS.is_dir() else []:
@@ -44,28 +47,34 @@ def gpu_names() -> list[str]:
                     names.append(line.split(":", 1)[1].strip())
         except OSError:
             continue
-    return names
+    return tuple(names)
 
 
 def machine_devices(recipe: Recipe) -> list[str]:
     """The devices of this machine that the recipe trains on: its GPUs, or its CPU."""
     if recipe.uses_gpu:
-        return gpu_names() or ["GPU (not listed by the NVIDIA driver)"]
+        return list(gpu_names()) or ["GPU (not listed by the NVIDIA driver)"]
     return [cpu_name()]
 
 
-def library_versions() -> dict[str, str | None]:
+@lru_cache(maxsize=1)
+def _versions() -> tuple[tuple[str, str | None], ...]:
     from importlib.metadata import PackageNotFoundError, version
 
     from tuner import __version__
 
-    versions: dict[str, str | None] = {"tuner": __version__}
+    versions: list[tuple[str, str | None]] = [("tuner", __version__)]
     for name in VERSIONED:
         try:
-            versions[name] = version(name)
+            versions.append((name, version(name)))
         except PackageNotFoundError:
-            versions[name] = None
-    return versions
+            versions.append((name, None))
+    return tuple(versions)
+
+
+def library_versions() -> dict[str, str | None]:
+    """tuner's and the training libraries' versions (read once per process: they do not change under it)."""
+    return dict(_versions())
 
 
 def _model_key(recipe: Recipe) -> dict:
