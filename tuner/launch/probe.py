@@ -168,8 +168,8 @@ def _follow(recipe, prepared, on_update, stop, say) -> ProbeResult:
     if first_error or outcome.status == "failed":
         status = "failed"
         failure = _failure(events, run_dir / LOG_FILE, outcome.lines)
-    result = ProbeResult(recipe, run_dir, status, outcome.exit_code if status != "failed" else outcome.exit_code or 1,
-                         events, failure, stopped_after_s=round(ended - first_error[0], 1) if first_error else None)
+    result = ProbeResult(recipe, run_dir, status, outcome.exit_code or (1 if status == "failed" else 0), events,
+                         failure, stopped_after_s=round(ended - first_error[0], 1) if first_error else None)
     if failure is not None:
         result.lines = [failure_line(failure)]
         if result.stopped_after_s is not None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from tuner.events import write_event
+from tuner.fileio import write_control_file
 from tuner.launch.probe_record import cpu_name
 from tuner.planner.memory import EVAL, LOAD, SAVE, TRAINING_STEP
 from tuner.recipe.schema import Recipe
@@ -51,8 +52,7 @@ def _status_kib(field: str) -> int | None:
 def reset_peak_rss() -> bool:
     """Start a new resident-set peak (Linux: writing 5 to clear_refs sets VmHWM to the current RSS)."""
     try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as clear:
-            clear.write("5")
+        write_control_file("/proc/self/clear_refs", "5")
         return True
     except OSError:
         return False
@@ -185,6 +185,9 @@ def worst_case_data(data, recipe: Recipe, steps: int):
 def batch_description(recipe: Recipe, samples: int) -> dict:
     """The batch a phase runs, as the probe names it when a rank fails."""
     seq = recipe.memory.max_seq_length
+    if recipe.objective.preference:  # TRL tokenises its pairs itself: the recipe's own samples, up to seq tokens
+        return {"samples": samples, "tokens_per_sample": None, "packed": False,
+                "text": f"{samples} {recipe.objective.kind} samples of up to {seq} tokens (the recipe's own)"}
     return {"samples": samples, "tokens_per_sample": seq, "packed": recipe.data.packing,
             "text": f"{samples} x {seq} tokens" + (f" packed into one row of {samples * seq}" if recipe.data.packing
                                                     else "")}
