@@ -80,6 +80,8 @@ def test_worst_case_samples_are_max_seq_length_long_and_made_of_the_longest_samp
     assert made["input_ids"][0][:37] == [19] * 19 + [18] * 18  # the longest first, laid end to end
     assert made["labels"][0][:2] == [-100, 19] and made["labels"][0][19:21] == [-100, 18]  # their own loss masks
     assert set(made["input_ids"][1]) <= {19, 18, 17, 16, 15, 14, 13, 8}  # only the longest samples are used
+    chosen = worst_case_samples(Dataset.from_dict(rows).select([0, 2, 4, 6]), count=1, max_length=12)
+    assert chosen["input_ids"][0] == [5] * 5 + [4] * 4 + [3] * 3  # a selection's own samples, not its table's
 
 
 def gpu_events(world: int = 1) -> list[dict]:
@@ -110,7 +112,8 @@ def test_gpu_measurements_are_compared_at_torchs_three_levels_and_by_term_group(
     rows = {(row.what, row.level): row for row in phase_rows(measured, memory_plan, recipe.world_size)}
     device = memory_plan.gpu
     step = rows[("training step", "allocated")]
-    assert step.measured_gib == 40.0 and step.planned_gib == pytest.approx(device.phase_gib("training step", ("allocated",)))
+    assert step.measured_gib == 40.0
+    assert step.planned_gib == pytest.approx(device.phase_gib("training step", ("allocated",)))
     assert rows[("training step", "device")].planned_gib == pytest.approx(device.phase_gib("training step"))
     assert rows[("training step", "device")].error == pytest.approx(44.8 / device.phase_gib("training step") - 1)
     assert rows[("loading", "allocated")].planned_gib is None  # loading happens in host RAM in the plan
@@ -162,7 +165,8 @@ def test_a_record_is_shown_by_plan_for_the_same_setup_only(tmp_path, tuner_cli, 
     assert measured_record(load_recipe(builtin_path("demo"), ["training.max_steps=9"])) is not None  # not a tactic
     shown = tuner_cli("plan", "demo", env={"TUNER_HOME": str(home)}, cwd=tmp_path)
     planned = plan(recipe).gpu.total_gib
-    assert f"measured on this machine on 2026-12-01: 0.77 GiB (plan {planned:.2f} GiB)" in " ".join(shown.stdout.split())
+    shown_line = " ".join(shown.stdout.split())  # as one line, whatever the terminal's width wrapped
+    assert f"measured on this machine on 2026-12-01: 0.77 GiB (plan {planned:.2f} GiB)" in shown_line
     assert "verdict: fits" in shown.stdout  # beside the plan, not instead of it
     other = tuner_cli("plan", "demo", "--set", "memory.micro_batch_size=4", env={"TUNER_HOME": str(home)}, cwd=tmp_path)
     assert "measured on this machine" not in other.stdout
@@ -262,7 +266,8 @@ def test_two_gloo_ranks_are_each_measured_per_phase(name, tactic, tmp_path, tune
         assert all(event["peak_rss_gib"] > 0.1 for event in phases.values())
     rows = [row for row in report["phases"] if row["what"] == "training step"]
     assert [row["rank"] for row in rows] == [0, 1] and all(row["level"] == "RSS" for row in rows)
-    per_rank = plan(load_recipe(builtin_path("demo"), two_ranks(name, *tactic)[1::2])).gpu.phase_gib("training step") / 2
+    planned = plan(load_recipe(builtin_path("demo"), two_ranks(name, *tactic)[1::2]))
+    per_rank = planned.gpu.phase_gib("training step") / 2
     assert all(row["planned_gib"] == pytest.approx(per_rank) for row in rows)  # a rank's share of the CPU's plan
     assert re.search(r"^training step +1  RSS ", result.stdout, re.M) and "all 2 processes together" in result.stdout
     assert not any(process_running(pid) for pid in rank_pids(report))
@@ -345,7 +350,8 @@ def test_tune_batch_picks_the_fastest_measured_micro_batch_and_keeps_the_effecti
     (tmp_path / "mine.yaml").write_text(builtin_path("demo").read_text())
     before = (tmp_path / "mine.yaml").read_text()
     result = tuner_cli("probe", "mine.yaml", "--tune-batch", "--max-probes", "2", "--write",
-                       *sets("data.max_samples=200", "memory.micro_batch_size=2", "memory.gradient_accumulation_steps=2"),
+                       *sets("data.max_samples=200", "memory.micro_batch_size=2",
+                             "memory.gradient_accumulation_steps=2"),
                        cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     tuning = probe_json(tmp_path / "runs" / "demo")["tuning"]

@@ -13,17 +13,12 @@ from tuner.commands._recipe_args import add_recipe_arguments
 from tuner.commands._types import at_least, fraction
 
 EXIT_FAILED = 1
-EXIT_OUT_OF_MEMORY = 3  # as the training entrypoint (tuner.train.oom)
+FORCE_HINT = "pass --force to probe anyway."
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "probe", help="measure the recipe on this machine (a few steps on worst-case batches) beside the plan")
-    add_recipe_probe_arguments(parser)
-    parser.set_defaults(run=run)
-
-
-def add_recipe_probe_arguments(parser) -> None:
     add_recipe_arguments(parser)
     parser.add_argument("--steps", type=at_least(1), default=None, metavar="N",
                         help="optimizer steps to measure (default 3: the first creates the optimizer states, the "
@@ -39,21 +34,23 @@ def add_recipe_probe_arguments(parser) -> None:
     parser.add_argument("--write", nargs="?", const="", default=None, metavar="PATH",
                         help="with --tune-batch: write a copy of the recipe with the chosen values (default "
                              "RECIPE.tuned.yaml beside it; an existing file is never replaced)")
+    parser.set_defaults(run=run)
 
 
-def probe_and_report(recipe, *, steps: int | None, force: bool) -> tuple[int, object]:
-    """Probe ``recipe``, print measured beside planned; (exit code, ProbeResult)."""
-    from tuner.commands.run import FORCE_HINT
+def probe_and_report(recipe, *, steps: int | None, force: bool) -> int:
+    """Probe ``recipe`` and print measured beside planned; the exit code."""
     from tuner.launch.probe import PROBE_STEPS, keep_results, launch_probe, report_lines
     from tuner.launch.run import RunRefused
     from tuner.recipe.io import RecipeError
+    from tuner.train.oom import EXIT_OUT_OF_MEMORY
 
     memory_plan = planned(recipe)
     steps = steps or PROBE_STEPS
     mem = recipe.memory
     print(f"probing {recipe.name} on this machine: {recipe.world_size} rank(s), {steps} optimizer step(s) on "
-          f"worst-case batches of {mem.micro_batch_size} x {mem.max_seq_length} tokens (x{mem.gradient_accumulation_steps}"
-          " accumulated), the largest evaluation batch and one save", file=sys.stderr)
+          f"worst-case batches of {mem.micro_batch_size} x {mem.max_seq_length} tokens "
+          f"(x{mem.gradient_accumulation_steps} accumulated), the largest evaluation batch and one save",
+          file=sys.stderr)
 
     def said(notes):
         for note in notes:
@@ -68,18 +65,17 @@ def probe_and_report(recipe, *, steps: int | None, force: bool) -> tuple[int, ob
     try:
         result = launch_probe(recipe, steps=steps, force=force, notes=said, on_update=measured)
     except RunRefused as exc:
-        raise RecipeError([*exc.lines, FORCE_HINT.replace("launch", "probe")]) from None
+        raise RecipeError([*exc.lines, FORCE_HINT]) from None
     path = keep_results(result, memory_plan)
     if result.status == "measured":
         print("\n".join(report_lines(result, memory_plan)))
         print(f"probe.json: {path}")
-        return 0, result
+        return 0
     print("\n".join(result.lines), file=sys.stderr)
     print(f"probe.json: {path}", file=sys.stderr)
     if result.status == "stopped":
-        return result.exit_code, result
-    oom = (result.failure or {}).get("kind") == "out_of_memory"
-    return (EXIT_OUT_OF_MEMORY if oom else EXIT_FAILED), result
+        return result.exit_code
+    return EXIT_OUT_OF_MEMORY if (result.failure or {}).get("kind") == "out_of_memory" else EXIT_FAILED
 
 
 def planned(recipe):
@@ -102,13 +98,14 @@ def run(args) -> int:
             from tuner.recipe.io import RecipeError
 
             raise RecipeError(["--write, --margin and --max-probes go with --tune-batch."])
-        return probe_and_report(recipe, steps=args.steps, force=args.force)[0]
+        return probe_and_report(recipe, steps=args.steps, force=args.force)
     return tune_and_report(recipe, args)
 
 
 def tune_and_report(recipe, args) -> int:
     """--tune-batch: the search's table, the chosen values as --set lines and, with --write, a copy of the recipe."""
     import json
+    import shlex
     from pathlib import Path
 
     from tuner.fileio import atomic_write_text
@@ -116,6 +113,7 @@ def tune_and_report(recipe, args) -> int:
     from tuner.launch.probe import PROBE_STEPS
     from tuner.run_layout import PROBE_DIR, PROBE_REPORT
 
+    planned(recipe)  # a model the planner cannot read is one message, before any search
     margin = args.margin or DEFAULT_MARGIN
     if args.write is not None:
         destination = tuned_copy_path(args)  # refused before anything launches
@@ -127,10 +125,12 @@ def tune_and_report(recipe, args) -> int:
         print(f"probing micro-batch {candidate.micro_batch_size} x {candidate.accumulation} accumulated "
               f"(plan {candidate.planned_gib:.3f} GiB) ...", file=sys.stderr)
 
-    tuning = tune_batch(recipe, margin=margin, steps=args.steps or PROBE_STEPS, max_probes=args.max_probes or MAX_PROBES,
-                        force=args.force, on_probe=launching)
-    report = atomic_write_text(Path(recipe.output.dir) / PROBE_DIR / PROBE_REPORT,
-                               json.dumps(tuning.report(), indent=2, default=str) + "\n")
+    tuning = tune_batch(recipe, margin=margin, steps=args.steps or PROBE_STEPS,
+                        max_probes=args.max_probes or MAX_PROBES, force=args.force, on_probe=launching)
+    report = None
+    if any(candidate.result is not None for candidate in tuning.candidates):  # the probes' folder exists
+        report = atomic_write_text(Path(recipe.output.dir) / PROBE_DIR / PROBE_REPORT,
+                                   json.dumps(tuning.report(), indent=2, default=str) + "\n")
     print(f"{'micro-batch':>11}  {'accumulation':>12}  {'plan GiB':>8}  {'measured GiB':>12}  {'tokens/s':>9}  verdict")
     for c in tuning.candidates:
         measured = f"{c.measured_gib:.3f}" if c.measured_gib is not None else "—"
@@ -142,7 +142,8 @@ def tune_and_report(recipe, args) -> int:
     print(f"safety margin: {margin:.0%} of the device kept free{limit}, because {MARGIN_REASON}.")
     for note in tuning.notes:
         print(note, file=sys.stderr)
-    print(f"probe.json: {report}")
+    if report is not None:
+        print(f"probe.json: {report}")
     if tuning.stopped is not None:
         print("\n".join(tuning.stopped.lines), file=sys.stderr)
         return tuning.stopped.exit_code
@@ -156,7 +157,7 @@ def tune_and_report(recipe, args) -> int:
     print(sets)
     if args.write is not None:
         write_tuned_copy(args, destination, tuning.chosen.overrides)
-        print(f"wrote {destination} (tuner run {destination})")
+        print(f"wrote {destination} (tuner run {shlex.quote(str(destination))})")
     return 0
 
 
@@ -174,8 +175,12 @@ def tuned_copy_path(args):
         path = given.with_name(f"{given.stem}.tuned.yaml") if given.suffix in (".yaml", ".yml") else \
             Path(f"{given.name}.tuned.yaml")
     if path.exists() or path.is_symlink():
-        raise RecipeError([f"--write: {path} exists; tuner never replaces it: give --write ANOTHER.yaml."])
+        raise RecipeError([_exists(path)])
     return path
+
+
+def _exists(path) -> str:
+    return f"--write: {path} exists; tuner never replaces it: give --write ANOTHER.yaml."
 
 
 def write_tuned_copy(args, destination, overrides: list[str]) -> None:
@@ -190,9 +195,9 @@ def write_tuned_copy(args, destination, overrides: list[str]) -> None:
     source_path = resolve_recipe_argument(args.recipe)
     data, _ = parse_yaml(read_recipe_text(source_path), str(source_path))
     data = apply_overrides(data, [*args.overrides, *overrides], RecipeSource())
-    header = (f"# {args.recipe} with the micro-batch tuner probe --tune-batch measured fastest on this machine "
-              f"({', '.join(overrides)}); the original's comments are not kept.\n")
+    header = (f"# {args.recipe} with the micro-batch that tuner probe --tune-batch measured fastest on this machine\n"
+              f"# ({', '.join(overrides)}); the original's comments are not kept.\n")
     try:
         create_exclusive_text(destination, header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
-    except FileExistsError:
-        raise RecipeError([f"--write: {destination} exists; tuner never replaces it: give --write ANOTHER.yaml."]) from None
+    except FileExistsError:  # made since it was checked
+        raise RecipeError([_exists(destination)]) from None

@@ -65,7 +65,7 @@ def run(args) -> int:
 
         if args.dry_run:
             raise RecipeError(["--probe launches the probe; a --dry-run launches nothing: choose one."])
-        code, _ = probe_and_report(recipe, steps=None, force=args.force)
+        code = probe_and_report(recipe, steps=None, force=args.force)
         if code:
             return code
     prepared = prepare_or_refuse(recipe, force=args.force, resume=args.resume, dry_run=args.dry_run)

@@ -215,7 +215,8 @@ def probe_report(result: ProbeResult, memory_plan) -> dict:
     return {
         "recipe": result.recipe.name, "run_dir": str(result.run_dir), "status": result.status,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "world_size": world,
-        "batch": {"micro_batch_size": mem.micro_batch_size, "gradient_accumulation_steps": mem.gradient_accumulation_steps,
+        "batch": {"micro_batch_size": mem.micro_batch_size,
+                  "gradient_accumulation_steps": mem.gradient_accumulation_steps,
                   "tokens_per_sample": mem.max_seq_length, "packed": result.recipe.data.packing},
         "versions": library_versions(), "machine": machine_devices(result.recipe), "devices": devices,
         "ranks": {str(rank): phases for rank, phases in measured.items()},

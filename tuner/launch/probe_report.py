@@ -16,7 +16,18 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from tuner.planner.memory import ALWAYS, CATEGORIES, EVAL, LOAD, SAVE, TRAINING_STEP, DevicePlan, MemoryPlan
+from tuner.planner.memory import (
+    ALWAYS,
+    CATEGORIES,
+    EVAL,
+    GIB,
+    LOAD,
+    SAVE,
+    STEP_MOMENTS,
+    TRAINING_STEP,
+    DevicePlan,
+    MemoryPlan,
+)
 
 MEASURED_PHASES = (LOAD, TRAINING_STEP, EVAL, SAVE)  # in the order a probe runs them
 GPU_LEVELS = {"allocated": "peak_allocated_gib", "reserved": "peak_reserved_gib", "device": "device_gib"}
@@ -89,11 +100,11 @@ def group_rows(measured: dict[int, dict[str, dict]], memory_plan: MemoryPlan, wo
     always = [i for i in device.items if i.phase == ALWAYS]
     states_items = [i for i in always if i.level == "allocated"]
     outside_items = [i for i in always if i.level == "device"]
-    states = sum(i.bytes for i in states_items) / 2**30
+    states = sum(i.bytes for i in states_items) / GIB
     step_allocated = device.phase_gib(TRAINING_STEP, ("allocated",))
     step_reserved = device.phase_gib(TRAINING_STEP, ("allocated", "reserved"))
     transient_items = [i for i in device.items if i.level == "allocated" and i.phase != ALWAYS
-                       and any(i.live_in(m) for m in device.moments if m != LOAD)]
+                       and any(i.live_in(moment) for moment in STEP_MOMENTS)]
     rows = []
     for rank, phases in measured.items():
         step, loading = phases.get(TRAINING_STEP), phases.get(LOAD, {})
@@ -102,8 +113,8 @@ def group_rows(measured: dict[int, dict[str, dict]], memory_plan: MemoryPlan, wo
         between = step.get("between_steps_gib")
         gpu = "peak_allocated_gib" in step
         if gpu:
-            named = [(f"outside the allocator ({_categories(outside_items) or 'overhead'})", step.get("outside_allocator_gib"),
-                      sum(i.bytes for i in outside_items) / 2**30),
+            named = [(f"outside the allocator ({_categories(outside_items) or 'overhead'})",
+                      step.get("outside_allocator_gib"), sum(i.bytes for i in outside_items) / GIB),
                      (f"model states ({_categories(states_items)})", between, states),
                      (f"step transients ({_categories(transient_items)})",
                       _difference(step.get("peak_allocated_gib"), between), step_allocated - states),
@@ -114,12 +125,13 @@ def group_rows(measured: dict[int, dict[str, dict]], memory_plan: MemoryPlan, wo
         else:
             baseline = loading.get("baseline_rss_gib")
             named = [(f"process ({_categories(outside_items) or 'overhead'}: Python, torch, data)", baseline,
-                      sum(i.bytes for i in outside_items) / 2**30 * share),
+                      sum(i.bytes for i in outside_items) / GIB * share),
                      (f"model states ({_categories(states_items)})", _difference(between, baseline), states * share),
                      (f"step transients ({_categories(transient_items)})",
                       _difference(step.get("peak_rss_gib"), between), (step_allocated - states) * share)]
             level = "RSS"
-        rows += [Row(what, rank, level, measured_gib, round(planned_gib, 6)) for what, measured_gib, planned_gib in named]
+        rows += [Row(what, rank, level, measured_gib, round(planned_gib, 6))
+                 for what, measured_gib, planned_gib in named]
     return rows
 
 

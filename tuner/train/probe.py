@@ -21,11 +21,10 @@ from transformers import TrainerCallback
 from tuner.events import write_event
 from tuner.fileio import write_control_file
 from tuner.launch.probe_record import cpu_name
-from tuner.planner.memory import EVAL, LOAD, SAVE, TRAINING_STEP
+from tuner.planner.memory import EVAL, GIB, LOAD, SAVE, TRAINING_STEP
 from tuner.recipe.schema import Recipe
 from tuner.run_layout import PROBE_REQUEST
 
-GIB = 2**30
 POOL_PER_SAMPLE = 4  # longest real samples kept per worst-case sample: enough to fill one, and varied
 
 
@@ -97,7 +96,8 @@ class PhaseMeter:
         context, NCCL, other processes: cudaMemGetInfo) to the reserved peak, as nvidia-smi would have shown it.
         ``address_space_gib`` is the process's virtual size now: what an address-space limit (``ulimit -v``, common
         on clusters) is held against."""
-        values = {"peak_rss_gib": peak_rss_bytes() / GIB, "address_space_gib": (_status_kib("VmSize") or 0) / 2**20}
+        values = {"peak_rss_gib": peak_rss_bytes() / GIB,
+                  "address_space_gib": (_status_kib("VmSize") or 0) * 1024 / GIB}
         if self.gpu:
             cuda = self.torch.cuda
             free, total = cuda.mem_get_info()
@@ -136,7 +136,8 @@ def worst_case_samples(dataset, count: int, max_length: int):
     import pyarrow.compute as pc
     from datasets import Dataset
 
-    lengths = pc.list_value_length(dataset.data.column("input_ids")).to_numpy(zero_copy_only=False)
+    # through the dataset's own indices (a selection of a table is not the table)
+    lengths = pc.list_value_length(dataset.with_format("arrow")["input_ids"]).to_numpy(zero_copy_only=False)
     longest = np.argsort(-lengths, kind="stable")[: max(count * POOL_PER_SAMPLE, 1)]
     pool = dataset.select(longest.tolist())
     ids_pool, labels_pool = pool["input_ids"], pool["labels"]
@@ -161,7 +162,7 @@ def first_samples(stream, count: int):
     from datasets import Dataset
 
     rows = list(islice(iter(stream), count))
-    return Dataset.from_dict({"input_ids": [row["input_ids"] for row in rows], "labels": [row["labels"] for row in rows]})
+    return Dataset.from_dict({column: [row[column] for row in rows] for column in ("input_ids", "labels")})
 
 
 def worst_case_data(data, recipe: Recipe, steps: int):
