@@ -114,10 +114,11 @@ def _the(phase: str) -> str:
 def launch_probe(recipe: Recipe, *, steps: int = PROBE_STEPS, force: bool = False,
                  on_update: Callable[[list[dict], list[str]], None] | None = None,
                  stop: threading.Event | None = None, say: Callable[[str], None] | None = None,
-                 notes: Callable[[list[str]], None] | None = None) -> ProbeResult:
+                 notes: Callable[[list[str]], None] | None = None, progress: bool = True) -> ProbeResult:
     """Probe ``recipe``: prepare and follow its probe run, stop every rank soon after one fails, remove the probe's
     checkpoint.  ``force`` launches a plan that does not fit (what ``--force`` is to ``tuner run``); ``notes`` gets
-    what prepare_run says before the launch."""
+    what prepare_run says before the launch; ``say`` and ``progress`` are the run contract's (stderr, and a
+    download's progress bar, by default)."""
     if recipe.hardware.machines > 1:
         raise RecipeError(["hardware.machines: tuner probe launches the world of one machine; a recipe of "
                            f"{recipe.hardware.machines} machines is not probed yet (probe a one-machine copy of it "
@@ -128,16 +129,17 @@ def launch_probe(recipe: Recipe, *, steps: int = PROBE_STEPS, force: bool = Fals
     except RunLocked as exc:
         raise RecipeError([str(exc)]) from None
     try:
-        prepared = prepare_run(probe_recipe(recipe, steps), force=force)
+        said = {"say": say} if say is not None else {}
+        prepared = prepare_run(probe_recipe(recipe, steps), force=force, progress=progress, **said)
         if notes is not None:
             notes(prepared.notes)
         atomic_write_text(prepared.run_dir / PROBE_REQUEST, json.dumps({"steps": steps}) + "\n")
-        return _follow(recipe, prepared, on_update, stop, say)
+        return _follow(recipe, prepared, on_update, stop, said)
     finally:
         parent.release()
 
 
-def _follow(recipe, prepared, on_update, stop, say) -> ProbeResult:
+def _follow(recipe, prepared, on_update, stop, said: dict) -> ProbeResult:
     stop = stop or threading.Event()
     events: list[dict] = []
     first_error: list[float] = []
@@ -154,9 +156,8 @@ def _follow(recipe, prepared, on_update, stop, say) -> ProbeResult:
         if on_update is not None:
             on_update(new_events, lines)
 
-    options = {"say": say} if say is not None else {}
     try:
-        outcome = follow_run(prepared, on_update=collect, stop=stop, stop_grace_s=STOP_GRACE_S, **options)
+        outcome = follow_run(prepared, on_update=collect, stop=stop, stop_grace_s=STOP_GRACE_S, **said)
     finally:
         for timer in watchdog:
             timer.cancel()

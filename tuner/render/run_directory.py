@@ -18,6 +18,7 @@ from tuner.run_layout import (
     LAUNCH_SCRIPT,
     LOCK_FILE,
     LOG_FILE,
+    MODEL_SNAPSHOT,
     PROBE_DIR,
     PROBE_REPORT,
     PROBE_REQUEST,
@@ -29,7 +30,7 @@ from tuner.run_layout import (
 
 EXECUTABLES = (LAUNCH_SCRIPT, SLURM_SCRIPT)
 # What a probe leaves in its own run directory (its checkpoint, when a kill kept the probe from removing it)
-PROBE_LEFT = (PROBE_REQUEST, PROBE_REPORT, EVENTS_FILE, LOG_FILE, CHECKPOINTS_DIR)
+PROBE_LEFT = (PROBE_REQUEST, PROBE_REPORT, EVENTS_FILE, LOG_FILE, MODEL_SNAPSHOT, CHECKPOINTS_DIR)
 
 
 def render_run_files(recipe: Recipe, run_dir: str | Path | None = None) -> dict[str, str]:

@@ -89,12 +89,13 @@ def training_arguments(recipe: Recipe, run_dir: Path):
     )
 
 
-def build_model(recipe: Recipe):
-    """The model to train: loaded, adapted for lora/qlora, its trainable share logged; and whether to use Liger."""
+def build_model(recipe: Recipe, path: str | None = None):
+    """The model to train (from ``path`` when given, else what model.id names): loaded, adapted for lora/qlora, its
+    trainable share logged; and whether to use Liger."""
     from tuner.loading.model import apply_lora, choose_liger, count_parameters, load_model
     from tuner.train.parallelism import loading_arguments
 
-    model = load_model(recipe, **loading_arguments(recipe))
+    model = load_model(recipe, path, **loading_arguments(recipe))
     model.config.use_cache = False  # no KV cache in training; packing's per-sample masks need it off too
     liger, reason = choose_liger(recipe.memory.liger, model.config.model_type, recipe.uses_gpu)
     log.info("liger kernels: %s", reason)
@@ -153,6 +154,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from tuner.data.prepare import data_collator, prepare_data
     from tuner.fileio import atomic_write_text, umask_permissions
     from tuner.launch.checkpoints import resume_checkpoint
+    from tuner.loading.hub_download import run_snapshot
     from tuner.loading.model import load_tokenizer
     from tuner.run_layout import LOCK_FILE
     from tuner.train.callbacks import EventsCallback, ProfilerCallback, memory_per_rank
@@ -174,7 +176,9 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     args = training_arguments(recipe, run_dir)
     if recipe.hardware.machines > 1:
         same_machines(args, events)
-    tokenizer = load_tokenizer(recipe)
+    snapshot = run_snapshot(run_dir)  # a hub model prepare_run downloaded: this machine's cached copy of that commit
+    model_path = str(snapshot) if snapshot else None
+    tokenizer = load_tokenizer(recipe, model_path)
     callbacks = [CheckpointInfoCallback(recipe, lock_text), EventsCallback(events, recipe.parallelism.model_parallel)]
     if profile_steps:
         callbacks.append(ProfilerCallback(run_dir / PROFILE_DIR, profile_steps))
@@ -184,7 +188,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     if recipe.objective.preference:
         from tuner.train.preference import preference_trainer
 
-        trainer, data = preference_trainer(recipe, args, tokenizer, callbacks)
+        trainer, data = preference_trainer(recipe, args, tokenizer, callbacks, model_path)
     else:
         data = prepare_data(recipe, tokenizer)
         if probe is not None:
@@ -195,7 +199,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
             args.per_device_eval_batch_size = whole_eval_batch(recipe.memory.micro_batch_size, len(data.eval))
             log.info("tensor parallel: evaluating %d held-out samples in batches of %d (equal batches keep every "
                      "rank's copy the same weight)", len(data.eval), args.per_device_eval_batch_size)
-        model, args.use_liger_kernel = build_model(recipe)  # the Trainer patches the kernels in when it starts
+        model, args.use_liger_kernel = build_model(recipe, model_path)  # the Trainer patches the kernels in at start
         collator = data_collator(recipe, tokenizer)
         trace = RankTrace(events, collator) if tracing_ranks() else None
         trainer = Trainer(

@@ -205,8 +205,13 @@ class TunerApp(App[int]):
         self.run_recipe(recipe, resume, force, self.run_watch)
         return self.run_watch
 
+    def _said(self, line: str) -> None:
+        """A line of the run contract's (a download, stopping every rank) in the Run screen's log."""
+        self.post_message(RunEventsArrived([], [line]))
+
     def _checked(self, watch: RunWatch, check):
         """``check()``'s result, or None once the run contract's refusal is posted for the Run screen."""
+        from tuner.catalog.hub import HubError
         from tuner.data.sources import DataError
         from tuner.launch.run import RunRefused
         from tuner.loading.model import ModelLoadError
@@ -215,7 +220,7 @@ class TunerApp(App[int]):
             return check()
         except RunRefused as exc:
             self.post_message(RunNotStarted(watch, list(exc.lines), can_override=True))
-        except (RecipeError, DataError, ModelLoadError, OSError) as exc:
+        except (RecipeError, DataError, ModelLoadError, HubError, OSError) as exc:
             self.post_message(RunNotStarted(watch, str(exc).splitlines()))
         return None
 
@@ -225,7 +230,9 @@ class TunerApp(App[int]):
         messages."""
         from tuner.launch.run import follow_run, prepare_run
 
-        prepared = self._checked(watch, lambda: prepare_run(recipe, force=force, resume=resume))
+        # a hub model's download is said in the run's log; no terminal progress bar under the wizard
+        prepared = self._checked(watch, lambda: prepare_run(recipe, force=force, resume=resume, progress=False,
+                                                            say=self._said))
         if prepared is None:
             return
         if not prepared.launchable:
@@ -234,7 +241,7 @@ class TunerApp(App[int]):
         self.post_message(RunEventsArrived([], [*prepared.notes, f"launching: {prepared.command}"]))
         outcome = follow_run(prepared, stop=self._stop_run,
                              on_update=lambda events, lines: self.post_message(RunEventsArrived(events, lines)),
-                             say=lambda line: self.post_message(RunEventsArrived([], [line])))
+                             say=self._said)
         self.post_message(RunFinished(outcome.exit_code, outcome.lines))
 
     def start_probe(self, force: bool = False) -> RunWatch:
@@ -260,7 +267,7 @@ class TunerApp(App[int]):
 
         result = self._checked(watch, lambda: launch_probe(
             recipe, force=force, stop=self._stop_run, on_update=arrived, notes=lambda notes: arrived([], notes),
-            say=lambda line: arrived([], [line])))
+            say=self._said, progress=False))
         if result is None:
             return
         memory_plan = self.planner.plan(recipe)
