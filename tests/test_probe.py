@@ -219,7 +219,7 @@ def rank_pids(report: dict) -> set[int]:
 def test_run_with_probe_measures_beside_the_plan_then_trains_and_plan_shows_it(tmp_path, tuner_cli, probe_home):
     """One process: the demo probed (measured vs planned per phase and term group), then trained as usual; probe.json
     and the record under $TUNER_HOME are left, and `tuner plan` of the same setup shows the measurement."""
-    overrides = sets("data.max_samples=300", "training.max_steps=2", "memory.micro_batch_size=16")
+    overrides = sets("data.max_samples=200", "training.max_steps=1", "memory.micro_batch_size=16")
     result = tuner_cli("run", "demo", "--probe", *overrides, cwd=tmp_path, timeout=600)
     run_dir = tmp_path / "runs" / "demo"
     assert result.returncode == 0, result.stderr[-3000:]
@@ -350,7 +350,7 @@ def test_tune_batch_picks_the_fastest_measured_micro_batch_and_keeps_the_effecti
     (tmp_path / "mine.yaml").write_text(builtin_path("demo").read_text())
     before = (tmp_path / "mine.yaml").read_text()
     result = tuner_cli("probe", "mine.yaml", "--tune-batch", "--max-probes", "2", "--write",
-                       *sets("data.max_samples=200", "memory.micro_batch_size=2",
+                       *sets("data.max_samples=120", "data.eval_fraction=0", "memory.micro_batch_size=2",
                              "memory.gradient_accumulation_steps=2"),
                        cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -367,7 +367,7 @@ def test_tune_batch_picks_the_fastest_measured_micro_batch_and_keeps_the_effecti
     copy = load_recipe(tmp_path / "mine.tuned.yaml")
     assert (copy.memory.micro_batch_size, copy.memory.gradient_accumulation_steps) == (
         fastest["micro_batch_size"], fastest["gradient_accumulation_steps"])
-    assert copy.data.max_samples == 200 and copy.effective_batch_size == 4  # the user's --set lines kept
+    assert copy.data.max_samples == 120 and copy.effective_batch_size == 4  # the user's --set lines kept
     assert (tmp_path / "mine.yaml").read_text() == before  # the user's file is never touched
 
 
