@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-LOGIT_TOLERANCE = {"f16": 0.005, "bf16": 0.02, "q8_0": 0.03}  # of the largest |logit|
+LOGIT_TOLERANCE = {"f16": 0.005, "bf16": 0.02, "q8_0": 0.06}  # of the largest |logit|
 
 
 @dataclass(frozen=True)
