@@ -80,11 +80,13 @@ def _print_examples(title: str, result) -> None:
         print(f"  {mark} reverse {word!r:10} -> {answer!r:12} (expected {expected!r})")
 
 
-def _reward_lines(run_dir: Path, recipe: Recipe) -> list[str]:
+def _reward_lines(run_dir: Path) -> list[str]:
     """The held-out reward metrics of a dpo/kto/grpo run, first evaluation (before training) to last."""
     from tuner.events import read_events
-    from tuner.run_layout import EVENTS_FILE
+    from tuner.recipe.io import load_recipe
+    from tuner.run_layout import EVENTS_FILE, LOCK_FILE
 
+    recipe = load_recipe(run_dir / LOCK_FILE)
     key = "eval_reward" if recipe.objective.kind == "grpo" else "eval_rewards/margins"
     evals = [e for e in read_events(run_dir / EVENTS_FILE) if e.get(key) is not None]
     if len(evals) < 2:
@@ -145,7 +147,7 @@ def run(args) -> int:
         return outcome.exit_code
     after = exact_match(recipe, run_dir / FINAL_DIR, samples)
     _print_examples("after training", after)
-    for line in _reward_lines(run_dir, recipe):
+    for line in _reward_lines(run_dir):
         print(line)
     print(f"demo finished in {time.monotonic() - start:.0f} s: exact match {before.accuracy:.1%} -> {after.accuracy:.1%}")
     return 0

@@ -94,6 +94,8 @@ def grpo_trainer(recipe: Recipe, args, tokenizer, callbacks) -> tuple[object, Pr
     trainer = GRPOTrainer(model=model, reward_funcs=functions, args=args, train_dataset=train_raw,
                           eval_dataset=eval_raw, processing_class=tokenizer,
                           reward_processing_classes=reward_tokenizers, callbacks=callbacks, peft_config=peft_config)
+    if trainer.ref_model is not None:  # frozen: under autocast it then keeps no 16-bit copies of its weights
+        trainer.ref_model.requires_grad_(False)
     trainable, total = count_parameters(trainer.model)
     log.info("trainable parameters: %d of %d (%.2f%%)", trainable, total, 100 * trainable / max(total, 1))
     return trainer, PreparedData(train_raw, eval_raw, data_format, 0, dropped, eval_raw)
