@@ -297,3 +297,67 @@ def test_a_failing_reward_stops_both_ranks_naming_it(tmp_path, tuner_cli, demo_m
     for error in errors:
         assert "the reward 'picky' raised ValueError: no such word on a completion of prompt row 2 of " in \
             error["message"]
+
+
+# -- vLLM: rendered and checked, not run here -------------------------------------------------------------------------
+
+SERVER = {"gpus_per_machine": 2, "gpu": "H100-80GB"}
+
+
+def test_launch_script_starts_the_vllm_server_on_its_own_gpus(tmp_path):
+    import subprocess
+
+    from tuner.render.run_directory import render_run_files
+    from tuner.run_layout import LAUNCH_SCRIPT, SLURM_SCRIPT
+
+    recipe = make_recipe(tmp_path, hardware=SERVER, memory={"distributed": "ddp", "micro_batch_size": 2},
+                         grpo={"generation": "vllm_server", "vllm_server_gpus": 2, "vllm_server_port": 8123})
+    files = render_run_files(recipe, "runs/served")
+    script = files[LAUNCH_SCRIPT]
+    assert ('CUDA_VISIBLE_DEVICES="${TUNER_VLLM_GPUS:-2,3}" trl vllm-serve --model builtin:demo '
+            "--tensor_parallel_size 2 --port 8123 --gpu_memory_utilization 0.3 --max_model_len 24 &") in script
+    assert 'export CUDA_VISIBLE_DEVICES="${TUNER_TRAINING_GPUS:-0,1}"' in script
+    assert script.index("trl vllm-serve") < script.index("accelerate launch")
+    assert "#SBATCH --gpus-per-node=4" in files[SLURM_SCRIPT]  # the training GPUs and the server's
+    (tmp_path / "launch.sh").write_text(script)
+    assert subprocess.run(["bash", "-n", str(tmp_path / "launch.sh")]).returncode == 0
+    colocated = render_run_files(make_recipe(tmp_path, hardware=SERVER, memory={"distributed": "ddp"},
+                                             grpo={"generation": "vllm_colocate"}), "runs/colocated")
+    assert "vllm-serve" not in colocated[LAUNCH_SCRIPT]
+
+
+def fake_vllm(root: Path, version: str) -> None:
+    """An installed-looking vllm package of ``version`` (its module and its distribution's metadata)."""
+    (root / "vllm").mkdir(parents=True)
+    (root / "vllm" / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    info = root / f"vllm-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+
+
+def test_doctor_checks_vllm_against_the_versions_trl_supports(tmp_path, monkeypatch):
+    import importlib
+    import importlib.util
+    import sys
+
+    from tuner.doctor import check_vllm
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    recipe = make_recipe(tmp_path, hardware={"gpus_per_machine": 1, "gpu": "H100-80GB"},
+                         grpo={"generation": "vllm_colocate"})
+    missing = check_vllm(recipe)
+    assert missing.status == "fail" and "objective.grpo.generation: vllm_colocate needs it" in missing.detail
+    assert check_vllm(None).status == "ok" and check_vllm(make_recipe(tmp_path)).status == "ok"
+    for version, status in (("0.40.0", "fail"), ("0.25.1", "ok")):
+        root = tmp_path / version
+        fake_vllm(root, version)
+        monkeypatch.syspath_prepend(str(root))
+        importlib.invalidate_caches()
+        found = check_vllm(recipe)
+        assert found.status == status, found
+        if status == "fail":
+            assert "TRL currently supports vLLM versions from 0.22.0 to 0.31.0" in found.detail
+        monkeypatch.undo()
+        sys.modules.pop("vllm", None)  # TRL imported the fake to read its version
+        importlib.invalidate_caches()
