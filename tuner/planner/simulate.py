@@ -90,7 +90,7 @@ class _NoHook:
         pass
 
 
-def _tracker():
+def frozen_aware_tracker():
     """A MemTracker that leaves frozen parameters (LoRA's base weights) without gradient hooks."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -207,9 +207,9 @@ def _materialised(model, reference):
     return model, reference
 
 
-def _grpo_round(policy, reference, recipe, vocab: int):
-    """Root modules for the two traced parts of a grpo round: generating and scoring (no gradients), and the loss
-    on one micro-batch."""
+def grpo_round(policy, reference, recipe, vocab: int, trained=None):
+    """Root modules for the two traced parts of a grpo round: generating and scoring (no gradients) with ``policy``,
+    and the loss on one micro-batch through ``trained`` (the policy wrapped by DDP or DeepSpeed; default: itself)."""
     import contextlib
 
     import torch
@@ -265,7 +265,7 @@ def _grpo_round(policy, reference, recipe, vocab: int):
     class Loss(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.policy = policy
+            self.policy = trained or policy
 
         def forward(self, ids, advantages, scored):
             out = log_probs(self.policy, ids)
@@ -322,8 +322,8 @@ def simulate_grpo(recipe) -> SimulationResult:
             param.grad = torch.zeros_like(param)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        generation, loss_step, prompts = _grpo_round(model, reference, recipe, config.vocab_size)
-        tracker = _tracker()
+        generation, loss_step, prompts = grpo_round(model, reference, recipe, config.vocab_size)
+        tracker = frozen_aware_tracker()
         tracker.track_external(generation, optimizer)
         with tracker:
             model.eval()
@@ -332,7 +332,7 @@ def simulate_grpo(recipe) -> SimulationResult:
             phases[GENERATION], _ = _snapshot_gib(tracker)
         batch = mem.micro_batch_size
         model.train()
-        tracker = _tracker()
+        tracker = frozen_aware_tracker()
         tracker.track_external(loss_step, optimizer, *([reference] if reference is not None else []))  # resident
         with tracker:  # the round's buffers stay alive through its steps; the step takes one micro-batch of them
             buffered = ids.clone(), {name: values.clone() for name, values in scored.items()}
@@ -433,7 +433,7 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
             param.grad = torch.zeros_like(param)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        tracker = _tracker()
+        tracker = frozen_aware_tracker()
         tracker.track_external(preference or model, optimizer)
         with tracker:
             step()
