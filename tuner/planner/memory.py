@@ -97,9 +97,17 @@ class DevicePlan:
 
     def __post_init__(self):
         self.moment = max(self.moments, key=self.moment_gib)
-        live = self.live_items
-        self.terms = {c: sum(i.bytes for i in live if i.category == c) / GIB for c in CATEGORIES}
+        self.terms = self.terms_at(self.moment)
         self.total_gib = sum(self.terms.values())
+
+    def terms_at(self, moment: str) -> dict[str, float]:
+        """GiB by category of what is live at ``moment``."""
+        live = [i for i in self.items if i.live_in(moment)]
+        return {c: sum(i.bytes for i in live if i.category == c) / GIB for c in CATEGORIES}
+
+    def phase_moment(self, phase: str) -> str:
+        """The moment a phase peaks at."""
+        return max((m for m in self.moments if PHASES[m] == phase), key=self.moment_gib)
 
     @property
     def moments(self) -> tuple[str, ...]:
