@@ -272,26 +272,46 @@ def test_demo_grpo_after_sft_raises_the_held_out_reward(trained_demo, tuner_cli)
     assert after >= before, demo.stdout
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("ranks")
-def test_a_failing_reward_stops_both_ranks_naming_it(tmp_path, tuner_cli, demo_model_path):
-    """Two gloo ranks under DDP; the user's reward fails on one prompt, which only one rank holds: both stop, exit 2."""
-    rewards = tmp_path / "rewards.py"
-    rewards.write_text("def picky(prompts, completions, completion_ids, answer, **_):\n"
-                       "    if 'zyxw' in answer:\n        raise ValueError('no such word')\n"
-                       "    return [0.0] * len(completions)\n")
+def two_rank_recipe(tmp_path, reward: str, memory: str = "distributed: ddp") -> Path:
+    """A grpo recipe of 2 gloo ranks on the demo model, 4 steps."""
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in PROMPTS))
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
-        "name: picky\nmodel: {id: builtin:demo, dtype: float32}\nobjective:\n  kind: grpo\n  grpo:\n"
+        "name: ranks\nmodel: {id: builtin:demo, dtype: float32}\nobjective:\n  kind: grpo\n  beta: 0.04\n  grpo:\n"
         "    num_generations: 2\n    max_prompt_length: 16\n    max_completion_length: 4\n"
-        "    rewards: [{kind: function, function: rewards.py:picky}]\n"
-        "hardware: {num_processes: 2}\nmemory: {distributed: ddp, mixed_precision: 'no', micro_batch_size: 2, "
+        f"    rewards: [{reward}]\n"
+        f"hardware: {{num_processes: 2}}\nmemory: {{{memory}, mixed_precision: 'no', micro_batch_size: 2, "
         "max_seq_length: 24}\n"
         f"data: {{source: {data}, eval_fraction: 0}}\ntraining: {{max_steps: 4, logging_steps: 1}}\n")
-    run = tuner_cli("run", str(recipe), "-o", str(tmp_path / "run"), cwd=tmp_path, timeout=600)
-    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    return recipe
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ranks")
+@pytest.mark.parametrize("memory", ["distributed: ddp", "distributed: deepspeed, zero_stage: 2"],
+                         ids=["ddp", "zero2"])
+def test_grpo_trains_on_two_ranks(tmp_path, tuner_cli, demo_model_path, memory):
+    recipe = two_rank_recipe(tmp_path, "{kind: exact_match, column: answer}", memory)
+    run = tuner_cli("run", str(recipe), "--set", f"output.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    events = read_events(tmp_path / "run" / "events.jsonl")
+    assert events[-1]["event"] == "finished" and events[-1]["step"] == 4
+    steps = [e for e in events if e["event"] == "step" and "reward" in e]
+    assert steps and all("kl" in e and len(e["peak_rss_gib_per_rank"]) == 2 for e in steps)
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ranks")
+def test_a_failing_reward_stops_both_ranks_naming_it(tmp_path, tuner_cli, demo_model_path):
+    """Two gloo ranks under DDP; the user's reward fails on one prompt, which only one rank holds: both stop, each with
+    exit code 2 and an error event (the launcher, torchrun, reports 1 for a run whose rank failed)."""
+    (tmp_path / "rewards.py").write_text("def picky(prompts, completions, completion_ids, answer, **_):\n"
+                                         "    if 'zyxw' in answer:\n        raise ValueError('no such word')\n"
+                                         "    return [0.0] * len(completions)\n")
+    recipe = two_rank_recipe(tmp_path, "{kind: function, function: rewards.py:picky}")
+    run = tuner_cli("run", str(recipe), "--set", f"output.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=600)
+    assert run.returncode != 0 and "exited with code 2" in run.stdout + run.stderr, run.stdout[-2000:] + run.stderr
     errors = [e for e in read_events(tmp_path / "run" / "events.jsonl") if e["event"] == "error"]
     assert sorted(e["rank"] for e in errors) == [0, 1]
     for error in errors:

@@ -123,11 +123,14 @@ def test_no_reference_needs_the_recipes_permission(demo_model_path):
 
 # -- against a fake-tensor trace of one GRPO round --------------------------------------------------------------------
 
-SHAPES = {  # three architectures: GQA Llama, tied MQA Qwen2 with biases, fused-projection MHA Phi-3
+SHAPES = {  # GQA Llama, tied MQA Qwen2 with biases, fused-projection MHA Phi-3, and a deep narrow Llama whose KV
+    # cache outweighs its model states
     "llama": {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096, "tie_word_embeddings": False},
     "qwen2": {"model_type": "qwen2", "hidden_size": 320, "intermediate_size": 864, "num_hidden_layers": 3,
               "num_attention_heads": 5, "num_key_value_heads": 1, "vocab_size": 3001, "tie_word_embeddings": True},
+    "deep": {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 8,
+             "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 512, "tie_word_embeddings": True},
     "phi3": {"model_type": "phi3", "hidden_size": 192, "intermediate_size": 512, "num_hidden_layers": 3,
              "num_attention_heads": 6, "num_key_value_heads": 6, "vocab_size": 5000, "tie_word_embeddings": False,
              "pad_token_id": 0},
@@ -139,6 +142,7 @@ CELLS = [
     ("qwen2", "full", 0.04, 32, 16, 4, 1, {}),
     ("phi3", "lora", 0.04, 16, 32, 2, 2, {"memory": {"gradient_accumulation_steps": 2}}),
     ("llama", "lora", 0.0, 16, 16, 4, 1, {"memory": {"gradient_checkpointing": True, "attention": "eager"}}),
+    ("deep", "full", 0.0, 32, 64, 8, 2, {"memory": {"gradient_accumulation_steps": 2}}),
 ]
 TRACE_TOLERANCE = 0.08
 

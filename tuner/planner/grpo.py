@@ -29,6 +29,7 @@ from tuner.planner.memory import (
     FORWARD_BACKWARD,
     GENERATION_MOMENTS,
     GIB,
+    MOMENTS,
     PREFILL,
     SCORING,
     Item,
@@ -180,10 +181,17 @@ def reward_model_items(s) -> list[Item]:
             for model in s.rollout.reward_models]
 
 
-def rollout_items(s, gpu: list[Item], capacity_gib: float | None) -> list[Item]:
-    """The generation phase's items on the training device, the round's buffers and the reward models."""
+def rollout_items(s, step: list[Item], capacity_gib: float | None) -> list[Item]:
+    """The training device's items with the rollout's: the generation phase, the round's buffers, the reward models.
+
+    A round that starts with an optimizer step (steps_per_generation a multiple of the accumulation) generates after
+    ``zero_grad``: the gradients kept between micro-steps are not live while it generates."""
     r = s.rollout
-    items = reward_model_items(s)
+    if r.steps_per_generation % s.accumulation == 0:
+        outside = tuple(m for m in MOMENTS if m not in GENERATION_MOMENTS)
+        step = [Item(i.name, i.category, i.bytes, outside, i.source, i.level)
+                if i.category == "gradients" and i.phase == ALWAYS else i for i in step]
+    items = step + reward_model_items(s)
     items.append(Item("rollout buffers: ids, masks, advantages, scored log-probabilities", "activations",
                       rollout_buffer_bytes(s), ALWAYS, "grpo-rollout"))
     if r.backend == "transformers":
@@ -192,7 +200,7 @@ def rollout_items(s, gpu: list[Item], capacity_gib: float | None) -> list[Item]:
             items.append(Item("ZeRO-3 gathers the whole 16-bit model to generate (ds3_gather_for_generation)",
                               "weights", s.counts.total * (2 if s.mixed else 4), (PREFILL, DECODING), "grpo-prefill"))
         items += [Item(i.name + ", to generate", i.category, i.bytes, (PREFILL, DECODING, SCORING), i.source)
-                  for i in gpu if i.source == "fsdp" and i.category == "weights" and i.phase != ALWAYS]
+                  for i in step if i.source == "fsdp" and i.category == "weights" and i.phase != ALWAYS]
     elif r.backend == "vllm_colocate" and capacity_gib:
         phase = GENERATION_MOMENTS if r.vllm_sleep else ALWAYS
         items.append(Item(f"vLLM engine: {r.vllm_share:.0%} of the GPU (weights and KV cache pool"

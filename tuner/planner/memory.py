@@ -967,7 +967,7 @@ def plan(recipe) -> MemoryPlan:
     if s.rollout:
         from tuner.planner.grpo import rollout_items
 
-        items += rollout_items(s, gpu_items, capacity if s.on_gpu else None)
+        items = rollout_items(s, items, capacity if s.on_gpu else None)
     peak = DevicePlan("probe", None, items).total_gib * GIB
     # the allocator caches T x V loss segments; TRL's fused head (dpo/kto) reuses one tile buffer instead
     loss_bytes = sum(i.bytes for i in act_items if i.category == "logits_loss") if s.objective == "sft" else 0.0
