@@ -247,6 +247,42 @@ def test_a_user_reward_next_to_the_recipe_scores_completions(tmp_path):
     assert functions[0](**BATCH, **{ROW_COLUMN: [1, 2, 3]}) == [1.0, 1.0, 1.0]
 
 
+def test_a_reward_model_scores_beside_the_functions(tmp_path, demo_model_path):
+    """A sequence-classification checkpoint as a reward: loaded frozen in model.dtype with its tokenizer, handed to
+    TRL (which runs it on prompt + completion)."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    reward_dir = tmp_path / "reward-model"
+    config = AutoConfig.from_pretrained(demo_model_path, num_labels=1)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(reward_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (demo_model_path / name).is_file():
+            shutil.copy(demo_model_path / name, reward_dir / name)
+    recipe = make_recipe(tmp_path, grpo={"rewards": [REWARD, {"kind": "model", "model": str(reward_dir),
+                                                                "weight": 0.5}]})
+    trainer, _ = build(recipe, tmp_path)
+    assert trainer.reward_func_names == ["exact_match(answer)", "reward-model"]
+    model, tokenizer = trainer.reward_funcs[1], trainer.reward_processing_classes[1]
+    assert not any(p.requires_grad for p in model.parameters()) and tokenizer is not None
+    assert trainer.reward_weights.tolist() == [1.0, 0.5]
+
+
+def test_the_run_screen_and_the_progress_line_show_the_reward():
+    from tuner.launch.progress import step_summary
+    from tuner.tui.run_watch import RunWatch
+    from tuner.tui.screens.run import status_line
+
+    event = {"event": "step", "step": 5, "max_steps": 10, "loss": 0.01, "reward": 0.75, "reward_std": 0.25,
+             "kl": 0.002, "completions/mean_length": 6.5, "time": 1.0}
+    assert "reward 0.750 ± 0.250  kl 0.0020  completion 6.5 tokens" in step_summary(event)
+    assert "eval reward 0.800" in step_summary({"event": "eval", "step": 5, "eval_reward": 0.8})
+    watch = RunWatch(run_dir=Path("run"))
+    watch.absorb([event])
+    assert "reward 0.750 ± 0.250" in status_line(watch)
+
+
 # -- real runs ------------------------------------------------------------------------------------------------------
 
 @pytest.mark.slow

@@ -175,6 +175,38 @@ def _snapshot_gib(tracker) -> tuple[float, dict[str, float]]:
     return total / GIB, {k: v for k, v in by_category.items() if v}
 
 
+def _optimizer_with_states(model):
+    """The trainable parameters and their AdamW (the CPU's single-tensor loop), its states made by a step on zero
+    gradients: without paying for a first forward/backward."""
+    import torch
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=False)
+    for param in trainable:
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return trainable, optimizer
+
+
+def _dtypes(recipe):
+    """(the weights' torch dtype, autocast's or None)."""
+    import torch
+
+    weights = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[recipe.model.dtype]
+    return weights, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(recipe.memory.mixed_precision)
+
+
+def _model_config(recipe):
+    """The transformers config of the recipe's model, from its config.json (no weights)."""
+    from transformers import AutoConfig
+
+    data = {key: value for key, value in _config_dict(recipe).items() if not key.startswith("_")}
+    for key in ("transformers_version", "architectures"):
+        data.pop(key, None)
+    return AutoConfig.for_model(**data)
+
+
 def _built(recipe, config, dtype, attention: str):
     """The policy (with LoRA), and a frozen reference copy for full fine-tuning with a KL penalty, on meta."""
     import torch
@@ -293,18 +325,13 @@ def simulate_grpo(recipe) -> SimulationResult:
     started = time.perf_counter()
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from transformers import AutoConfig
     from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
     from tuner.planner.memory import GENERATION, TRAINING_STEP
 
     mem = recipe.memory
-    config_data = {key: value for key, value in _config_dict(recipe).items() if not key.startswith("_")}
-    for key in ("transformers_version", "architectures"):
-        config_data.pop(key, None)
-    config = AutoConfig.for_model(**config_data)
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[recipe.model.dtype]
-    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mem.mixed_precision)
+    config = _model_config(recipe)
+    dtype, autocast_dtype = _dtypes(recipe)
     model, reference = _built(recipe, config, dtype, "eager" if mem.attention == "eager" else "sdpa")
     disable_dropout_in_model(model)
     add_fused_lm_head(model.get_base_model() if recipe.method.kind != "full" else model,
@@ -316,12 +343,7 @@ def simulate_grpo(recipe) -> SimulationResult:
         model, reference = _materialised(model, reference)
         if mem.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=False)
-        for param in trainable:  # create the optimizer states without paying for a first forward/backward
-            param.grad = torch.zeros_like(param)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        trainable, optimizer = _optimizer_with_states(model)
         generation, loss_step, prompts = grpo_round(model, reference, recipe, config.vocab_size)
         tracker = frozen_aware_tracker()
         tracker.track_external(generation, optimizer)
@@ -365,34 +387,19 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
     started = time.perf_counter()
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     mem = recipe.memory
-    config_data = {key: value for key, value in _config_dict(recipe).items() if not key.startswith("_")}
-    config_data.pop("transformers_version", None)
-    config_data.pop("architectures", None)
-    config = AutoConfig.for_model(**config_data)
+    config = _model_config(recipe)
     config.use_cache = False
     attention = "eager" if mem.attention == "eager" else "sdpa"
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[recipe.model.dtype]
+    dtype, autocast_dtype = _dtypes(recipe)
     notes = ["simulated on CPU kernels (sdpa: the CPU flash kernel; AdamW: the single-tensor loop)."]
     if recipe.uses_gpu:
         notes.append("the analytic plan of a GPU recipe also counts CUDA's foreach AdamW temporaries, "
                      "CUDA context and allocator slack, which a CPU trace does not see.")
     batch, seq = mem.micro_batch_size, mem.max_seq_length
-    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mem.mixed_precision)
     objective = recipe.objective
-    with torch.device("meta"):  # PEFT cannot move fake tensors, so build on meta and materialise as fakes
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
-        reference = None
-        if objective.preference and recipe.method.kind == "full" and not objective.precompute_ref_log_probs:
-            reference = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
-    if recipe.method.kind == "lora":
-        from peft import LoraConfig, get_peft_model
-
-        lora = recipe.method.lora
-        model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                 target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    model, reference = _built(recipe, config, dtype, attention)
     if adapt is not None:
         adapt(model)
     elif mem.chunked_loss:
@@ -400,18 +407,11 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
     if objective.preference:
         _prepare_like_trl(model, reference, objective.kind)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = model.to_empty(device="cpu")
-        model.tie_weights()  # to_empty gives each module its own tensor; tied embeddings share one again
-        if reference is not None:
-            reference = reference.to_empty(device="cpu")
-            reference.tie_weights()
-            reference.requires_grad_(False)
-            reference.eval()
+        model, reference = _materialised(model, reference)
         if mem.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=False)
+        trainable, optimizer = _optimizer_with_states(model)
         preference = _preference_step(model, reference, recipe) if objective.preference else None
         if recipe.data.packing:
             ids = torch.randint(0, config.vocab_size, (1, batch * seq))
@@ -429,24 +429,10 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        for param in trainable:  # create the optimizer states without paying for a first forward/backward
-            param.grad = torch.zeros_like(param)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
         tracker = frozen_aware_tracker()
         tracker.track_external(preference or model, optimizer)
         with tracker:
             step()
-        snapshot = tracker.get_tracker_snapshot("peak")
-    by_category: dict[str, float] = {}
-    total = 0.0
-    for device_snapshot in snapshot.values():
-        for key, value in device_snapshot.items():
-            name = getattr(key, "value", key)
-            if name == "Total":
-                total += value
-                continue
-            category = _CATEGORY.get(name, name)
-            by_category[category] = by_category.get(category, 0.0) + value / GIB
-    return SimulationResult(peak_gib=total / GIB, peak_by_category={k: v for k, v in by_category.items() if v},
-                            seconds=time.perf_counter() - started, notes=notes)
+        peak, by_category = _snapshot_gib(tracker)
+    return SimulationResult(peak_gib=peak, peak_by_category=by_category, seconds=time.perf_counter() - started,
+                            notes=notes)

@@ -67,7 +67,8 @@ def grpo_trainer(recipe: Recipe, args, tokenizer, callbacks) -> tuple[object, Pr
 
     from tuner.data.formats import DEFAULT_CHAT_TEMPLATE
     from tuner.data.prepare import split_samples
-    from tuner.loading.model import choose_liger, count_parameters, load_model, lora_config, prepare_for_adapters
+    from tuner.loading.model import count_parameters
+    from tuner.train.preference import trl_policy
     from tuner.train.rewards import reward_functions
 
     grpo = recipe.objective.grpo
@@ -80,13 +81,8 @@ def grpo_trainer(recipe: Recipe, args, tokenizer, callbacks) -> tuple[object, Pr
     log.info("data: %d training and %d held-out prompts; %d completions per prompt", len(train_raw),
              len(eval_raw) if eval_raw else 0, grpo.num_generations)
     functions, reward_tokenizers = reward_functions(recipe)
-    model = load_model(recipe)
-    args.use_liger_kernel, reason = choose_liger(recipe.memory.liger, model.config.model_type, recipe.uses_gpu)
-    log.info("liger kernels: %s", reason)
+    model, peft_config = trl_policy(recipe, args)
     full = recipe.method.kind == "full"
-    peft_config = None if full else lora_config(recipe)
-    if not full:
-        model = prepare_for_adapters(model, recipe)
     log.info("reference model: %s", "none (beta 0: no KL penalty)" if not recipe.objective.beta else
              "a frozen copy of the starting model, loaded by TRL" if full else
              "the same model with the adapter disabled")
