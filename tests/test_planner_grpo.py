@@ -138,11 +138,11 @@ SHAPES = {  # GQA Llama, tied MQA Qwen2 with biases, fused-projection MHA Phi-3,
 # (shape, method, beta, prompt, completion, micro-batch, steps per generation, settings): full and LoRA, beta 0 and
 # above, a round over one and two micro-batches (the old policy scored again), sampling knobs and checkpointing
 CELLS = [
-    ("llama", "full", 0.0, 24, 24, 4, 2, {"grpo": {"temperature": 0.9, "top_p": 0.9}}),
+    ("llama", "full", 0.0, 24, 16, 4, 2, {"grpo": {"temperature": 0.9, "top_p": 0.9}}),
     ("qwen2", "full", 0.04, 32, 16, 4, 1, {}),
-    ("phi3", "lora", 0.04, 16, 32, 2, 2, {"memory": {"gradient_accumulation_steps": 2}}),
+    ("phi3", "lora", 0.04, 16, 24, 2, 2, {"memory": {"gradient_accumulation_steps": 2}}),
     ("llama", "lora", 0.0, 16, 16, 4, 1, {"memory": {"gradient_checkpointing": True, "attention": "eager"}}),
-    ("deep", "full", 0.0, 32, 64, 8, 2, {"memory": {"gradient_accumulation_steps": 2}}),
+    ("deep", "full", 0.0, 48, 48, 8, 2, {"memory": {"gradient_accumulation_steps": 2}}),
 ]
 TRACE_TOLERANCE = 0.08
 
