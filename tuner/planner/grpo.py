@@ -185,12 +185,14 @@ def rollout_items(s, step: list[Item], capacity_gib: float | None) -> list[Item]
     """The training device's items with the rollout's: the generation phase, the round's buffers, the reward models.
 
     A round that starts with an optimizer step (steps_per_generation a multiple of the accumulation) generates after
-    ``zero_grad``: the gradients kept between micro-steps are not live while it generates."""
+    ``zero_grad``: the gradients kept between micro-steps are not live while it generates (DDP's buckets and ZeRO-3's
+    partition buffer are, allocated once)."""
     r = s.rollout
-    if r.steps_per_generation % s.accumulation == 0:
+    if r.steps_per_generation % s.accumulation == 0 and s.accumulation > 1:
         outside = tuple(m for m in MOMENTS if m not in GENERATION_MOMENTS)
+        accumulated = ("torch-autograd", "fsdp") + (("zero",) if s.zero in (1, 2) else ())
         step = [Item(i.name, i.category, i.bytes, outside, i.source, i.level)
-                if i.category == "gradients" and i.phase == ALWAYS else i for i in step]
+                if i.category == "gradients" and i.phase == ALWAYS and i.source in accumulated else i for i in step]
     items = step + reward_model_items(s)
     items.append(Item("rollout buffers: ids, masks, advantages, scored log-probabilities", "activations",
                       rollout_buffer_bytes(s), ALWAYS, "grpo-rollout"))
