@@ -61,8 +61,9 @@ def _within_prompt_length(raw, tokenizer, limit: int, what: str):
     return kept, dropped
 
 
-def grpo_trainer(recipe: Recipe, args, tokenizer, callbacks) -> tuple[object, PreparedData]:
-    """TRL's GRPOTrainer for the recipe, and what became of its prompts."""
+def grpo_trainer(recipe: Recipe, args, tokenizer, callbacks, model_path: str | None = None
+                 ) -> tuple[object, PreparedData]:
+    """TRL's GRPOTrainer for the recipe (its model from ``model_path`` when given), and what became of its prompts."""
     from trl import GRPOTrainer
 
     from tuner.data.formats import DEFAULT_CHAT_TEMPLATE
@@ -81,7 +82,7 @@ def grpo_trainer(recipe: Recipe, args, tokenizer, callbacks) -> tuple[object, Pr
     log.info("data: %d training and %d held-out prompts; %d completions per prompt", len(train_raw),
              len(eval_raw) if eval_raw else 0, grpo.num_generations)
     functions, reward_tokenizers = reward_functions(recipe)
-    model, peft_config = trl_policy(recipe, args)
+    model, peft_config = trl_policy(recipe, args, model_path)
     full = recipe.method.kind == "full"
     log.info("reference model: %s", "none (beta 0: no KL penalty)" if not recipe.objective.beta else
              "a frozen copy of the starting model, loaded by TRL" if full else
