@@ -74,11 +74,13 @@ def test_a_task_whose_data_is_not_here_exits_1_naming_the_dataset(tmp_path, demo
     assert "Traceback" not in result.stderr
 
 
-def test_unknown_task_and_a_run_without_held_out_samples_are_refused(tmp_path, demo_model_path, tuner_cli):
-    result = tuner_cli("eval", "--model", str(demo_model_path), "--tasks", "no_such_task_anywhere")
-    assert result.returncode == 2 and "no_such_task_anywhere: not a task" in result.stderr
-    result = tuner_cli("eval", "demo", "--set", "data.eval_fraction=0")
-    assert result.returncode == 2 and "data.eval_fraction is 0" in result.stderr
+def test_unknown_task_and_a_run_without_held_out_samples_are_refused(demo_model_path, capsys):
+    from tuner.cli import main
+
+    assert main(["eval", "--model", str(demo_model_path), "--tasks", "no_such_task_anywhere"]) == 2
+    assert "no_such_task_anywhere: not a task" in capsys.readouterr().err
+    assert main(["eval", "demo", "--set", "data.eval_fraction=0"]) == 2
+    assert "data.eval_fraction is 0" in capsys.readouterr().err
 
 
 def test_preference_pairs_are_scored_by_log_likelihood_and_an_objective_can_bring_its_own_score(demo_model_path):
@@ -94,10 +96,59 @@ def test_preference_pairs_are_scored_by_log_likelihood_and_an_objective_can_brin
     doc = pairs["custom_dataset"]()["test"][0]
     assert pairs["doc_to_choice"](doc)[0] == doc["answer"] != doc["rejected"]
     recipe = load_recipe(builtin_path("demo"))
-    tasks.ANSWER_SCORES[recipe.objective.kind] = lambda r: lambda d, answer: {"reward": float(len(answer))}
+    tasks.ANSWER_SCORES[recipe.objective.kind] = lambda r, tokenizer: lambda d, answer: {"reward": float(len(answer))}
     try:
         generation = tasks.held_out_task(recipe, tokenizer, limit=2)
     finally:
         del tasks.ANSWER_SCORES[recipe.objective.kind]
     assert [m["metric"] for m in generation["metric_list"]] == ["reward"]
     assert generation["process_results"]({"answer": "x"}, ["abc"]) == {"reward": 3.0}
+
+
+GRPO_REWARDS = "objective.grpo.rewards=[{kind: exact_match, column: answer, weight: 2}, {kind: length, target_tokens: 1}]"
+
+
+def test_a_grpo_recipe_is_scored_by_its_own_weighted_rewards(demo_model_path):
+    """(tuner demo --recipe demo-grpo, in test_grpo.py, runs this task through the harness before and after.)"""
+    from transformers import AutoTokenizer
+
+    from tuner.evaluate.tasks import held_out_task
+    from tuner.recipe.io import load_recipe
+    from tuner.recipe.registry import builtin_path
+
+    overrides = ["model.id=builtin:demo", GRPO_REWARDS]
+    task = held_out_task(load_recipe(builtin_path("demo-grpo"), overrides), AutoTokenizer.from_pretrained(
+        demo_model_path), limit=2)
+    doc = task["custom_dataset"]()["test"][0]
+    assert doc["answer"] == doc["shown"][::-1]  # the column exact_match reads: the prompt's word reversed
+    right, wrong = (task["process_results"](doc, [answer]) for answer in (doc["answer"], doc["answer"] + "x"))
+    length = -(len(doc["answer"]) - 1) / 8  # tokens past target_tokens over max_completion_length (the demo's 8)
+    assert right == {"reward": 2 + length, "exact_match(answer)": 1.0, "length": length}
+    assert wrong["exact_match(answer)"] == 0 and wrong["reward"] < right["reward"]
+    assert [m["metric"] for m in task["metric_list"]] == ["reward", "exact_match(answer)", "length"]
+
+
+def test_scores_go_to_the_runs_tensorboard_and_mlflow_read_back_by_their_own_readers(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tuner.evaluate.harness import ModelResult
+    from tuner.evaluate.results import report_to_trackers
+    from tuner.recipe.io import load_recipe
+    from tuner.recipe.registry import builtin_path
+
+    for name in ("TENSORBOARD_LOGGING_DIR", "MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.setenv(name, "")  # what report_to_trackers sets is undone after the test
+        monkeypatch.delenv(name)
+    recipe = load_recipe(builtin_path("demo"), ["training.report_to=[tensorboard, mlflow, wandb]"])
+    results = [ModelResult("base", "m", {"held_out": {"exact_match": 0.0}}),
+               ModelResult("fine-tuned", "m", {"held_out": {"exact_match": 0.75}})]
+    lines = report_to_trackers(recipe, tmp_path, results)
+    assert lines[-1] == "not sent to wandb: tuner eval writes to tensorboard and mlflow only"
+    (logdir,) = {path.parent for path in (tmp_path / "tensorboard").rglob("events.out.tfevents.*")}
+    accumulator = EventAccumulator(str(logdir))
+    accumulator.Reload()
+    assert [e.value for e in accumulator.Scalars("eval/fine-tuned/held_out/exact_match")] == [0.75]
+    client = MlflowClient((tmp_path / "mlruns").as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("demo").experiment_id])
+    assert run.data.metrics == {"eval.base.held_out.exact_match": 0.0, "eval.fine-tuned.held_out.exact_match": 0.75}

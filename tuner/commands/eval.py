@@ -41,11 +41,6 @@ def base_target(target):
 
 
 def run(args) -> int:
-    import importlib.util
-
-    if importlib.util.find_spec("lm_eval") is None:
-        print("error: tuner eval needs the lm_eval package: pip install 'tuner[eval]'", file=sys.stderr)
-        return 1
     from rich.console import Console
 
     from tuner.data.sources import DataError

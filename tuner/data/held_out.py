@@ -4,7 +4,7 @@ fraction: :func:`tuner.data.prepare.split_samples`), so none of these samples wa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tuner.data.sources import DataError
 from tuner.recipe.schema import Recipe
@@ -13,12 +13,14 @@ from tuner.recipe.schema import Recipe
 @dataclass(frozen=True)
 class HeldOut:
     """One held-out sample: the prompt as the model is given it, the expected answer (the chosen one for a
-    preference pair, None for text), the rejected answer of a pair, and the sample's input shown to people."""
+    preference pair, the column an exact or regex match reward reads for a grpo prompt, None for text), the rejected
+    answer of a pair, the sample's input shown to people, and a grpo prompt's reward inputs (its other columns)."""
 
     prompt: str
     expected: str | None
     rejected: str | None = None
     shown: str = ""
+    reward_inputs: dict = field(default_factory=dict)
 
 
 def held_out_samples(recipe: Recipe) -> tuple[list[dict], str]:
@@ -32,10 +34,20 @@ def held_out_samples(recipe: Recipe) -> tuple[list[dict], str]:
     return list(held_out), data_format
 
 
-def as_question(sample: dict, data_format: str, tokenizer) -> HeldOut:
-    """A sample as the model is asked it (the chat template, as training rendered it) and what it should answer."""
+def as_question(sample: dict, data_format: str, tokenizer, recipe: Recipe | None = None) -> HeldOut:
+    """A sample as the model is asked it (the chat template, as training rendered it) and what it should answer
+    (``recipe``: a grpo recipe, whose rewards name the column of the expected answer)."""
     if data_format == "text":
         return HeldOut(prompt=sample["text"], expected=None, shown=sample["text"][:40])
+    if data_format == "prompt":
+        from tuner.data.prompts import prompt_text as rendered, reward_inputs
+
+        rewards = recipe.objective.grpo.rewards if recipe is not None and recipe.objective.grpo else []
+        column = next((r.column for r in rewards if r.kind in ("exact_match", "regex_match")), None)
+        prompt = sample["prompt"]
+        last = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+        return HeldOut(rendered(prompt, tokenizer), None if column is None else str(sample[column]),
+                       shown=last.split("\n")[-1], reward_inputs=reward_inputs(sample))
     if data_format in ("preference", "unpaired_preference"):
         from tuner.data.preference import prompt_and_chosen, with_prompt
 

@@ -32,11 +32,15 @@ def evaluate_model(loaded, label: str, tasks: list, batch_size: int) -> ModelRes
     """Score ``loaded`` (a :class:`tuner.infer.load.LoadedModel`) on ``tasks`` (harness task configs or objects)."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
 
     for name in ("lm-eval", "lm_eval"):
         logging.getLogger(name).setLevel(logging.ERROR)
     lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=batch_size)
-    output = simple_evaluate(model=lm, tasks=tasks, log_samples=True, bootstrap_iters=0,
+    # the tasks come built (tuner.evaluate.tasks): a manager without the harness's index of its thousands of task
+    # YAMLs, which would take longer to read than the held-out task of a small model takes to run
+    output = simple_evaluate(model=lm, tasks=tasks, task_manager=TaskManager(include_defaults=False),
+                             log_samples=True, bootstrap_iters=0,
                              random_seed=0, numpy_random_seed=0, torch_random_seed=0)
     result = ModelResult(label, loaded.target.describe())
     for task, values in output["results"].items():

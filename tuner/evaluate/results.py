@@ -15,12 +15,19 @@ EVAL_FILE = "eval-{stamp}.json"  # in EVAL_DIR; tuner/launch/summary.py reads th
 
 
 def write_results(run_dir: Path, results: list[ModelResult]) -> Path:
-    from tuner.fileio import atomic_write_text
+    """A new file under RUN/eval/, never one that is there already (two evaluations in one second: ``-2``)."""
+    from tuner.fileio import create_exclusive_text
 
+    (run_dir / EVAL_DIR).mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = run_dir / EVAL_DIR / EVAL_FILE.format(stamp=stamp)
     document = {"written_by": "tuner eval", "time": time.time(), "models": [asdict(result) for result in results]}
-    return atomic_write_text(path, json.dumps(document, indent=2) + "\n")
+    for attempt in range(1, 100):
+        path = run_dir / EVAL_DIR / EVAL_FILE.format(stamp=stamp if attempt == 1 else f"{stamp}-{attempt}")
+        try:
+            return create_exclusive_text(path, json.dumps(document, indent=2) + "\n")
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{run_dir / EVAL_DIR}: 99 evaluations in one second already")
 
 
 def result_table(results: list[ModelResult]):

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.events import read_events
+from tuner.fileio import read_limited
 from tuner.run_layout import EVAL_DIR, EVENTS_FILE, MEMORY_REPORT
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's file: its presence makes a saved model an adapter
+EVAL_READ_LIMIT = 16 << 20  # an eval/ result of tuner eval is kilobytes; more is not one it wrote
 
 
 @dataclass(frozen=True)
@@ -65,14 +67,17 @@ class RunSummary:
         return lines
 
 
-def latest_evaluation(run_dir: Path) -> str | None:
-    """The newest ``eval/eval-*.json`` of the run (written by ``tuner eval``) as one line: each task's first metric
-    per model, e.g. ``held_out exact_match 0 -> 0.38``."""
-    files = sorted((run_dir / EVAL_DIR).glob("eval-*.json"))
-    if not files:
-        return None
+def latest_evaluation(run_dir: Path, since: float = 0.0) -> str | None:
+    """The newest ``eval/eval-*.json`` of the run (written by ``tuner eval``) at or after ``since`` (the training it
+    evaluated finished then) as one line: each task's first metric per model, e.g. ``held_out exact_match 0 -> 0.38``."""
     try:
-        models = json.loads(files[-1].read_text(encoding="utf-8"))["models"]
+        newest = max((run_dir / EVAL_DIR).glob("eval-*.json"), key=lambda path: path.stat().st_mtime, default=None)
+        if newest is None:
+            return None
+        document = json.loads(read_limited(newest, EVAL_READ_LIMIT, pipes=False))
+        if document.get("time", 0) < since:  # an evaluation of the model an earlier training left there
+            return None
+        models = document["models"]
         tasks = dict.fromkeys(task for model in models for task in model["scores"])
         parts = []
         for task in tasks:
@@ -82,7 +87,7 @@ def latest_evaluation(run_dir: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError, StopIteration):
         return None
     labels = " -> ".join(m.get("label", "?") for m in models)
-    return f"{'; '.join(parts)} ({labels}; {files[-1].relative_to(run_dir)})"
+    return f"{'; '.join(parts)} ({labels}; {newest.relative_to(run_dir)})"
 
 
 def summarize_run(run_dir: str | Path, since: float = 0.0, wall_s: float | None = None) -> RunSummary | None:
@@ -115,4 +120,4 @@ def summarize_run(run_dir: str | Path, since: float = 0.0, wall_s: float | None 
         eval_loss=evals[-1] if evals else None, memory_line=memory_line,
         wall_s=wall_s if wall_s is not None else (float(runtime) if isinstance(runtime, (int, float)) else None),
         tokens_per_s=speeds[-1] if speeds else None, steps=finished.get("step"), notes=notes,
-        evaluation=latest_evaluation(run_dir))
+        evaluation=latest_evaluation(run_dir, since=finished.get("time", 0)))
