@@ -55,7 +55,7 @@ def ask(target: Path, gate: Path, lease: float = 60.0, timeout: float = 120.0) -
 
 def wait_for_line(process: subprocess.Popen, text: str, timeout: float = 120) -> str:
     """The first line of ``process``'s output that holds ``text``; fails (never hangs) if none comes."""
-    deadline = time.monotonic() + timeout
+    deadline, seen = time.monotonic() + timeout, []
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ)
         while time.monotonic() < deadline:
@@ -65,7 +65,9 @@ def wait_for_line(process: subprocess.Popen, text: str, timeout: float = 120) ->
                     break
                 if text in line:
                     return line
-    raise AssertionError(f"no line with {text!r} from pid {process.pid}")
+                seen.append(line)
+    raise AssertionError(f"no line with {text!r} from pid {process.pid} (exit {process.poll()}); it said:\n"
+                         + "".join(seen))
 
 
 def finish(process: subprocess.Popen) -> tuple[int, str]:
