@@ -320,6 +320,23 @@ def model_facts(model_id: str, revision: str | None = None, trust_remote_code: b
         f"{', '.join(catalog_ids())}.")
 
 
+def model_config(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> dict:
+    """The config.json mapping of ``model_id`` as :func:`model_facts` finds it (builtin:demo, a local directory, the
+    catalog entry, the hub cache), for building the model's real classes from it; never downloads."""
+    if model_id == "builtin:demo":
+        return _demo_config()
+    path = Path(model_id).expanduser()
+    if path.is_dir():
+        return json.loads((path / "config.json").read_text())
+    key = _catalog_key(model_id)
+    if key is not None:
+        return dict(_catalog()[key])
+    config = _cached_hub_config(model_id, revision, trust_remote_code)
+    if config is None:
+        model_facts(model_id, revision, trust_remote_code)  # raises UnknownModelError, naming what was tried
+    return config
+
+
 MAX_CONFIG_BYTES = 4 * 2**20  # a config.json is a few KiB
 CODE_CONFIGS = ("config.json", "tokenizer_config.json")  # where a model names the classes it ships (auto_map)
 

@@ -250,6 +250,8 @@ class _Setup:
     precompute: bool = False  # preference: reference log-probabilities computed before training
     tp: int = 1  # tensor-parallel ranks (parallelism.tp)
     seq_shards: int = 1  # ranks a sequence is split across: cp (ring attention) or sp (Ulysses)
+    logprob_fold: str | None = None  # dpo/kto: how TRL's fused head folds its tiles (tuner.planner.kernels)
+    kernel_notes: tuple[str, ...] = ()  # the kernels the plan assumes, and why (tuner.planner.kernels)
 
     @property
     def tp_label(self) -> str:
@@ -297,8 +299,10 @@ def _setup(recipe) -> _Setup:
         shard_group = min(world, recipe.hardware.gpus_per_machine)
     else:
         shard_group = world
+    from tuner.planner.kernels import kernels
     from tuner.planner.preference import sequences_per_sample
 
+    chosen = kernels(recipe, model.model_type)
     return _Setup(
         facts=rank_facts(model, par.tp), model=model, counts=rank_param_counts(model, par.tp, mem.distributed),
         tp=par.tp, seq_shards=par.cp * par.sp,
@@ -308,8 +312,7 @@ def _setup(recipe) -> _Setup:
         distributed=mem.distributed, zero=mem.zero_stage, fsdp=mem.fsdp.sharding_strategy, world=world,
         shard_group=shard_group,
         offload_optimizer=mem.offload_optimizer, offload_params=mem.offload_params,
-        checkpointing=mem.gradient_checkpointing, eager=mem.attention == "eager",
-        flash=mem.attention == "flash" and recipe.uses_gpu,
+        checkpointing=mem.gradient_checkpointing, eager=chosen.attention == "eager", flash=chosen.attention == "flash",
         batch=mem.micro_batch_size * sequences_per_sample(objective.kind),
         seq=mem.max_seq_length // (par.cp * par.sp),
         accumulation=mem.gradient_accumulation_steps, optimizer=mem.optimizer, lora_r=method.lora.r,
@@ -317,13 +320,13 @@ def _setup(recipe) -> _Setup:
         lora_dropout=0.0 if objective.preference else method.lora.dropout,  # TRL turns dropout off
         quant_bits=quant.bits if quant and method.kind == "qlora" else None,
         double_quant=bool(quant and quant.double_quant), on_gpu=recipe.uses_gpu,
-        gpus_per_machine=recipe.hardware.gpus_per_machine, liger=mem.liger and recipe.uses_gpu,
+        gpus_per_machine=recipe.hardware.gpus_per_machine, liger=chosen.liger,
         chunked_loss=mem.chunked_loss, activation_offloading=mem.activation_offloading and mem.gradient_checkpointing,
         packing=recipe.data.packing, evaluates=recipe.data.eval_fraction > 0, save=recipe.output.save,
         resumable=recipe.training.save_steps is not None or recipe.training.resume != "never",
         fsdp_full_state_dict=mem.fsdp.state_dict_type == "full",
         fsdp_ram_efficient_loading=mem.fsdp.cpu_ram_efficient_loading, objective=objective.kind,
-        precompute=objective.precompute_ref_log_probs,
+        precompute=objective.precompute_ref_log_probs, logprob_fold=chosen.logprob_fold, kernel_notes=chosen.notes,
     )
 
 
@@ -978,7 +981,7 @@ def plan(recipe) -> MemoryPlan:
         devices.append(DevicePlan(f"{training.name}, reference log-prob pass before training", training.capacity_gib,
                                   [i.scaled(s.world) for i in pass_items] if not s.on_gpu else pass_items,
                                   count=training.count, kind="pass"))
-    notes += _setting_notes(recipe, s)
+    notes += list(s.kernel_notes) + _setting_notes(recipe, s)
 
     verdict, missing = _verdict(devices)
     counts = s.model.param_counts

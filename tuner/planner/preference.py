@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+from tuner.planner.kernels import TRITON_FOLD
 from tuner.planner.memory import ALWAYS, FORWARD_BACKWARD, Item
 
 REFERENCE = "reference_model"  # the plan's category of the reference model's weights
@@ -58,12 +59,12 @@ def _tile(s, tokens: int) -> tuple[int, int]:
 
 def head_transient_bytes(s, tokens: int, backward: bool) -> float:
     """Bytes the fused head allocates beyond what autograd keeps: the tile buffer (always 32768 wide), the fold's
-    fp32 tiles without Triton (CPU), and in backward the fp32 gradients of its input and, when it trains, its weight."""
+    fp32 tiles of the torch fold (no Triton: the CPU, or a GPU machine without triton), and in backward the fp32 gradients of its input and, when it trains, its weight."""
     f = s.facts
     rows, width = _tile(s, tokens)
     compute = s.act_bytes
     total = rows * TILE_VOCAB * compute
-    if not s.on_gpu:
+    if s.logprob_fold != TRITON_FOLD:
         total += (CPU_BACKWARD_TILES if backward else CPU_FORWARD_TILES) * rows * width * 4
     if backward:
         total += tokens * f.hidden_size * 4

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tuner.catalog.models import _catalog, _catalog_key, _demo_config
+from tuner.catalog.models import model_config
 
 GIB = 2**30
 
@@ -50,25 +50,6 @@ def why_not_simulable(recipe) -> str | None:
     if mem.distributed in ("deepspeed", "fsdp") and (recipe.world_size > 1 or mem.distributed == "fsdp" or mem.zero_stage):
         return "ZeRO/FSDP sharding and offload need a process group and their engines; only a single process is simulated"
     return None
-
-
-def _config_dict(recipe) -> dict:
-    from pathlib import Path
-
-    model_id = recipe.model.id
-    if model_id == "builtin:demo":
-        return _demo_config()
-    path = Path(model_id).expanduser()
-    if path.is_dir():
-        import json
-
-        return json.loads((path / "config.json").read_text())
-    key = _catalog_key(model_id)
-    if key is not None:
-        return dict(_catalog()[key])
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(model_id, local_files_only=True).to_dict()
 
 
 class _NoHook:
@@ -163,12 +144,17 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     mem = recipe.memory
-    config_data = {key: value for key, value in _config_dict(recipe).items() if not key.startswith("_")}
+    config_data = {key: value for key, value in model_config(recipe.model.id, recipe.model.revision,
+                                                             recipe.model.trust_remote_code).items()
+                   if not key.startswith("_")}
     config_data.pop("transformers_version", None)
     config_data.pop("architectures", None)
     config = AutoConfig.for_model(**config_data)
     config.use_cache = False
-    attention = "eager" if mem.attention == "eager" else "sdpa"
+    from tuner.catalog.model_classes import attention_for, model_class
+
+    # the attention the run loads with, as on a machine without flash-attn (a CPU trace cannot run its kernel)
+    attention, _ = attention_for(mem.attention, model_class(config.model_type), "a CPU trace cannot run flash-attn")
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[recipe.model.dtype]
     notes = ["simulated on CPU kernels (sdpa: the CPU flash kernel; AdamW: the single-tensor loop)."]
     if recipe.uses_gpu:
@@ -183,11 +169,11 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
         if objective.preference and recipe.method.kind == "full" and not objective.precompute_ref_log_probs:
             reference = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
     if recipe.method.kind == "lora":
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        lora = recipe.method.lora
-        model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                 target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+        from tuner.recipe.adapters import lora_config
+
+        model = get_peft_model(model, lora_config(recipe))
     if adapt is not None:
         adapt(model)
     elif mem.chunked_loss:
