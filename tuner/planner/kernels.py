@@ -6,15 +6,17 @@ get and plans that one, and names every assumption in its notes.
 A kernel is used where the recipe's settings allow it (the model class supports flash-attention, 16-bit
 activations, a GPU for Triton and Liger) and the training machine has it installed.  What is installed is read on
 this machine (``importlib.util.find_spec``: nothing is imported): it is the training machine for CPU recipes, and
-for GPU recipes where it has triton, which PyPI's CUDA builds of torch bring on Linux.  A GPU recipe planned
-elsewhere (a laptop, this project's CPU machines) assumes the training machines have triton and what the recipe
-asks for (flash-attn, liger-kernel), and says so; ``tuner doctor`` on a training machine reports which kernels it
+for GPU recipes where it has an NVIDIA driver.  A GPU recipe planned elsewhere (a laptop, this project's CPU
+machines) assumes the training machines have triton (PyPI's CUDA builds of torch bring it on Linux) and what the
+recipe asks for (flash-attn, liger-kernel), and says so; ``tuner doctor`` on a training machine reports which kernels it
 will really use.
 """
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # memory.attention's values, as the plan counts them: flash keeps no mask, eager the span x span scores
 TRITON_FOLD, TORCH_FOLD = "triton", "torch"  # how TRL's fused log-prob head folds each tile (trl.kernels.chunked_logprob)
@@ -34,13 +36,17 @@ def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+def has_nvidia_gpu() -> bool:
+    """An NVIDIA driver on this machine (read without importing torch): it can train GPU recipes."""
+    return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
+
+
 def environment(recipe) -> Environment:
-    """This machine's packages where it can train ``recipe`` (a CPU recipe; a GPU recipe with triton here), else
-    the training machines' as assumed: triton (PyPI's CUDA torch), and the kernels the recipe asks for."""
-    triton = installed("triton")
-    if not recipe.uses_gpu or triton:
-        return Environment(triton=triton, flash_attn=installed("flash_attn"), liger=installed("liger_kernel"),
-                           here=True)
+    """This machine's packages where it can train ``recipe`` (a CPU recipe; a GPU recipe on an NVIDIA machine),
+    else the training machines' as assumed: triton (PyPI's CUDA torch), and the kernels the recipe asks for."""
+    if not recipe.uses_gpu or has_nvidia_gpu():
+        return Environment(triton=installed("triton"), flash_attn=installed("flash_attn"),
+                           liger=installed("liger_kernel"), here=True)
     return Environment(triton=True, flash_attn=recipe.memory.attention == "flash", liger=recipe.memory.liger,
                        here=False)
 
@@ -104,10 +110,8 @@ def kernels(recipe, model_type: str) -> Kernels:
         if fold == TRITON_FOLD:
             notes.append("dpo/kto: TRL's fused log-prob head is planned with its Triton fold (no fp32 tiles), "
                          + ("triton being installed here." if env.here else
-                            "assuming triton on the training machines (PyPI's CUDA torch ships it on Linux)")
-                         + "; without triton TRL folds each tile with torch ops (planned so where that is known) and "
-                           "needs the fp32 tiles of the CPU plan more.")
+                            "assuming triton on the training machines (PyPI's CUDA torch ships it on Linux)."))
         elif recipe.uses_gpu:
             notes.append("dpo/kto: triton is not installed on this machine, so TRL's fused log-prob head folds each "
-                         "tile with torch ops (fp32 tiles, planned); with triton it would need less.")
+                         "tile with torch ops, and the plan counts its fp32 tiles.")
     return Kernels(attention=attention, liger=liger, logprob_fold=fold, notes=tuple(notes))

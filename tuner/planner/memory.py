@@ -934,10 +934,11 @@ def plan(recipe) -> MemoryPlan:
     f = s.facts
     gpu_items, host_per_gpu, notes = _model_state_items(s)
     if s.objective != "sft":
-        from tuner.planner.preference import reference_items
+        from tuner.planner.preference import fold_note, reference_items
 
         on_gpu, on_host = reference_items(s, gpu_items, host_per_gpu)
         gpu_items, host_per_gpu = gpu_items + on_gpu, host_per_gpu + on_host
+        notes += fold_note(s)
     act_items, act_host, act_notes = _activation_items(s)
     notes += list(f.notes) + act_notes
     items = gpu_items + act_items + (_eval_items(s) if s.evaluates else [])

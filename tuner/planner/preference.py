@@ -73,6 +73,20 @@ def head_transient_bytes(s, tokens: int, backward: bool) -> float:
     return total
 
 
+def fold_note(s) -> list[str]:
+    """What the other fold of TRL's fused head would change: the Triton fold planned, the torch fold's fp32 tiles
+    (the GPU run of a machine without triton) are that much more at the loss moment; and the reverse."""
+    if s.logprob_fold is None or not s.on_gpu:
+        return []
+    rows, width = _tile(s, s.batch * s.seq)
+    extra = (CPU_BACKWARD_TILES * rows * width * 4) / 2**30
+    if s.logprob_fold == TRITON_FOLD:
+        return [f"dpo/kto: with TRL's torch fold instead (no triton on the training machine) the loss moment needs "
+                f"{extra:.2f} GiB more (fp32 tiles of {rows} x {width}); tuner doctor there says which fold runs."]
+    return [f"dpo/kto: the torch fold's fp32 tiles are {extra:.2f} GiB of the loss moment; with triton installed "
+            "TRL's Triton fold needs none of them."]
+
+
 def layer_forward_bytes(s, tokens: int) -> float:
     """The largest transient of one decoder layer's forward without gradients: the SwiGLU's gate, up and product
     (or eager attention's fp32 scores and their softmax)."""
