@@ -106,6 +106,8 @@ class ModelFacts:
     architecture: Architecture = field(default_factory=Architecture, repr=False)
     attention_bias: bool = False
     mlp_bias: bool = False
+    attn_logit_softcapping: float | None = None  # Gemma-2: tanh-capped attention scores (eager keeps their tanh)
+    final_logit_softcapping: float | None = None  # Gemma-2: tanh-capped logits (another T x V kept for backward)
 
     @property
     def q_dim(self) -> int:
@@ -240,11 +242,22 @@ def facts_from_config(config: dict, name: str, source: str) -> ModelFacts:
             architecture=arch,
             attention_bias=bool(config.get("attention_bias", False)),
             mlp_bias=bool(config.get("mlp_bias", False)),
+            **_softcapping(config, model_type),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise UnknownModelError(f"{name}: {source} lacks a usable {exc} entry; tuner reads hidden_size, "
                                 "num_hidden_layers, num_attention_heads, intermediate_size and vocab_size from it.") from None
     return facts
+
+
+def _softcapping(config: dict, model_type: str) -> dict[str, float | None]:
+    """The soft-capping values config.json sets, else its config class's defaults (as transformers fills them in)."""
+    from tuner.catalog.model_classes import SOFTCAPPING_KEYS, model_class
+
+    cls = model_class(model_type)
+    defaults = cls.softcapping if cls else {}
+    values = {key: config.get(key, defaults.get(key)) for key in SOFTCAPPING_KEYS}
+    return {key: float(value) if isinstance(value, (int, float)) and value else None for key, value in values.items()}
 
 
 @lru_cache(maxsize=1)

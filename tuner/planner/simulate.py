@@ -127,8 +127,10 @@ def _preference_loss(model, reference, ids, recipe):
     return (1 - torch.sigmoid(beta * ratios)).mean()  # kto's desirable loss (its KL term needs no gradient)
 
 
-def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
-    """Trace one steady-state training step of ``recipe``'s model on one process, with fake tensors.
+def simulate(recipe, adapt: Callable | None = None, evaluation: bool = False) -> SimulationResult:
+    """Trace one steady-state training step of ``recipe``'s model on one process, with fake tensors; with
+    ``evaluation``, one batch of the Trainer's evaluation loop instead (``prediction_step``: eval mode, no gradients,
+    the loss of a micro-batch) between two steps, beside the weights and the optimizer states.
 
     ``adapt(model)`` changes the built model as the training entrypoint does beyond transformers and PEFT (the
     chunked loss: :func:`tuner.loading.chunked_loss.enable_chunked_loss`, from a floor above this one).
@@ -216,8 +218,15 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
         optimizer.zero_grad(set_to_none=True)
         tracker = _tracker()
         tracker.track_external(preference or model, optimizer)
+        if evaluation:
+            model.eval()
         with tracker:
-            step()
+            if evaluation:
+                with torch.no_grad(), torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                    loss = preference(ids) if preference is not None else model(**inputs).loss
+                del loss
+            else:
+                step()
         snapshot = tracker.get_tracker_snapshot("peak")
     by_category: dict[str, float] = {}
     total = 0.0

@@ -386,6 +386,10 @@ def _loads(recipe: Recipe) -> list[Problem]:
             f"{cls.name} ({recipe.model.id}): \"{cls.refusals.get(attention, '')}\" Set attention: {fallback}, or "
             f"auto (flash-attention where flash-attn is installed and {cls.name} supports it, else "
             f"{'sdpa' if cls.sdpa else 'eager'})."))
+    if recipe.memory.chunked_loss and facts.final_logit_softcapping:
+        problems.append(Problem(
+            "memory.chunked_loss", f"{recipe.model.id} soft-caps its logits (final_logit_softcapping "
+            f"{facts.final_logit_softcapping:g}), which the chunked loss cannot do: set chunked_loss: false."))
     lora = recipe.method.lora
     if recipe.method.kind != "full" and lora.dropout > 0:
         wrapped = [lin.name for lin in facts.lora_targets(lora.target_modules) if not lin.is_nn_linear]
