@@ -44,6 +44,11 @@ def run_tuner(*args: str, cwd: Path | None = None, timeout: float = 600, env: di
     )
 
 
+def builds_of(output: str, what: str) -> int:
+    """How many processes built the cache ``what`` ("the built-in demo model"): tuner.build_once logs each build."""
+    return output.count(f"building {what} in ")
+
+
 @pytest.fixture
 def tuner_cli():
     return run_tuner

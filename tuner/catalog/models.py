@@ -289,12 +289,12 @@ def _catalog_key(model_id: str) -> str | None:
 
 
 def _demo_config() -> dict:
-    """The built demo model's config.json when it has been built, else its recipe (same numbers)."""
+    """The built demo model's config.json once it is complete, else its recipe (same numbers)."""
+    from tuner.build_once import is_built
     from tuner.catalog.demo import DEMO_CONFIG, DEMO_VOCAB_SIZE, demo_model_dir
 
-    built = demo_model_dir() / "config.json"
-    if built.is_file():
-        return json.loads(built.read_text())
+    if is_built(demo_model_dir()):
+        return json.loads((demo_model_dir() / "config.json").read_text())
     return {"model_type": "llama", "vocab_size": DEMO_VOCAB_SIZE, **DEMO_CONFIG}
 
 

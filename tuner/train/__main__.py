@@ -232,6 +232,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tuner.build_once import BuildTimeout
     from tuner.data.sources import DataError
     from tuner.doctor import needs_bitsandbytes
     from tuner.loading.model import ModelLoadError
@@ -252,10 +253,10 @@ def main(argv: list[str] | None = None) -> int:
         if not needs_bitsandbytes(recipe):  # peft imports it anyway; its missing-kernel notes concern no one here
             logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
         return train(recipe, lock.parent, args.profile)
-    except (RecipeError, DataError, ModelLoadError) as exc:
+    except (RecipeError, DataError, ModelLoadError, BuildTimeout) as exc:
         write_event(events, "error", message=str(exc), rank=int(os.environ.get("RANK", 0)))
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, BuildTimeout) else 2  # a cache another process holds: the machine's problem
     except Exception as exc:
         from tuner.train.oom import EXIT_OUT_OF_MEMORY, is_out_of_memory, out_of_memory_advice
 
