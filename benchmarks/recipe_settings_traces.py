@@ -4,7 +4,8 @@ attention and logits), modules_to_save, LoRA on lm_head/embed_tokens, and the ev
 Every set runs shapes held out from the ones the terms were found on (found on: a Gemma-2 of h 128 in fp32, a
 Llama of h 128 for modules_to_save and evaluation); prints one markdown row per set: cells, median and worst
 |error| of the plan's allocated tensors of that phase against the traced peak.  ``python
-benchmarks/recipe_settings_traces.py [--cells]`` (a few minutes on two cores).
+benchmarks/recipe_settings_traces.py [--cells] [--sets 1,2]`` (20-30 minutes on two busy cores; ``--sets``: only those
+rows, counted from 0).
 """
 from __future__ import annotations
 
@@ -75,11 +76,14 @@ SETS = [  # (name, config, precisions, grid filter, extra recipe settings, evalu
 
 def main() -> None:
     show_cells = "--cells" in sys.argv
+    chosen = range(len(SETS))
+    if "--sets" in sys.argv:
+        chosen = [int(n) for n in sys.argv[sys.argv.index("--sets") + 1].split(",")]
     print("| set | cells | median abs error | worst |")
     print("|---|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        for name, config, precisions, which, extra, evaluation in SETS:
+        for name, config, precisions, which, extra, evaluation in (SETS[n] for n in chosen):
             errors = []
             configs = [config] if config else [QWEN2_TIED, PHI3]
             for cfg, precision, (method, checkpointing, seq, batch) in itertools.product(configs, precisions, GRID):

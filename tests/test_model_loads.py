@@ -93,3 +93,10 @@ def test_recipes_check_builds_each_model_and_names_the_one_that_does_not(tmp_pat
     assert main(["recipes", "check"]) == 1
     err = capsys.readouterr().err
     assert "9b-lora.yaml: validates, but its model does not build" in err and "scaled_dot_product_attention" in err
+
+
+def test_the_chunked_loss_on_a_soft_capping_model_is_refused_at_validate():
+    data = {"model": {"id": "google/gemma-2-9b-it"}, "method": {"kind": "lora"}, "memory": {"chunked_loss": True}}
+    with pytest.raises(RecipeError) as refused:
+        validate_recipe(data)
+    assert "memory.chunked_loss" in str(refused.value) and "soft-caps its logits" in str(refused.value)

@@ -71,6 +71,20 @@ def _tracker():
     return FrozenAwareMemTracker()
 
 
+def _tie_weights(model) -> None:
+    """Tie the embeddings and the head again after ``to_empty``, as loading had them: where PEFT wraps one of them
+    (modules_to_save), the frozen originals share the weight and the trained copy stays apart."""
+    from peft.utils import ModulesToSaveWrapper
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inputs, head = base.get_input_embeddings(), base.get_output_embeddings()
+    if not isinstance(inputs, ModulesToSaveWrapper) and not isinstance(head, ModulesToSaveWrapper):
+        model.tie_weights()
+    elif getattr(base.config.get_text_config(), "tie_word_embeddings", False):
+        original = lambda module: getattr(module, "original_module", module)  # noqa: E731
+        original(head).weight = original(inputs).weight
+
+
 def _prepare_like_trl(model, reference, kind: str) -> None:
     """What TRL's DPOTrainer/KTOTrainer do to the models before training: dropout off, fused LM heads."""
     from peft import PeftModel
@@ -184,7 +198,7 @@ def simulate(recipe, adapt: Callable | None = None, evaluation: bool = False) ->
         _prepare_like_trl(model, reference, objective.kind)
     with FakeTensorMode(allow_non_fake_inputs=True):
         model = model.to_empty(device="cpu")
-        model.tie_weights()  # to_empty gives each module its own tensor; tied embeddings share one again
+        _tie_weights(model)  # to_empty gives each module its own tensor; tied embeddings share one again
         if reference is not None:
             reference = reference.to_empty(device="cpu")
             reference.tie_weights()
