@@ -42,9 +42,17 @@ def _merge(into: dict, extra: dict) -> dict:
     return into
 
 
-def _error(config: dict, precision: str, method: str, checkpointing: bool, seq: int, batch: int, extra: dict,
-           evaluation: bool, folder: Path) -> float:
+def _model_folder(config: dict, root: Path) -> Path:
+    """One folder per config: the planner caches a model's facts by its path."""
+    folder = root / f"{config['model_type']}-{abs(hash(json.dumps(config, sort_keys=True)))}"
+    folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _error(config: dict, precision: str, method: str, checkpointing: bool, seq: int, batch: int, extra: dict,
+           evaluation: bool, root: Path) -> float:
+    folder = _model_folder(config, root)
     dtype, mixed = PRECISIONS[precision]
     recipe = validate_recipe(_merge({"model": {"id": str(folder), "dtype": dtype}, "method": {"kind": method},
                                      "memory": {"mixed_precision": mixed, "attention": "auto",
