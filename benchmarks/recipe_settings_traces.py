@@ -75,8 +75,8 @@ SETS = [  # (name, config, precisions, grid filter, extra recipe settings, evalu
      {"method": {"lora": {"modules_to_save": ["norm"]}}}, False),
     ("LoRA on [q_proj, v_proj, lm_head], MQA Mistral", MISTRAL, ("fp32",), "lora",
      {"method": {"lora": {"target_modules": ["q_proj", "v_proj", "lm_head"]}}}, False),
-    ("LoRA on [q_proj, v_proj, embed_tokens], Phi-3", PHI3, ("fp32",), "lora",
-     {"method": {"lora": {"target_modules": ["q_proj", "v_proj", "embed_tokens"]}}}, False),
+    ("LoRA on [qkv_proj, embed_tokens], Phi-3", PHI3, ("fp32",), "lora",
+     {"method": {"lora": {"target_modules": ["qkv_proj", "embed_tokens"]}}}, False),
     ("evaluation, tied Qwen2 and Phi-3", None, ("fp32", "bf16"), "nockpt", {}, True),
     ("evaluation, Gemma-2", GEMMA2, ("fp32", "bf16"), "nockpt", {}, True),
 ]
