@@ -5,7 +5,9 @@ Every set runs shapes held out from the ones the terms were found on (found on: 
 Llama of h 128 for modules_to_save and evaluation); prints one markdown row per set: cells, median and worst
 |error| of the plan's allocated tensors of that phase against the traced peak.  ``python
 benchmarks/recipe_settings_traces.py [--cells] [--sets 1,2]`` (20-30 minutes on two busy cores; ``--sets``: only those
-rows, counted from 0).
+rows, counted from 0).  ``--record FILE`` keeps each cell's traced peak; ``--replay FILE`` plans the same cells
+against those peaks without tracing, so an older planner (its checkout first on ``PYTHONPATH``) is compared with the
+same traces: the table's "before" columns.
 """
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ from pathlib import Path
 
 from tuner.planner import plan
 from tuner.planner.memory import EVAL, TRAINING_STEP
-from tuner.planner.simulate import simulate
 from tuner.recipe.io import validate_recipe
 
 GEMMA2 = dict(model_type="gemma2", hidden_size=192, intermediate_size=512, num_hidden_layers=3, num_attention_heads=6,
@@ -51,7 +52,8 @@ def _model_folder(config: dict, root: Path) -> Path:
 
 
 def _error(config: dict, precision: str, method: str, checkpointing: bool, seq: int, batch: int, extra: dict,
-           evaluation: bool, root: Path) -> float:
+           evaluation: bool, root: Path, traces: dict, cell: str) -> float:
+    """The plan's error against the cell's traced peak (traced now unless ``traces`` holds it; kept there)."""
     folder = _model_folder(config, root)
     dtype, mixed = PRECISIONS[precision]
     recipe = validate_recipe(_merge({"model": {"id": str(folder), "dtype": dtype}, "method": {"kind": method},
@@ -60,9 +62,13 @@ def _error(config: dict, precision: str, method: str, checkpointing: bool, seq: 
                                                 "micro_batch_size": batch}}, json.loads(json.dumps(extra))))
     device = plan(recipe).devices[0]
     predicted = device.moment_gib(EVAL, ("allocated",)) if evaluation else device.phase_gib(TRAINING_STEP, ("allocated",))
-    traced = simulate(recipe, evaluation=evaluation)
-    assert traced.error is None, traced.error
-    return predicted / traced.peak_gib - 1
+    if cell not in traces:
+        from tuner.planner.simulate import simulate  # not needed to replay (an older planner may lack evaluation=)
+
+        traced = simulate(recipe, evaluation=evaluation)
+        assert traced.error is None, traced.error
+        traces[cell] = traced.peak_gib
+    return predicted / traces[cell] - 1
 
 
 SETS = [  # (name, config, precisions, grid filter, extra recipe settings, evaluation)
@@ -83,10 +89,13 @@ SETS = [  # (name, config, precisions, grid filter, extra recipe settings, evalu
 
 
 def main() -> None:
+    def option(name: str) -> str | None:
+        return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else None
+
     show_cells = "--cells" in sys.argv
-    chosen = range(len(SETS))
-    if "--sets" in sys.argv:
-        chosen = [int(n) for n in sys.argv[sys.argv.index("--sets") + 1].split(",")]
+    chosen = [int(n) for n in option("--sets").split(",")] if option("--sets") else range(len(SETS))
+    record, replay = option("--record"), option("--replay")
+    traces = json.loads(Path(replay).read_text()) if replay else {}
     print("| set | cells | median abs error | worst |")
     print("|---|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,11 +106,14 @@ def main() -> None:
             for cfg, precision, (method, checkpointing, seq, batch) in itertools.product(configs, precisions, GRID):
                 if which == "lora" and method != "lora" or which == "nockpt" and checkpointing:
                     continue
-                error = _error(cfg, precision, method, checkpointing, seq, batch, extra, evaluation, folder)
+                cell = f"{name}: {cfg['model_type']} {precision} {method} ckpt={checkpointing} s={seq} b={batch}"
+                error = _error(cfg, precision, method, checkpointing, seq, batch, extra, evaluation, folder, traces,
+                               cell)
                 errors.append(error)
+                if record:
+                    Path(record).write_text(json.dumps(traces, indent=1))
                 if show_cells:
-                    print(f"  {cfg['model_type']} {precision} {method} ckpt={checkpointing} s={seq} b={batch}: "
-                          f"{error:+.1%}", flush=True)
+                    print(f"  {cell.split(': ', 1)[1]}: {error:+.1%}", flush=True)
             worst = max(errors, key=abs)
             print(f"| {name} | {len(errors)} | {statistics.median(map(abs, errors)):.1%} | {worst:+.1%} |", flush=True)
 

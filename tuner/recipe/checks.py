@@ -371,7 +371,8 @@ def _loads(recipe: Recipe) -> list[Problem]:
     """What transformers and PEFT refuse when this model loads or is wrapped, refused first, in their words: an
     attention implementation the model class does not support (transformers' ``_supports_sdpa`` /
     ``_supports_flash_attn``, from :mod:`tuner.catalog.model_classes`), and LoRA dropout on the parameters PEFT
-    adapts with ``lora.ParamWrapper`` (fused MoE experts and routers, which are not nn.Linear)."""
+    adapts with ``lora.ParamWrapper`` (fused MoE experts and routers, which are not nn.Linear), and for qlora a
+    ``modules_to_save`` layer bitsandbytes quantises (its copy cannot train)."""
     facts = _known_facts(recipe)
     if facts is None:
         return []
@@ -399,6 +400,16 @@ def _loads(recipe: Recipe) -> list[Problem]:
                 "not nn.Linear) with lora.ParamWrapper, and refuses to wrap them: \"lora.ParamWrapper does not work "
                 "with lora_dropout != 0.\" Set dropout: 0, or list target_modules without the experts and router "
                 "(e.g. [q_proj, k_proj, v_proj, o_proj])."))
+    if recipe.method.kind == "qlora" and lora.modules_to_save:
+        # bitsandbytes quantises every nn.Linear of the decoder layers (lm_head and embeddings stay in model.dtype)
+        quantised = sorted({lin.name.split(".")[-1] for lin in facts.lora_targets(lora.modules_to_save)})
+        if quantised:
+            bits = recipe.method.quantization.bits if recipe.method.quantization else 4
+            problems.append(Problem(
+                "method.lora.modules_to_save", f"bitsandbytes quantises {', '.join(quantised)} of {recipe.model.id} "
+                f"to {bits}-bit, and PEFT's trained copy of a quantised layer cannot take gradients: \"only Tensors "
+                "of floating point dtype can require gradients\" Adapt it with target_modules instead, keep "
+                "modules_to_save to unquantised modules (lm_head, embed_tokens, norms), or set method.kind: lora."))
     return problems
 
 
