@@ -107,6 +107,8 @@ def main() -> None:
                 if which == "lora" and method != "lora" or which == "nockpt" and checkpointing:
                     continue
                 cell = f"{name}: {cfg['model_type']} {precision} {method} ckpt={checkpointing} s={seq} b={batch}"
+                if replay and cell not in traces:
+                    continue  # replayed: only the cells recorded
                 error = _error(cfg, precision, method, checkpointing, seq, batch, extra, evaluation, folder, traces,
                                cell)
                 errors.append(error)
@@ -114,6 +116,8 @@ def main() -> None:
                     Path(record).write_text(json.dumps(traces, indent=1))
                 if show_cells:
                     print(f"  {cell.split(': ', 1)[1]}: {error:+.1%}", flush=True)
+            if not errors:
+                continue
             worst = max(errors, key=abs)
             print(f"| {name} | {len(errors)} | {statistics.median(map(abs, errors)):.1%} | {worst:+.1%} |", flush=True)
 

@@ -914,7 +914,9 @@ def _eval_items(s: _Setup) -> list[Item]:
                     tokens * f.vocab_size * (s.act_bytes + upcast + 4 + softcap), EVAL, source="hf-loss")
     layer = layer_forward_bytes(s, tokens)
     if any(lin.name.split(".")[-1] in ("gate_proj", "up_proj", "gate_up_proj") for lin in _lora_linears(s)):
-        layer += tokens * f.intermediate_size * s.act_bytes * max(f.experts_per_token, 1)  # PEFT: base + branch
+        # PEFT's result + lora_B(...) * scaling: the base output, the branch and its scaled copy at once
+        fused = 2 if f.architecture.fused_gate_up else 1  # gate_up_proj's output is both halves
+        layer += fused * tokens * f.intermediate_size * s.act_bytes * max(f.experts_per_token, 1)
     # the residual stream, the layer's normalised input, and the embeddings' output the model's forward holds
     hidden = Item("evaluation: hidden states (residual, the layer's input, the embedding output)", "activations",
                   3 * tokens * f.hidden_size * residual_bytes(s), EVAL, source="korthikanti")
