@@ -167,7 +167,9 @@ def table_text(table: dict) -> str:
 if __name__ == "__main__":
     text = table_text(generate_table())
     if "--write" in sys.argv:
-        TABLE_FILE.write_text(text)
+        from tuner.fileio import atomic_write_text
+
+        atomic_write_text(TABLE_FILE, text)
         print(f"wrote {TABLE_FILE}")
     else:
         print(text, end="")
