@@ -40,8 +40,9 @@ def user_errors() -> tuple[type[Exception], ...]:
     from tuner.data.sources import DataError
     from tuner.loading.model import ModelLoadError
     from tuner.recipe.io import RecipeError
+    from tuner.run_lock import RunLocked
 
-    return RecipeError, DataError, ModelLoadError
+    return RecipeError, DataError, ModelLoadError, RunLocked
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,6 +41,7 @@ TENSORBOARD_DIR = "tensorboard"
 MLFLOW_DIR = "mlruns"
 WANDB_DIR = "wandb"  # W&B names it: WANDB_DIR points at the run directory and W&B writes its wandb/ folder there
 TRACKIO_DIR = "trackio"
+PREVIOUS_RUNS_DIR = "previous"
 RUN_LOCK = ".tuner-run.lock"  # suffix of the lock file beside the run directory
 SLURM_LOG = "slurm-%j.log"  # sbatch's name pattern (%j: the job id)
 # Written last into a folder tuner saves whole (merged/, `tuner merge -o`): the names of everything tuner put
@@ -49,6 +50,8 @@ TUNER_FILES = "tuner_files.json"
 
 # What `tuner render` writes: the files a re-render may replace (the rest of a run directory is the run's own).
 RENDERED_FILES = (LOCK_FILE, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, SLURM_SCRIPT)
-# What a run adds to its directory (a re-render keeps all of it); Slurm's logs match SLURM_LOG.
-RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR, SERVE_DIR,
-               PROFILE_DIR, TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR)
+# What a run adds to its directory (a re-render keeps all of it): files, then folders; Slurm's logs match SLURM_LOG.
+RUN_OUTPUT_FILES = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT)
+RUN_OUTPUT_DIRS = (CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR, SERVE_DIR, PROFILE_DIR, TENSORBOARD_DIR,
+                   MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR)
+RUN_OUTPUTS = RUN_OUTPUT_FILES + RUN_OUTPUT_DIRS

@@ -98,11 +98,12 @@ def serving_gpus(args, recipe) -> tuple[int, str, float]:
 def print_vllm(args, target) -> int:
     from tuner.data.formats import chat_template_for
     from tuner.infer.load import default_context, planner_facts
-    from tuner.infer.serve import merged_if_any, write_chat_template
+    from tuner.infer.serve import check_serving_folder, merged_if_any, write_chat_template
     from tuner.infer.vllm import VllmPlanError, adapter_modules_to_save, plan_vllm, vllm_serve_argv
     from tuner.loading.model import ModelLoadError, load_tokenizer
     from tuner.recipe.io import RecipeError
     from tuner.run_layout import SERVE_DIR
+    from tuner.run_lock import RunLock
 
     target = merged_if_any(target)
     recipe = target.recipe
@@ -131,7 +132,9 @@ def print_vllm(args, target) -> int:
     chat_template = None
     if tokenizer is not None and not tokenizer.chat_template:  # the run's prompt format, as vLLM takes it
         if target.run_dir is not None:  # a file beside the run, or the template itself in single-line form
-            chat_template = str(write_chat_template(target.run_dir / SERVE_DIR, tokenizer, recipe.data.format))
+            with RunLock(target.run_dir):
+                check_serving_folder(target.run_dir / SERVE_DIR)
+                chat_template = str(write_chat_template(target.run_dir / SERVE_DIR, tokenizer, recipe.data.format))
         else:
             text = chat_template_for(tokenizer, recipe.data.format)
             chat_template = text.replace("\\", "\\\\").replace("\n", "\\n")

@@ -14,17 +14,17 @@ tuner lays out that folder (``<run>/serve``, or a temporary one) from links, wit
 from __future__ import annotations
 
 import errno
-import shutil
 import socket
 import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tuner.fileio import atomic_write_text
+from tuner.fileio import FILE, LINK, DestinationRefused, atomic_write_text, check_destination
 from tuner.infer.target import MODEL_CONFIG, InferenceTarget
 from tuner.loading.model import ModelLoadError, cannot_load, load_tokenizer
 from tuner.run_layout import MERGED_DIR, SERVE_DIR
+from tuner.run_lock import RunLock
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers saves and finds a tokenizer's chat template
 
@@ -72,22 +72,33 @@ def _link_contents(source: Path, folder: Path) -> None:
         link.symlink_to(entry.resolve())
 
 
+def check_serving_folder(folder: Path) -> None:
+    """Refuse a serving folder that is not tuner's to rebuild: a link (to anywhere: its entries are not tuner's),
+    or a folder holding anything but links and the chat template tuner writes (a file, or a link to the
+    tokenizer's)."""
+    try:
+        check_destination(folder, owned=lambda name: (FILE, LINK) if name == CHAT_TEMPLATE_FILE else LINK)
+    except DestinationRefused as exc:
+        raise ModelLoadError(f"{exc} (tuner serve rebuilds this folder from links.)") from None
+
+
 def serving_folder(target: InferenceTarget, folder: Path | None = None) -> ServingFolder:
     """Lay out the folder transformers' server loads (see the module's docstring); ``folder`` defaults to
-    ``<run>/serve`` for a run, else a temporary folder removed with the returned object."""
+    ``<run>/serve`` for a run (written under the run's lock), else a temporary folder removed with the returned
+    object."""
     target = merged_if_any(target)
-    temporary = None
     if folder is None and target.run_dir is not None:
-        folder = target.run_dir / SERVE_DIR
-    elif folder is None:
-        temporary = tempfile.TemporaryDirectory(prefix="tuner-serve-")
-        folder = Path(temporary.name)
-    if folder.is_dir() and not folder.is_symlink():  # tuner's own: links and a template, rebuilt every time
-        foreign = [entry.name for entry in folder.iterdir() if not entry.is_symlink() and entry.name != CHAT_TEMPLATE_FILE]
-        if foreign:
-            raise ModelLoadError(f"{folder}: holds files tuner did not put there ({', '.join(sorted(foreign)[:3])}); "
-                                 "move them away, as tuner serve rebuilds this folder.")
-        shutil.rmtree(folder)
+        with RunLock(target.run_dir):
+            return _lay_out(target, target.run_dir / SERVE_DIR, None)
+    temporary = tempfile.TemporaryDirectory(prefix="tuner-serve-") if folder is None else None
+    return _lay_out(target, Path(temporary.name) if temporary else folder, temporary)
+
+
+def _lay_out(target: InferenceTarget, folder: Path, temporary: tempfile.TemporaryDirectory | None) -> ServingFolder:
+    check_serving_folder(folder)
+    if folder.is_dir():  # tuner's own: links and a template, rebuilt every time (a link goes, not what it points at)
+        for entry in folder.iterdir():
+            entry.unlink()
     folder.mkdir(parents=True, exist_ok=True)
     sources = [local_model_dir(target)]
     if target.adapter is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from tuner.doctor import require_trackers
-from tuner.launch.checkpoints import check_resumable, checkpoint_states, latest_complete_checkpoint
+from tuner.launch.checkpoints import check_resumable, checkpoint_states, latest_complete_checkpoint, resume_checkpoint
 from tuner.launch.failures import describe_failure
 from tuner.launch.runner import Launch, log_tail
 from tuner.launch.summary import RunSummary, summarize_run
@@ -29,8 +29,14 @@ from tuner.recipe.io import RecipeError, validate_recipe, with_output_dir
 from tuner.recipe.schema import STREAM_SHUFFLE_BUFFER, Recipe
 from tuner.render.launch_command import launch_argv, shell_command
 from tuner.render.launch_script import has_slurm_script, node_commands
-from tuner.render.run_directory import check_run_directory, holds_only_rendered_files, write_run_directory
-from tuner.run_layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, SLURM_SCRIPT
+from tuner.render.run_directory import (
+    check_run_directory,
+    earlier_run_outputs,
+    holds_only_rendered_files,
+    move_earlier_run_aside,
+    write_run_directory,
+)
+from tuner.run_layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, PREVIOUS_RUNS_DIR, SLURM_SCRIPT
 from tuner.run_lock import RunLock, RunLocked
 
 EXIT_SIGNAL_BASE = 128  # a run stopped by signal N exits 128 + N, as a shell reports it
@@ -153,10 +159,8 @@ def _resume_notes(recipe: Recipe, run_dir: Path) -> list[str]:
     resume = recipe.training.resume
     if resume == "never":
         return []
-    if resume != "auto":
-        checkpoint = Path(resume).expanduser()
-        check_resumable(recipe, checkpoint, recipe.world_size)
-        return [f"resuming from {checkpoint}"]
+    if resume != "auto":  # a checkpoint named explicitly: damaged or incompatible, it is refused now, not by a rank
+        return [f"resuming from {resume_checkpoint(recipe, run_dir, recipe.world_size)}"]
     notes = []
     for checkpoint, problem in checkpoint_states(run_dir / CHECKPOINTS_DIR):
         if problem is None:
@@ -170,9 +174,12 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
                 output_dir: str | Path | None = None) -> PreparedRun:
     """Check everything, then write the run directory (and hold its lock unless ``dry_run``).
 
-    ``force`` is the user's explicit override of the plan, disk and existing-directory refusals; ``resume``
-    continues from the newest complete checkpoint.  Raises RecipeError/DataError for what cannot be overridden
-    and :class:`RunRefused` (all overridable refusals at once) for the rest; nothing is written before.
+    ``force`` is the user's explicit override of the plan, disk and existing-directory refusals: a new run in the
+    directory of an earlier one first moves the earlier run's outputs (checkpoints, events, log, final model ...) into
+    ``previous/N/``, so the new run neither deletes them (the Trainer's checkpoint rotation would) nor mixes with them
+    (events, a later resume).  ``resume`` continues from the newest complete checkpoint.  Raises RecipeError/DataError
+    for what cannot be overridden and :class:`RunRefused` (all overridable refusals at once) for the rest; nothing is
+    written before.
     """
     if resume and recipe.training.resume == "never":
         data = recipe.model_dump(mode="json")
@@ -184,14 +191,15 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
     resuming = recipe.training.resume != "never"
     if run_dir.exists() and not run_dir.is_dir():
         raise RecipeError([f"output.dir: {run_dir} is a file, not a directory; choose another output.dir."])
-    check_run_directory(run_dir, keep_existing=resuming)  # files tuner did not write are never replaced
+    check_run_directory(run_dir)  # in every mode: files tuner did not write are never replaced, links never followed
     refusals, tight = _memory_check(recipe)
     refusals += _disk_check(recipe)
     # what `tuner run --dry-run` left (rendered files, no run yet) is replaced without asking
     dry_run_left = holds_only_rendered_files(run_dir)
     if run_dir.is_dir() and any(run_dir.iterdir()) and not (resuming or dry_run_left):
-        refusals.append(f"{run_dir}: the run directory already exists; overriding replaces tuner's files in it and "
-                        "keeps its events, log and checkpoints (resume continues it instead, or change output.dir).")
+        refusals.append(f"{run_dir}: the run directory already exists; overriding starts a new run there and moves "
+                        f"the earlier run's checkpoints, events and log into {run_dir / PREVIOUS_RUNS_DIR}/N/ (resume "
+                        "continues it instead, or change output.dir).")
     notes = _resume_notes(recipe, run_dir) if resuming else []
     require_trackers(recipe)  # a tracker training.report_to names must be installed: said now, not by every rank
     data_note = _check_data(recipe)
@@ -201,6 +209,8 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
     lock = RunLock(run_dir)
     try:
         lock.acquire()
+        if not (resuming or dry_run) and earlier_run_outputs(run_dir):
+            notes.append(f"the earlier run in {run_dir} was moved to {move_earlier_run_aside(run_dir)}")
         write_run_directory(recipe, force=force or dry_run_left, keep_existing=resuming)
     except RunLocked as exc:
         raise RecipeError([str(exc)]) from None
