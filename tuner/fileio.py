@@ -12,7 +12,7 @@ import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TextIO
 
 
 class TooLarge(ValueError):
@@ -134,6 +134,29 @@ def _write_then_rename(path: Path, text: str, mode: int | None) -> Path:
         raise
     _sync_directory(path.parent)
     return path
+
+
+@contextmanager
+def streamed_text(path: str | os.PathLike) -> Iterator[TextIO]:
+    """``path`` opened for text written as it comes (answers line by line: what was written survives a stop half-way,
+    where a rename at the end would lose it all).  Never through a symbolic link, never into a device or a pipe; a
+    file being replaced keeps its permissions.  The caller decides whether ``path`` may be replaced."""
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotARegularFile(path, LINK) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotARegularFile(path, special_kind(path) or "a special file")
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "w", encoding="utf-8") as stream:
+        yield stream
+        stream.flush()
+        os.fsync(stream.fileno())
 
 
 def create_exclusive_text(path: str | os.PathLike, text: str) -> Path:

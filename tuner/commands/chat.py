@@ -46,6 +46,7 @@ def run(args) -> int:
 
 def _chat(args) -> int:
     from tuner.infer.chat import ChatSession
+    from tuner.infer.generate import PromptTooLong
 
     loaded, sampling = load_from_args(args)
     prompt = prompt_format_from_args(args, loaded)
@@ -77,6 +78,10 @@ def _chat(args) -> int:
             for chunk in answer:
                 sys.stdout.write(chunk)
                 sys.stdout.flush()
+        except PromptTooLong as exc:
+            skipped += 1
+            print(f"message {number}: {exc}; not sent", file=sys.stderr)
+            continue
         except KeyboardInterrupt:
             answer.close()
             print("\n(stopped; this turn is not kept)", file=sys.stderr)

@@ -29,6 +29,48 @@ class Sampling:
         )
 
 
+# the config fields transformers' model families name their longest sequence with
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+UNBOUNDED = 10**9  # a tokenizer's model_max_length this large means "not set"
+
+
+class PromptTooLong(ValueError):
+    """A prompt and its answer would not fit the model's context; ``str()`` names the sizes and what to do."""
+
+
+def model_context(model, tokenizer) -> int | None:
+    """The longest sequence (prompt and answer) the model was built for: its config's position limit, else the
+    tokenizer's ``model_max_length``; None when neither says."""
+    config = getattr(model, "config", None)
+    for source in (getattr(config, "get_text_config", lambda: config)(), config):
+        for name in CONTEXT_FIELDS:
+            value = getattr(source, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and 0 < limit < UNBOUNDED else None
+
+
+def context_problem(prompt_tokens: int, max_new_tokens: int, context: int | None) -> str | None:
+    """Why a prompt of ``prompt_tokens`` with an answer of up to ``max_new_tokens`` cannot be asked (None: it can)."""
+    if context is None or prompt_tokens + max_new_tokens <= context:
+        return None
+    if max_new_tokens >= context:
+        return (f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's context of {context} "
+                f"tokens; lower --max-new-tokens (inference.max_new_tokens) below {context}")
+    return (f"the prompt is {prompt_tokens} tokens and its answer may take {max_new_tokens} (max_new_tokens): more "
+            f"than the model's context of {context} tokens; shorten it to at most {context - max_new_tokens} tokens, "
+            "or lower --max-new-tokens")
+
+
+def check_prompt_fits(tokenizer, model, prompt: str, max_new_tokens: int) -> None:
+    """Raise :class:`PromptTooLong` for a prompt (rendered text) that does not fit the model's context."""
+    tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    problem = context_problem(tokens, max_new_tokens, model_context(model, tokenizer))
+    if problem:
+        raise PromptTooLong(problem)
+
+
 @dataclass
 class Speed:
     """Tokens generated and the seconds ``generate`` took for them (summed over batches), as printed on stderr."""
