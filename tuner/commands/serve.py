@@ -24,6 +24,9 @@ def register(subparsers) -> None:
     parser.add_argument("--bits", type=int, choices=(4, 8), help="quantise the weights with bitsandbytes while loading")
     parser.add_argument("--context", type=at_least(1), metavar="TOKENS",
                         help="longest conversation planned for (default: memory.max_seq_length + inference.max_new_tokens)")
+    parser.add_argument("--request-timeout", type=at_least(1), default=60, metavar="SECONDS",
+                        help="longest one request may generate before its answer is cut (default: 60); the others "
+                             "wait at most that long for it")
     parser.add_argument("--print", dest="print_command", choices=("vllm",),
                         help="print the `vllm serve` command for this model instead of serving it here")
     parser.add_argument("--gpus", metavar="NxGPU", type=gpus,
@@ -59,7 +62,7 @@ def serve(args, target) -> int:
     if served.wrote_chat_template:
         console.print(f"prompt format: {served.target.recipe.data.format} (the tokenizer has no chat template; "
                       f"wrote the one tuner trains with into {served.path})", highlight=False)
-    server = Server(served, args.host, args.port, args.bits)
+    server = Server(served, args.host, args.port, args.bits, args.request_timeout)
     if server.dtype_note:
         console.print(f"note: {server.dtype_note}", highlight=False)
     context = args.context or default_context(served.target, served.target.recipe.inference.max_new_tokens)
@@ -67,8 +70,12 @@ def serve(args, target) -> int:
     console.print(placement_table(placement))
     for warning in placement.warnings():
         console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+    limit = server.limits.context
     print(f"serving at {server.url} as model {served.model_name!r} "
           "(OpenAI chat completions, streaming too; Ctrl-C stops)", flush=True)
+    if limit:
+        print(f"limits: prompt and answer within the model's context of {limit} tokens; "
+              f"{args.request_timeout} s of generation per request", file=sys.stderr, flush=True)
     server.run()
     return 0
 
