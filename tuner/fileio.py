@@ -40,6 +40,15 @@ def special_kind(path: str | os.PathLike) -> str | None:
     return next((kind for test, kind in _SPECIAL if test(mode)), None)
 
 
+def user_path(text: str | os.PathLike) -> Path:
+    """``text`` as a path with ``~`` and ``~user`` expanded, as a shell does: a user without a home (``~nouser``) is
+    left as written (a relative name that will not be found), never an exception."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        return Path(text)
+
+
 def entry_kind(path: str | os.PathLike) -> str:
     """What ``path`` itself is, a link not followed: :data:`FILE`, :data:`DIRECTORY`, :data:`LINK`, or a special
     file's kind ("a pipe", ...)."""

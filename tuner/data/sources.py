@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from tuner.data.reverse import BUILTIN_DATASETS, builtin_dataset_path
-from tuner.fileio import NotARegularFile, TooLarge, open_input, read_limited, special_kind
+from tuner.fileio import NotARegularFile, TooLarge, open_input, read_limited, special_kind, user_path
 from tuner.home import tuner_home
 
 FILE_LOADERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -33,7 +33,7 @@ def resolve_source(source: str) -> tuple[str, str]:
     """Return (datasets loader, argument): ('json', path), ('parquet', path) or ('hub', name)."""
     if source in BUILTIN_DATASETS:
         return "json", str(builtin_dataset_path(source, tuner_home() / "data"))
-    path = Path(source).expanduser()
+    path = user_path(source)
     if path.suffix.lower() in FILE_LOADERS:
         if not path.exists():
             raise DataError(f"data.source: {source}: no such file.")

@@ -105,8 +105,10 @@ def _with_adapter(model, adapter: Path, placement: Placement, max_memory, offloa
     try:
         wrapped = PeftModel.from_pretrained(model, str(adapter), max_memory=max_memory,
                                             offload_folder=str(offload_folder))
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise ModelLoadError(f"cannot apply the adapter in {adapter} to this base model: {exc}") from None
+    except Exception as exc:  # a damaged or mismatched adapter file, whatever peft raises for it
+        reason = " ".join(str(exc).split())[:500]
+        raise ModelLoadError(f"cannot apply the adapter in {adapter} to this base model ({type(exc).__name__}: "
+                             f"{reason}).") from None
     wrapped.eval()
     return wrapped
 

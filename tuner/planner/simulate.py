@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tuner.catalog.models import _catalog, _catalog_key, _demo_config
+from tuner.fileio import user_path
 
 GIB = 2**30
 
@@ -58,7 +59,7 @@ def _config_dict(recipe) -> dict:
     model_id = recipe.model.id
     if model_id == "builtin:demo":
         return _demo_config()
-    path = Path(model_id).expanduser()
+    path = user_path(model_id)
     if path.is_dir():
         import json
 
