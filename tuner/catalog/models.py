@@ -356,6 +356,15 @@ def custom_code(model_id: str, revision: str | None = None) -> list[str]:
 
     if model_id.startswith("builtin:"):
         return []
+
+    def auto_maps(config, depth: int = 4) -> list[dict]:
+        """Every ``auto_map`` of a config and of the configs nested in it (``text_config``, ``vision_config``):
+        a composite model's sub-model may ship the code."""
+        if not isinstance(config, dict) or depth == 0:
+            return []
+        own = [config["auto_map"]] if isinstance(config.get("auto_map"), dict) else []
+        return own + [nested for value in config.values() for nested in auto_maps(value, depth - 1)]
+
     found: set[str] = set()
     for name in CODE_CONFIGS:
         path = _local_or_cached(model_id, revision, name)
@@ -363,9 +372,9 @@ def custom_code(model_id: str, revision: str | None = None) -> list[str]:
             config = json.loads(read_limited(path, MAX_CONFIG_BYTES, pipes=False)) if path else None
         except (OSError, ValueError, RecursionError):
             continue  # unreadable here; loading it reports that in its own words
-        auto_map = config.get("auto_map") if isinstance(config, dict) else None
-        for value in (auto_map.values() if isinstance(auto_map, dict) else ()):
-            found.update(ref for ref in (value if isinstance(value, list) else [value]) if isinstance(ref, str) and ref)
+        for auto_map in auto_maps(config):
+            for value in auto_map.values():
+                found.update(ref for ref in (value if isinstance(value, list) else [value]) if isinstance(ref, str) and ref)
     return sorted(found)
 
 

@@ -107,13 +107,15 @@ def print_vllm(args, target) -> int:
     from tuner.infer.load import default_context, planner_facts
     from tuner.infer.serve import check_serving_folder, merged_if_any, write_chat_template
     from tuner.infer.vllm import VllmPlanError, adapter_modules_to_save, plan_vllm, vllm_serve_argv
-    from tuner.loading.model import ModelLoadError, load_tokenizer
+    from tuner.loading.model import ModelLoadError, load_tokenizer, refuse_custom_code
     from tuner.recipe.io import RecipeError
     from tuner.run_layout import SERVE_DIR
     from tuner.run_lock import RunLock
 
     target = merged_if_any(target)
     recipe = target.recipe
+    for source in dict.fromkeys((target.model_path, target.tokenizer_path)):  # vLLM would run the code it ships
+        refuse_custom_code(recipe, source)
     facts = planner_facts(target)
     if facts is None:
         raise ModelLoadError(f"{target.model_path}: no architecture facts to plan vLLM with (not in tuner's catalog "
@@ -149,7 +151,8 @@ def print_vllm(args, target) -> int:
         target.model_path, plan, recipe.model.dtype, args.host, args.port, served_name=recipe.name,
         tokenizer=target.tokenizer_path if target.tokenizer_path != target.model_path else None,
         chat_template=chat_template,
-        lora=(recipe.name, str(target.adapter), lora.r) if target.adapter else None)
+        lora=(recipe.name, str(target.adapter), lora.r) if target.adapter else None,
+        trust_remote_code=recipe.model.trust_remote_code)
     for line in plan.lines():
         print(line, file=sys.stderr)
     print(f"clients ask for model {recipe.name!r}", file=sys.stderr)
