@@ -45,7 +45,16 @@ def run(args) -> int:
 
 def _run_one(args) -> int:
     from tuner.data.sources import DataError
-    from tuner.infer.generate import PromptTooLong, Speed, check_prompt_fits, generate_answers, render_prompt, user_turn
+    from tuner.infer.generate import (
+        GENERATION_FAILURES,
+        PromptTooLong,
+        Speed,
+        check_prompt_fits,
+        generate_answers,
+        render_prompt,
+        user_turn,
+    )
+    from tuner.loading.model import ModelLoadError
 
     loaded, sampling = load_from_args(args)
     found = prompt_format_from_args(args, loaded)
@@ -56,7 +65,12 @@ def _run_one(args) -> int:
     except PromptTooLong as exc:
         raise DataError(f"--prompt: {exc}.") from None
     speed = Speed()
-    print(generate_answers(loaded.model, loaded.tokenizer, [prompt], speed=speed, **vars(sampling))[0])
+    try:
+        answer = generate_answers(loaded.model, loaded.tokenizer, [prompt], speed=speed, **vars(sampling))[0]
+    except GENERATION_FAILURES as exc:
+        raise ModelLoadError(f"{loaded.target.describe()}: generation failed ({type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())[:300]}); the model's files may not match each other.") from None
+    print(answer)
     print(speed.line(), file=sys.stderr)
     return 0
 
@@ -64,6 +78,7 @@ def _run_one(args) -> int:
 def _run_batch(args) -> int:
     from tuner.infer.batch import BadLine, read_prompt_file, write_answers
     from tuner.infer.generate import Speed, context_problem, generate_answers, model_context, render_prompt
+    from tuner.loading.model import ModelLoadError
 
     prompts, bad = read_prompt_file(args.input)
 
@@ -80,9 +95,13 @@ def _run_batch(args) -> int:
         found = prompt_format_from_args(args, loaded)
         context = model_context(loaded.model, loaded.tokenizer)
         for prompt in list(prompts):  # a prompt the context cannot hold is refused alone, before generating
-            text = render_prompt(loaded.tokenizer, as_trained(prompt, found.instruction), found.data_format)
-            tokens = len(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
-            problem = context_problem(tokens, sampling.max_new_tokens, context)
+            try:
+                text = render_prompt(loaded.tokenizer, as_trained(prompt, found.instruction), found.data_format)
+            except ModelLoadError as exc:  # the chat template fails on this conversation alone
+                text, problem = None, str(exc).rstrip(".")
+            else:
+                tokens = len(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
+                problem = context_problem(tokens, sampling.max_new_tokens, context)
             if problem:
                 prompts.remove(prompt)
                 bad.append(BadLine(prompt.line, f"{problem}."))

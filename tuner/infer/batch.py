@@ -161,10 +161,9 @@ def write_answers(path: str | Path, items: list[PromptLine | BadLine], answer_ba
     return answered
 
 
-GENERATION_FAILURES = (RuntimeError, ValueError, MemoryError)  # torch's out-of-memory is a RuntimeError
-
-
 def _answers_or_errors(asked: list[PromptLine], answer_batch, on_bad) -> list[str | BadLine]:
+    from tuner.infer.generate import GENERATION_FAILURES
+
     if not asked:
         return []
     try:

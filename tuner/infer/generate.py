@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 from tuner.data.formats import chat_template_for
+from tuner.loading.model import ModelLoadError
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,10 @@ class Sampling:
             top_p=inference.top_p if top_p is None else top_p,
         )
 
+
+# what generate raises for a batch it cannot answer (torch's out-of-memory is a RuntimeError; a damaged model's or
+# generation config's settings end in any of the others deep inside): reported with the prompt, never a traceback
+GENERATION_FAILURES = (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError, MemoryError)
 
 # the config fields transformers' model families name their longest sequence with
 CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
@@ -103,8 +108,13 @@ def render_prompt(tokenizer, messages: list[dict[str, str]], data_format: str = 
     """The text that asks the model to answer the last user turn, formatted as tuner trains
     (:func:`tuner.data.formats.chat_template_for`: the same template ``tuner serve`` hands the server; an
     instruction turn's first line is the instruction, the rest its input, as :func:`user_turn` joins them)."""
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         chat_template=chat_template_for(tokenizer, data_format))
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             chat_template=chat_template_for(tokenizer, data_format))
+    except Exception as exc:  # a template's own code failing on this conversation (jinja raises any type)
+        reason = " ".join(str(exc).split())[:300]
+        raise ModelLoadError(f"the chat template cannot render this conversation ({type(exc).__name__}: "
+                             f"{reason}); fix the tokenizer's chat template, or pass --data-format.") from None
 
 
 def user_turn(message: str, instruction: str | None) -> str:
