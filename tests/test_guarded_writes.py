@@ -100,6 +100,14 @@ def test_print_vllm_never_writes_its_chat_template_through_a_serve_link(full_run
     assert_untouched(victim)
 
 
+def test_infer_never_offloads_weights_through_an_offload_link(full_run, tmp_path, capsys):
+    victim = user_folder(tmp_path / "victim")
+    (full_run / "offload").symlink_to(victim)
+    code, err = cli(capsys, "infer", full_run, "--prompt", "reverse\nabc", "--max-new-tokens", "2")
+    assert code == 2 and f"{full_run / 'offload'}: is a symbolic link" in err and "Traceback" not in err, err
+    assert_untouched(victim)
+
+
 # -- run directories, in every mode -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", [["--resume", "--dry-run"], ["--resume"], ["--dry-run"], ["--force", "--dry-run"],

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import REPO
-from test_serve import free_port
+from test_serve import free_port, wait_until_serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("serve-limits")]
 TIMEOUT_S = 60  # each request's own timeout: a request never waits on the test longer
@@ -53,16 +52,7 @@ def server(tmp_path_factory, demo_model_path):
         process = subprocess.Popen([sys.executable, "-m", "tuner", "serve", "--model", str(demo_model_path), "--port",
                                     str(port), "--request-timeout", "5"], stdout=stream, stderr=subprocess.STDOUT,
                                    env={**os.environ, "PYTHONPATH": str(REPO)})
-    deadline = time.monotonic() + 300
-    while True:
-        assert process.poll() is None, log.read_text()[-3000:]
-        assert time.monotonic() < deadline, "the server did not come up in 300 s"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            time.sleep(0.5)
+    wait_until_serving(port, process, log.read_text)
     yield port, process, log
     if process.poll() is None:
         process.kill()
