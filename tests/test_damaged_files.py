@@ -188,3 +188,15 @@ def test_inference_arguments_that_cannot_hold_are_refused(argument, said, demo_m
 def test_model_ids_that_name_nothing_are_one_message(model, said, capsys):
     code, err = cli(capsys, "infer", "--model", model, *INFER)
     assert code == 2 and said in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("case", ["adapter-config-empty", "adapter-weights-cut", "adapter-config-rank"])
+def test_merge_of_a_damaged_adapter_is_one_message(case, saved_runs, tmp_path, capsys):
+    _, name, damage, said = DAMAGE[case]
+    run = copy_of(saved_runs, "lora", tmp_path)
+    damage(run / FINAL_DIR / name)
+    code, err = cli(capsys, "merge", run)
+    assert code == 2 and "Traceback" not in err, err
+    (message,) = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert said.replace("cannot apply the adapter", "cannot apply the adapter to its base model") in message, err
+    assert not (run / "merged").exists()

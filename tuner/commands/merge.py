@@ -20,8 +20,15 @@ def run(args) -> int:
     from tuner.run_layout import LOCK_FILE, MERGED_DIR
     from tuner.run_lock import RunLock
 
+    from tuner.launch.integrity import saved_model_problem
+    from tuner.loading.model import ModelLoadError
+
     run_dir = Path(args.run_dir)
     adapter = find_adapter(run_dir)
+    damaged = saved_model_problem(adapter)
+    if damaged:
+        raise ModelLoadError(f"{adapter}/{damaged}; the adapter cannot be merged. Restore the file, or merge one of "
+                             "the run's checkpoints/checkpoint-N.")
     run = run_of(adapter)
     lock = next((p for p in (adapter / LOCK_FILE, run_dir / LOCK_FILE, run / LOCK_FILE) if p.is_file()), None)
     if lock is None:

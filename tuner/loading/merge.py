@@ -72,7 +72,13 @@ def merge_adapter(recipe: Recipe, adapter: Path, output: Path, force: bool = Fal
     unquantised = recipe.model_copy(deep=True)
     unquantised.method.quantization = None
     with staged_directory(output, existing="replace") as staging:  # first: an unwritable place fails at once
-        model = PeftModel.from_pretrained(load_model(unquantised), str(adapter)).merge_and_unload()
+        base = load_model(unquantised)
+        try:
+            model = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+        except Exception as exc:  # a damaged or mismatched adapter, whatever peft raises for it
+            reason = " ".join(str(exc).split())[:500]
+            raise ModelLoadError(f"{adapter}: cannot apply the adapter to its base model ({type(exc).__name__}: "
+                                 f"{reason}).") from None
         model.config.use_cache = True
         tokenizer = load_tokenizer(recipe, str(adapter))
         model.save_pretrained(staging)
