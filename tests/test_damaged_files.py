@@ -80,7 +80,7 @@ def first_tensor(header) -> dict:
 
 
 DAMAGE = {  # (run, file in final/, damage, what the message says)
-    "config-list": ("full", "config.json", lambda p: p.write_text("[]"), "holds a JSON list"),
+    "config-list": ("full", "config.json", lambda p: p.write_text("[]"), "holds a JSON list, not an object"),
     "config-deep": ("full", "config.json", lambda p: p.write_text("[" * 100_000 + "]" * 100_000), "nested too deeply"),
     "config-cut": ("full", "config.json", cut, "truncated or damaged JSON"),
     "config-bogus-type": ("full", "config.json", json_edit(lambda d: d.update(model_type="bogus")), "cannot be loaded"),

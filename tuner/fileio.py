@@ -34,6 +34,14 @@ _SPECIAL = ((stat.S_ISDIR, DIRECTORY), (stat.S_ISFIFO, "a pipe"), (stat.S_ISCHR,
             (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
 
 
+_JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "true/false", type(None): "null"}
+
+
+def json_kind(value) -> str:
+    """What a parsed JSON value is, in a message's words ("a JSON list"), for a file or row that must be an object."""
+    return f"a JSON {_JSON_KINDS.get(type(value), type(value).__name__)}"
+
+
 def special_kind(path: str | os.PathLike) -> str | None:
     """What ``path`` is when it is not a regular file ("a directory", "a pipe", "a device", "a socket"), else None."""
     mode = os.stat(path).st_mode  # follows links: /dev/stdin is whatever stdin is

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from tuner.data.reverse import BUILTIN_DATASETS, builtin_dataset_path
-from tuner.fileio import NotARegularFile, TooLarge, open_input, read_limited, special_kind, user_path
+from tuner.fileio import NotARegularFile, TooLarge, json_kind, open_input, read_limited, special_kind, user_path
 from tuner.home import tuner_home
 
 FILE_LOADERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -170,14 +170,13 @@ def _depth(value) -> int:
     return deepest
 
 
-_JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "true/false", type(None): "null"}
 _TOO_DEEP = f"nested too deeply (more than {MAX_ROW_DEPTH} levels); a sample is an object of text fields"
 
 
 def json_row_problem(value, brackets: int) -> str | None:
     """Why a parsed JSON row is not a sample object, or None; ``brackets`` (the [ and { in its text) bounds its depth."""
     if not isinstance(value, dict):
-        return f"a JSON {_JSON_KINDS.get(type(value), type(value).__name__)}, not an object"
+        return f"{json_kind(value)}, not an object"
     if brackets > MAX_ROW_DEPTH and _depth(value) > MAX_ROW_DEPTH:
         return _TOO_DEEP
     return None

@@ -17,7 +17,7 @@ import struct
 import zipfile
 from pathlib import Path
 
-from tuner.fileio import TooLarge, read_limited, special_kind
+from tuner.fileio import TooLarge, json_kind, read_limited, special_kind
 from tuner.run_layout import CHECKPOINT_INFO
 
 TRAINER_STATE = "trainer_state.json"
@@ -113,7 +113,7 @@ def _file_problem(path: Path) -> str | None:
     if path.suffix == ".json":
         value, problem = read_json(path)
         if problem is None and path.name in JSON_OBJECTS and not isinstance(value, dict):
-            problem = f"holds a JSON {type(value).__name__}, not an object"
+            problem = f"holds {json_kind(value)}, not an object"
         return problem
     return None
 

@@ -123,6 +123,7 @@ def load_tokenizer(recipe: Recipe, path: str | None = None):
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             source, revision=recipe.model.revision, trust_remote_code=recipe.model.trust_remote_code)
+        tokenizer("a")  # a setting of the wrong type (model_max_length: []) fails only when text is encoded
     except Exception as exc:  # whatever a damaged file makes the library raise: one message naming the folder
         raise not_loaded(recipe, source, exc) from None
     if tokenizer.pad_token is None:
