@@ -275,3 +275,26 @@ def test_force_over_an_earlier_run_moves_it_aside_and_resume_never_mixes_the_two
 
     resumed = prepare_run(later, resume=True, dry_run=True)
     assert resumed.notes[-1] == f"resuming from {run / CHECKPOINTS_DIR / 'checkpoint-2'}"
+
+
+def test_a_probe_folder_stays_the_probes_through_reprobes_and_a_forced_run(tmp_path):
+    """What a probe leaves (its folder's events, log and report, the lock a kill left beside it) is tuner's: a second
+    probe prepares in the same folder without moving anything aside, and a run --force over an earlier run moves that
+    run's outputs aside but leaves the probe it was just measured by."""
+    from tuner.launch.probe import probe_recipe
+    from tuner.launch.run import prepare_run
+    from tuner.run_layout import EVENTS_FILE, LOG_FILE, PREVIOUS_RUNS_DIR, PROBE_DIR, PROBE_REPORT, PROBE_REQUEST
+
+    run = tmp_path / "run"
+    recipe = load_recipe(builtin_path("demo"), [f"output.dir={run}"])
+    probe = probe_recipe(recipe)
+    for name in (PROBE_REQUEST, PROBE_REPORT, EVENTS_FILE, LOG_FILE):
+        (run / PROBE_DIR).mkdir(parents=True, exist_ok=True)
+        (run / PROBE_DIR / name).write_text("{}\n")
+    lock_path(run / PROBE_DIR).write_text("{}")  # a killed probe's
+    prepare_run(probe).release()
+    assert not (run / PROBE_DIR / PREVIOUS_RUNS_DIR).exists()
+    (run / EVENTS_FILE).write_text("{}\n")  # an earlier run
+    prepared = prepare_run(recipe, force=True)
+    prepared.release()
+    assert (run / PREVIOUS_RUNS_DIR / "1" / EVENTS_FILE).is_file() and (run / PROBE_DIR / PROBE_REPORT).is_file()

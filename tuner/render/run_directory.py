@@ -22,10 +22,17 @@ from tuner.render.deepspeed_config import render_deepspeed_config
 from tuner.render.launch_script import has_slurm_script, render_launch_script, render_slurm_script
 from tuner.run_layout import (
     ACCELERATE_CONFIG,
+    CHECKPOINTS_DIR,
     DEEPSPEED_CONFIG,
+    EVENTS_FILE,
     LAUNCH_SCRIPT,
     LOCK_FILE,
+    LOG_FILE,
+    MODEL_SNAPSHOT,
     PREVIOUS_RUNS_DIR,
+    PROBE_DIR,
+    PROBE_REPORT,
+    PROBE_REQUEST,
     RENDERED_FILES,
     RUN_OUTPUT_DIRS,
     RUN_OUTPUT_FILES,
@@ -33,9 +40,11 @@ from tuner.run_layout import (
     SLURM_LOG,
     SLURM_SCRIPT,
 )
-from tuner.run_lock import RunLock, RunLocked
+from tuner.run_lock import RunLock, RunLocked, lock_path
 
 EXECUTABLES = (LAUNCH_SCRIPT, SLURM_SCRIPT)
+# What a probe leaves in its own run directory (its checkpoint, when a kill kept the probe from removing it)
+PROBE_LEFT = (PROBE_REQUEST, PROBE_REPORT, EVENTS_FILE, LOG_FILE, MODEL_SNAPSHOT, CHECKPOINTS_DIR)
 
 
 def render_run_files(recipe: Recipe, run_dir: str | Path | None = None) -> dict[str, str]:
@@ -64,9 +73,11 @@ def render_run_files(recipe: Recipe, run_dir: str | Path | None = None) -> dict[
 
 def owned_kind(name: str) -> str | None:
     """The kind of entry tuner puts under ``name`` in a run directory (None: a name tuner never writes there): a
-    rendered file, a run output, a Slurm log, the earlier runs moved aside, or a temporary file or folder of tuner's
-    own that a kill left behind (``.recipe.lock.yaml.x1y2.tmp``)."""
+    rendered file, a run output, a Slurm log, the earlier runs moved aside, or a temporary file, folder or lock of
+    tuner's own that a kill left behind (``.recipe.lock.yaml.x1y2.tmp``, ``.probe.tuner-run.lock``)."""
     if name in RENDERED_FILES or name in RUN_OUTPUT_FILES or fnmatch(name, SLURM_LOG.replace("%j", "*")):
+        return FILE
+    if any(name == lock_path(Path(own)).name for own in RUN_OUTPUT_DIRS):  # a probe's lock a kill left in the run
         return FILE
     if name in RUN_OUTPUT_DIRS or name == PREVIOUS_RUNS_DIR:
         return DIRECTORY
@@ -86,22 +97,26 @@ def check_run_directory(run_dir: str | Path) -> None:
 
 
 def holds_only_rendered_files(run_dir: str | Path) -> bool:
-    """Whether ``run_dir`` holds files and only files `tuner render` writes (what ``tuner run --dry-run`` leaves):
-    no run has started there, so a launch may replace them without --force."""
+    """Whether ``run_dir`` holds only files `tuner render` writes (what ``tuner run --dry-run`` leaves) and what
+    ``tuner probe`` left (its ``probe/`` folder; in a probe's own directory, the probe's events, log and report): no
+    run has started there, so a launch may replace the rendered files without --force."""
     run_dir = Path(run_dir)
     if run_dir.is_symlink() or not run_dir.is_dir():
         return False
     names = [entry.name for entry in run_dir.iterdir()]
-    return bool(names) and all(name in RENDERED_FILES for name in names)
+    left = PROBE_LEFT if PROBE_REQUEST in names else (PROBE_DIR,)
+    return bool(names) and all(name in RENDERED_FILES or name in left for name in names)
 
 
 def earlier_run_outputs(run_dir: str | Path) -> list[str]:
-    """The names of what a run has written into ``run_dir`` (events, log, checkpoints, final model, Slurm logs ...)."""
+    """The names of what a run has written into ``run_dir`` (events, log, checkpoints, final model, Slurm logs ...);
+    not ``probe/``, a run directory of its own that each probe replaces (``tuner run --probe`` probes just before the
+    run it measured for)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
-    return sorted(entry.name for entry in run_dir.iterdir() if entry.name in RUN_OUTPUTS
-                  or fnmatch(entry.name, SLURM_LOG.replace("%j", "*")))
+    return sorted(entry.name for entry in run_dir.iterdir() if entry.name != PROBE_DIR and (
+        entry.name in RUN_OUTPUTS or fnmatch(entry.name, SLURM_LOG.replace("%j", "*"))))
 
 
 def move_earlier_run_aside(run_dir: str | Path) -> Path:
