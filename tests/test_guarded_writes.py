@@ -291,9 +291,9 @@ def test_a_probe_folder_stays_the_probes_through_reprobes_and_a_forced_run(tmp_p
     for name in (PROBE_REQUEST, PROBE_REPORT, EVENTS_FILE, LOG_FILE):
         (run / PROBE_DIR).mkdir(parents=True, exist_ok=True)
         (run / PROBE_DIR / name).write_text("{}\n")
-    lock_path(run / PROBE_DIR).write_text("{}")  # a killed probe's
     prepare_run(probe).release()
     assert not (run / PROBE_DIR / PREVIOUS_RUNS_DIR).exists()
+    lock_path(run / PROBE_DIR).write_text("{}")  # a killed probe's
     (run / EVENTS_FILE).write_text("{}\n")  # an earlier run
     prepared = prepare_run(recipe, force=True)
     prepared.release()
