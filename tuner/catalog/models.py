@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from tuner.fileio import user_path
+
 CATALOG_FILE = Path(__file__).with_name("models.json")
 
 
@@ -106,6 +108,8 @@ class ModelFacts:
     architecture: Architecture = field(default_factory=Architecture, repr=False)
     attention_bias: bool = False
     mlp_bias: bool = False
+    attn_logit_softcapping: float | None = None  # Gemma-2: tanh-capped attention scores (eager keeps their tanh)
+    final_logit_softcapping: float | None = None  # Gemma-2: tanh-capped logits (another T x V kept for backward)
 
     @property
     def q_dim(self) -> int:
@@ -240,11 +244,22 @@ def facts_from_config(config: dict, name: str, source: str) -> ModelFacts:
             architecture=arch,
             attention_bias=bool(config.get("attention_bias", False)),
             mlp_bias=bool(config.get("mlp_bias", False)),
+            **_softcapping(config, model_type),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise UnknownModelError(f"{name}: {source} lacks a usable {exc} entry; tuner reads hidden_size, "
                                 "num_hidden_layers, num_attention_heads, intermediate_size and vocab_size from it.") from None
     return facts
+
+
+def _softcapping(config: dict, model_type: str) -> dict[str, float | None]:
+    """The soft-capping values config.json sets, else its config class's defaults (as transformers fills them in)."""
+    from tuner.catalog.model_classes import SOFTCAPPING_KEYS, model_class
+
+    cls = model_class(model_type)
+    defaults = cls.softcapping if cls else {}
+    values = {key: config.get(key, defaults.get(key)) for key in SOFTCAPPING_KEYS}
+    return {key: float(value) if isinstance(value, (int, float)) and value else None for key, value in values.items()}
 
 
 @lru_cache(maxsize=1)
@@ -297,7 +312,7 @@ def model_facts(model_id: str, revision: str | None = None, trust_remote_code: b
         if model_id != "builtin:demo":
             raise UnknownModelError(f"{model_id}: unknown built-in model; the built-in model is builtin:demo.")
         return facts_from_config(_demo_config(), model_id, "builtin demo model")
-    path = Path(model_id).expanduser()
+    path = user_path(model_id)
     if path.is_dir():
         config_file = path / "config.json"
         if not config_file.is_file():
@@ -324,6 +339,25 @@ def model_facts(model_id: str, revision: str | None = None, trust_remote_code: b
     raise UnknownModelError(
         f"{model_id}: no architecture facts: not a local directory, not in tuner's catalog, {why}, point model.id "
         f"at a directory with config.json, or use one of: {', '.join(catalog_ids())}.")
+
+
+def model_config(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> dict:
+    """The config.json mapping of ``model_id`` as :func:`model_facts` finds it (builtin:demo, a local directory, the
+    catalog entry, the config.json tuner keeps for a hub model), for building the model's real classes from it."""
+    if model_id == "builtin:demo":
+        return _demo_config()
+    path = user_path(model_id)
+    if path.is_dir():
+        return json.loads((path / "config.json").read_text())
+    key = _catalog_key(model_id)
+    if key is not None:
+        return dict(_catalog()[key])
+    from tuner.catalog.hub import hub_config
+
+    found = hub_config(model_id, revision)
+    if found is None:
+        model_facts(model_id, revision, trust_remote_code)  # raises UnknownModelError, naming what was tried
+    return dict(found.config)
 
 
 MAX_CONFIG_BYTES = 4 * 2**20  # a config.json is a few KiB
