@@ -143,3 +143,36 @@ def test_run_refuses_an_output_disk_too_small_for_its_checkpoints(tmp_path, monk
     assert "--force" in err and not (tmp_path / "runs").exists()
     assert main(["run", "demo", *gpu_run, "--dry-run", "--force"]) == 0
     assert "launching anyway: output.dir: output runs/demo:" in capsys.readouterr().err
+
+
+def test_ranks_stop_without_saving_when_tuner_run_is_killed(tmp_path, demo_model_path) -> None:
+    """SIGKILL of `tuner run` (nothing can be caught): its ranks, under accelerate launch and torchrun, see their
+    supervisor gone and stop; no checkpoint is completed after the kill, so none was written by nobody's command.
+    The run is quiet (no progress bars, no log lines): a rank that prints dies of the dead tuner's broken pipe
+    anyway, a quiet one trained on."""
+    import psutil
+
+    from tuner.launch.checkpoints import checkpoint_states
+
+    settings = ["name=orphan", "hardware.num_processes=2", "memory.distributed=ddp",
+                f"hardware.main_process_port={free_port()}", "training.max_steps=100000", "training.logging_steps=100000",
+                "training.save_steps=1", "training.save_total_limit=1000", "data.max_samples=64",
+                "data.eval_fraction=0", "memory.micro_batch_size=4"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tuner", "run", "demo", *[a for s in settings for a in ("--set", s)]],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
+    run_dir = tmp_path / "runs" / "orphan"
+    complete = lambda: {path.name for path, problem in checkpoint_states(run_dir / "checkpoints") if problem is None}  # noqa: E731
+    wait_for(complete, 300, "the first complete checkpoint", process)
+    ranks = [wait_for(lambda rank=rank: training_rank(process, rank), 30, f"rank {rank}", process) for rank in (0, 1)]
+    everything = psutil.Process(process.pid).children(recursive=True)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    before = complete()
+    gone, alive = psutil.wait_procs(everything, timeout=60)
+    for leftover in alive:
+        leftover.kill()
+    assert not alive, f"still running after their tuner run died: {[p.cmdline() for p in alive]}"
+    assert all(rank in gone for rank in ranks)
+    assert len(complete() - before) <= 1, "only a checkpoint whose save began before the kill may complete"

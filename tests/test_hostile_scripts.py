@@ -31,6 +31,12 @@ ODD_HOSTS = ["fe80::1%eth0", "node-1.cluster.", "::1", "10.0.0.1"]
 NOT_HOSTS = ["$(touch pwned)", "`touch pwned`", "a;touch pwned", "fe80::1%$(touch pwned)", "-rf", "a b",
              "host\ntouch pwned", "x" * 64, "node_1", "", "10.0.0.1:29500"]
 
+# Working folders (and folders holding the recipe) whose names a shell would read as code: a run directory given
+# relative to them, above them (``-o ../runs/r``), makes launch.sh return to them by a path that holds their name.
+HOSTILE_FOLDERS = ["p$(touch pwned)", "p`touch pwned`", "it's; touch pwned; '", 'q"; touch pwned; "',
+                   "new\nline; touch pwned", "$HOME ${IFS}x", "-rf *"]
+
+
 def write_scripts(project: Path, recipe, run_dir: str) -> None:
     for name, text in render_run_files(recipe, run_dir).items():
         path = project / run_dir / name
@@ -52,6 +58,37 @@ def test_every_script_runs_only_the_launch_command(topology, tmp_path, demo_mode
                 update={"main_process_ip": ODD_HOSTS[index % len(ODD_HOSTS)]})})
         write_scripts(project, recipe, run_dir)
         run_rendered_scripts(project, run_dir, recipe, env)
+
+
+@pytest.mark.parametrize("topology", sorted(CASES))
+def test_a_hostile_working_folder_reaches_the_scripts_only_as_data(topology, tmp_path, monkeypatch) -> None:
+    """``cd 'p$(touch pwned)'; tuner render RECIPE -o ../runs/r; bash runs/r/launch.sh`` runs only the launch."""
+    env = install_fakes(tmp_path)
+    base = case_recipe(topology)
+    for index, folder in enumerate(HOSTILE_FOLDERS):
+        project = tmp_path / "projects" / folder
+        project.mkdir(parents=True)
+        monkeypatch.chdir(project)
+        run_dir = f"../runs/r{index}"
+        recipe = with_output_dir(base, run_dir)
+        write_scripts(project, recipe, run_dir)
+        run_rendered_scripts(project, run_dir, recipe, env)
+
+
+@pytest.mark.slow
+def test_hostile_folders_in_cwd_output_and_recipe_path_through_the_cli(tmp_path, monkeypatch, capsys) -> None:
+    """The real command line: the recipe in a hostile folder, rendered from a hostile working folder into a hostile
+    output folder above it; the scripts run under the fake launchers and nothing else runs."""
+    env = install_fakes(tmp_path)
+    for index, folder in enumerate(HOSTILE_FOLDERS):
+        project = tmp_path / "work" / folder
+        recipes = project / folder
+        recipes.mkdir(parents=True)
+        (recipes / "r.yaml").write_text("name: hostile\nhardware: {num_processes: 2}\nmemory: {distributed: ddp}\n")
+        monkeypatch.chdir(project)
+        run_dir = f"../out{index}/{HOSTILE_DIRS[index][len('runs/'):]}"
+        assert main(["render", f"{folder}/r.yaml", "-o", run_dir]) == 0, capsys.readouterr().err
+        run_rendered_scripts(project, run_dir, with_output_dir(case_recipe("cpu_ddp_2"), run_dir), env)
 
 
 @pytest.mark.parametrize("address", NOT_HOSTS)

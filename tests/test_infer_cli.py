@@ -33,7 +33,7 @@ def test_batch_keeps_order_and_reports_malformed_lines(tmp_path, demo_model_path
     assert result.returncode == 2, result.stderr
     for line in (2, 5, 6):
         assert f"{prompts}:{line}:" in result.stderr
-    assert "wrote 3 answer(s)" in result.stderr and "3 malformed line(s)" in result.stderr
+    assert "wrote 3 answer(s)" in result.stderr and "3 line(s) not answered" in result.stderr
     assert "Model placement" in result.stderr
 
     records = [json.loads(line) for line in answers.read_text().splitlines()]

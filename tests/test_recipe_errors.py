@@ -104,3 +104,14 @@ def test_a_short_stream_is_read_like_a_file(tmp_path):
     result = subprocess.run([sys.executable, "-m", "tuner", "validate", "-q", "/dev/stdin"], input="name: piped\n",
                             capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[1])
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("field", ["training.weight_decay", "method.lora.alpha", "training.max_grad_norm",
+                                   "inference.gpu_headroom_gb", "hardware.host_ram_gb"])
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan", "1.0e+400"])
+def test_numbers_must_be_finite(field, value, capsys):
+    from tuner.cli import main
+
+    assert main(["validate", "demo-lora", "--set", f"{field}={value}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --set {field}: {field}: ") and "finite" in err and "Traceback" not in err, err

@@ -93,3 +93,23 @@ def test_trusting_it_is_a_warning_naming_the_model(custom_model, capsys) -> None
 def test_a_model_without_custom_code_says_nothing(demo_model_path, capsys) -> None:
     code, err = run_cli(capsys, "validate", "-q", "demo", "--set", f"model.id={demo_model_path}")
     assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize("nested", ["text_config", "vision_config"])
+def test_code_shipped_by_a_nested_config_is_found(nested, tmp_path, demo_model_path, capsys) -> None:
+    model_dir = tmp_path / "composite"
+    shutil.copytree(demo_model_path, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, nested: {"model_type": "acme", "auto_map": AUTO_MAP}}))
+    code, err = run_cli(capsys, "validate", "-q", "demo", "--set", f"model.id={model_dir}")
+    assert code == 2 and "model.trust_remote_code: " in err and "modeling_acme.AcmeForCausalLM" in err, err
+
+
+def test_print_vllm_refuses_a_model_that_ships_code_unless_the_recipe_trusts_it(custom_model, capsys) -> None:
+    vllm = ["serve", "demo", "--model", custom_model, "--print", "vllm", "--gpus", "1xA100-80GB"]
+    code, err = run_cli(capsys, *vllm)
+    assert code == 2 and "model.trust_remote_code: " in err and "ships its own Python code" in err, err
+    assert "vllm serve" not in capsys.readouterr().out
+    code = main([str(arg) for arg in [*vllm, "--set", "model.trust_remote_code=true"]])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("vllm serve ") and "--trust-remote-code" in out, out

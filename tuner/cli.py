@@ -42,8 +42,9 @@ def user_errors() -> tuple[type[Exception], ...]:
     from tuner.export import ExportRefused
     from tuner.loading.model import ModelLoadError
     from tuner.recipe.io import RecipeError
+    from tuner.run_lock import RunLocked
 
-    return RecipeError, DataError, ModelLoadError, ExportRefused
+    return RecipeError, DataError, ModelLoadError, RunLocked, ExportRefused
 
 
 def environment_errors() -> tuple[type[Exception], ...]:

@@ -12,7 +12,7 @@ import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TextIO
 
 
 class TooLarge(ValueError):
@@ -28,14 +28,44 @@ class NotARegularFile(OSError):
         self.kind = kind
 
 
-_SPECIAL = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a pipe"), (stat.S_ISCHR, "a device"),
+FILE, DIRECTORY, LINK = "a file", "a directory", "a symbolic link"  # the kinds of entry tuner writes
+ANY_KIND = "anything"  # a name whose kind tuner does not fix (a temporary file or folder a kill left behind)
+_SPECIAL = ((stat.S_ISDIR, DIRECTORY), (stat.S_ISFIFO, "a pipe"), (stat.S_ISCHR, "a device"),
             (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
+
+
+_JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "true/false", type(None): "null"}
+
+
+def json_kind(value) -> str:
+    """What a parsed JSON value is, in a message's words ("a JSON list"), for a file or row that must be an object."""
+    return f"a JSON {_JSON_KINDS.get(type(value), type(value).__name__)}"
 
 
 def special_kind(path: str | os.PathLike) -> str | None:
     """What ``path`` is when it is not a regular file ("a directory", "a pipe", "a device", "a socket"), else None."""
     mode = os.stat(path).st_mode  # follows links: /dev/stdin is whatever stdin is
     return next((kind for test, kind in _SPECIAL if test(mode)), None)
+
+
+def user_path(text: str | os.PathLike) -> Path:
+    """``text`` as a path with ``~`` and ``~user`` expanded, as a shell does: a user without a home (``~nouser``) is
+    left as written (a relative name that will not be found), never an exception."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        return Path(text)
+
+
+def entry_kind(path: str | os.PathLike) -> str:
+    """What ``path`` itself is, a link not followed: :data:`FILE`, :data:`DIRECTORY`, :data:`LINK`, or a special
+    file's kind ("a pipe", ...)."""
+    mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode):
+        return LINK
+    if stat.S_ISREG(mode):
+        return FILE
+    return next((kind for test, kind in _SPECIAL if test(mode)), "a special file")
 
 
 def open_input(path: str | os.PathLike, pipes: bool = True):
@@ -121,6 +151,29 @@ def _write_then_rename(path: Path, text: str, mode: int | None) -> Path:
         raise
     _sync_directory(path.parent)
     return path
+
+
+@contextmanager
+def streamed_text(path: str | os.PathLike) -> Iterator[TextIO]:
+    """``path`` opened for text written as it comes (answers line by line: what was written survives a stop half-way,
+    where a rename at the end would lose it all).  Never through a symbolic link, never into a device or a pipe; a
+    file being replaced keeps its permissions.  The caller decides whether ``path`` may be replaced."""
+    path = Path(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotARegularFile(path, LINK) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotARegularFile(path, special_kind(path) or "a special file")
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "w", encoding="utf-8") as stream:
+        yield stream
+        stream.flush()
+        os.fsync(stream.fileno())
 
 
 def write_control_file(path: str | os.PathLike, text: str) -> None:
@@ -248,17 +301,23 @@ class DestinationRefused(Exception):
 MAX_NAMED = 5  # foreign files named in one message
 
 
-def check_destination(directory: str | os.PathLike, *, owned: Callable[[str], bool] | None = None,
+Kinds = str | tuple[str, ...]  # the kind of entry tuner writes under a name, or the kinds it may be
+
+
+def check_destination(directory: str | os.PathLike, *, owned: Callable[[str], Kinds | None] | None = None,
                       holding: Iterable[tuple[Path, str]] = (), inside: Iterable[tuple[Path, str]] = ()) -> None:
     """Refuse a folder tuner would write into or replace, before anything is written: a symbolic link, a file, the
     current folder or one above it, a folder that is or holds one of ``holding`` (path, what it is), one that is or
-    lies inside one of ``inside``, or (with ``owned``) one holding an entry whose name ``owned`` does not accept."""
+    lies inside one of ``inside``, or (with ``owned``: name -> the kind of entry tuner writes under that name, None
+    for a name tuner never writes) one holding an entry that is not tuner's, or not of the kind tuner writes there
+    (a folder where tuner writes a file, a link where it writes a folder: a link would lead tuner out of the folder
+    it owns)."""
     directory = Path(directory)
     if directory.is_symlink():
         raise DestinationRefused(f"{directory}: is a symbolic link (to {os.readlink(directory)}); give the folder "
                                  "itself, or another.")
     if directory.exists() and not directory.is_dir():
-        raise DestinationRefused(f"{directory}: is a file, not a folder; choose another folder.")
+        raise DestinationRefused(f"{directory}: is {entry_kind(directory)}, not a folder; choose another folder.")
     resolved = directory.resolve()
     for path, what in inside:
         path = path.resolve()
@@ -272,12 +331,24 @@ def check_destination(directory: str | os.PathLike, *, owned: Callable[[str], bo
             relation = "is" if resolved == path else "holds"
             raise DestinationRefused(f"{directory}: {relation} {what}; tuner will not replace it. Choose a new folder.")
     if owned is not None and directory.is_dir():
-        foreign = sorted(entry.name for entry in directory.iterdir() if not owned(entry.name))
+        foreign = sorted(filter(None, (_not_owned(entry, owned(entry.name)) for entry in directory.iterdir())))
         if foreign:
             shown = ", ".join(foreign[:MAX_NAMED]) + (f" and {len(foreign) - MAX_NAMED} more" if len(foreign) > MAX_NAMED
                                                       else "")
-            raise DestinationRefused(f"{directory}: holds files tuner did not write ({shown}); --force replaces only "
-                                     "what tuner wrote. Choose another folder, or move those files away.")
+            raise DestinationRefused(f"{directory}: holds files tuner did not write ({shown}); tuner replaces only "
+                                     "what it wrote, even with --force. Choose another folder, or move those files "
+                                     "away.")
+
+
+def _not_owned(entry: Path, kinds: Kinds | None) -> str | None:
+    """How ``entry`` is shown among the files tuner did not write (None: it is tuner's, of the kind tuner writes)."""
+    if kinds is None:
+        return entry.name
+    kinds = (kinds,) if isinstance(kinds, str) else kinds
+    found = entry_kind(entry)
+    if ANY_KIND in kinds or found in kinds:
+        return None
+    return f"{entry.name} ({found}, where tuner writes {' or '.join(kinds)})"
 
 
 _OS_ERROR_ADVICE = {

@@ -49,6 +49,7 @@ TENSORBOARD_DIR = "tensorboard"
 MLFLOW_DIR = "mlruns"
 WANDB_DIR = "wandb"  # W&B names it: WANDB_DIR points at the run directory and W&B writes its wandb/ folder there
 TRACKIO_DIR = "trackio"
+PREVIOUS_RUNS_DIR = "previous"
 PROBE_DIR = "probe"  # `tuner probe` launches into <run dir>/probe, never into the run itself
 PROBE_REQUEST = "probe_request.json"  # in a probe's run directory: the training entrypoint probes instead of training
 PROBE_REPORT = "probe.json"  # in a probe's run directory: every rank's measurements per phase, beside the plan
@@ -60,7 +61,8 @@ TUNER_FILES = "tuner_files.json"
 
 # What `tuner render` writes: the files a re-render may replace (the rest of a run directory is the run's own).
 RENDERED_FILES = (LOCK_FILE, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, SLURM_SCRIPT)
-# What a run adds to its directory (a re-render keeps all of it); Slurm's logs match SLURM_LOG.
-RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, MODEL_SNAPSHOT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR,
-               SERVE_DIR, PROFILE_DIR, EVAL_DIR, EXPORT_DIR, TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR, PROBE_DIR,
-               PROBE_REQUEST, PROBE_REPORT)
+# What a run adds to its directory (a re-render keeps all of it): files, then folders; Slurm's logs match SLURM_LOG.
+RUN_OUTPUT_FILES = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, MODEL_SNAPSHOT, PROBE_REQUEST, PROBE_REPORT)
+RUN_OUTPUT_DIRS = (CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR, SERVE_DIR, PROFILE_DIR, EVAL_DIR, EXPORT_DIR,
+                   TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR, PROBE_DIR)
+RUN_OUTPUTS = RUN_OUTPUT_FILES + RUN_OUTPUT_DIRS

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from tuner.fileio import user_path
+
 CATALOG_FILE = Path(__file__).with_name("models.json")
 
 
@@ -310,7 +312,7 @@ def model_facts(model_id: str, revision: str | None = None, trust_remote_code: b
         if model_id != "builtin:demo":
             raise UnknownModelError(f"{model_id}: unknown built-in model; the built-in model is builtin:demo.")
         return facts_from_config(_demo_config(), model_id, "builtin demo model")
-    path = Path(model_id).expanduser()
+    path = user_path(model_id)
     if path.is_dir():
         config_file = path / "config.json"
         if not config_file.is_file():
@@ -344,7 +346,7 @@ def model_config(model_id: str, revision: str | None = None, trust_remote_code: 
     catalog entry, the config.json tuner keeps for a hub model), for building the model's real classes from it."""
     if model_id == "builtin:demo":
         return _demo_config()
-    path = Path(model_id).expanduser()
+    path = user_path(model_id)
     if path.is_dir():
         return json.loads((path / "config.json").read_text())
     key = _catalog_key(model_id)
@@ -394,6 +396,15 @@ def custom_code(model_id: str, revision: str | None = None) -> list[str]:
 
     if model_id.startswith("builtin:"):
         return []
+
+    def auto_maps(config, depth: int = 4) -> list[dict]:
+        """Every ``auto_map`` of a config and of the configs nested in it (``text_config``, ``vision_config``):
+        a composite model's sub-model may ship the code."""
+        if not isinstance(config, dict) or depth == 0:
+            return []
+        own = [config["auto_map"]] if isinstance(config.get("auto_map"), dict) else []
+        return own + [nested for value in config.values() for nested in auto_maps(value, depth - 1)]
+
     found: set[str] = set()
     for name in CODE_CONFIGS:
         path = _local_or_cached(model_id, revision, name)
@@ -401,7 +412,7 @@ def custom_code(model_id: str, revision: str | None = None) -> list[str]:
             config = json.loads(read_limited(path, MAX_CONFIG_BYTES, pipes=False)) if path else None
         except (OSError, ValueError, RecursionError):
             continue  # unreadable here; loading it reports that in its own words
-        auto_map = config.get("auto_map") if isinstance(config, dict) else None
-        for value in (auto_map.values() if isinstance(auto_map, dict) else ()):
-            found.update(ref for ref in (value if isinstance(value, list) else [value]) if isinstance(ref, str) and ref)
+        for auto_map in auto_maps(config):
+            for value in auto_map.values():
+                found.update(ref for ref in (value if isinstance(value, list) else [value]) if isinstance(ref, str) and ref)
     return sorted(found)

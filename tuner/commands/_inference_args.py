@@ -60,6 +60,7 @@ def load_from_args(args: argparse.Namespace, batch: int = 1):
         print(f"warning: {warning}", file=sys.stderr)
     sampling = Sampling.from_recipe(target.recipe, args.max_new_tokens, args.greedy, args.temperature, args.top_p)
     max_memory = dict(args.max_memory) or None
+    check_devices(max_memory)
     context = args.context or default_context(target, sampling.max_new_tokens)
     if args.tp > 1:  # one of the ranks run_on_ranks launched: rank 0 (the others follow it)
         from tuner.infer.tensor_parallel import load_tensor_parallel
@@ -77,6 +78,22 @@ def load_from_args(args: argparse.Namespace, batch: int = 1):
         console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
     sys.stderr.flush()
     return loaded, sampling
+
+
+def check_devices(max_memory: dict | None) -> None:
+    """A --max-memory GPU index this machine does not have is refused before loading (accelerate fails deep inside)."""
+    from tuner.loading.model import ModelLoadError
+
+    gpus = sorted(device for device in max_memory or {} if isinstance(device, int))
+    if not gpus:
+        return
+    import torch
+
+    count = torch.cuda.device_count()
+    if gpus[-1] >= count:
+        have = f"GPUs 0 to {count - 1}" if count else "no GPU"
+        raise ModelLoadError(f"--max-memory {gpus[-1]}=...: this machine has {have}; budget the GPUs it has, or "
+                             "only cpu=SIZE.")
 
 
 def run_on_ranks(args: argparse.Namespace, command: Callable[[argparse.Namespace], int]) -> int:

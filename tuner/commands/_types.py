@@ -109,10 +109,11 @@ def memory_budget(text: str) -> tuple[int | str, str]:
     device, sep, size = text.partition("=")
     device = device.strip().lower()
     try:
-        if not sep or not (device.isdigit() or device == "cpu"):
+        if not sep or not (device.isdigit() or device == "cpu") or not size.strip()[:1].isdigit():
+            raise ValueError  # inf, nan and -1 are no sizes
+        if convert_file_size_to_int(size.strip()) <= 0:
             raise ValueError
-        convert_file_size_to_int(size.strip())
-    except ValueError:
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(f"expected DEVICE=SIZE with DEVICE a GPU index or cpu and SIZE like 20GiB "
                                          f"or 500MB (got {text!r})") from None
     return (int(device) if device.isdigit() else device), size.strip()

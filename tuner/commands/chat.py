@@ -46,6 +46,8 @@ def run(args) -> int:
 
 def _chat(args) -> int:
     from tuner.infer.chat import ChatSession
+    from tuner.infer.generate import GENERATION_FAILURES, PromptTooLong
+    from tuner.loading.model import ModelLoadError
 
     loaded, sampling = load_from_args(args)
     prompt = prompt_format_from_args(args, loaded)
@@ -77,6 +79,15 @@ def _chat(args) -> int:
             for chunk in answer:
                 sys.stdout.write(chunk)
                 sys.stdout.flush()
+        except (PromptTooLong, ModelLoadError) as exc:  # too long, or the chat template fails on it
+            skipped += 1
+            print(f"message {number}: {exc}; not sent", file=sys.stderr)
+            continue
+        except GENERATION_FAILURES as exc:
+            skipped += 1
+            print(f"\nmessage {number}: generation failed ({type(exc).__name__}: {exc}); this turn is not kept",
+                  file=sys.stderr)
+            continue
         except KeyboardInterrupt:
             answer.close()
             print("\n(stopped; this turn is not kept)", file=sys.stderr)

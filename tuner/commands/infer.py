@@ -44,38 +44,84 @@ def run(args) -> int:
 
 
 def _run_one(args) -> int:
-    from tuner.infer.generate import Speed, generate_answers, render_prompt, user_turn
+    from tuner.data.sources import DataError
+    from tuner.infer.generate import (
+        GENERATION_FAILURES,
+        PromptTooLong,
+        Speed,
+        check_prompt_fits,
+        generate_answers,
+        render_prompt,
+        user_turn,
+    )
+    from tuner.loading.model import ModelLoadError
 
     loaded, sampling = load_from_args(args)
     found = prompt_format_from_args(args, loaded)
     messages = [{"role": "user", "content": user_turn(args.prompt, found.instruction)}]
     prompt = render_prompt(loaded.tokenizer, messages, found.data_format)
+    try:
+        check_prompt_fits(loaded.tokenizer, loaded.model, prompt, sampling.max_new_tokens)
+    except PromptTooLong as exc:
+        raise DataError(f"--prompt: {exc}.") from None
     speed = Speed()
-    print(generate_answers(loaded.model, loaded.tokenizer, [prompt], speed=speed, **vars(sampling))[0])
+    try:
+        answer = generate_answers(loaded.model, loaded.tokenizer, [prompt], speed=speed, **vars(sampling))[0]
+    except GENERATION_FAILURES as exc:
+        raise ModelLoadError(f"{loaded.target.describe()}: generation failed ({type(exc).__name__}: "
+                             f"{' '.join(str(exc).split())[:300]}); the model's files may not match each other.") from None
+    print(answer)
     print(speed.line(), file=sys.stderr)
     return 0
 
 
 def _run_batch(args) -> int:
-    from tuner.infer.batch import answer_records, read_prompt_file, write_answers
-    from tuner.infer.generate import Speed, generate_answers, render_prompt
+    from tuner.infer.batch import BadLine, read_prompt_file, write_answers
+    from tuner.infer.generate import Speed, context_problem, generate_answers, model_context, render_prompt
+    from tuner.loading.model import ModelLoadError
 
     prompts, bad = read_prompt_file(args.input)
-    for line in bad:
+
+    def report(line: BadLine) -> None:
         print(f"warning: {line.message(args.input)}", file=sys.stderr)
-    answers: list[str] = []
+
+    for line in bad:
+        report(line)
     speed = Speed()
+    texts: dict[int, str] = {}
+    loaded = sampling = None
     if prompts:
         loaded, sampling = load_from_args(args, batch=min(args.batch_size, len(prompts)))
         found = prompt_format_from_args(args, loaded)
-        texts = [render_prompt(loaded.tokenizer, as_trained(p, found.instruction), found.data_format) for p in prompts]
-        answers = generate_answers(loaded.model, loaded.tokenizer, texts, batch_size=args.batch_size, speed=speed,
-                                   **vars(sampling))
+        context = model_context(loaded.model, loaded.tokenizer)
+        for prompt in list(prompts):  # a prompt the context cannot hold is refused alone, before generating
+            try:
+                text = render_prompt(loaded.tokenizer, as_trained(prompt, found.instruction), found.data_format)
+            except ModelLoadError as exc:  # the chat template fails on this conversation alone
+                text, problem = None, str(exc).rstrip(".")
+            else:
+                tokens = len(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
+                problem = context_problem(tokens, sampling.max_new_tokens, context)
+            if problem:
+                prompts.remove(prompt)
+                bad.append(BadLine(prompt.line, f"{problem}."))
+                report(bad[-1])
+            else:
+                texts[prompt.line] = text
+
+    def answer_batch(batch) -> list[str]:
+        return generate_answers(loaded.model, loaded.tokenizer, [texts[p.line] for p in batch], batch_size=len(batch),
+                                speed=speed, **vars(sampling))
+
+    failed: list[BadLine] = []
+    answered = write_answers(args.output, sorted([*prompts, *bad], key=lambda item: item.line), answer_batch,
+                             args.batch_size, on_bad=lambda line: (failed.append(line), report(line)))
+    if prompts:
         print(speed.line(), file=sys.stderr)
-    write_answers(args.output, answer_records(prompts, answers, bad))
-    skipped = f"; {len(bad)} malformed line(s) skipped, see above" if bad else ""
-    print(f"wrote {len(prompts)} answer(s) to {args.output}{skipped}", file=sys.stderr)
-    return EXIT_BAD_LINES if bad else 0
+    unanswered = len(bad) + len(failed)
+    skipped = f"; {unanswered} line(s) not answered, see above" if unanswered else ""
+    print(f"wrote {answered} answer(s) to {args.output}{skipped}", file=sys.stderr)
+    return EXIT_BAD_LINES if unanswered else 0
 
 
 def as_trained(prompt, instruction: str | None) -> list[dict[str, str]]:

@@ -1,6 +1,7 @@
 """``tuner merge RUN [-o OUT] [--force]``: merge a run's LoRA adapter into its base model."""
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 
@@ -17,14 +18,23 @@ def run(args) -> int:
     from tuner.loading.merge import find_adapter, merge_adapter, run_of
     from tuner.recipe.io import RecipeError, load_recipe
     from tuner.run_layout import LOCK_FILE, MERGED_DIR
+    from tuner.run_lock import RunLock
+
+    from tuner.launch.integrity import saved_model_problem
+    from tuner.loading.model import ModelLoadError
 
     run_dir = Path(args.run_dir)
     adapter = find_adapter(run_dir)
+    damaged = saved_model_problem(adapter)
+    if damaged:
+        raise ModelLoadError(f"{adapter}/{damaged}; the adapter cannot be merged. Restore the file, or merge one of "
+                             "the run's checkpoints/checkpoint-N.")
     run = run_of(adapter)
     lock = next((p for p in (adapter / LOCK_FILE, run_dir / LOCK_FILE, run / LOCK_FILE) if p.is_file()), None)
     if lock is None:
         raise RecipeError([f"{run_dir}: no {LOCK_FILE} beside the adapter; merge needs it to find the base model."])
-    output = merge_adapter(load_recipe(lock), adapter, Path(args.output) if args.output else run / MERGED_DIR,
-                           force=args.force)
+    with RunLock(run) if run != adapter else contextlib.nullcontext():  # a writer of a run holds its lock
+        output = merge_adapter(load_recipe(lock), adapter, Path(args.output) if args.output else run / MERGED_DIR,
+                               force=args.force)
     print(f"merged model saved in {output}")
     return 0

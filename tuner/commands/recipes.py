@@ -87,16 +87,25 @@ def run_show(args) -> int:
 
 
 def run_cp(args) -> int:
-    from tuner.fileio import atomic_write_text
+    import os
+
+    from tuner.fileio import DIRECTORY, FILE, LINK, atomic_write_text, entry_kind
     from tuner.recipe.io import RecipeError, read_recipe_text
     from tuner.recipe.registry import builtin_path
 
     source = builtin_path(args.name)
     dest = Path(args.dest)
-    if dest.is_dir():
+    if dest.is_dir() and not dest.is_symlink():
         dest = dest / source.name
-    if dest.exists() and not args.force:
-        raise RecipeError([f"{dest}: already exists; pass --force to overwrite it."])
+    if os.path.lexists(dest):
+        kind = entry_kind(dest)
+        if kind == LINK:
+            raise RecipeError([f"{dest}: is a symbolic link (to {os.readlink(dest)}); give the file itself, or another."])
+        if kind != FILE:
+            raise RecipeError([f"{dest}: is {'a folder' if kind == DIRECTORY else kind}, not a recipe file; choose "
+                               "another destination."])
+        if not args.force:
+            raise RecipeError([f"{dest}: already exists; pass --force to overwrite it."])
     atomic_write_text(dest, read_recipe_text(source))
     print(f"copied {args.name} to {dest}")
     return 0

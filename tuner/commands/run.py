@@ -57,8 +57,34 @@ def launch_and_report(prepared: PreparedRun) -> RunOutcome:
     return outcome
 
 
+def check_resumed_lock(args, recipe) -> None:
+    """A run's lock recipe names the run it belongs to: resuming it continues that run, never the one in whatever
+    folder its output.dir names (a copied or edited lock), unless a --set output.dir says so."""
+    from pathlib import Path
+
+    from tuner.recipe.io import RecipeError
+    from tuner.recipe.registry import resolve_recipe_argument
+    from tuner.run_layout import CHECKPOINTS_DIR, FINAL_DIR, LOCK_FILE, MERGED_DIR
+
+    lock = resolve_recipe_argument(args.recipe)
+    chosen = any(override.split("=", 1)[0].strip() == "output.dir" for override in args.overrides)
+    if lock.name != LOCK_FILE or chosen:
+        return
+    run_dir = lock.parent  # the run's own lock, or the copy in its final/, merged/ or checkpoints/checkpoint-N/
+    if run_dir.name in (FINAL_DIR, MERGED_DIR):
+        run_dir = run_dir.parent
+    elif run_dir.parent.name == CHECKPOINTS_DIR:
+        run_dir = run_dir.parent.parent
+    if Path(recipe.output.dir).resolve() != run_dir.resolve():
+        raise RecipeError([f"output.dir: {recipe.output.dir} is not the run directory of {lock}; resuming continues "
+                           f"the run this lock belongs to. Pass --set output.dir={run_dir} to resume it, or another "
+                           "output.dir to start a new run from it without --resume."])
+
+
 def run(args) -> int:
     recipe = recipe_from_args(args)
+    if args.resume:
+        check_resumed_lock(args, recipe)
     if args.probe:
         from tuner.commands.probe import probe_and_report
         from tuner.recipe.io import RecipeError

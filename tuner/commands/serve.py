@@ -24,6 +24,9 @@ def register(subparsers) -> None:
     parser.add_argument("--bits", type=int, choices=(4, 8), help="quantise the weights with bitsandbytes while loading")
     parser.add_argument("--context", type=at_least(1), metavar="TOKENS",
                         help="longest conversation planned for (default: memory.max_seq_length + inference.max_new_tokens)")
+    parser.add_argument("--request-timeout", type=at_least(1), default=60, metavar="SECONDS",
+                        help="longest one request may generate before its answer is cut (default: 60); the others "
+                             "wait at most that long for it")
     parser.add_argument("--print", dest="print_command", choices=("vllm",),
                         help="print the `vllm serve` command for this model instead of serving it here")
     parser.add_argument("--gpus", metavar="NxGPU", type=gpus,
@@ -59,7 +62,7 @@ def serve(args, target) -> int:
     if served.wrote_chat_template:
         console.print(f"prompt format: {served.target.recipe.data.format} (the tokenizer has no chat template; "
                       f"wrote the one tuner trains with into {served.path})", highlight=False)
-    server = Server(served, args.host, args.port, args.bits)
+    server = Server(served, args.host, args.port, args.bits, args.request_timeout)
     if server.dtype_note:
         console.print(f"note: {server.dtype_note}", highlight=False)
     context = args.context or default_context(served.target, served.target.recipe.inference.max_new_tokens)
@@ -67,8 +70,12 @@ def serve(args, target) -> int:
     console.print(placement_table(placement))
     for warning in placement.warnings():
         console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)
+    limit = server.limits.context
     print(f"serving at {server.url} as model {served.model_name!r} "
           "(OpenAI chat completions, streaming too; Ctrl-C stops)", flush=True)
+    if limit:
+        print(f"limits: prompt and answer within the model's context of {limit} tokens; "
+              f"{args.request_timeout} s of generation per request", file=sys.stderr, flush=True)
     server.run()
     return 0
 
@@ -98,14 +105,17 @@ def serving_gpus(args, recipe) -> tuple[int, str, float]:
 def print_vllm(args, target) -> int:
     from tuner.data.formats import chat_template_for
     from tuner.infer.load import default_context, planner_facts
-    from tuner.infer.serve import merged_if_any, write_chat_template
+    from tuner.infer.serve import check_serving_folder, merged_if_any, write_chat_template
     from tuner.infer.vllm import VllmPlanError, adapter_modules_to_save, plan_vllm, vllm_serve_argv
-    from tuner.loading.model import ModelLoadError, load_tokenizer
+    from tuner.loading.model import ModelLoadError, load_tokenizer, refuse_custom_code
     from tuner.recipe.io import RecipeError
     from tuner.run_layout import SERVE_DIR
+    from tuner.run_lock import RunLock
 
     target = merged_if_any(target)
     recipe = target.recipe
+    for source in dict.fromkeys((target.model_path, target.tokenizer_path)):  # vLLM would run the code it ships
+        refuse_custom_code(recipe, source)
     facts = planner_facts(target)
     if facts is None:
         raise ModelLoadError(f"{target.model_path}: no architecture facts to plan vLLM with (not in tuner's catalog "
@@ -131,7 +141,9 @@ def print_vllm(args, target) -> int:
     chat_template = None
     if tokenizer is not None and not tokenizer.chat_template:  # the run's prompt format, as vLLM takes it
         if target.run_dir is not None:  # a file beside the run, or the template itself in single-line form
-            chat_template = str(write_chat_template(target.run_dir / SERVE_DIR, tokenizer, recipe.data.format))
+            with RunLock(target.run_dir):
+                check_serving_folder(target.run_dir / SERVE_DIR)
+                chat_template = str(write_chat_template(target.run_dir / SERVE_DIR, tokenizer, recipe.data.format))
         else:
             text = chat_template_for(tokenizer, recipe.data.format)
             chat_template = text.replace("\\", "\\\\").replace("\n", "\\n")
@@ -139,7 +151,8 @@ def print_vllm(args, target) -> int:
         target.model_path, plan, recipe.model.dtype, args.host, args.port, served_name=recipe.name,
         tokenizer=target.tokenizer_path if target.tokenizer_path != target.model_path else None,
         chat_template=chat_template,
-        lora=(recipe.name, str(target.adapter), lora.r) if target.adapter else None)
+        lora=(recipe.name, str(target.adapter), lora.r) if target.adapter else None,
+        trust_remote_code=recipe.model.trust_remote_code)
     for line in plan.lines():
         print(line, file=sys.stderr)
     print(f"clients ask for model {recipe.name!r}", file=sys.stderr)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from tuner.data.reverse import BUILTIN_DATASETS, builtin_dataset_path
-from tuner.fileio import NotARegularFile, TooLarge, open_input, read_limited, special_kind
+from tuner.fileio import NotARegularFile, TooLarge, json_kind, open_input, read_limited, special_kind, user_path
 from tuner.home import tuner_home
 
 FILE_LOADERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -33,7 +33,7 @@ def resolve_source(source: str) -> tuple[str, str]:
     """Return (datasets loader, argument): ('json', path), ('parquet', path) or ('hub', name)."""
     if source in BUILTIN_DATASETS:
         return "json", str(builtin_dataset_path(source, tuner_home() / "data"))
-    path = Path(source).expanduser()
+    path = user_path(source)
     if path.suffix.lower() in FILE_LOADERS:
         if not path.exists():
             raise DataError(f"data.source: {source}: no such file.")
@@ -170,14 +170,13 @@ def _depth(value) -> int:
     return deepest
 
 
-_JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "true/false", type(None): "null"}
 _TOO_DEEP = f"nested too deeply (more than {MAX_ROW_DEPTH} levels); a sample is an object of text fields"
 
 
 def json_row_problem(value, brackets: int) -> str | None:
     """Why a parsed JSON row is not a sample object, or None; ``brackets`` (the [ and { in its text) bounds its depth."""
     if not isinstance(value, dict):
-        return f"a JSON {_JSON_KINDS.get(type(value), type(value).__name__)}, not an object"
+        return f"{json_kind(value)}, not an object"
     if brackets > MAX_ROW_DEPTH and _depth(value) > MAX_ROW_DEPTH:
         return _TOO_DEEP
     return None

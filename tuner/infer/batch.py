@@ -79,11 +79,11 @@ def read_prompt_file(path: str | Path) -> tuple[list[PromptLine], list[BadLine]]
     return good, bad
 
 
-def answer_records(prompts: list[PromptLine], answers: list[str], bad: list[BadLine]) -> list[dict]:
-    """Output records in input-line order: the input's fields plus its answer, or the reason it was skipped."""
-    records = {p.line: {**p.record, "line": p.line, "answer": a} for p, a in zip(prompts, answers, strict=True)}
-    records.update({b.line: {"line": b.line, "error": b.reason} for b in bad})
-    return [records[line] for line in sorted(records)]
+def answer_record(prompt: PromptLine | BadLine, answer: str | None = None) -> dict:
+    """The output record of one input line: its fields plus its answer, or the reason it was not answered."""
+    if isinstance(prompt, BadLine):
+        return {"line": prompt.line, "error": prompt.reason}
+    return {**prompt.record, "line": prompt.line, "answer": answer}
 
 
 def answers_file_problem(path: Path) -> str | None:
@@ -108,11 +108,15 @@ def answers_file_problem(path: Path) -> str | None:
 def check_output(output: Path, prompts: Path, force: bool) -> None:
     """Refuse, before a model is loaded, an --output that would overwrite the prompts, a folder, a link, an existing
     file without ``force``, or (with it) a file that is not tuner's answers."""
+    from tuner.fileio import FILE, entry_kind
+
     where = f"--output {output}"
     if output.is_symlink():
         raise DataError(f"{where}: is a symbolic link (to {os.readlink(output)}); give the file itself, or another.")
     if output.is_dir():
         raise DataError(f"{where}: is a folder; --output names the answers file (JSON lines).")
+    if output.exists() and entry_kind(output) != FILE:
+        raise DataError(f"{where}: is {entry_kind(output)}, not a file; --output names the answers file (JSON lines).")
     if output.exists() and prompts.exists() and output.samefile(prompts):
         raise DataError(f"{where}: is the --input file; the answers would replace the prompts. Choose another --output.")
     if not output.exists():
@@ -125,7 +129,49 @@ def check_output(output: Path, prompts: Path, force: bool) -> None:
                         "Choose another --output, or move the file away.")
 
 
-def write_answers(path: str | Path, records: list[dict]) -> Path:
-    from tuner.fileio import atomic_write_text
+def write_answers(path: str | Path, items: list[PromptLine | BadLine], answer_batch, batch_size: int,
+                  on_bad=None) -> int:
+    """Answer ``items`` (in input-line order) a batch at a time and write each record as it comes, so a batch that
+    stops half-way (killed, out of memory) keeps every answer before it.  ``answer_batch(prompts) -> answers``; a
+    batch whose generation fails is asked again line by line, and a line that fails alone gets an error record
+    (``on_bad(BadLine)`` is told).  Returns the number of answers written."""
+    from tuner.fileio import streamed_text
 
-    return atomic_write_text(path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
+    answered = 0
+    with streamed_text(path) as stream:
+        pending: list[PromptLine | BadLine] = []
+
+        def flush() -> None:
+            nonlocal answered
+            asked = [item for item in pending if isinstance(item, PromptLine)]
+            answers = dict(zip((item.line for item in asked), _answers_or_errors(asked, answer_batch, on_bad)))
+            for item in pending:
+                outcome = answers.get(item.line)
+                record = answer_record(outcome if isinstance(outcome, BadLine) else item, outcome)
+                answered += "answer" in record
+                stream.write(json.dumps(record, ensure_ascii=False) + "\n")
+            stream.flush()
+            pending.clear()
+
+        for item in items:
+            pending.append(item)
+            if sum(isinstance(entry, PromptLine) for entry in pending) >= batch_size:
+                flush()
+        flush()
+    return answered
+
+
+def _answers_or_errors(asked: list[PromptLine], answer_batch, on_bad) -> list[str | BadLine]:
+    from tuner.infer.generate import GENERATION_FAILURES
+
+    if not asked:
+        return []
+    try:
+        return list(answer_batch(asked))
+    except GENERATION_FAILURES as exc:
+        if len(asked) > 1:  # one line may be the cause: ask each alone
+            return [outcome for item in asked for outcome in _answers_or_errors([item], answer_batch, on_bad)]
+        bad = BadLine(asked[0].line, f"generation failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        if on_bad:
+            on_bad(bad)
+        return [bad]

@@ -10,7 +10,17 @@ import threading
 import time
 from typing import Iterator
 
-from tuner.infer.generate import Sampling, Speed, execution_device, generation_kwargs, render_prompt, user_turn
+from tuner.infer.generate import (
+    PromptTooLong,
+    Sampling,
+    Speed,
+    context_problem,
+    execution_device,
+    generation_kwargs,
+    model_context,
+    render_prompt,
+    user_turn,
+)
 
 
 class ChatSession:
@@ -48,7 +58,9 @@ class ChatSession:
     def send(self, message: str) -> Iterator[str]:
         """Yield the answer to ``message`` in chunks as it is generated; the finished turn joins the history.
 
-        Closing the iterator early (the user cancelled) stops generation and leaves the history unchanged.
+        Closing the iterator early (the user cancelled) stops generation and leaves the history unchanged; a message
+        that with the conversation so far would not fit the model's context raises :class:`PromptTooLong` (nothing
+        is generated, the history is unchanged).
         """
         import torch
         from transformers import StoppingCriteria, TextIteratorStreamer
@@ -58,6 +70,9 @@ class ChatSession:
                 return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool, device=input_ids.device)
 
         ids = self.prompt_ids(message)
+        problem = context_problem(len(ids), self.sampling.max_new_tokens, model_context(self.model, self.tokenizer))
+        if problem:
+            raise PromptTooLong(problem + ("" if self.single_turn or len(self.history) < 2 else "; /reset starts over"))
         inputs = torch.tensor([ids], device=execution_device(self.model))
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
         cancel = threading.Event()

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 
 from tuner.data.formats import chat_template_for
+from tuner.loading.model import ModelLoadError
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,52 @@ class Sampling:
             temperature=inference.temperature if temperature is None else temperature,
             top_p=inference.top_p if top_p is None else top_p,
         )
+
+
+# what generate raises for a batch it cannot answer (torch's out-of-memory is a RuntimeError; a damaged model's or
+# generation config's settings end in any of the others deep inside): reported with the prompt, never a traceback
+GENERATION_FAILURES = (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError, MemoryError)
+
+# the config fields transformers' model families name their longest sequence with
+CONTEXT_FIELDS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+UNBOUNDED = 10**9  # a tokenizer's model_max_length this large means "not set"
+
+
+class PromptTooLong(ValueError):
+    """A prompt and its answer would not fit the model's context; ``str()`` names the sizes and what to do."""
+
+
+def model_context(model, tokenizer) -> int | None:
+    """The longest sequence (prompt and answer) the model was built for: its config's position limit, else the
+    tokenizer's ``model_max_length``; None when neither says."""
+    config = getattr(model, "config", None)
+    for source in (getattr(config, "get_text_config", lambda: config)(), config):
+        for name in CONTEXT_FIELDS:
+            value = getattr(source, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and 0 < limit < UNBOUNDED else None
+
+
+def context_problem(prompt_tokens: int, max_new_tokens: int, context: int | None) -> str | None:
+    """Why a prompt of ``prompt_tokens`` with an answer of up to ``max_new_tokens`` cannot be asked (None: it can)."""
+    if context is None or prompt_tokens + max_new_tokens <= context:
+        return None
+    if max_new_tokens >= context:
+        return (f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's context of {context} "
+                f"tokens; lower --max-new-tokens (inference.max_new_tokens) below {context}")
+    return (f"the prompt is {prompt_tokens} tokens and its answer may take {max_new_tokens} (max_new_tokens): more "
+            f"than the model's context of {context} tokens; shorten it to at most {context - max_new_tokens} tokens, "
+            "or lower --max-new-tokens")
+
+
+def check_prompt_fits(tokenizer, model, prompt: str, max_new_tokens: int) -> None:
+    """Raise :class:`PromptTooLong` for a prompt (rendered text) that does not fit the model's context."""
+    tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    problem = context_problem(tokens, max_new_tokens, model_context(model, tokenizer))
+    if problem:
+        raise PromptTooLong(problem)
 
 
 @dataclass
@@ -61,8 +108,13 @@ def render_prompt(tokenizer, messages: list[dict[str, str]], data_format: str = 
     """The text that asks the model to answer the last user turn, formatted as tuner trains
     (:func:`tuner.data.formats.chat_template_for`: the same template ``tuner serve`` hands the server; an
     instruction turn's first line is the instruction, the rest its input, as :func:`user_turn` joins them)."""
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                         chat_template=chat_template_for(tokenizer, data_format))
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             chat_template=chat_template_for(tokenizer, data_format))
+    except Exception as exc:  # a template's own code failing on this conversation (jinja raises any type)
+        reason = " ".join(str(exc).split())[:300]
+        raise ModelLoadError(f"the chat template cannot render this conversation ({type(exc).__name__}: "
+                             f"{reason}); fix the tokenizer's chat template, or pass --data-format.") from None
 
 
 def user_turn(message: str, instruction: str | None) -> str:

@@ -14,6 +14,7 @@ from tuner.infer.placement import DISK, GIB, Placement, hardware_memory_map, pla
 from tuner.infer.target import InferenceTarget
 from tuner.loading.model import ModelLoadError, load_model, load_tokenizer, quantization_config
 from tuner.recipe.schema import QuantizationSection
+from tuner.run_layout import OFFLOAD_DIR
 
 log = logging.getLogger("tuner")
 
@@ -76,6 +77,8 @@ def load_for_inference(target: InferenceTarget, *, batch: int = 1, context: int,
     if folder is None:
         offload_tmp = tempfile.TemporaryDirectory(prefix="tuner-offload-")
         folder = offload_tmp.name
+    elif target.run_dir is not None and Path(folder) == target.run_dir / OFFLOAD_DIR:
+        _check_run_offload(Path(folder))
     model = load_model(recipe, target.model_path, device_map="auto", max_memory=max_memory,
                        offload_folder=str(folder), quantization_config=quantization)
     model.eval()
@@ -85,6 +88,16 @@ def load_for_inference(target: InferenceTarget, *, batch: int = 1, context: int,
         model = _with_adapter(model, target.adapter, placement, max_memory, folder)
     tokenizer = load_tokenizer(recipe, target.tokenizer_path)
     return LoadedModel(model, tokenizer, placement, target, offload_tmp)
+
+
+def _check_run_offload(folder: Path) -> None:
+    """The run's own offload/ folder, where accelerate writes weights: never through a link, never a file."""
+    from tuner.fileio import DestinationRefused, check_destination
+
+    try:
+        check_destination(folder)
+    except DestinationRefused as exc:
+        raise ModelLoadError(f"{exc} (weights offloaded to disk are written there)") from None
 
 
 def _with_adapter(model, adapter: Path, placement: Placement, max_memory, offload_folder):
@@ -105,8 +118,10 @@ def _with_adapter(model, adapter: Path, placement: Placement, max_memory, offloa
     try:
         wrapped = PeftModel.from_pretrained(model, str(adapter), max_memory=max_memory,
                                             offload_folder=str(offload_folder))
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise ModelLoadError(f"cannot apply the adapter in {adapter} to this base model: {exc}") from None
+    except Exception as exc:  # a damaged or mismatched adapter file, whatever peft raises for it
+        reason = " ".join(str(exc).split())[:500]
+        raise ModelLoadError(f"cannot apply the adapter in {adapter} to this base model ({type(exc).__name__}: "
+                             f"{reason}).") from None
     wrapped.eval()
     return wrapped
 

@@ -14,19 +14,22 @@ tuner lays out that folder (``<run>/serve``, or a temporary one) from links, wit
 from __future__ import annotations
 
 import errno
-import shutil
 import socket
 import sys
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tuner.fileio import atomic_write_text
+from tuner.fileio import FILE, LINK, DestinationRefused, atomic_write_text, check_destination
 from tuner.infer.target import MODEL_CONFIG, InferenceTarget
 from tuner.loading.model import ModelLoadError, cannot_load, load_tokenizer
 from tuner.run_layout import MERGED_DIR, SERVE_DIR
+from tuner.run_lock import RunLock
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers saves and finds a tokenizer's chat template
+REQUEST_TIMEOUT_S = 60  # default time budget of one request's generation (generate's max_time)
+MAX_CONNECTIONS = 32  # requests and connections taken at once (uvicorn's limit_concurrency): 503 beyond
+SHUTDOWN_S = 3  # SIGTERM or Ctrl-C: in-flight requests get this long, then are cancelled
 
 
 @dataclass
@@ -72,22 +75,33 @@ def _link_contents(source: Path, folder: Path) -> None:
         link.symlink_to(entry.resolve())
 
 
+def check_serving_folder(folder: Path) -> None:
+    """Refuse a serving folder that is not tuner's to rebuild: a link (to anywhere: its entries are not tuner's),
+    or a folder holding anything but links and the chat template tuner writes (a file, or a link to the
+    tokenizer's)."""
+    try:
+        check_destination(folder, owned=lambda name: (FILE, LINK) if name == CHAT_TEMPLATE_FILE else LINK)
+    except DestinationRefused as exc:
+        raise ModelLoadError(f"{exc} (tuner serve rebuilds this folder from links.)") from None
+
+
 def serving_folder(target: InferenceTarget, folder: Path | None = None) -> ServingFolder:
     """Lay out the folder transformers' server loads (see the module's docstring); ``folder`` defaults to
-    ``<run>/serve`` for a run, else a temporary folder removed with the returned object."""
+    ``<run>/serve`` for a run (written under the run's lock), else a temporary folder removed with the returned
+    object."""
     target = merged_if_any(target)
-    temporary = None
     if folder is None and target.run_dir is not None:
-        folder = target.run_dir / SERVE_DIR
-    elif folder is None:
-        temporary = tempfile.TemporaryDirectory(prefix="tuner-serve-")
-        folder = Path(temporary.name)
-    if folder.is_dir() and not folder.is_symlink():  # tuner's own: links and a template, rebuilt every time
-        foreign = [entry.name for entry in folder.iterdir() if not entry.is_symlink() and entry.name != CHAT_TEMPLATE_FILE]
-        if foreign:
-            raise ModelLoadError(f"{folder}: holds files tuner did not put there ({', '.join(sorted(foreign)[:3])}); "
-                                 "move them away, as tuner serve rebuilds this folder.")
-        shutil.rmtree(folder)
+        with RunLock(target.run_dir):
+            return _lay_out(target, target.run_dir / SERVE_DIR, None)
+    temporary = tempfile.TemporaryDirectory(prefix="tuner-serve-") if folder is None else None
+    return _lay_out(target, Path(temporary.name) if temporary else folder, temporary)
+
+
+def _lay_out(target: InferenceTarget, folder: Path, temporary: tempfile.TemporaryDirectory | None) -> ServingFolder:
+    check_serving_folder(folder)
+    if folder.is_dir():  # tuner's own: links and a template, rebuilt every time (a link goes, not what it points at)
+        for entry in folder.iterdir():
+            entry.unlink()
     folder.mkdir(parents=True, exist_ok=True)
     sources = [local_model_dir(target)]
     if target.adapter is not None:
@@ -134,9 +148,13 @@ def check_port_free(host: str, port: int) -> None:
 
 class Server:
     """transformers' OpenAI-compatible server for one folder: the model is loaded when this is built, and the
-    server listens from :meth:`run` until Ctrl-C or SIGTERM (uvicorn's own graceful shutdown)."""
+    server listens from :meth:`run` until Ctrl-C or SIGTERM (uvicorn's own graceful shutdown, cut to
+    :data:`SHUTDOWN_S`).  Bounded by the library's own means: each request's ``generate`` stops after
+    ``request_timeout_s`` (``max_time``), uvicorn takes :data:`MAX_CONNECTIONS` at once, and tuner's
+    :class:`~tuner.infer.request_limits.RequestLimits` checks every request in front of it."""
 
-    def __init__(self, served: ServingFolder, host: str, port: int, bits: int | None = None):
+    def __init__(self, served: ServingFolder, host: str, port: int, bits: int | None = None,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S):
         from transformers.cli.serve import Serve
 
         class Prepared(Serve):
@@ -146,9 +164,9 @@ class Server:
             def start_server(self) -> None:
                 pass
 
-            def loaded_model(self):
-                manager = self._model_manager  # the force_model it preloaded, from its cache
-                return manager.load_model_and_processor(manager.process_model_name(manager.force_model))[0]
+            def loaded(self):
+                manager = self._model_manager  # the force_model it preloaded, from its cache: (model, processor)
+                return manager.load_model_and_processor(manager.process_model_name(manager.force_model))
 
             def close(self) -> None:
                 self._generation_state.shutdown()
@@ -170,9 +188,31 @@ class Server:
             raise ModelLoadError(f"transformers serve cannot load {served.model_name}: {exc}") from None
         self.served = served
         self.url = f"http://{host}:{port}/v1"
+        self.limits = self._bound(recipe.inference.max_new_tokens, request_timeout_s)
+
+    def _bound(self, default_max_tokens: int, request_timeout_s: float):
+        from tuner.infer.generate import model_context
+        from tuner.infer.request_limits import Limits, RequestLimits, message_text
+
+        model, processor = self._serve.loaded()
+        tokenizer = getattr(processor, "tokenizer", processor)
+        model.generation_config.max_time = float(request_timeout_s)  # each request's copy inherits the budget
+
+        def count_tokens(messages: list[dict]) -> int:
+            plain = [{"role": message["role"], "content": message_text(message)} for message in messages]
+            return len(tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+        text_config = model.config.get_text_config()
+        limits = Limits(model_context(model, tokenizer), default_max_tokens,
+                        getattr(text_config, "vocab_size", None) or len(tokenizer), count_tokens)
+        config = self._serve.server.config
+        config.app = RequestLimits(config.app, limits)
+        config.limit_concurrency = MAX_CONNECTIONS
+        config.timeout_graceful_shutdown = SHUTDOWN_S
+        return limits
 
     def model(self):
-        return self._serve.loaded_model()
+        return self._serve.loaded()[0]
 
     def run(self) -> None:
         """Listen until Ctrl-C (uvicorn shuts down gracefully, then passes the interrupt on) or SIGTERM."""

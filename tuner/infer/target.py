@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
+from tuner.fileio import user_path
 from tuner.loading.model import ModelLoadError, resolve_model_path
 from tuner.recipe.io import RecipeSource, apply_overrides, load_recipe, validate_recipe
 from tuner.recipe.registry import resolve_recipe_argument
@@ -42,7 +43,7 @@ class InferenceTarget:
         """inference.offload_folder, else <run dir>/offload; None means a temporary folder."""
         configured = self.recipe.inference.offload_folder
         if configured:
-            return Path(configured).expanduser()
+            return user_path(configured)
         return self.run_dir / OFFLOAD_DIR if self.run_dir else None
 
     def describe(self) -> str:
@@ -63,7 +64,7 @@ def is_run_directory(path: Path) -> bool:
 
 
 def _adapter_dir(argument: str) -> Path:
-    path = Path(argument).expanduser()
+    path = user_path(argument)
     found = saved_result(path) if path.is_dir() else None
     if found is None or not (found / ADAPTER_CONFIG).is_file():
         raise ModelLoadError(f"--adapter {argument}: no {ADAPTER_CONFIG} there (or in its {FINAL_DIR}/); point at a "
@@ -88,6 +89,21 @@ def _run_directory_target(run_dir: Path, overrides: list[str]) -> InferenceTarge
                                dtype_from_training=from_training)
     return InferenceTarget(recipe, str(final), tokenizer or str(final), run_dir=run_dir,
                            dtype_from_training=from_training)
+
+
+def check_saved_files(target: InferenceTarget) -> None:
+    """Refuse, before anything loads, a local model, adapter or tokenizer folder with a damaged file, naming it
+    (:func:`tuner.launch.integrity.saved_model_problem`): transformers would fail somewhere inside, or not at all."""
+    from tuner.launch.integrity import saved_model_problem
+
+    folders = dict.fromkeys(Path(path) for path in (target.model_path, target.adapter, target.tokenizer_path)
+                            if path is not None and Path(path).is_dir())
+    for folder in folders:
+        problem = saved_model_problem(folder)
+        if problem:
+            what = "the run's saved model" if target.run_dir is not None and folder.parent == target.run_dir else "it"
+            raise ModelLoadError(f"{folder}/{problem}; {what} cannot be loaded. Restore the file, or load another "
+                                 "folder (a run's checkpoints/checkpoint-N holds an earlier save).")
 
 
 def resolve_target(argument: str | None = None, overrides: Iterable[str] = (), model: str | None = None,
@@ -120,7 +136,9 @@ def resolve_target(argument: str | None = None, overrides: Iterable[str] = (), m
         found = _adapter_dir(adapter)
         tokenizer = str(found) if (found / TOKENIZER_CONFIG).is_file() else target.tokenizer_path
         target = replace(target, tokenizer_path=tokenizer, adapter=found)
-    return _downloaded(target, show_download)
+    target = _downloaded(target, show_download)
+    check_saved_files(target)
+    return target
 
 
 def _downloaded(target: InferenceTarget, shown: bool) -> InferenceTarget:

@@ -125,8 +125,9 @@ def adapter_modules_to_save(adapter: Path) -> list[str]:
 
 def vllm_serve_argv(model: str, plan: VllmPlan, dtype: str, host: str, port: int, served_name: str,
                     tokenizer: str | None = None, chat_template: str | None = None,
-                    lora: tuple[str, str, int] | None = None) -> list[str]:
-    """``vllm serve`` as an argument list. ``lora``: (name clients ask for, adapter folder, rank)."""
+                    lora: tuple[str, str, int] | None = None, trust_remote_code: bool = False) -> list[str]:
+    """``vllm serve`` as an argument list. ``lora``: (name clients ask for, adapter folder, rank);
+    ``trust_remote_code``: the recipe allows the code the model ships (vLLM refuses to run it otherwise)."""
     argv = ["vllm", "serve", model, "--tensor-parallel-size", str(plan.tensor_parallel_size),
             "--max-model-len", str(plan.max_model_len),
             "--gpu-memory-utilization", f"{plan.gpu_memory_utilization:.2f}", "--dtype", dtype]
@@ -139,4 +140,6 @@ def vllm_serve_argv(model: str, plan: VllmPlan, dtype: str, host: str, port: int
         argv += ["--enable-lora", "--lora-modules", f"{name}={path}", "--max-lora-rank", str(lora_rank_for_vllm(rank))]
     else:
         argv += ["--served-model-name", served_name]
+    if trust_remote_code:
+        argv.append("--trust-remote-code")
     return argv + ["--host", host, "--port", str(port)]

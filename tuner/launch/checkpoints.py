@@ -9,13 +9,13 @@ without it, and ``resume: auto`` skips that folder.
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from tuner.launch.integrity import checkpoint_problem
+from tuner.fileio import user_path
+from tuner.launch.integrity import checkpoint_problem, read_json
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import Recipe
 from tuner.run_layout import CHECKPOINT_INFO, CHECKPOINT_PREFIX, CHECKPOINTS_DIR
@@ -91,7 +91,11 @@ def check_resumable(recipe: Recipe, checkpoint: Path, world_size: int) -> None:
     if not info_path.is_file():
         log.warning("%s has no %s (not saved by tuner); cannot check that its settings match", checkpoint, CHECKPOINT_INFO)
         return
-    saved = json.loads(info_path.read_text(encoding="utf-8"))["settings"]
+    data, problem = read_json(info_path)
+    saved = data.get("settings") if isinstance(data, dict) else None
+    if problem or not isinstance(saved, dict):
+        raise RecipeError([f"training.resume: {info_path}: {problem or 'has no settings map (damaged)'}; give another "
+                           "checkpoint, or use auto (which skips damaged ones)."])
     current = resume_settings(recipe, world_size)
     saved = {**SAVED_BEFORE, **saved}
     changed = [f"  {field}: saved with {saved.get(field)!r}, the recipe now has {value!r}"
@@ -116,7 +120,7 @@ def resume_checkpoint(recipe: Recipe, run_dir: Path, world_size: int) -> Path | 
             log.info("resume: auto found no complete checkpoint in %s; starting fresh", run_dir / CHECKPOINTS_DIR)
             return None
     else:
-        checkpoint = Path(resume).expanduser()
+        checkpoint = user_path(resume)
         if not (checkpoint / "trainer_state.json").is_file():
             raise RecipeError([f"training.resume: {resume}: not a complete checkpoint folder (no trainer_state.json); "
                                "give a checkpoints/checkpoint-N folder, or use auto."])

@@ -1,9 +1,12 @@
-"""Is a checkpoint whole?  Judged from its files alone (no torch), before any rank tries to load it.
+"""Is a checkpoint, or a saved model folder, whole?  Judged from its files alone (no torch), before any rank or
+loader tries to read it.
 
 The Trainer writes a checkpoint in place: weights, then optimizer/scheduler/RNG state, then
 ``trainer_state.json`` last.  A crash, a kill or a full disk in between leaves a directory that looks
 like the newest checkpoint but fails (or silently misloads) on resume; this module says what is wrong
-with one, and :mod:`tuner.launch.checkpoints` skips such checkpoints on resume.
+with one, and :mod:`tuner.launch.checkpoints` skips such checkpoints on resume.  The same file checks, and those of
+the files a model folder holds (config, tokenizer, chat template, adapter settings), tell why a run's ``final/``
+or a ``--model`` folder cannot be loaded, naming the file, before transformers fails on it somewhere inside.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import struct
 import zipfile
 from pathlib import Path
 
+from tuner.fileio import TooLarge, json_kind, read_limited, special_kind
 from tuner.run_layout import CHECKPOINT_INFO
 
 TRAINER_STATE = "trainer_state.json"
@@ -22,6 +26,30 @@ _DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "C64": 8, "F32": 4, "I32": 4, "U32
                 "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+MAX_JSON_BYTES = 256 * 1024 * 1024  # a tokenizer.json of a large vocabulary is tens of MB
+# files of a saved model that hold one JSON object; a list, a number or a string there is damage
+JSON_OBJECTS = ("config.json", "generation_config.json", "tokenizer_config.json", "special_tokens_map.json",
+                "adapter_config.json", "tokenizer.json", "preprocessor_config.json", "processor_config.json",
+                CHECKPOINT_INFO, TRAINER_STATE, *WEIGHT_INDEXES)
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+ADAPTER_KIND = "LORA"  # the adapters tuner trains, merges and serves
+
+
+def read_json(path: Path):
+    """``(value, None)`` for a JSON file, or ``(None, what is wrong)``: cut short, not UTF-8, nested too deeply,
+    larger than any such file tuner reads, or not a plain file (a pipe would never end)."""
+    try:
+        return json.loads(read_limited(path, MAX_JSON_BYTES, pipes=False)), None
+    except TooLarge:
+        return None, f"larger than {MAX_JSON_BYTES} bytes"
+    except RecursionError:
+        return None, "nested too deeply"
+    except UnicodeDecodeError:
+        return None, "not UTF-8 text"
+    except ValueError:
+        return None, "truncated or damaged JSON"
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
 
 
 def _safetensors_problem(path: Path) -> str | None:
@@ -83,10 +111,10 @@ def _file_problem(path: Path) -> str | None:
     if path.suffix in (".pt", ".bin", ".pth"):
         return _torch_file_problem(path)
     if path.suffix == ".json":
-        try:
-            json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError):
-            return "truncated or damaged JSON"
+        value, problem = read_json(path)
+        if problem is None and path.name in JSON_OBJECTS and not isinstance(value, dict):
+            problem = f"holds {json_kind(value)}, not an object"
+        return problem
     return None
 
 
@@ -94,8 +122,13 @@ def _weights_problem(directory: Path) -> str | None:
     for index_name in WEIGHT_INDEXES:
         index = directory / index_name
         if index.is_file():
-            shards = set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values())
-            missing = sorted(shard for shard in shards if not (directory / shard).is_file())
+            data, problem = read_json(index)
+            weight_map = data.get("weight_map") if isinstance(data, dict) else None
+            if problem or not isinstance(weight_map, dict) or not all(
+                    isinstance(shard, str) and "/" not in shard and shard not in ("", ".", "..")
+                    for shard in weight_map.values()):
+                return f"{index_name}: {problem or 'its weight_map is not a map of tensor names to shard files'}"
+            missing = sorted(shard for shard in set(weight_map.values()) if not (directory / shard).is_file())
             return f"shards missing: {', '.join(missing)}" if missing else None
     if any((directory / name).is_file() for name in WEIGHT_FILES):
         return None
@@ -121,11 +154,16 @@ def _digest_problem(directory: Path) -> str | None:
     info = directory / CHECKPOINT_INFO
     if not info.is_file():
         return None
-    try:
-        recorded = json.loads(info.read_text(encoding="utf-8")).get("files") or {}
-    except (ValueError, AttributeError, UnicodeDecodeError):
-        return f"{CHECKPOINT_INFO}: truncated or damaged JSON"
+    data, problem = read_json(info)
+    if problem:
+        return f"{CHECKPOINT_INFO}: {problem}"
+    recorded = (data.get("files") or {}) if isinstance(data, dict) else None  # older checkpoints recorded none
+    if not isinstance(data, dict) or not isinstance(data.get("settings"), dict) or not isinstance(recorded, dict) or \
+            not all(isinstance(entry, dict) for entry in recorded.values()):
+        return f"{CHECKPOINT_INFO}: not the settings and file list tuner writes (damaged)"
     for name, expected in sorted(recorded.items()):
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            return f"{CHECKPOINT_INFO}: names a file outside the checkpoint ({name[:80]!r})"
         path = directory / name
         if not path.is_file():
             return f"{name}: missing"
@@ -151,8 +189,78 @@ def checkpoint_problem(directory: str | Path) -> str | None:
     if problem:
         return problem
     for path in sorted(directory.rglob("*")):
+        kind = special_kind(path) if path.exists() else None
+        if kind not in (None, "a directory"):
+            return f"{path.relative_to(directory)}: not a regular file ({kind})"
         if path.is_file():
             why = _file_problem(path)
             if why:
                 return f"{path.relative_to(directory)}: {why}"
     return _digest_problem(directory)
+
+
+def template_problem(text: str) -> str | None:
+    """Why a chat template does not compile (jinja2's sandbox, as transformers renders it), or None."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        ImmutableSandboxedEnvironment().parse(text)
+    except TemplateSyntaxError as exc:
+        return f"line {exc.lineno}: {exc.message}"
+    except RecursionError:
+        return "nested too deeply"
+    return None
+
+
+def _settings_problem(directory: Path) -> str | None:
+    """What the files a model folder is configured by say wrong: a config without a model type, an adapter tuner
+    did not train (not LoRA, no positive rank), a chat template that does not compile."""
+    config, _ = read_json(directory / "config.json") if (directory / "config.json").is_file() else ({}, None)
+    if isinstance(config, dict) and "model_type" in config and not isinstance(config["model_type"], str):
+        return "config.json: model_type is not text"
+    if (directory / "adapter_config.json").is_file():
+        adapter, _ = read_json(directory / "adapter_config.json")
+        if adapter.get("peft_type") != ADAPTER_KIND:
+            return (f"adapter_config.json: peft_type is {adapter.get('peft_type')!r:.40}, not {ADAPTER_KIND!r} (tuner "
+                    "loads LoRA adapters)")
+        rank = adapter.get("r")
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            return f"adapter_config.json: r is {rank!r:.40}, not a positive rank"
+    templates = []
+    if (directory / CHAT_TEMPLATE_FILE).is_file():
+        try:
+            templates.append((CHAT_TEMPLATE_FILE, read_limited(directory / CHAT_TEMPLATE_FILE, MAX_JSON_BYTES,
+                                                               pipes=False).decode("utf-8")))
+        except (OSError, TooLarge, UnicodeDecodeError) as exc:
+            return f"{CHAT_TEMPLATE_FILE}: unreadable ({exc})"
+    if (directory / "tokenizer_config.json").is_file():
+        settings, _ = read_json(directory / "tokenizer_config.json")
+        if isinstance(settings.get("chat_template"), str):
+            templates.append(("tokenizer_config.json: chat_template", settings["chat_template"]))
+    for where, text in templates:
+        problem = template_problem(text)
+        if problem:
+            return f"{where}: the chat template does not compile ({problem})"
+    return None
+
+
+def saved_model_problem(directory: str | Path) -> str | None:
+    """None when a saved model, adapter or tokenizer folder looks whole; otherwise the first thing wrong with it,
+    naming the file: not a plain file, JSON cut short or of the wrong shape, a safetensors header that does not
+    tile its data, a weight index naming missing shards, or settings that cannot load (see ``_settings_problem``)."""
+    directory = Path(directory)
+    for path in sorted(directory.iterdir()):
+        kind = special_kind(path) if path.exists() else "a broken link"
+        if kind == "a directory":
+            continue
+        if kind is not None:
+            return f"{path.name}: not a regular file ({kind})"
+        why = _file_problem(path)
+        if why:
+            return f"{path.name}: {why}"
+    if any(path.suffix == ".safetensors" or path.name in WEIGHT_INDEXES for path in directory.iterdir()):
+        problem = _weights_problem(directory)
+        if problem:
+            return problem
+    return _settings_problem(directory)

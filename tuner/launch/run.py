@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from tuner.doctor import require_trackers
-from tuner.launch.checkpoints import check_resumable, checkpoint_states, latest_complete_checkpoint
+from tuner.launch.checkpoints import check_resumable, checkpoint_states, latest_complete_checkpoint, resume_checkpoint
 from tuner.launch.failures import describe_failure
 from tuner.launch.runner import Launch, log_tail
 from tuner.launch.summary import RunSummary, summarize_run
@@ -31,8 +31,14 @@ from tuner.recipe.io import RecipeError, validate_recipe, with_output_dir
 from tuner.recipe.schema import STREAM_SHUFFLE_BUFFER, Recipe
 from tuner.render.launch_command import launch_argv, shell_command
 from tuner.render.launch_script import has_slurm_script, node_commands
-from tuner.render.run_directory import check_run_directory, holds_only_rendered_files, write_run_directory
-from tuner.run_layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, MODEL_SNAPSHOT, SLURM_SCRIPT
+from tuner.render.run_directory import (
+    check_run_directory,
+    earlier_run_outputs,
+    holds_only_rendered_files,
+    move_earlier_run_aside,
+    write_run_directory,
+)
+from tuner.run_layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, MODEL_SNAPSHOT, PREVIOUS_RUNS_DIR, SLURM_SCRIPT
 from tuner.run_lock import RunLock, RunLocked
 
 EXIT_SIGNAL_BASE = 128  # a run stopped by signal N exits 128 + N, as a shell reports it
@@ -160,10 +166,8 @@ def _resume_notes(recipe: Recipe, run_dir: Path) -> list[str]:
     resume = recipe.training.resume
     if resume == "never":
         return []
-    if resume != "auto":
-        checkpoint = Path(resume).expanduser()
-        check_resumable(recipe, checkpoint, recipe.world_size)
-        return [f"resuming from {checkpoint}"]
+    if resume != "auto":  # a checkpoint named explicitly: damaged or incompatible, it is refused now, not by a rank
+        return [f"resuming from {resume_checkpoint(recipe, run_dir, recipe.world_size)}"]
     notes = []
     for checkpoint, problem in checkpoint_states(run_dir / CHECKPOINTS_DIR):
         if problem is None:
@@ -183,10 +187,12 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
     """Check everything, then write the run directory (and hold its lock unless ``dry_run``); a hub model is
     downloaded once, here, before any rank starts (``say`` the line, and with ``progress`` a bar on stderr).
 
-    ``force`` is the user's explicit override of the plan, disk and existing-directory refusals; ``resume``
-    continues from the newest complete checkpoint.  Raises RecipeError/DataError for what cannot be overridden,
-    HubError when the hub refuses the model, and :class:`RunRefused` (all overridable refusals at once) for the
-    rest; nothing is written before.
+    ``force`` is the user's explicit override of the plan, disk and existing-directory refusals: a new run in the
+    directory of an earlier one first moves the earlier run's outputs (checkpoints, events, log, final model ...) into
+    ``previous/N/``, so the new run neither deletes them (the Trainer's checkpoint rotation would) nor mixes with them
+    (events, a later resume).  ``resume`` continues from the newest complete checkpoint.  Raises RecipeError/DataError
+    for what cannot be overridden, HubError when the hub refuses the model, and :class:`RunRefused` (all overridable
+    refusals at once) for the rest; nothing is written before.
     """
     if resume and recipe.training.resume == "never":
         data = recipe.model_dump(mode="json")
@@ -198,7 +204,7 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
     resuming = recipe.training.resume != "never"
     if run_dir.exists() and not run_dir.is_dir():
         raise RecipeError([f"output.dir: {run_dir} is a file, not a directory; choose another output.dir."])
-    check_run_directory(run_dir, keep_existing=resuming)  # files tuner did not write are never replaced
+    check_run_directory(run_dir)  # in every mode: files tuner did not write are never replaced, links never followed
     refusals, tight = _memory_check(recipe)
     model = recipe.model  # a hub model's commit and files, asked now: a gated or missing model stops here
     download = plan_download(model.id, _recorded_commit(run_dir, model.id) if resuming else model.revision,
@@ -207,8 +213,9 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
     # what `tuner run --dry-run` left (rendered files, no run yet) is replaced without asking
     dry_run_left = holds_only_rendered_files(run_dir)
     if run_dir.is_dir() and any(run_dir.iterdir()) and not (resuming or dry_run_left):
-        refusals.append(f"{run_dir}: the run directory already exists; overriding replaces tuner's files in it and "
-                        "keeps its events, log and checkpoints (resume continues it instead, or change output.dir).")
+        refusals.append(f"{run_dir}: the run directory already exists; overriding starts a new run there and moves "
+                        f"the earlier run's checkpoints, events and log into {run_dir / PREVIOUS_RUNS_DIR}/N/ (resume "
+                        "continues it instead, or change output.dir).")
     notes = _resume_notes(recipe, run_dir) if resuming else []
     require_trackers(recipe)  # a tracker training.report_to names must be installed: said now, not by every rank
     data_note = _check_data(recipe)
@@ -220,6 +227,8 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
     lock = RunLock(run_dir)
     try:
         lock.acquire()
+        if not (resuming or dry_run or dry_run_left) and earlier_run_outputs(run_dir):  # a probe's folder: replaced
+            notes.append(f"the earlier run in {run_dir} was moved to {move_earlier_run_aside(run_dir)}")
         write_run_directory(recipe, force=force or dry_run_left, keep_existing=resuming)
         if download is not None and not dry_run:
             _download_for_run(download, run_dir, recipe.hardware.machines, say, progress)
@@ -240,9 +249,11 @@ def _recorded_commit(run_dir: Path, model_id: str) -> str | None:
     """The commit a resumed run trained on so far, so it continues on the same weights even if the hub moved on."""
     try:
         recorded = json.loads((run_dir / MODEL_SNAPSHOT).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
-    return recorded.get("commit") if recorded.get("model_id") == model_id else None
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("commit"), str):
+        return None  # damaged: resolved afresh
+    return recorded["commit"] if recorded.get("model_id") == model_id else None
 
 
 def _download_for_run(download: HubDownload, run_dir: Path, machines: int, say, progress: bool) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tuner.events import EventFollower
 from tuner.run_layout import EVENTS_FILE, LOG_FILE
+from tuner.run_lock import supervisor_environment
 
 
 def executable_argv(argv: list[str]) -> list[str]:
@@ -56,7 +57,8 @@ class Launch:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=child_environment(env),
+            # the ranks stop by themselves if this process dies (tuner.train.supervision)
+            env=child_environment({**supervisor_environment(), **(env or {})}),
             start_new_session=True,  # its own process group: stop() reaches every rank
             text=True,
             errors="replace",

@@ -13,7 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
-from tuner.fileio import DestinationRefused, atomic_write_text, check_destination, staged_directory
+from tuner.fileio import FILE, DestinationRefused, atomic_write_text, check_destination, staged_directory
 from tuner.loading.model import ModelLoadError, load_model, load_tokenizer
 from tuner.recipe.schema import Recipe
 from tuner.run_layout import CHECKPOINTS_DIR, FINAL_DIR, LOCK_FILE, TUNER_FILES
@@ -53,7 +53,8 @@ def check_merge_output(output: Path, adapter: Path, force: bool) -> None:
     an existing merged folder without ``force``."""
     run = run_of(adapter)
     try:
-        check_destination(output, owned=written_by_tuner(output).__contains__,
+        written = written_by_tuner(output)
+        check_destination(output, owned=lambda name: FILE if name in written else None,
                           holding=[(run, f"the run {run}"), (adapter, f"the adapter {adapter}")],
                           inside=[(run / FINAL_DIR, f"the run's final model {run / FINAL_DIR}"),
                                   (run / CHECKPOINTS_DIR, f"the run's checkpoints {run / CHECKPOINTS_DIR}")])
@@ -70,7 +71,13 @@ def merged_model(recipe: Recipe, adapter: Path):
 
     unquantised = recipe.model_copy(deep=True)
     unquantised.method.quantization = None
-    model = PeftModel.from_pretrained(load_model(unquantised), str(adapter)).merge_and_unload()
+    base = load_model(unquantised)
+    try:
+        model = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    except Exception as exc:  # a damaged or mismatched adapter, whatever peft raises for it
+        reason = " ".join(str(exc).split())[:500]
+        raise ModelLoadError(f"{adapter}: cannot apply the adapter to its base model ({type(exc).__name__}: "
+                             f"{reason}).") from None
     model.config.use_cache = True
     return model, load_tokenizer(recipe, str(adapter))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tuner.catalog.demo import is_builtin
 from tuner.catalog.hub import HUB_ID
+from tuner.fileio import user_path
 from tuner.loading.demo_model import builtin_model_path
 from tuner.recipe.adapters import lora_config
 from tuner.recipe.checks import remote_code_problem
@@ -27,8 +28,11 @@ class ModelLoadError(Exception):
 def resolve_model_path(model_id: str) -> str:
     """A local directory for built-in and local models; the hub id unchanged otherwise."""
     if is_builtin(model_id):
-        return str(builtin_model_path(model_id))
-    path = Path(model_id).expanduser()
+        try:
+            return str(builtin_model_path(model_id))
+        except ValueError as exc:  # builtin:x, a built-in that does not exist
+            raise ModelLoadError(f"model.id: {exc}.") from None
+    path = user_path(model_id)
     if path.exists():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"model.id: {model_id}: the directory has no config.json; point at a saved "
@@ -53,6 +57,16 @@ def cannot_load(model_id: str, exc: Exception) -> ModelLoadError:
     return ModelLoadError(
         f"model.id: cannot load {model_id!r}: {reason} Check the id (org/name) and model.revision, log in for "
         "gated models (hf auth login), or point model.id at a local directory.")
+
+
+def not_loaded(recipe: Recipe, source: str, exc: Exception) -> ModelLoadError:
+    """A folder or hub id that from_pretrained could not load, in one paragraph: for a local folder (a run's
+    final/, a --model folder) what the library found wrong in it; for a hub id where to get it."""
+    if not user_path(source).is_dir():
+        return cannot_load(recipe.model.id, exc)
+    reason = " ".join(str(exc).split())[:500] or "no reason given"
+    return ModelLoadError(f"{source}: cannot be loaded ({type(exc).__name__}: {reason}); a file in it is damaged or "
+                          "does not match the others. Restore it, or load another folder.")
 
 
 def torch_dtype(name: str):
@@ -128,8 +142,9 @@ def load_tokenizer(recipe: Recipe, path: str | None = None):
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             source, revision=recipe.model.revision, trust_remote_code=recipe.model.trust_remote_code)
-    except OSError as exc:
-        raise cannot_load(recipe.model.id, exc) from None
+        tokenizer("a")  # a setting of the wrong type (model_max_length: []) fails only when text is encoded
+    except Exception as exc:  # whatever a damaged file makes the library raise: one message naming the folder
+        raise not_loaded(recipe, source, exc) from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -174,8 +189,8 @@ def load_model(recipe: Recipe, path: str | None = None, **kwargs):
     )
     try:
         model = AutoModelForCausalLM.from_pretrained(source, **{**arguments, **kwargs})
-    except OSError as exc:
-        raise cannot_load(recipe.model.id, exc) from None
+    except Exception as exc:  # whatever a damaged file makes the library raise: one message naming the folder
+        raise not_loaded(recipe, source, exc) from None
     keep_4bit_cpu_inference_generic(model)
     return model
 

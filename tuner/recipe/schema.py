@@ -64,9 +64,10 @@ def is_host(text: str) -> bool:
 
 class Section(BaseModel):
     """Base for every recipe section: unknown keys are errors, assignments are validated; true/false are not
-    numbers, and no text holds a control character (every value may end up in a script, a path or a log line)."""
+    numbers, every number is finite (an infinite weight decay trains to nan and still "finishes"), and no text holds
+    a control character (every value may end up in a script, a path or a log line)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod

@@ -59,11 +59,11 @@ def _training_gpus(recipe: Recipe) -> list[str]:
 
 
 def _change_to_project(run_dir: Path) -> list[str]:
-    """Paths in the recipe are relative to the directory tuner ran in: return there first."""
+    """Paths in the recipe are relative to the directory tuner ran in: return there first.  The way back holds
+    the working folder's own name when the run directory lies above it (``-o ../runs/r``), so it is quoted data."""
     if run_dir.is_absolute():
         return []
-    back = os.path.relpath(".", run_dir)  # only '..' components: nothing to quote
-    return [f'cd "$(dirname "$0")/{back}"']
+    return [f'cd "$(dirname "$0")"/{shlex.quote(os.path.relpath(".", run_dir))}']
 
 
 def node_commands(recipe: Recipe, run_dir: str | Path) -> list[str]:

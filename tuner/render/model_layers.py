@@ -10,12 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.catalog.demo import DEMO_ARCHITECTURE, demo_model_dir, is_builtin
+from tuner.fileio import user_path
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import ModelSection
 
 
 def _config_source(model: ModelSection) -> str:
-    return str(Path(model.id).expanduser()) if Path(model.id).expanduser().exists() else model.id
+    return str(user_path(model.id)) if user_path(model.id).exists() else model.id
 
 
 def model_class(model: ModelSection):

@@ -1,10 +1,20 @@
 """A run directory: every file a launch needs, rendered from one recipe and written atomically."""
 from __future__ import annotations
 
+import os
 from fnmatch import fnmatch
 from pathlib import Path
 
-from tuner.fileio import DestinationRefused, atomic_write_directory, check_destination, replace_files
+from tuner.fileio import (
+    ANY_KIND,
+    DIRECTORY,
+    FILE,
+    DestinationRefused,
+    atomic_write_directory,
+    atomic_write_text,
+    check_destination,
+    replace_files,
+)
 from tuner.recipe.io import RecipeError, recipe_to_yaml, with_output_dir
 from tuner.recipe.schema import Recipe
 from tuner.render.accelerate_config import render_accelerate_config
@@ -19,14 +29,18 @@ from tuner.run_layout import (
     LOCK_FILE,
     LOG_FILE,
     MODEL_SNAPSHOT,
+    PREVIOUS_RUNS_DIR,
     PROBE_DIR,
     PROBE_REPORT,
     PROBE_REQUEST,
     RENDERED_FILES,
+    RUN_OUTPUT_DIRS,
+    RUN_OUTPUT_FILES,
     RUN_OUTPUTS,
     SLURM_LOG,
     SLURM_SCRIPT,
 )
+from tuner.run_lock import RunLock, RunLocked, lock_path
 
 EXECUTABLES = (LAUNCH_SCRIPT, SLURM_SCRIPT)
 # What a probe leaves in its own run directory (its checkpoint, when a kill kept the probe from removing it)
@@ -57,20 +71,27 @@ def render_run_files(recipe: Recipe, run_dir: str | Path | None = None) -> dict[
     return files
 
 
-def _own_entry(name: str) -> bool:
-    """A name tuner puts in a run directory: a rendered file, a run output, a Slurm log, or a temporary file of
-    tuner's own that a kill left behind (``.recipe.lock.yaml.x1y2.tmp``)."""
-    if name in RENDERED_FILES or name in RUN_OUTPUTS or fnmatch(name, SLURM_LOG.replace("%j", "*")):
-        return True
-    return name.endswith(".tmp") and any(name.startswith(f".{own}.") for own in (*RENDERED_FILES, *RUN_OUTPUTS))
+def owned_kind(name: str) -> str | None:
+    """The kind of entry tuner puts under ``name`` in a run directory (None: a name tuner never writes there): a
+    rendered file, a run output, a Slurm log, the earlier runs moved aside, or a temporary file, folder or lock of
+    tuner's own that a kill left behind (``.recipe.lock.yaml.x1y2.tmp``, ``.probe.tuner-run.lock``)."""
+    if name in RENDERED_FILES or name in RUN_OUTPUT_FILES or fnmatch(name, SLURM_LOG.replace("%j", "*")):
+        return FILE
+    if any(name == lock_path(Path(own)).name for own in RUN_OUTPUT_DIRS):  # a probe's lock a kill left in the run
+        return FILE
+    if name in RUN_OUTPUT_DIRS or name == PREVIOUS_RUNS_DIR:
+        return DIRECTORY
+    temporary = name.endswith(".tmp") and any(name.startswith(f".{own}.") for own in (*RENDERED_FILES, *RUN_OUTPUTS))
+    return ANY_KIND if temporary else None
 
 
-def check_run_directory(run_dir: str | Path, *, keep_existing: bool = False) -> None:
-    """Refuse a destination tuner may not write a run into: a symbolic link, the current folder or one above it,
-    and (unless resuming, ``keep_existing``) a folder holding files tuner did not write.  A RecipeError, which no
+def check_run_directory(run_dir: str | Path) -> None:
+    """Refuse, in every mode (a new run, ``--force``, ``--resume``, ``--dry-run``), a destination tuner may not write a
+    run into: a symbolic link, a file, the current folder or one above it, and a folder holding an entry tuner did
+    not write or not of the kind it writes (a link where it writes a folder or a file).  A RecipeError, which no
     override passes."""
     try:
-        check_destination(Path(run_dir), owned=None if keep_existing else _own_entry)
+        check_destination(Path(run_dir), owned=owned_kind)
     except DestinationRefused as exc:
         raise RecipeError([str(exc)]) from None
 
@@ -87,24 +108,64 @@ def holds_only_rendered_files(run_dir: str | Path) -> bool:
     return bool(names) and all(name in RENDERED_FILES or name in left for name in names)
 
 
+def earlier_run_outputs(run_dir: str | Path) -> list[str]:
+    """The names of what a run has written into ``run_dir`` (events, log, checkpoints, final model, Slurm logs ...);
+    not ``probe/``, a run directory of its own that each probe replaces (``tuner run --probe`` probes just before the
+    run it measured for)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    return sorted(entry.name for entry in run_dir.iterdir() if entry.name != PROBE_DIR and (
+        entry.name in RUN_OUTPUTS or fnmatch(entry.name, SLURM_LOG.replace("%j", "*"))))
+
+
+def move_earlier_run_aside(run_dir: str | Path) -> Path:
+    """Move an earlier run's outputs, with a copy of the lock recipe they were made under, into a new
+    ``previous/N/`` of the run directory (renames: nothing is copied but the lock, nothing deleted).  The caller
+    holds the run's lock."""
+    run_dir = Path(run_dir)
+    previous = run_dir / PREVIOUS_RUNS_DIR
+    previous.mkdir(exist_ok=True)
+    taken = [int(entry.name) for entry in previous.iterdir() if entry.name.isdigit()]
+    number = max(taken, default=0) + 1
+    while True:
+        aside = previous / str(number)
+        try:
+            aside.mkdir()
+            break
+        except FileExistsError:
+            number += 1
+    if (run_dir / LOCK_FILE).is_file():
+        atomic_write_text(aside / LOCK_FILE, (run_dir / LOCK_FILE).read_text(encoding="utf-8"))
+    for name in earlier_run_outputs(run_dir):
+        os.rename(run_dir / name, aside / name)
+    return aside
+
+
 def write_run_directory(recipe: Recipe, run_dir: str | Path | None = None, *, force: bool = False,
                         keep_existing: bool = False) -> Path:
     """Write the run files into a new directory, or (``force``, or ``keep_existing`` to resume) replace the rendered
     files of an existing one, keeping everything the run has written (events, log, checkpoints, final model).
 
-    Refused before anything is written: a symbolic link, the current folder or one above it, and (unless
-    resuming) a folder holding files tuner did not write."""
+    Holds the run's lock while it writes (a tuner that trains there is never rewritten under it); refused before
+    anything is written: a symbolic link, the current folder or one above it, and a folder holding files tuner did
+    not write."""
     if run_dir is not None:
         recipe = with_output_dir(recipe, run_dir)  # checked like any recipe value (no control characters)
     run_dir = Path(recipe.output.dir)
-    check_run_directory(run_dir, keep_existing=keep_existing)
+    check_run_directory(run_dir)
     existing = run_dir.is_dir() and any(run_dir.iterdir())
     if existing and not (force or keep_existing):
         raise RecipeError([f"{run_dir}: the run directory already exists; pass --force to replace its rendered files "
                            "(its events, log and checkpoints are kept), --resume to continue it, or change output.dir."])
     files = render_run_files(recipe)
     modes = {name: 0o755 for name in EXECUTABLES}
-    if not existing:
-        return atomic_write_directory(run_dir, files, modes)  # whole or not at all: a full disk leaves no half run
-    # files rendered before and not now (a DeepSpeed config after a change of topology) go too
-    return replace_files(run_dir, files, modes, remove=[name for name in RENDERED_FILES if name not in files])
+    try:
+        with RunLock(run_dir):
+            check_run_directory(run_dir)  # again, now that no other tuner can change it
+            if not existing:
+                return atomic_write_directory(run_dir, files, modes)  # whole or not at all: a full disk leaves no half run
+            # files rendered before and not now (a DeepSpeed config after a change of topology) go too
+            return replace_files(run_dir, files, modes, remove=[name for name in RENDERED_FILES if name not in files])
+    except RunLocked as exc:
+        raise RecipeError([str(exc)]) from None

@@ -258,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     from tuner.doctor import needs_bitsandbytes
     from tuner.loading.model import ModelLoadError
     from tuner.train.rewards import RewardError
+    from tuner.train.supervision import watch_supervisor
 
     parser = argparse.ArgumentParser(prog="python -m tuner.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -267,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"in <run dir>/{PROFILE_DIR}/")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[tuner] %(message)s")
+    watch_supervisor()  # this rank stops if the tuner run that launched it dies
     lock = Path(args.lock)
     events = lock.parent / EVENTS_FILE
     recipe = None

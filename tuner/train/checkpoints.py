@@ -12,6 +12,7 @@ from tuner.launch.checkpoints import resume_settings
 from tuner.launch.integrity import file_digests
 from tuner.recipe.schema import Recipe
 from tuner.run_layout import CHECKPOINT_INFO, CHECKPOINT_PREFIX, LOCK_FILE
+from tuner.train.supervision import supervisor_alive
 
 
 class CheckpointInfoCallback(TrainerCallback):
@@ -29,4 +30,6 @@ class CheckpointInfoCallback(TrainerCallback):
         atomic_write_text(checkpoint / LOCK_FILE, self.lock_text)
         info = {"step": state.global_step, "settings": resume_settings(self.recipe, args.world_size),
                 "files": file_digests(checkpoint)}
+        if not supervisor_alive():  # saved after the tuner run died: left incomplete, never resumed from
+            return
         atomic_write_text(checkpoint / CHECKPOINT_INFO, json.dumps(info, indent=2) + "\n")

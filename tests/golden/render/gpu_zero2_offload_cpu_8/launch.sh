@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
 # Written by tuner: the exact command `tuner run` launches.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")"/../..
 accelerate launch --config_file runs/gpu_zero2_offload_cpu_8/accelerate.yaml -m tuner.train runs/gpu_zero2_offload_cpu_8/recipe.lock.yaml "$@"

@@ -6,7 +6,7 @@
 #   machine 1: runs/multinode_zero3_2x8_c10d/launch.sh 1
 # MAIN_PROCESS_IP=<address> replaces rank 0's address (the Slurm script sets it).
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")"/../..
 usage="usage: $0 MACHINE_RANK (0 to 1), once on each machine"
 machine_rank="${1:?$usage}"
 [[ "$machine_rank" =~ ^[0-9]+$ ]] && (( machine_rank <= 1 )) || { echo "$usage" >&2; exit 2; }
