@@ -307,6 +307,20 @@ LOSS_TYPES = {"dpo": DPO_LOSS_TYPES, "kto": KTO_LOSS_TYPES}
 PREFERENCE_OBJECTIVES = tuple(LOSS_TYPES)  # objectives trained with a TRL trainer and a reference model
 
 
+class ObjectiveData(typing.NamedTuple):
+    """What an objective trains on: the data layouts it reads (data.format auto detects among them, the first when
+    it reads one) and a built-in data source to try it on (None: none yet)."""
+
+    formats: tuple[str, ...]
+    example: str | None
+
+
+# every objective.kind (a test holds them to the Literal below), each data.format but auto belonging to one
+OBJECTIVE_DATA = {"sft": ObjectiveData(("text", "instruction", "chat"), "builtin:reverse"),
+                  "dpo": ObjectiveData(("preference",), "builtin:reverse-pairs"),
+                  "kto": ObjectiveData(("unpaired_preference",), None)}
+
+
 class ObjectiveSection(Section):
     kind: Literal["sft", "dpo", "kto"] = Field(
         "sft",

@@ -17,7 +17,8 @@ from textual.binding import Binding
 
 from tuner.recipe.io import RecipeError
 from tuner.tui.draft import Draft
-from tuner.tui.messages import DiskChecked, FieldEdited, PlanUpdated, RunEventsArrived, RunFinished, RunNotStarted
+from tuner.tui.messages import (DiskChecked, FieldEdited, PlanUpdated, RunEventsArrived, RunFinished, RunNotStarted,
+                                TextTyped)
 from tuner.tui.planning import CannotPlan, Planner
 from tuner.tui.run_watch import RunWatch
 from tuner.tui.screens.base import NARROW_BELOW
@@ -148,6 +149,9 @@ class TunerApp(App[int]):
         if event.typed is None and self.draft.holds(event.changes):
             return  # an echo of the draft's own value (a field synced from the draft)
         self.draft.apply(event.changes, typed=event.typed)
+        self.draft_changed()
+
+    def on_text_typed(self, event: TextTyped) -> None:
         self.draft_changed()
 
     def load_draft(self, draft: Draft) -> None:

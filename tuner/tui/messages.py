@@ -22,6 +22,13 @@ class FieldEdited(Message):
 
 
 @dataclass
+class TextTyped(Message):
+    """A box put its text into the draft (it does so the moment the text changes); the app replans and re-syncs."""
+
+    field: str
+
+
+@dataclass
 class PlanUpdated(Message):
     """A memory plan was computed for the current draft (None: the recipe is invalid or cannot be planned)."""
 

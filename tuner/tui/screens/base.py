@@ -57,7 +57,14 @@ class WizardScreen(Screen):
         for field in self.fields:
             field.sync(draft)
         self.show_reasons()
-        lines = [f"✗ {line}" for line in draft.errors]
+        self.show_errors()
+
+    def found_errors(self) -> list[str]:
+        """Errors this step found beyond the draft's own (the Data step's: data the objective cannot read)."""
+        return []
+
+    def show_errors(self) -> None:
+        lines = [f"✗ {line}" for line in [*self.app.draft.errors, *self.found_errors()]]
         if len(lines) > MAX_ERROR_LINES:
             lines[MAX_ERROR_LINES - 1:] = [f"  … and {len(lines) - MAX_ERROR_LINES + 1} more; fix these first"]
         errors = self.query_one("#errors", Static)
