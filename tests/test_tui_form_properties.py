@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 from textual.widgets import Input, OptionList, Select
 
-from tui_helpers import make_app
+from tui_helpers import make_app, settle
 from tuner.recipe.io import RecipeError, parse_yaml, read_recipe_text, validate_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.recipe.schema import Recipe
@@ -123,9 +123,10 @@ def typed_value(dotted: str, text: str):
             except ValueError:
                 continue
     try:
-        return resolved({dotted: value}, dotted), True  # as the field's own type: 1.0 machines is 1
+        read = resolved({dotted: value}, dotted)
     except ValidationError:
         return None, False
+    return (read if isinstance(value, float) and type(read) is int else value), True  # 1. machines is 1
 
 
 def shown_text(value) -> str:
@@ -197,21 +198,6 @@ class Expected:
 
 
 # --- driving the wizard ----------------------------------------------------------------------------------------
-async def settle(pilot) -> None:
-    """Until every message is handled and every worker is done (under load this takes as long as it takes)."""
-    app = pilot.app
-    for _ in range(200):
-        await pilot.pause()
-        await app.workers.wait_for_complete()
-        queues = [app, app.screen, *app.screen.walk_children()]
-        if not any(node._message_queue.qsize() for node in queues):
-            await pilot.pause()
-            if not any(node._message_queue.qsize() for node in queues) and not any(
-                    not worker.is_finished for worker in app.workers):
-                return
-    raise AssertionError("the wizard never settled")
-
-
 async def visit(pilot, mode: str) -> None:
     pilot.app.switch_mode(mode)
     await settle(pilot)

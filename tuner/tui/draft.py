@@ -105,12 +105,8 @@ def check(data: dict[str, Any]) -> tuple[Recipe | None, list[str]]:
         return None, [_without_location(line) for line in exc.lines]
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def field_value(dotted: str, value: Any) -> tuple[Any, str | None]:
-    """``value`` as its field's own type (``1.0`` machines is ``1``), and why the field's own rule (type, range,
+    """``value``, a whole number as an integer where its field holds integers (``1.`` machines is ``1``), and why the field's own rule (type, range,
     allowed values) refuses it, or None.
 
     Checked on the field alone: a conflict with other fields is not the value's fault and is
@@ -125,7 +121,8 @@ def field_value(dotted: str, value: Any) -> tuple[Any, str | None]:
         _, errors = check(alone)
         return value, errors[0] if errors else f"{dotted}: not a valid value."
     read = _attribute(recipe, dotted)
-    return (read if _is_number(value) and _is_number(read) and read == value else value), None
+    integer = isinstance(value, float) and isinstance(read, int) and not isinstance(read, bool)
+    return (read if integer else value), None  # 1e3 tokens is 1000; 512 GiB stays as typed, not 512.0
 
 
 def schema_values(dotted: str) -> tuple:

@@ -68,11 +68,13 @@ class DataScreen(WizardScreen):
         return [self.data_problem] if self.data_problem else []
 
     def sync(self) -> None:
-        super().sync()
         draft = self.app.draft
         key = tuple(draft.value(name) for name in PREVIEW_KEYS)
-        if key != self.preview_key:
+        changed = key != self.preview_key
+        if changed:  # what the last example said about the data no longer holds
             self.preview_key, self.data_problem = key, None
+        super().sync()
+        if changed:
             self.query_one("#preview", Static).update(Text("loading an example…", style="italic"))
             self.load_preview(key, draft.resolved)
 

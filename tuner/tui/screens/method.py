@@ -158,9 +158,13 @@ class MethodScreen(WizardScreen):
             return []
         if draft.plannable is not None:
             return [draft.plannable]
-        fixed = (draft.fixed_by(choice.changes_for(draft)) for field in self.query(ChoiceField)
-                 for choice in field.choices if not draft.holds(choice.changes))
-        return list(dict.fromkeys(recipe for recipe in fixed if recipe is not None))
+        starts: list[Recipe] = []
+        for field in self.query(ChoiceField):
+            for choice in field.choices:
+                recipe = None if draft.holds(choice.changes) else draft.fixed_by(choice.changes_for(draft))
+                if recipe is not None and recipe not in starts:
+                    starts.append(recipe)
+        return starts
 
     def _follow_draft(self) -> None:
         """Keep the list true to the draft: gone for a new recipe or model, recomputed after any other change."""
