@@ -184,7 +184,7 @@ async def test_4_the_verdict_names_what_is_short_and_the_advice_has_its_field(si
         await pilot.press("space")
         await settle(pilot)
         assert app.draft.value("method.allow_method_change") is True
-        assert any("lora" in prompt for prompt in options(app, "#alternatives"))  # the advice, re-asked
+        assert any("LoRA" in prompt for prompt in options(app, "#alternatives"))  # the advice, re-asked
 
 
 # 5 ------------------------------------------------------------------------------------------

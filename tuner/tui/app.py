@@ -10,22 +10,24 @@ import importlib
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from tuner.recipe.io import RecipeError
-from tuner.tui.draft import Draft
 from tuner.tui.messages import (DiskChecked, FieldEdited, PlanUpdated, RunEventsArrived, RunFinished, RunNotStarted,
                                 TextTyped)
 from tuner.tui.planning import CannotPlan, Planner
 from tuner.tui.run_watch import RunWatch
-from tuner.tui.screens.base import NARROW_BELOW
 from tuner.tui.screens.start import StartScreen
 from tuner.tui.widgets.steps import STEPS
 
+if TYPE_CHECKING:
+    from tuner.tui.draft import Draft
+
 STEP_MODES = [mode for mode, _ in STEPS]
+NARROW_BELOW = 100  # columns: screens get the -narrow class (80x24 terminals), see TunerApp.HORIZONTAL_BREAKPOINTS
 
 
 def _later(module: str, name: str):
@@ -65,7 +67,7 @@ class TunerApp(App[int]):
 
     def __init__(self, draft: Draft | None = None, planner: Planner | None = None, *, detect_hardware: bool = True):
         super().__init__()
-        self.draft = draft or Draft()
+        self._draft = draft
         self.planner = planner or Planner()
         self.detect_hardware = detect_hardware
         self.plan = None
@@ -74,6 +76,19 @@ class TunerApp(App[int]):
         self.run_watch: RunWatch | None = None
         self.chat_target: str | None = None  # what "Chat with this run" asked Chat to load
         self._stop_run = threading.Event()  # set: the run's follower stops every rank
+
+    @property
+    def draft(self) -> Draft:
+        """The recipe being edited (a new one is made at first use: the schema loads after the first paint)."""
+        if self._draft is None:
+            from tuner.tui.draft import Draft
+
+            self._draft = Draft()
+        return self._draft
+
+    @draft.setter
+    def draft(self, draft: Draft) -> None:
+        self._draft = draft
 
     def on_mount(self) -> None:
         from tuner.launch.run import STOP_SIGNALS
@@ -198,6 +213,8 @@ class TunerApp(App[int]):
     def start_run(self, resume: bool = False, force: bool = False) -> RunWatch:
         """Prepare and launch through the run contract ``tuner run`` uses (tuner.launch.run); ``force`` is the
         explicit override the Run screen offers after a refusal."""
+        from tuner.recipe.io import RecipeError
+
         recipe = self.draft.recipe
         if recipe is None:
             raise RecipeError(["the recipe has errors; fix them first:", *self.draft.errors])

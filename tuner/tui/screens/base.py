@@ -9,6 +9,7 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
+from tuner.tui.app import NARROW_BELOW  # noqa: F401  (screens read it here)
 from tuner.tui.widgets.fields import ChoiceField, ToggleField
 from tuner.tui.widgets.steps import StepBar
 
@@ -16,7 +17,6 @@ if TYPE_CHECKING:
     from tuner.tui.app import TunerApp
 
 MAX_ERROR_LINES = 4
-NARROW_BELOW = 100  # columns: screens get the -narrow class (80x24 terminals), see TunerApp.HORIZONTAL_BREAKPOINTS
 
 
 class WizardScreen(Screen):
