@@ -322,23 +322,21 @@ class Session:
         await clear_and_type(self.pilot, box, text)
         self.expected.type(dotted, text)
 
-    async def do_space_and_back(self, dotted: str) -> None:
+    async def _keys_leaving_the_text(self, dotted: str, *keys: str) -> None:
+        """Keys after which the box's text is what it was (its text typed again, as far as the box can tell)."""
         box = await self._box(dotted)
         if box is None:
             return
         box.focus()
         await settle(self.pilot)
-        await self.pilot.press("end", "space", "backspace")
+        await self.pilot.press(*keys)
         self.expected.type(dotted, self.expected.shown(dotted))
 
+    async def do_space_and_back(self, dotted: str) -> None:
+        await self._keys_leaving_the_text(dotted, "end", "space", "backspace")
+
     async def do_enter(self, dotted: str) -> None:
-        box = await self._box(dotted)
-        if box is None:
-            return
-        box.focus()
-        await settle(self.pilot)
-        await self.pilot.press("enter")
-        self.expected.type(dotted, self.expected.shown(dotted))
+        await self._keys_leaving_the_text(dotted, "enter")
 
     async def do_save(self) -> None:
         await visit(self.pilot, "review")

@@ -72,12 +72,16 @@ def wizard(cwd, tuner_home, size=(120, 36)) -> Tmux:
     return Tmux(command, cwd, size)
 
 
-def wait_for_file(path, tmux: Tmux, timeout: float = 30):
+def save_and_quit(tmux: Tmux, path, timeout: float = 30) -> None:
+    """On Review: ctrl+s, until ``path`` is written, then ctrl+q, until the wizard has exited cleanly."""
+    tmux.keys("C-s")
     deadline = time.monotonic() + timeout
     while not path.exists():
         if time.monotonic() > deadline:
             raise AssertionError(f"{path} was never written; the pane shows:\n{tmux.screen()}")
         time.sleep(0.2)
+    tmux.keys("C-q")
+    tmux.wait_for("tuner-exited-0", timeout=15)
 
 
 SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
@@ -104,10 +108,7 @@ def test_dpo_from_scratch_in_a_terminal_saves_exactly_what_was_chosen(tmp_path, 
         tmux.wait_for("Learning rate")
         tmux.keys("C-n")
         tmux.wait_for("Save as", "recipe.lock.yaml")
-        tmux.keys("C-s")
-        wait_for_file(tmp_path / "run.yaml", tmux)
-        tmux.keys("C-q")
-        tmux.wait_for("tuner-exited-0", timeout=15)
+        save_and_quit(tmux, tmp_path / "run.yaml")
     finally:
         tmux.close()
     assert yaml.safe_load((tmp_path / "run.yaml").read_text()) == {
@@ -133,10 +134,7 @@ def test_an_opened_built_in_recipe_saves_only_the_edit_in_a_terminal(tmp_path, t
         for screen in ("Memory plan", "Source", "Learning rate", "Save as"):
             tmux.keys("C-n")
             tmux.wait_for(screen)
-        tmux.keys("C-s")
-        wait_for_file(tmp_path / "llama3.1-70b-qlora.yaml", tmux)
-        tmux.keys("C-q")
-        tmux.wait_for("tuner-exited-0", timeout=15)
+        save_and_quit(tmux, tmp_path / "llama3.1-70b-qlora.yaml")
     finally:
         tmux.close()
     original = builtin_path(name).read_text()
