@@ -8,6 +8,7 @@ runs/<name>/
   events.jsonl       one JSON object per line (started, step, eval, checkpoint, memory, finished, error)
   train.log          every rank's output
   memory.json        the plan's prediction beside the measured peak, written at the end
+  model_snapshot.json  a hub model's commit and files, downloaded before launch: what every rank and machine loads
   checkpoints/checkpoint-N/  the Trainer's checkpoints, each with tuner_checkpoint.json written last
   final/             the trained model or adapter, its tokenizer and the lock recipe
   merged/            an adapter merged into its base (output.save: merged, or `tuner merge`), with tuner_files.json
@@ -29,6 +30,7 @@ SLURM_SCRIPT = "slurm.sbatch"
 EVENTS_FILE = "events.jsonl"
 LOG_FILE = "train.log"
 MEMORY_REPORT = "memory.json"
+MODEL_SNAPSHOT = "model_snapshot.json"
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_PREFIX = "checkpoint-"  # the Trainer's own folder names: checkpoint-<global step>
 CHECKPOINT_INFO = "tuner_checkpoint.json"  # written last into a checkpoint: its settings, and that it is complete
@@ -50,5 +52,5 @@ TUNER_FILES = "tuner_files.json"
 # What `tuner render` writes: the files a re-render may replace (the rest of a run directory is the run's own).
 RENDERED_FILES = (LOCK_FILE, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, SLURM_SCRIPT)
 # What a run adds to its directory (a re-render keeps all of it); Slurm's logs match SLURM_LOG.
-RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR, SERVE_DIR,
+RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, MODEL_SNAPSHOT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR, SERVE_DIR,
                PROFILE_DIR, TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR)

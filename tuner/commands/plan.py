@@ -69,6 +69,7 @@ def load_plan_recipe(args):
 
 
 def run(args) -> int:
+    from tuner.catalog.hub import HubError
     from tuner.catalog.models import UnknownModelError
     from tuner.recipe.io import RecipeError
 
@@ -79,6 +80,8 @@ def run(args) -> int:
         memory_plan = plan(recipe)
         advice = advise(recipe) if args.advise else None
         more_gpus = alternative_topology(recipe, advice)
+    except HubError:  # the hub was asked and could not answer: the environment, not the recipe (exit 1)
+        raise
     except UnknownModelError as exc:
         raise RecipeError([f"model.id: {exc}"]) from None
     simulation = None
@@ -103,8 +106,13 @@ def run(args) -> int:
     else:
         from rich.console import Console
 
+        from tuner.catalog.models import model_facts
+
         console = Console()
         print_plan(console, memory_plan)
+        model = recipe.model  # where the architecture came from: catalog, local config, hub (fetched or kept), cache
+        console.print(f"architecture: {model_facts(model.id, model.revision, model.trust_remote_code).source}",
+                      style="dim", highlight=False)
         if simulation is not None:
             print_simulation(console, simulation, memory_plan)
         if advice is not None:

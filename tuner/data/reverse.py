@@ -10,6 +10,7 @@ import random
 import string
 from pathlib import Path
 
+from tuner.build_once import build_once
 from tuner.fileio import atomic_write_text
 
 INSTRUCTION = "reverse"
@@ -58,17 +59,23 @@ def reverse_pairs(count: int, seed: int = 1) -> list[dict]:
 
 BUILTIN_DATASETS = {"builtin:reverse": 4000, "builtin:reverse-pairs": 2000}
 _GENERATORS = {"builtin:reverse": reverse_samples, "builtin:reverse-pairs": reverse_pairs}
+SAMPLES_FILE = "samples.jsonl"  # in each built-in source's folder
 
 
 def builtin_dataset_path(source: str, directory: Path) -> Path:
-    """Write the samples of a built-in data source as JSONL under ``directory`` (once) and return the file.
+    """The samples of a built-in data source as a JSONL file in its folder under ``directory``, written once by one
+    of the processes that ask for it at once (the file's modification time is part of the data's key: never rewrite
+    it).
 
     Every word is distinct, so any split of the file keeps held-out words unseen in training.
     """
     if source not in BUILTIN_DATASETS:
         raise ValueError(f"unknown built-in data source {source!r}; known: {', '.join(BUILTIN_DATASETS)}")
-    path = directory / f"{source.removeprefix('builtin:')}.jsonl"
-    if not path.exists():
+    folder = directory / source.removeprefix("builtin:")
+
+    def write(staging: Path) -> None:
         samples = _GENERATORS[source](BUILTIN_DATASETS[source])
-        atomic_write_text(path, "".join(json.dumps(sample) + "\n" for sample in samples))
-    return path
+        atomic_write_text(staging / SAMPLES_FILE, "".join(json.dumps(sample) + "\n" for sample in samples))
+
+    build_once(folder, write, what=f"the built-in data {source}")
+    return folder / SAMPLES_FILE

@@ -89,12 +89,13 @@ def training_arguments(recipe: Recipe, run_dir: Path):
     )
 
 
-def build_model(recipe: Recipe):
-    """The model to train: loaded, adapted for lora/qlora, its trainable share logged; and whether to use Liger."""
+def build_model(recipe: Recipe, path: str | None = None):
+    """The model to train (from ``path`` when given, else what model.id names): loaded, adapted for lora/qlora, its
+    trainable share logged; and whether to use Liger."""
     from tuner.loading.model import apply_lora, choose_liger, count_parameters, load_model
     from tuner.train.parallelism import loading_arguments
 
-    model = load_model(recipe, **loading_arguments(recipe))
+    model = load_model(recipe, path, **loading_arguments(recipe))
     model.config.use_cache = False  # no KV cache in training; packing's per-sample masks need it off too
     liger, reason = choose_liger(recipe.memory.liger, model.config.model_type, recipe.uses_gpu)
     log.info("liger kernels: %s", reason)
@@ -153,6 +154,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from tuner.data.prepare import data_collator, prepare_data
     from tuner.fileio import atomic_write_text, umask_permissions
     from tuner.launch.checkpoints import resume_checkpoint
+    from tuner.loading.hub_download import run_snapshot
     from tuner.loading.model import load_tokenizer
     from tuner.run_layout import LOCK_FILE
     from tuner.train.callbacks import EventsCallback, ProfilerCallback, memory_per_rank
@@ -173,14 +175,16 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     args = training_arguments(recipe, run_dir)
     if recipe.hardware.machines > 1:
         same_machines(args, events)
-    tokenizer = load_tokenizer(recipe)
+    snapshot = run_snapshot(run_dir)  # a hub model prepare_run downloaded: this machine's cached copy of that commit
+    model_path = str(snapshot) if snapshot else None
+    tokenizer = load_tokenizer(recipe, model_path)
     callbacks = [CheckpointInfoCallback(recipe, lock_text), EventsCallback(events, recipe.parallelism.model_parallel)]
     if profile_steps:
         callbacks.append(ProfilerCallback(run_dir / PROFILE_DIR, profile_steps))
     if recipe.objective.preference:
         from tuner.train.preference import preference_trainer
 
-        trainer, data = preference_trainer(recipe, args, tokenizer, callbacks)
+        trainer, data = preference_trainer(recipe, args, tokenizer, callbacks, model_path)
     else:
         data = prepare_data(recipe, tokenizer)
         if recipe.parallelism.tp > 1 and data.eval is not None:
@@ -189,7 +193,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
             args.per_device_eval_batch_size = whole_eval_batch(recipe.memory.micro_batch_size, len(data.eval))
             log.info("tensor parallel: evaluating %d held-out samples in batches of %d (equal batches keep every "
                      "rank's copy the same weight)", len(data.eval), args.per_device_eval_batch_size)
-        model, args.use_liger_kernel = build_model(recipe)  # the Trainer patches the kernels in when it starts
+        model, args.use_liger_kernel = build_model(recipe, model_path)  # the Trainer patches the kernels in at start
         collator = data_collator(recipe, tokenizer)
         trace = RankTrace(events, collator) if tracing_ranks() else None
         trainer = Trainer(
@@ -232,6 +236,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tuner.build_once import BuildTimeout
     from tuner.data.sources import DataError
     from tuner.doctor import needs_bitsandbytes
     from tuner.loading.model import ModelLoadError
@@ -252,10 +257,10 @@ def main(argv: list[str] | None = None) -> int:
         if not needs_bitsandbytes(recipe):  # peft imports it anyway; its missing-kernel notes concern no one here
             logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
         return train(recipe, lock.parent, args.profile)
-    except (RecipeError, DataError, ModelLoadError) as exc:
+    except (RecipeError, DataError, ModelLoadError, BuildTimeout) as exc:
         write_event(events, "error", message=str(exc), rank=int(os.environ.get("RANK", 0)))
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, BuildTimeout) else 2  # a cache another process holds: the machine's problem
     except Exception as exc:
         from tuner.train.oom import EXIT_OUT_OF_MEMORY, is_out_of_memory, out_of_memory_advice
 

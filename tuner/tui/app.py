@@ -228,16 +228,18 @@ class TunerApp(App[int]):
     def run_recipe(self, recipe, resume: bool, force: bool, watch: RunWatch) -> None:
         """Every check, the launch and the follow, off the UI thread (the checks read the data); report back with
         messages."""
+        from tuner.catalog.hub import HubError
         from tuner.data.sources import DataError
         from tuner.launch.run import RunRefused, follow_run, prepare_run
         from tuner.loading.model import ModelLoadError
 
-        try:
-            prepared = prepare_run(recipe, force=force, resume=resume)
+        try:  # a hub model's download is said in the run's log; no terminal progress bar under the wizard
+            prepared = prepare_run(recipe, force=force, resume=resume, progress=False,
+                                   say=lambda line: self.post_message(RunEventsArrived([], [line])))
         except RunRefused as exc:
             self.post_message(RunNotStarted(watch, list(exc.lines), can_override=True))
             return
-        except (RecipeError, DataError, ModelLoadError, OSError) as exc:
+        except (RecipeError, DataError, ModelLoadError, HubError, OSError) as exc:
             self.post_message(RunNotStarted(watch, str(exc).splitlines()))
             return
         if not prepared.launchable:
