@@ -232,6 +232,7 @@ class TunerApp(App[int]):
         from tuner.data.sources import DataError
         from tuner.launch.run import RunRefused, follow_run, prepare_run
         from tuner.loading.model import ModelLoadError
+        from tuner.recipe.io import RecipeError
 
         try:  # a hub model's download is said in the run's log; no terminal progress bar under the wizard
             prepared = prepare_run(recipe, force=force, resume=resume, progress=False,
