@@ -10,7 +10,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from tuner.tui.app import NARROW_BELOW  # noqa: F401  (screens read it here)
-from tuner.tui.widgets.fields import ChoiceField, ToggleField
+from tuner.tui.widgets.fields import ChoiceField, InputField, ToggleField
 from tuner.tui.widgets.steps import StepBar
 
 if TYPE_CHECKING:
@@ -40,6 +40,12 @@ class WizardScreen(Screen):
 
     def on_screen_resume(self) -> None:
         self.sync()
+
+    def on_screen_suspend(self) -> None:
+        """Leaving the step (its focused box keeps focus, so no blur comes): a typed model id is applied."""
+        for field in self.query(InputField):
+            if field.pending:
+                field.apply_held()
 
     def on_mount(self) -> None:
         self.sync()

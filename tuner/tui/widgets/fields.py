@@ -238,7 +238,8 @@ class InputField(Vertical):
         draft.apply({self.field: self.parse(text)}, typed=text)
         self.post_message(TextTyped(self.field))
 
-    def _apply_held(self) -> None:
+    def apply_held(self) -> None:
+        """Apply the text held for enter (a model id): on enter, on leaving the box, or on leaving the screen."""
         self.pending = False
         text = self.box.value
         self.post_message(FieldEdited({self.field: self.parse(text)}, typed=text))
@@ -249,11 +250,11 @@ class InputField(Vertical):
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
         if self.pending:
-            self._apply_held()
+            self.apply_held()
 
     def on_descendant_blur(self) -> None:
         if self.pending:
-            self._apply_held()
+            self.apply_held()
 
 
 class SelectField(Vertical):
