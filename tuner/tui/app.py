@@ -91,12 +91,15 @@ class TunerApp(App[int]):
         self._draft = draft
 
     def on_mount(self) -> None:
+        self.call_after_refresh(self._after_first_paint)  # the first screen paints before the run contract loads
+
+    def _after_first_paint(self) -> None:
         from tuner.launch.run import STOP_SIGNALS
 
         loop = asyncio.get_running_loop()
-        for signum in STOP_SIGNALS:
+        for signum in STOP_SIGNALS:  # nothing runs before this: a signal until here ends the wizard as usual
             loop.add_signal_handler(signum, self.handle_stop_signal, signum)
-        self.call_after_refresh(self.replan)  # the first screen paints first
+        self.replan()
 
     # --- navigation -------------------------------------------------------------------------
     def action_goto(self, mode: str) -> None:
