@@ -57,7 +57,8 @@ def is_built(target: str | os.PathLike) -> bool:
     The marker is opened, not looked up with stat: NFS promises a fresh view on open (close-to-open consistency),
     while a stat may answer from the client's attribute cache."""
     try:
-        os.close(os.open(Path(target) / BUILT_MARKER, os.O_RDONLY))
+        with open(Path(target) / BUILT_MARKER, "rb"):
+            pass
     except OSError:
         return False
     return True

@@ -12,7 +12,8 @@ import sys
 from tuner import __version__
 
 # Each module defines register(subparsers) and sets a ``run(args) -> int`` default.
-COMMANDS = ("validate", "recipes", "presets", "plan", "render", "run", "demo", "data", "merge", "infer", "chat", "serve", "doctor")
+COMMANDS = ("validate", "recipes", "presets", "plan", "render", "probe", "run", "demo", "data", "merge", "infer",
+            "chat", "serve", "doctor")
 
 EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 1

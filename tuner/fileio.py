@@ -123,6 +123,13 @@ def _write_then_rename(path: Path, text: str, mode: int | None) -> Path:
     return path
 
 
+def write_control_file(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to a kernel's control file (``/proc/self/clear_refs``): a command to the kernel, not a file
+    with content to keep, so it is written in place (a rename cannot reach /proc)."""
+    with open(path, "w", encoding="ascii") as control:
+        control.write(text)
+
+
 def create_exclusive_text(path: str | os.PathLike, text: str) -> Path:
     """Create ``path`` holding ``text`` only if nothing is there yet (FileExistsError otherwise), whole or not at
     all: the text is written to a temporary file first and then hard-linked into place, which fails if the name

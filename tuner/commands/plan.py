@@ -92,10 +92,15 @@ def run(args) -> int:
         if recipe.memory.chunked_loss:
             from tuner.loading.chunked_loss import enable_chunked_loss as adapt
         simulation = simulate(recipe, adapt)
+    from tuner.launch.probe_record import measured_record
+
+    measured = measured_record(recipe)  # a probe of this setup on this machine, shown beside the plan
     if args.json:
         import json
 
         data = memory_plan.to_dict()
+        if measured is not None:
+            data["measured_on_this_machine"] = {**measured.__dict__, "line": measured.line(memory_plan.gpu.total_gib)}
         if advice is not None:
             data = {"plan": data, "advice": [_advice_dict(a) for a in advice],
                     "topology": _advice_dict(more_gpus) if more_gpus else None}
@@ -113,6 +118,8 @@ def run(args) -> int:
         model = recipe.model  # where the architecture came from: catalog, local config, hub (fetched or kept), cache
         console.print(f"architecture: {model_facts(model.id, model.revision, model.trust_remote_code).source}",
                       style="dim", highlight=False)
+        if measured is not None:
+            console.print(measured.line(memory_plan.gpu.total_gib), style="bold", markup=False, highlight=False)
         if simulation is not None:
             print_simulation(console, simulation, memory_plan)
         if advice is not None:

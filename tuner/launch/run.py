@@ -38,6 +38,7 @@ from tuner.run_lock import RunLock, RunLocked
 EXIT_SIGNAL_BASE = 128  # a run stopped by signal N exits 128 + N, as a shell reports it
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # beside SIGINT (KeyboardInterrupt): each stops every rank
 POLL_S = 0.25
+STOP_GRACE_S = 20.0  # after SIGINT, the time ranks get to save before SIGTERM
 
 
 class RunRefused(RecipeError):
@@ -279,11 +280,13 @@ def signals_stop_the_run() -> Iterator[None]:
 
 
 def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[dict], list[str]], None] | None = None,
-               stop: threading.Event | None = None, say: Callable[[str], None] = _say_on_stderr) -> RunOutcome:
+               stop: threading.Event | None = None, say: Callable[[str], None] = _say_on_stderr,
+               stop_grace_s: float = STOP_GRACE_S) -> RunOutcome:
     """Launch the run and follow it to its end; ``on_update(events, log_lines)`` gets what arrives.
 
-    Ctrl-C, SIGTERM, SIGHUP (main thread) or ``stop.set()`` (another thread) stop every rank (SIGINT, then harder)
-    and the outcome names the last complete checkpoint.  The run directory's lock is released at the end.
+    Ctrl-C, SIGTERM, SIGHUP (main thread) or ``stop.set()`` (another thread) stop every rank (SIGINT, then harder
+    after ``stop_grace_s``, the time ranks get to save) and the outcome names the last complete checkpoint.  The run
+    directory's lock is released at the end.
     """
     if not prepared.launchable:
         prepared.release()
@@ -311,7 +314,7 @@ def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[dict], list[s
                 raise KeyboardInterrupt
             if stopped_by:
                 say("stopping every rank ...")
-                code = _stop(launch)
+                code = _stop(launch, stop_grace_s)
             launch.finish()
             _deliver(launch, on_update)
     finally:
@@ -333,10 +336,10 @@ def _deliver(launch: Launch, on_update) -> None:
         on_update(events, lines)
 
 
-def _stop(launch: Launch) -> int:
+def _stop(launch: Launch, grace_s: float) -> int:
     """Stop every rank; a second interrupt while they save skips the grace period."""
     try:
-        return launch.stop()
+        return launch.stop(grace_s)
     except (KeyboardInterrupt, RunInterrupted):
         return launch.stop(grace_s=0)
 

@@ -159,6 +159,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from tuner.run_layout import LOCK_FILE
     from tuner.train.callbacks import EventsCallback, ProfilerCallback, memory_per_rank
     from tuner.train.checkpoints import CheckpointInfoCallback
+    from tuner.train.probe import ProbeCallback, probe_request, worst_case_data
     from tuner.train.rank_trace import RankTrace, tracing_ranks
     from tuner.train.trackers import configure_trackers
 
@@ -181,12 +182,17 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     callbacks = [CheckpointInfoCallback(recipe, lock_text), EventsCallback(events, recipe.parallelism.model_parallel)]
     if profile_steps:
         callbacks.append(ProfilerCallback(run_dir / PROFILE_DIR, profile_steps))
+    probe = probe_request(run_dir)  # `tuner probe`: worst-case batches, each phase measured, nothing kept
+    if probe is not None:
+        callbacks.append(ProbeCallback(events, recipe))
     if recipe.objective.preference:
         from tuner.train.preference import preference_trainer
 
         trainer, data = preference_trainer(recipe, args, tokenizer, callbacks, model_path)
     else:
         data = prepare_data(recipe, tokenizer)
+        if probe is not None:
+            data = worst_case_data(data, recipe, probe["steps"])
         if recipe.parallelism.tp > 1 and data.eval is not None:
             from tuner.train.parallelism import whole_eval_batch
 
@@ -206,6 +212,8 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
             callbacks=callbacks + ([trace] if trace else []),
         )
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    if probe is not None:
+        return 0  # measured; a probe's model is never the trained one
     final = run_dir / FINAL_DIR
     trainer.model.config.use_cache = True  # saved for inference
     trainer.save_model(str(final))
@@ -262,10 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, BuildTimeout) else 2  # a cache another process holds: the machine's problem
     except Exception as exc:
-        from tuner.train.oom import EXIT_OUT_OF_MEMORY, is_out_of_memory, out_of_memory_advice
+        from tuner.train.oom import EXIT_OUT_OF_MEMORY, exhausted_memory, is_out_of_memory, out_of_memory_advice
 
         if recipe is not None and is_out_of_memory(exc):  # answered with the advisor's next rung, not a stack
-            rung, message = out_of_memory_advice(recipe, str(lock))
+            rung, message = out_of_memory_advice(recipe, str(lock), exhausted_memory(exc))
             write_event(events, "error", kind="out_of_memory", next_rung=rung, message=message,
                         rank=int(os.environ.get("RANK", 0)))
             print(f"error: {message}", file=sys.stderr)
@@ -274,5 +282,26 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+def run_rank() -> int:
+    """:func:`main` on one rank of a launched world; a rank that failed (its error event written) leaves at once.
+
+    Its peers wait in a collective that will never complete, and the interpreter's shutdown, tearing down the
+    process group, can wait with them (DeepSpeed #5005): leaving now lets the launcher see the failure and stop
+    every rank within its monitor interval.
+    """
+    try:
+        code = main()
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    if code and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_rank())

@@ -48,6 +48,9 @@ def event_line(event: dict) -> str | None:
         return f"finished: {event.get('final_dir') or 'the final model is saved'}"
     if kind == "error":
         return f"error: {event.get('message')}"
+    if kind == "probe":  # tuner probe: a rank measured a phase
+        peak = event.get("device_gib", event.get("peak_rss_gib"))
+        return f"probe: rank {event.get('rank')} measured {event.get('phase')}, peak {peak:.3f} GiB"
     return None
 
 
@@ -55,6 +58,7 @@ def event_line(event: dict) -> str | None:
 class RunWatch:
     run_dir: Path
     live: bool = False  # launched from this wizard (a replayed run is not)
+    kind: str = "run"  # run, or probe (tuner probe: a few measured steps; it ends "measured", not "finished")
     plan: Any = None  # the memory plan the run was launched with, to compare measured memory against
     status: str = "starting"
     step: int = 0
@@ -160,7 +164,7 @@ class RunWatch:
         if self.cancelled:
             self.status = "cancelled"
         elif exit_code == 0:
-            self.status = "finished"
+            self.status = "finished" if self.kind == "run" else "measured"
             if self.max_steps:
                 self.step = self.max_steps
         else:

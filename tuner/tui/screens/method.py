@@ -135,7 +135,7 @@ class MethodScreen(WizardScreen):
         super().sync()
         app = self.app
         panel = self.query_one(PlanPanel)
-        panel.plan, panel.status, panel.disk = app.plan, app.plan_status, app.disk_check
+        panel.plan, panel.status, panel.disk, panel.measured = app.plan, app.plan_status, app.disk_check, app.measured
         self.query_one("#autofit", Button).disabled = bool(app.draft.invalid)
         self.query_one("#fsdp-sharding").display = app.draft.value("memory.distributed") == "fsdp"
         self.query_one("#preference").display = app.draft.resolved.objective.preference
@@ -143,7 +143,7 @@ class MethodScreen(WizardScreen):
 
     def on_plan_updated(self, message: PlanUpdated) -> None:
         panel = self.query_one(PlanPanel)
-        panel.plan, panel.status = message.plan, self.app.plan_status
+        panel.plan, panel.status, panel.measured = message.plan, self.app.plan_status, self.app.measured
 
     def on_disk_checked(self, message: DiskChecked) -> None:
         self.query_one(PlanPanel).disk = message.check

@@ -86,6 +86,17 @@ def verdict_text(plan: MemoryPlan, disk: Check | None = None) -> Text:
     return out
 
 
+def measured_marker(measured_gib: float, device: DevicePlan, width: int, label: str) -> Text:
+    """A line under a device's bar: ``▲`` at the measured peak on the bar's scale (the larger of the capacity and
+    the prediction) and what it is, after the marker where it fits, else before it."""
+    scale = max(device.capacity_gib or device.total_gib, device.total_gib, 1e-9)
+    cell = min(round(measured_gib / scale * width), width - 1)
+    words = f"{label}: {gib(measured_gib)} (plan {gib(device.total_gib)})"
+    if cell + 2 + len(words) <= width or cell < len(words) + 1:
+        return Text.assemble(" " * cell, ("▲ ", "bold magenta"), (words, "magenta"))
+    return Text.assemble(" " * (cell - len(words) - 1), (words, "magenta"), (" ▲", "bold magenta"))
+
+
 def device_heading(device: DevicePlan) -> Text:
     out = Text(device.name, "bold")
     limit = gib(device.capacity_gib) if device.capacity_gib is not None else "an unknown capacity"
@@ -113,8 +124,9 @@ def legend(terms: dict[str, float], width: int) -> Text:
     return out
 
 
-def plan_text(plan: MemoryPlan, width: int, disk: Check | None = None) -> Text:
-    """The whole panel as text: the verdict, then per device a bar against its capacity and its legend."""
+def plan_text(plan: MemoryPlan, width: int, disk: Check | None = None, measured=None) -> Text:
+    """The whole panel as text: the verdict, then per device a bar against its capacity and its legend; a probe's
+    ``measured`` peak (tuner.launch.probe_record.MeasuredRecord) as a marker under the training device's bar."""
     out = verdict_text(plan, disk)
     out.append("\n")
     devices = list(plan.devices)
@@ -127,6 +139,10 @@ def plan_text(plan: MemoryPlan, width: int, disk: Check | None = None) -> Text:
         if device.capacity_gib is not None:
             out.append_text(stacked_bar(dict(device.terms), device.capacity_gib, bar_width))
             out.append("\n")
+            if measured is not None and device is plan.gpu:
+                out.append_text(measured_marker(measured.measured_gib, device, bar_width,
+                                                f"measured {measured.date}"))
+                out.append("\n")
         elif device.kind == "host":
             out.append("set Host RAM on the Hardware screen to check it\n", "italic")
         out.append_text(legend(device.terms, width))
@@ -148,8 +164,9 @@ class PlanPanel(Widget):
     plan: reactive[MemoryPlan | None] = reactive(None, layout=True)
     status: reactive[str] = reactive("", layout=True)
     disk: reactive[Check | None] = reactive(None, layout=True)
+    measured = reactive(None, layout=True)  # a probe's record of this setup on this machine (MeasuredRecord)
 
     def render(self) -> Text:
         if self.plan is None:
             return Text(self.status or "no plan yet", style="italic")
-        return plan_text(self.plan, self.size.width, self.disk)
+        return plan_text(self.plan, self.size.width, self.disk, self.measured)
