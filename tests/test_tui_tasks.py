@@ -18,7 +18,9 @@ from tuner.tui.draft import Draft, schema_values
 from tuner.tui.widgets.fields import ChoiceField
 
 STEPS = ["model", "hardware", "method", "data", "training", "review"]
-NOT_LITERALS = {"parallelism.tp", "parallelism.cp", "parallelism.sp", "method.quantization"}  # degrees, a section
+# degrees, sections and grpo's starting values (a Literal's value inside them is not a choice of its own)
+NOT_LITERALS = {"parallelism.tp", "parallelism.cp", "parallelism.sp", "method.quantization", "objective.grpo",
+                "objective.grpo.rewards", "memory.micro_batch_size"}
 
 
 @pytest.fixture(autouse=True)

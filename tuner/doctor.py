@@ -211,6 +211,31 @@ def check_flash_attn(recipe: Recipe | None) -> Check:
                          "pip install flash-attn --no-build-isolation (CUDA GPUs only), or set memory.attention: sdpa")
 
 
+def check_vllm(recipe: Recipe | None) -> Check:
+    """vLLM for grpo's vllm_colocate/vllm_server generation: installed, and a version TRL supports (TRL's own check,
+    whose warning names its range)."""
+    import warnings
+
+    grpo = recipe.objective.grpo if recipe is not None else None
+    needed = grpo is not None and grpo.generation != "transformers"
+    install = "pip install vllm (a version TRL supports, on the GPU machines), or set objective.grpo.generation: " \
+              "transformers"
+    version = _version("vllm")
+    if version is None:
+        why = f"objective.grpo.generation: {grpo.generation} needs it" if needed else \
+            "only grpo's vLLM generation uses it"
+        return Check("vllm", "fail" if needed else "ok", f"not installed ({why})", install if needed else "")
+    from trl.import_utils import is_vllm_available
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        is_vllm_available()
+    unsupported = next((str(warning.message) for warning in caught if "vLLM versions" in str(warning.message)), None)
+    if unsupported:
+        return Check("vllm", "fail" if needed else "warn", unsupported.split(" We recommend")[0], install)
+    return Check("vllm", "ok", f"vllm {version}, within TRL's supported range")
+
+
 def check_liger(recipe: Recipe | None) -> Check:
     needed = recipe is not None and recipe.memory.liger
     return _import_check("liger-kernel", "liger_kernel", "liger-kernel", needed, "fused kernels unavailable",
@@ -524,7 +549,7 @@ def check_model(recipe: Recipe | None) -> Check:
 
 
 CHECKS: tuple[Callable[[Recipe | None], Check], ...] = (
-    check_torch, check_gpus, check_bf16, check_bitsandbytes, check_flash_attn, check_liger,
+    check_torch, check_gpus, check_bf16, check_bitsandbytes, check_flash_attn, check_liger, check_vllm,
     check_deepspeed, check_nccl, check_accelerate_config, check_trackers, check_model, check_disk, check_shared_memory,
     check_host_ram,
 )

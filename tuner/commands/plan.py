@@ -85,7 +85,11 @@ def run(args) -> int:
     except UnknownModelError as exc:
         raise RecipeError([f"model.id: {exc}"]) from None
     simulation = None
-    if args.simulate:
+    if args.simulate and recipe.objective.grpo is not None:  # a round: generation and the training step
+        from tuner.planner.simulate import simulate_grpo
+
+        simulation = simulate_grpo(recipe)
+    elif args.simulate:
         from tuner.planner.simulate import simulate
 
         adapt = None
@@ -236,6 +240,9 @@ def print_simulation(console, simulation, memory_plan) -> None:
     table.add_section()
     table.add_row("simulated peak", f"{simulation.peak_gib:.3f}")
     table.add_row("analytic, allocated in the training step", f"{simulated_step_gib(memory_plan):.3f}")
+    for phase, gib in simulation.phases_gib.items():  # grpo: each traced phase beside the plan's
+        table.add_row(f"{phase}: simulated / analytic allocated",
+                      f"{gib:.3f} / {memory_plan.gpu.phase_gib(phase, ('allocated',)):.3f}")
     console.print(table)
     for note in simulation.notes:
         console.print(f"[dim]note: {note}[/]")

@@ -24,6 +24,7 @@ from tuner.data.formats import (
 )
 from tuner.data import sources
 from tuner.data.preference import PREFERENCE_COLUMNS, preference_problem
+from tuner.data.prompts import PROMPT_COLUMNS, prompt_problem
 from tuner.data.sources import DataError, Samples, load_split
 from tuner.home import tuner_home
 from tuner.recipe.checks import OBJECTIVE_FORMATS
@@ -42,7 +43,10 @@ class PreparedData:
     raw_eval: object | None  # untokenised held-out samples, for generation checks
 
 
-LAYOUT_COLUMNS = {**FORMAT_COLUMNS, **PREFERENCE_COLUMNS}  # every data.format and the columns it needs
+LAYOUT_COLUMNS = {**FORMAT_COLUMNS, **PREFERENCE_COLUMNS, **PROMPT_COLUMNS}  # every data.format, the columns it needs
+# the layouts whose rows are checked one by one in Python (the others by Arrow column checks first)
+ROW_CHECKS = {**{layout: preference_problem for layout in PREFERENCE_COLUMNS},
+              **{layout: prompt_problem for layout in PROMPT_COLUMNS}}
 
 
 def resolve_format(requested: str, columns: list[str], objective: str = "sft") -> str:
@@ -53,10 +57,10 @@ def resolve_format(requested: str, columns: list[str], objective: str = "sft") -
         except ValueError as exc:
             hint = next((f" They look like {layout} data: set objective.kind: {kind}."
                          for kind, layouts in OBJECTIVE_FORMATS.items() for layout in layouts
-                         if layout in PREFERENCE_COLUMNS and PREFERENCE_COLUMNS[layout] <= set(columns)), "")
+                         if layout in ROW_CHECKS and LAYOUT_COLUMNS[layout] <= set(columns)), "")
             raise DataError(f"data.format: {exc}{hint}") from None
     field = "data.format"
-    if requested == "auto":  # dpo and kto read one layout each
+    if requested == "auto":  # dpo, kto and grpo read one layout each
         requested, field = OBJECTIVE_FORMATS[objective][0], "objective.kind"
     missing = LAYOUT_COLUMNS[requested] - set(columns)
     if missing:
@@ -122,19 +126,19 @@ def check_samples(samples: Samples, data_format: str) -> int:
     """Refuse the data when any row does not fit the layout or is larger than a row may be, naming the first rows by
     their file lines (row numbers for parquet and hub datasets); returns the number of rows.  The checks run on
     Arrow columns a record batch at a time, in memory or streamed alike; only the rows they flag (all preference
-    rows, whose checks stay in Python) are read as rows, a batch at a time."""
+    and prompt rows, whose checks stay in Python) are read as rows, a batch at a time."""
     import numpy as np
     from datasets import Features
 
     dataset = samples.dataset
     used = used_columns(data_format, columns_of(dataset))
-    problem_of = preference_problem if data_format in PREFERENCE_COLUMNS else sample_problem
+    problem_of = ROW_CHECKS.get(data_format, sample_problem)
     problems = samples.problems()
     features = dataset.features and Features({name: dataset.features[name] for name in used})
     offset = 0
     try:
         for batch in column_batches(dataset, used):
-            mask = None if data_format in PREFERENCE_COLUMNS else problem_rows(batch, data_format)
+            mask = None if data_format in ROW_CHECKS else problem_rows(batch, data_format)
             bad = np.ones(batch.num_rows, bool) if mask is None else mask.to_numpy(zero_copy_only=False).copy()
             size = sum((row_bytes(column) for column in batch.columns), np.zeros(batch.num_rows, np.int64))
             flagged = np.flatnonzero(bad | (size > sources.MAX_ROW_BYTES))
@@ -169,7 +173,20 @@ def load_samples(recipe: Recipe, scan: bool = True) -> tuple[Samples, str]:
     samples = load_split(recipe.data.source, recipe.data.split, recipe.data.streaming, scan)
     if empty(samples.dataset):
         raise DataError(f"data.source: {recipe.data.source}: the dataset is empty.")
-    return samples, resolve_format(recipe.data.format, columns_of(samples.dataset), recipe.objective.kind)
+    columns = columns_of(samples.dataset)
+    data_format = resolve_format(recipe.data.format, columns, recipe.objective.kind)
+    if recipe.objective.grpo is not None:
+        _check_reward_columns(recipe, columns)
+    return samples, data_format
+
+
+def _check_reward_columns(recipe: Recipe, columns: list[str]) -> None:
+    """Every column a grpo reward reads is a column of the data."""
+    for index, reward in enumerate(recipe.objective.grpo.rewards):
+        if reward.column is not None and reward.column not in columns:
+            raise DataError(f"objective.grpo.rewards.{index}.column: {reward.kind} reads the column "
+                            f"{reward.column!r}, which {recipe.data.source} lacks (its columns: "
+                            f"{', '.join(sorted(columns))}); name one of them, or add it to the data.")
 
 
 def split_samples(recipe: Recipe):
@@ -186,7 +203,12 @@ def split_samples(recipe: Recipe):
         dataset = samples.dataset.shuffle(seed=recipe.training.seed, buffer_size=STREAM_SHUFFLE_BUFFER)
         return (dataset.take(recipe.data.max_samples) if recipe.data.max_samples else dataset), None, data_format
     samples, data_format = checked_samples(recipe)
-    dataset = samples.dataset.shuffle(seed=recipe.training.seed)
+    dataset = samples.dataset
+    if recipe.objective.kind == "grpo":  # a reward's failure names its prompt by the row it came from
+        from tuner.data.prompts import ROW_COLUMN
+
+        dataset = dataset.add_column(ROW_COLUMN, list(range(1, len(dataset) + 1)))
+    dataset = dataset.shuffle(seed=recipe.training.seed)
     if recipe.data.max_samples:
         dataset = dataset.select(range(min(recipe.data.max_samples, len(dataset))))
     if recipe.data.eval_fraction == 0:
@@ -295,7 +317,7 @@ def tokenise_stream(raw, recipe: Recipe, tokenizer, data_format: str):
 # What the checks and the prepared dataset depend on besides the recipe and the tokenizer: tuner's code that reads,
 # checks, formats and tokenises the samples.
 _PREPARING_CODE = tuple(Path(__file__).with_name(name) for name in ("prepare.py", "formats.py", "sources.py",
-                                                                     "preference.py"))
+                                                                     "preference.py", "prompts.py"))
 
 
 def _data_key(recipe: Recipe, **fields) -> str | None:

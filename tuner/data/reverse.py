@@ -1,7 +1,9 @@
 """The demo task: reverse a short lowercase word.  Generated, deterministic, with a held-out split.
 
 Train and eval words are disjoint, so held-out exact match measures the skill, not memory.  The preference pairs
-(``builtin:reverse-pairs``) use other words again, so a DPO run after the SFT demo is judged on words neither saw.
+(``builtin:reverse-pairs``) use other words again, so a DPO run after the SFT demo is judged on words neither saw;
+so do the prompts of ``builtin:reverse-prompts`` (GRPO after the SFT demo), 5 and 6 letters long, the demo's longest
+and hardest, each with its ``answer`` for an exact-match reward.
 """
 from __future__ import annotations
 
@@ -57,8 +59,17 @@ def reverse_pairs(count: int, seed: int = 1) -> list[dict]:
              "rejected": [{"role": "assistant", "content": near_miss(word[::-1], rng)}]} for word in words]
 
 
-BUILTIN_DATASETS = {"builtin:reverse": 4000, "builtin:reverse-pairs": 2000}
-_GENERATORS = {"builtin:reverse": reverse_samples, "builtin:reverse-pairs": reverse_pairs}
+def reverse_prompts(count: int, seed: int = 2) -> list[dict]:
+    """Conversational prompts of 5-6 letter words outside ``builtin:reverse`` and its pairs, each with its answer."""
+    taken = set(_all_words(0, BUILTIN_DATASETS["builtin:reverse"]))
+    taken |= {pair["prompt"][0]["content"].split("\n")[1] for pair in reverse_pairs(BUILTIN_DATASETS["builtin:reverse-pairs"])}
+    words = [word for word in _all_words(seed, 2 * count, min_len=5) if word not in taken][:count]
+    return [{"prompt": [{"role": "user", "content": f"{INSTRUCTION}\n{word}"}], "answer": word[::-1]} for word in words]
+
+
+BUILTIN_DATASETS = {"builtin:reverse": 4000, "builtin:reverse-pairs": 2000, "builtin:reverse-prompts": 2000}
+_GENERATORS = {"builtin:reverse": reverse_samples, "builtin:reverse-pairs": reverse_pairs,
+               "builtin:reverse-prompts": reverse_prompts}
 SAMPLES_FILE = "samples.jsonl"  # in each built-in source's folder
 
 

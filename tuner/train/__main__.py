@@ -34,7 +34,8 @@ def checkpointing_arguments(arguments_class, enabled: bool, offload: bool = Fals
 
 
 def training_arguments(recipe: Recipe, run_dir: Path):
-    """transformers' TrainingArguments, or for dpo/kto the TRL config (a subclass) with the objective's settings."""
+    """transformers' TrainingArguments, or for dpo/kto/grpo the TRL config (a subclass) with the objective's
+    settings (which may replace the common ones)."""
     from transformers import TrainingArguments
 
     from tuner.run_layout import CHECKPOINTS_DIR
@@ -46,9 +47,13 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         from tuner.train.preference import objective_arguments
 
         arguments_class, objective = objective_arguments(recipe)
+    elif recipe.objective.kind == "grpo":
+        from tuner.train.grpo import grpo_arguments
+
+        arguments_class, objective = grpo_arguments(recipe)
     mem, training = recipe.memory, recipe.training
     evaluate = recipe.data.eval_fraction > 0
-    return arguments_class(
+    common = dict(
         output_dir=str(run_dir / CHECKPOINTS_DIR),
         per_device_train_batch_size=mem.micro_batch_size,
         per_device_eval_batch_size=mem.micro_batch_size,
@@ -85,8 +90,8 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         accelerator_config={"dispatch_batches": False} if recipe.data.streaming else None,
         disable_tqdm=True,
         logging_first_step=True,
-        **objective,
     )
+    return arguments_class(**{**common, **objective})
 
 
 def build_model(recipe: Recipe, path: str | None = None):
@@ -189,6 +194,10 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
         from tuner.train.preference import preference_trainer
 
         trainer, data = preference_trainer(recipe, args, tokenizer, callbacks, model_path)
+    elif recipe.objective.kind == "grpo":
+        from tuner.train.grpo import grpo_trainer
+
+        trainer, data = grpo_trainer(recipe, args, tokenizer, callbacks, model_path)
     else:
         data = prepare_data(recipe, tokenizer)
         if probe is not None:
@@ -248,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     from tuner.data.sources import DataError
     from tuner.doctor import needs_bitsandbytes
     from tuner.loading.model import ModelLoadError
+    from tuner.train.rewards import RewardError
 
     parser = argparse.ArgumentParser(prog="python -m tuner.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -265,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         if not needs_bitsandbytes(recipe):  # peft imports it anyway; its missing-kernel notes concern no one here
             logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
         return train(recipe, lock.parent, args.profile)
-    except (RecipeError, DataError, ModelLoadError, BuildTimeout) as exc:
+    except (RecipeError, DataError, ModelLoadError, RewardError, BuildTimeout) as exc:
         write_event(events, "error", message=str(exc), rank=int(os.environ.get("RANK", 0)))
         print(f"error: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, BuildTimeout) else 2  # a cache another process holds: the machine's problem

@@ -186,7 +186,7 @@ def worst_case_data(data, recipe: Recipe, steps: int):
 def batch_description(recipe: Recipe, samples: int) -> dict:
     """The batch a phase runs, as the probe names it when a rank fails."""
     seq = recipe.memory.max_seq_length
-    if recipe.objective.preference:  # TRL tokenises its pairs itself: the recipe's own samples, up to seq tokens
+    if recipe.objective.kind != "sft":  # TRL tokenises its samples itself: the recipe's own, up to seq tokens
         return {"samples": samples, "tokens_per_sample": None, "packed": False,
                 "text": f"{samples} {recipe.objective.kind} samples of up to {seq} tokens (the recipe's own)"}
     return {"samples": samples, "tokens_per_sample": seq, "packed": recipe.data.packing,

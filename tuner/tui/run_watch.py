@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from tuner.events import rollout_summary
 from tuner.run_layout import LOCK_FILE
 
 LOG_LINES = 400
@@ -65,6 +66,7 @@ class RunWatch:
     max_steps: int | None = None
     losses: list[float] = field(default_factory=list)
     eval_losses: list[float] = field(default_factory=list)
+    rollout: str = ""  # grpo: the last logged round's reward, its spread, KL and completion length
     tokens_per_s: float | None = None
     eta_s: float | None = None
     eta_at: float | None = None  # when eta_s was measured (the event's time): the ETA counts down from there
@@ -108,6 +110,7 @@ class RunWatch:
                 self.status = "running"
                 if "loss" in event:
                     self.losses.append(float(event["loss"]))
+                self.rollout = rollout_summary(event) or self.rollout
             elif kind == "eval" and "eval_loss" in event:
                 self.eval_losses.append(float(event["eval_loss"]))
             elif kind == "finished":

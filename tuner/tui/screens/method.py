@@ -19,7 +19,15 @@ from textual.widgets.option_list import Option
 
 from tuner.planner import Advice
 from tuner.planner.advisor import change_label
-from tuner.recipe.schema import FsdpSection, MemorySection, MethodSection, ObjectiveSection, ParallelismSection, Recipe
+from tuner.recipe.schema import (
+    FsdpSection,
+    GrpoSection,
+    MemorySection,
+    MethodSection,
+    ObjectiveSection,
+    ParallelismSection,
+    Recipe,
+)
 from tuner.tui.draft import Changes, schema_values
 from tuner.tui.messages import DiskChecked, PlanUpdated
 from tuner.tui.planning import CannotPlan, worth_showing
@@ -39,6 +47,19 @@ DISTRIBUTION = [
         [Choice(f"ZeRO-{stage}", {"memory.distributed": kind, "memory.zero_stage": stage})
          for stage in schema_values("memory.zero_stage")] if kind == "deepspeed"
         else [Choice(DISTRIBUTED_LABELS[kind], {"memory.distributed": kind, "memory.zero_stage": None})])
+]
+
+# every objective of the schema; sft, dpo and kto drop grpo's section; grpo starts with one group (its default 8
+# generations) per micro-batch, scored by exact match
+EXACT_MATCH = {"kind": "exact_match", "column": "answer"}
+OBJECTIVE_CHANGES = {"grpo": {"objective.grpo": {"rewards": [EXACT_MATCH]}, "memory.micro_batch_size": 8}}
+OBJECTIVES = [ObjectiveChoice(kind, {"objective.kind": kind, **OBJECTIVE_CHANGES.get(kind, {"objective.grpo": None})})
+              for kind in schema_values("objective.kind")]
+REWARDS = [
+    Choice("exact match (answer)", {"objective.grpo.rewards": [EXACT_MATCH]}),
+    Choice("regex match (<answer>)", {"objective.grpo.rewards": [
+        {"kind": "regex_match", "column": "answer", "pattern": "<answer>(.*?)</answer>"}]}),
+    Choice("exact match + length", {"objective.grpo.rewards": [EXACT_MATCH, {"kind": "length", "weight": 0.1}]}),
 ]
 
 PARALLEL_DEGREES = [1, 2, 4, 8]  # ranks splitting one layer (tp) or one sequence (cp, sp); a refused one says why
@@ -86,12 +107,15 @@ class MethodScreen(WizardScreen):
                     yield InputField("LoRA alpha", "method.lora.alpha", number=True)
                 yield ToggleField("Auto-fit may switch to LoRA / QLoRA", "method.allow_method_change",
                                   help=_help(MethodSection, "allow_method_change"))
-                yield ChoiceField("Objective", schema_choices("objective.kind", choice=ObjectiveChoice),
-                                  id="objective-kind", help=_help(ObjectiveSection, "kind"))
-                with Horizontal(classes="pair", id="preference"):  # shown for dpo and kto
+                yield ChoiceField("Objective", OBJECTIVES, id="objective-kind", help=_help(ObjectiveSection, "kind"))
+                with Horizontal(classes="pair", id="preference"):  # shown for dpo, kto and grpo
                     yield InputField("Beta", "objective.beta", number=True)
                     yield ToggleField("Precompute reference", "objective.precompute_ref_log_probs",
                                       help=_help(ObjectiveSection, "precompute_ref_log_probs"))
+                with Horizontal(classes="pair", id="grpo"):  # shown for grpo
+                    yield InputField("Generations", "objective.grpo.num_generations", number=True)
+                    yield InputField("Completion tokens", "objective.grpo.max_completion_length", number=True)
+                yield ChoiceField("Reward", REWARDS, id="grpo-rewards", help=_help(GrpoSection, "rewards"))
                 yield ChoiceField("Distribution", DISTRIBUTION, id="distribution",
                                   help=_help(MemorySection, "distributed"))
                 yield ChoiceField("FSDP sharding", schema_choices("memory.fsdp.sharding_strategy"),
@@ -138,7 +162,10 @@ class MethodScreen(WizardScreen):
         panel.plan, panel.status, panel.disk, panel.measured = app.plan, app.plan_status, app.disk_check, app.measured
         self.query_one("#autofit", Button).disabled = bool(app.draft.invalid)
         self.query_one("#fsdp-sharding").display = app.draft.value("memory.distributed") == "fsdp"
-        self.query_one("#preference").display = app.draft.resolved.objective.preference
+        kind = app.draft.value("objective.kind")
+        self.query_one("#preference").display = kind in ("dpo", "kto", "grpo")
+        self.query_one("#objective-precompute_ref_log_probs").display = kind in ("dpo", "kto")
+        self.query_one("#grpo").display = self.query_one("#grpo-rewards").display = kind == "grpo"
         self._follow_draft()
 
     def on_plan_updated(self, message: PlanUpdated) -> None:
@@ -161,7 +188,7 @@ class MethodScreen(WizardScreen):
         starts: list[Recipe] = []
         for field in self.query(ChoiceField):
             for choice in field.choices:
-                recipe = None if draft.holds(choice.changes) else draft.fixed_by(choice.changes_for(draft))
+                recipe = None if choice.chosen_in(draft) else draft.fixed_by(choice.changes_for(draft))
                 if recipe is not None and recipe not in starts:
                     starts.append(recipe)
         return starts

@@ -39,6 +39,8 @@ def status_line(watch: RunWatch) -> str:
         parts.append(f"loss {watch.losses[-1]:.4f}")
     if watch.eval_losses:
         parts.append(f"eval loss {watch.eval_losses[-1]:.4f}")
+    if watch.rollout:
+        parts.append(watch.rollout)
     if watch.tokens_per_s is not None:
         parts.append(f"{watch.tokens_per_s:,.0f} tokens/s")
     if watch.running:

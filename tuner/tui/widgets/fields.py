@@ -32,13 +32,21 @@ class Choice:
         """What choosing it changes in ``draft`` (the fields it stands for; see :class:`ObjectiveChoice`)."""
         return self.changes
 
+    def chosen_in(self, draft: Draft) -> bool:
+        """Whether ``draft`` shows this option as chosen: it holds every value the option stands for."""
+        return draft.holds(self.changes)
+
 
 @dataclass(frozen=True)
 class ObjectiveChoice(Choice):
-    """An objective: the data follows it where the draft has another objective's example data or layout."""
+    """An objective: the data follows it where the draft has another objective's example data or layout, and it
+    stays chosen while its kind is, whatever its starting values (grpo's micro-batch, rewards) became since."""
 
     def changes_for(self, draft: Draft) -> Changes:
         return {**self.changes, **draft.data_following(self.changes["objective.kind"])}
+
+    def chosen_in(self, draft: Draft) -> bool:
+        return draft.value("objective.kind") == self.changes["objective.kind"]
 
 
 def schema_choices(field: str, labels: Mapping[Any, str] | None = None, choice=Choice) -> list[Choice]:
@@ -94,7 +102,7 @@ class ChoiceField(Vertical):
         refused: dict[str, list[str]] = {}  # reason -> the options it refuses
         chosen_one = False
         for choice, button in zip(self.choices, self.query(RadioButton)):
-            chosen = not chosen_one and draft.holds(choice.changes)
+            chosen = not chosen_one and choice.chosen_in(draft)
             chosen_one = chosen_one or chosen
             refusal = None if chosen else draft.refusal(choice.changes_for(draft))
             if button.disabled != (refusal is not None):
@@ -118,7 +126,7 @@ class ChoiceField(Vertical):
     def on_radio_set_changed(self, event: RadioSet.Changed) -> None:
         event.stop()
         choice, draft = self.choices[int(event.pressed.id.rsplit("-", 1)[1])], self.app.draft
-        if not draft.holds(choice.changes):  # else the echo of sync showing the draft's own choice
+        if not choice.chosen_in(draft):  # else the echo of sync showing the draft's own choice
             self.post_message(FieldEdited(choice.changes_for(draft)))
 
 

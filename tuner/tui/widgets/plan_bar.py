@@ -7,15 +7,18 @@ from textual.widget import Widget
 
 from tuner.doctor import Check
 from tuner.planner import DevicePlan, MemoryPlan
+from tuner.planner.memory import GENERATION
 
 TERM_STYLES = {
     "weights": "bold #5f87ff",
     "reference_model": "bold #8787d7",  # dpo/kto's frozen copy: a paler weights colour
+    "reward_model": "bold #af87d7",  # grpo's reward models: beside the reference
     "lora_adapter": "bold #87d7ff",
     "gradients": "bold #d75fd7",
     "optimizer": "bold #d7af00",
     "activations": "bold #5faf5f",
     "logits_loss": "bold #00afaf",
+    "generation": "bold #d75f5f",  # grpo's rollout: KV cache, sampler, vLLM's share
     "overhead": "bold #8a8a8a",
 }
 OTHER_STYLE = "bold #af875f"
@@ -147,6 +150,15 @@ def plan_text(plan: MemoryPlan, width: int, disk: Check | None = None, measured=
             out.append("set Host RAM on the Hardware screen to check it\n", "italic")
         out.append_text(legend(device.terms, width))
         out.append("\n")
+        if GENERATION in device.phases and device.phase != GENERATION:  # grpo: the rollout's own peak, below
+            moment = device.phase_moment(GENERATION)
+            out.append(f"generation ({moment}): {gib(device.moment_gib(moment))}\n", "dim")
+            terms = device.terms_at(moment)
+            if device.capacity_gib is not None:
+                out.append_text(stacked_bar(terms, device.capacity_gib, bar_width))
+                out.append("\n")
+            out.append_text(legend(terms, width))
+            out.append("\n")
     if len(devices) > len(shown):
         out.append(f"... and {len(devices) - len(shown)} more devices with the same layout\n", "dim")
     for note in plan.notes:
