@@ -15,6 +15,8 @@ from tuner.planner.advisor import change_label
 from tuner.recipe.io import load_recipe
 from tuner.recipe.schema import OBJECTIVE_DATA
 from tuner.tui.draft import Draft, schema_values
+from tuner.tui.screens.method import OBJECTIVES
+from tuner.tui.screens.confirm import ConfirmScreen
 from tuner.tui.widgets.fields import ChoiceField
 
 STEPS = ["model", "hardware", "method", "data", "training", "review"]
@@ -66,6 +68,30 @@ async def test_every_choice_offers_exactly_its_schema_fields_values():
                     assert values == set(schema_values(field)), (widget.id, field)
     assert {"data.format", "objective.kind", "memory.distributed", "memory.zero_stage", "memory.optimizer",
             "training.report_to", "training.lr_scheduler", "method.kind"} <= walked
+
+
+@pytest.mark.parametrize("kind", [kind for kind, data in OBJECTIVE_DATA.items() if data.example])
+def test_choosing_an_objective_on_a_new_recipe_brings_data_it_trains_on(kind):
+    draft = Draft()
+    choice = next(choice for choice in OBJECTIVES if choice.changes["objective.kind"] == kind)
+    draft.apply(choice.changes_for(draft))
+    assert draft.valid, draft.errors
+    assert draft.value("data.source") == OBJECTIVE_DATA[kind].example
+
+
+@pilot_test
+async def test_save_as_a_folder_or_into_a_missing_folder_says_why_without_asking_or_creating(in_tmp):
+    (in_tmp / "recipes").mkdir()
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await visit(pilot, "review")
+        for target, message in (("recipes", "is a folder"), ("missing/x.yaml", "no such folder")):
+            app.screen.query_one("#save-path", Input).value = target
+            await pilot.press("ctrl+s")
+            await settle(pilot)
+            assert not isinstance(app.screen, ConfirmScreen)  # no overwrite question
+            assert any(message in str(note.message) for note in app._notifications), target
+    assert sorted(path.name for path in in_tmp.rglob("*")) == ["recipes"]  # nothing created
 
 
 def test_every_objective_has_its_data_layouts_and_every_layout_one_objective():
