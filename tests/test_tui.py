@@ -79,7 +79,8 @@ async def test_incompatible_choices_are_disabled_with_the_reason():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("method")
-        await pilot.pause()
+        await wait_until(pilot, lambda: app.screen.query("#distribution ChoiceField, #distribution RadioButton")
+                         and app.screen.query_one("#distribution", ChoiceField).button("FSDP").disabled)
         distribution = app.screen.query_one("#distribution", ChoiceField)
         fsdp = distribution.button("FSDP")
         assert fsdp.disabled and "FSDP needs GPUs" in str(fsdp.tooltip)
@@ -91,18 +92,16 @@ async def test_incompatible_choices_are_disabled_with_the_reason():
 
         why = app.screen.query_one("#why", Static)
         distribution.radio_set.focus()  # the focused field's reasons show below the form, for keyboard users
-        await pilot.pause()
-        assert "FSDP: FSDP needs GPUs" in str(why.render())
+        await wait_until(pilot, lambda: "FSDP: FSDP needs GPUs" in str(why.render()))
         app.screen.query_one("#memory-micro_batch_size-input", Input).focus()
-        await pilot.pause()
-        assert str(why.render()) == ""
+        await wait_until(pilot, lambda: str(why.render()) == "")
         distribution.radio_set.focus()
-        await pilot.pause()
+        await wait_until(pilot, lambda: app.focused is distribution.radio_set)
 
-        await pilot.press("right", "right", "right", "enter")  # Single -> DDP -> ZeRO-1 -> ZeRO-2: offload allowed
-        await pilot.pause()
-        assert app.draft.value("memory.zero_stage") == 2
-        assert not offload.button("cpu").disabled
+        # Single -> DDP -> ZeRO-0 -> ZeRO-1 -> ZeRO-2: offload allowed
+        await pilot.press("right", "right", "right", "right", "enter")
+        await wait_until(pilot, lambda: app.draft.value("memory.zero_stage") == 2
+                         and not offload.button("cpu").disabled)
         assert app.draft.valid
 
 
@@ -137,22 +136,22 @@ async def test_invalid_input_is_kept_as_typed_marked_and_left_out_of_the_recipe(
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("method")
-        await pilot.pause()
+        await wait_until(pilot, lambda: app.screen.query("#memory-micro_batch_size-input"))
         box = app.screen.query_one("#memory-micro_batch_size-input", Input)
         box.focus()
-        box.value = ""
-        await pilot.press("0")
-        await pilot.pause()
+        await pilot.press("home", "ctrl+k", "0")
         errors = app.screen.query_one("#errors", Static)
-        assert errors.display and "memory.micro_batch_size" in str(errors.render())
+        await wait_until(pilot, lambda: errors.display)
+        assert "memory.micro_batch_size" in str(errors.render())
         assert box.value == "0" and box.has_class("-invalid")
         reason = app.screen.query_one("#memory-micro_batch_size .field-reason", Static)
         assert reason.display and "greater than or equal to 1" in str(reason.render())
         assert app.draft.recipe is None  # nothing to save or launch
-        assert app.plan is not None and app.plan.micro_batch_size == 1  # planned from the valid values only
+        assert app.draft.data == {}  # the refused value is in no part of the recipe
+        await wait_until(pilot, lambda: app.plan is None)  # and no plan of a recipe the user did not ask for
         await pilot.press("backspace", "4")
-        await pilot.pause()
-        assert app.draft.valid and app.draft.value("memory.micro_batch_size") == 4
+        await wait_until(pilot, lambda: app.draft.valid and not errors.display)
+        assert app.draft.value("memory.micro_batch_size") == 4 and app.plan is not None
         assert not errors.display and not reason.display and not box.has_class("-invalid")
 
 

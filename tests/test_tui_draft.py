@@ -93,9 +93,10 @@ def test_numbers_show_as_typed():
 
 
 def test_importing_the_app_loads_no_heavy_library():
-    """The first screen must paint fast: torch, transformers and datasets load only in workers."""
-    code = ("import sys, tuner.tui.app; heavy = [m for m in ('torch', 'transformers', 'datasets', 'accelerate') "
-            "if m in sys.modules]; print(heavy)")
+    """The first screen must paint fast: torch, transformers and datasets load only in workers, the recipe's
+    schema (pydantic) and the planner after the first paint."""
+    code = ("import sys, tuner.tui.app; heavy = [m for m in ('torch', 'transformers', 'datasets', 'accelerate', "
+            "'tuner.recipe.schema', 'tuner.planner') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -106,3 +107,49 @@ def test_the_wizards_model_modules_do_not_import_textual():
             "print('textual' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def type_keys(draft: Draft, field: str, text: str, number: bool = True) -> None:
+    """``text`` typed into the field's empty box one key at a time, as the box hands each text to the draft."""
+    from tuner.tui.widgets.fields import _parse_number, _parse_text
+
+    parse = _parse_number if number else _parse_text
+    draft.apply({field: parse("")}, typed="")
+    for end in range(1, len(text) + 1):
+        draft.apply({field: parse(text[:end])}, typed=text[:end])
+
+
+def test_a_refused_value_leaves_nothing_of_itself_in_the_recipe():
+    draft = Draft({"hardware": {"machines": 2}})
+    type_keys(draft, "hardware.machines", "99999999999")  # 9, 99 and 999 pass on the way
+    assert draft.data == {"hardware": {"machines": 2}} and draft.plannable is None
+    type_keys(draft, "name", "my run", number=False)  # "my" passes on the way
+    assert draft.value("name") == "run" and draft.value("output.dir") == "runs/run"
+    assert draft.shown("name") == "my run" and draft.shown("hardware.machines") == "99999999999"
+
+
+def test_a_box_that_ends_as_it_began_changes_nothing():
+    draft = Draft()
+    for text in ("1 ", "1"):  # a space typed and deleted
+        draft.apply({"memory.micro_batch_size": int(text)}, typed=text)
+    draft.apply({"hardware.num_processes": 1}, typed="1")  # enter in the box: its text as it was
+    assert draft.data == {}
+    draft.apply({"memory.micro_batch_size": 4}, typed="4")
+    draft.apply({"memory.micro_batch_size": 1}, typed="1")  # and back: the default stays implicit
+    assert draft.data == {}
+
+
+def test_whole_numbers_are_saved_as_integers_where_the_field_holds_integers():
+    draft = Draft()
+    type_keys(draft, "hardware.machines", "1.")
+    type_keys(draft, "memory.max_seq_length", "1e3")
+    type_keys(draft, "hardware.host_ram_gb", "512")
+    assert draft.data == {"hardware": {"machines": 1, "host_ram_gb": 512}, "memory": {"max_seq_length": 1000}}
+    assert all(type(value) is int for section in draft.data.values() for value in section.values())
+    assert draft.shown("memory.max_seq_length") == "1e3"  # shown as typed
+
+
+def test_text_held_for_enter_is_shown_but_not_yet_in_the_recipe():
+    draft = Draft()
+    draft.hold("model.id", "meta-llama/Llama-3.1-8")
+    assert draft.shown("model.id") == "meta-llama/Llama-3.1-8" and draft.value("model.id") == "builtin:demo"

@@ -29,6 +29,7 @@ async def test_grpo_is_chosen_with_its_fields_and_reward_and_the_plan_shows_gene
         app.screen.query_one("#grpo-rewards", ChoiceField).radio_set.focus()
         await pilot.press("right", "right", "enter")  # exact match -> regex match -> exact match + length
         await wait_until(pilot, lambda: len(app.draft.value("objective.grpo.rewards")) == 2)
+        assert objective.button("grpo").value  # still the chosen objective, its starting reward changed
         app.screen.query_one("#objective-beta-input").value = "0.04"
         await wait_until(pilot, lambda: app.draft.value("objective.beta") == 0.04
                          and app.plan.devices[0].terms["reference_model"] > 0)

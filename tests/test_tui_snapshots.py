@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import Input
 
-from tui_helpers import FIXED_PLANNER, SIZE, demo_draft, make_app as make_live_app
+from tui_helpers import FIXED_PLANNER, SIZE, demo_draft, make_app as make_live_app, settle
 from tuner.tui.draft import Draft
 from tuner.tui.run_watch import RunWatch
 
@@ -45,12 +45,6 @@ def finished_run() -> RunWatch:
                           "{'loss': '4.6', 'grad_norm': '6.9', 'learning_rate': '0.003', 'epoch': '0.1'}"])
     watch.finish(0)
     return watch
-
-
-async def settle(pilot) -> None:
-    await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
-    await pilot.pause()
 
 
 @pytest.mark.parametrize("mode", STEPS)
@@ -101,7 +95,7 @@ def test_method_with_disabled_reasons_on_focus(snap_compare):
         pilot.app.switch_mode("method")
         await settle(pilot)
         pilot.app.screen.query_one("#distribution-set").focus()
-        await pilot.pause()
+        await settle(pilot)
 
     assert snap_compare(make_app(demo_draft(SNAPSHOT_DRAFT)), terminal_size=SIZE, run_before=show)
 

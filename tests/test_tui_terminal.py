@@ -10,7 +10,10 @@ import uuid
 
 import pytest
 
+import yaml
+
 from conftest import REPO
+from tuner.recipe.registry import builtin_names, builtin_path
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -59,13 +62,95 @@ class Tmux:
         self._tmux("kill-server", check=False)
 
 
-def test_start_navigate_and_quit_in_tmux(tmp_path, tuner_home):
-    env = {"PYTHONPATH": str(REPO), "TUNER_HOME": str(tuner_home), "TERM": "xterm-256color"}
+def wizard(cwd, tuner_home, size=(120, 36)) -> Tmux:
+    """``python -m tuner`` in a fresh tmux pane of ``size``."""
+    env = {"PYTHONPATH": str(REPO), "TUNER_HOME": str(tuner_home), "TERM": "xterm-256color", "HF_HUB_OFFLINE": "1"}
     exports = " ".join(f"{key}={shlex.quote(value)}" for key, value in env.items())
     # the shell stays after tuner exits so the test can read its exit status from the pane
     # COLUMNS/LINES from the test runner's terminal would override the pane's real size
     command = f"env -u COLUMNS -u LINES {exports} {shlex.quote(sys.executable)} -m tuner; echo tuner-exited-$?; sleep 30"
-    tmux = Tmux(command, tmp_path)
+    return Tmux(command, cwd, size)
+
+
+# quitting takes about 3 s on an idle machine (the data preview's libraries unload); five helpers' tests on two
+# cores make that over 15 s, so the walks wait for the exit status as long as for a screen
+QUIT_TIMEOUT = 60
+
+
+def save_and_quit(tmux: Tmux, path, timeout: float = 30) -> None:
+    """On Review: ctrl+s, until ``path`` is written, then ctrl+q, until the wizard has exited cleanly."""
+    tmux.keys("C-s")
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} was never written; the pane shows:\n{tmux.screen()}")
+        time.sleep(0.2)
+    tmux.keys("C-q")
+    tmux.wait_for("tuner-exited-0", timeout=QUIT_TIMEOUT)
+
+
+SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
+
+
+@SIZES
+def test_dpo_from_scratch_in_a_terminal_saves_exactly_what_was_chosen(tmp_path, tuner_home, size):
+    tmux = wizard(tmp_path, tuner_home, size)
+    try:
+        tmux.wait_for("New recipe", "Built-in recipe: demo")
+        tmux.keys("Enter")  # New recipe
+        tmux.wait_for("Architecture", "builtin:demo")
+        tmux.keys("C-n")
+        tmux.wait_for("GPUs per machine")
+        tmux.keys("C-n")
+        tmux.wait_for("Memory plan", "Objective", "dpo")
+        # method, LoRA rank, LoRA alpha, Auto-fit's toggle: the objective (keys are handled in the order sent)
+        tmux.keys("Tab", "Tab", "Tab", "Tab", "Right", "Enter")  # sft -> dpo
+        tmux.wait_for("Beta", "reference model")  # dpo's settings, and its frozen reference in the plan
+        tmux.keys("C-n")
+        tmux.wait_for("builtin:reverse-pairs", "format: preference", timeout=120)  # its example data, read as pairs
+        tmux.keys("C-n")
+        tmux.wait_for("Learning rate")
+        tmux.keys("C-n")
+        tmux.wait_for("Save as", "recipe.lock.yaml")
+        save_and_quit(tmux, tmp_path / "run.yaml")
+    finally:
+        tmux.close()
+    assert yaml.safe_load((tmp_path / "run.yaml").read_text()) == {
+        "version": 1, "objective": {"kind": "dpo"}, "data": {"source": "builtin:reverse-pairs"}}
+
+
+@SIZES
+def test_an_opened_built_in_recipe_saves_only_the_edit_in_a_terminal(tmp_path, tuner_home, size):
+    name = "llama3.1/70b-qlora"
+    tmux = wizard(tmp_path, tuner_home, size)
+    try:
+        tmux.wait_for("New recipe", "Built-in recipe: demo")
+        tmux.keys(*["Down"] * (3 + builtin_names().index(name)))  # past New, Open and Chat
+        tmux.wait_for(f"Built-in recipe: {name}")
+        tmux.keys("Enter")
+        tmux.wait_for("Architecture", "meta-llama/Llama-3.1-70B-Instruct")
+        tmux.keys("C-n")
+        tmux.wait_for("Host RAM (GiB)")
+        tmux.keys("Tab", "Tab", "Tab", "Tab", "Tab")  # machines, GPUs, GPU type, GPU memory, processes: host RAM
+        # no pane text shows where focus is; sent in the same burst as the tabs, the digits reach Machines (1512
+        # machines, every time): the one pause left in the walks
+        time.sleep(0.5)
+        tmux.keys("5", "1", "2")
+        tmux.wait_for("512")
+        for screen in ("Memory plan", "Source", "Learning rate", "Save as"):
+            tmux.keys("C-n")
+            tmux.wait_for(screen)
+        save_and_quit(tmux, tmp_path / "llama3.1-70b-qlora.yaml")
+    finally:
+        tmux.close()
+    original = builtin_path(name).read_text()
+    expected = original.replace("  gpu: H100-80GB\n", "  gpu: H100-80GB\n  host_ram_gb: 512\n")
+    assert expected != original
+    assert (tmp_path / "llama3.1-70b-qlora.yaml").read_text() == expected  # comments, order, 1.0e-4: as written
+
+
+def test_start_navigate_and_quit_in_tmux(tmp_path, tuner_home):
+    tmux = wizard(tmp_path, tuner_home)
     try:
         tmux.wait_for("New recipe", "Recent runs", "Built-in recipe: demo", "none yet under runs/")
         tmux.keys("Enter")  # New recipe
@@ -79,7 +164,7 @@ def test_start_navigate_and_quit_in_tmux(tmp_path, tuner_home):
         tmux.keys("Escape")  # a lone ESC: the next key must wait, or the pair reads as alt+key
         tmux.wait_gone("tuner: keys")
         tmux.keys("C-q")
-        tmux.wait_for("tuner-exited-0", timeout=15)
+        tmux.wait_for("tuner-exited-0", timeout=QUIT_TIMEOUT)
     finally:
         tmux.close()
     assert not tmux.alive()

@@ -40,6 +40,27 @@ def make_app(draft: Draft | None = None, **kwargs) -> TunerApp:
     return TunerApp(draft=draft, detect_hardware=False, **kwargs)
 
 
+async def settle(pilot, timeout: float = 120.0) -> None:
+    """Until every message is handled and every worker has finished, however long that takes under load (a single
+    ``pilot.pause()`` only lets the loop turn once)."""
+    app = pilot.app
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+
+    def busy() -> bool:
+        nodes = [app, app.screen, *app.screen.walk_children()]
+        return any(node._message_queue.qsize() for node in nodes) or any(not w.is_finished for w in app.workers)
+
+    while True:
+        await pilot.pause()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        if not busy():
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"the wizard was still busy after {timeout} s")
+
+
 async def wait_until(pilot, condition, timeout: float = 60.0, step: float = 0.2) -> None:
     """Let the app run until ``condition()`` holds (workers and messages need the loop)."""
     loop = asyncio.get_running_loop()

@@ -60,6 +60,7 @@ class Advice:
     largest_micro_batch: int | None = None
     accumulation_for_largest: int | None = None
     overrides: list[str] = field(default_factory=list)  # the --set lines that turn the recipe as given into this one
+    label: str = ""  # what it changes, in a few words (change_label); empty: nothing
 
     @property
     def fits(self) -> bool:
@@ -68,14 +69,53 @@ class Advice:
     def summary(self) -> str:
         if not self.fits:
             return self.reasons[0]
-        head = "as is" if not self.changes else rung_list(self.changes)
+        head = self.label or "as is"
         return f"{head}: {self.plan.gpu.total_gib:.1f} GiB of {self.plan.gpu.capacity_gib:.1f} GiB, ~{self.cost:.0%} slower"
 
 
-def rung_list(rungs: list[Rung]) -> str:
-    """'micro_batch ×3 + gradient_checkpointing': each rung once, with how often it is climbed."""
-    counts = {rung: rungs.count(rung) for rung in dict.fromkeys(rungs)}
-    return " + ".join(f"{rung} ×{count}" if count > 1 else str(rung) for rung, count in counts.items())
+# How a label names a field it sets (any other field: its own name); the fields that follow others by the schema's
+# defaults (the save of a LoRA run, FSDP's data-parallel layout) are left out, as a recipe leaves them implicit.
+_SHARDING_FIELDS = ("memory.distributed", "memory.zero_stage", "memory.fsdp.sharding_strategy")
+_NAMES = {"memory.micro_batch_size": "micro-batch", "memory.gradient_accumulation_steps": "accumulation",
+          "memory.offload_optimizer": "optimizer offload to", "memory.offload_params": "parameter offload to",
+          "objective.precompute_ref_log_probs": "precomputed reference", "parallelism.tp": "tp",
+          "parallelism.cp": "cp", "parallelism.sp": "sp"}
+_FOLLOWERS = ("output.save", "parallelism.dp_replicate", "parallelism.dp_shard", "method.quantization")
+
+
+def _flat(data: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in data.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def change_label(before, after) -> str:
+    """What turns recipe ``before`` into ``after``, in a few words made from the fields that differ
+    ('ZeRO-1 + sp 4 + accumulation 4'): the name of a proposal in ``tuner plan --advise`` and in the wizard's
+    Auto-fit, so it always says what the proposal applies.  Empty when nothing differs."""
+    old, new = _flat(before.model_dump(mode="json")), _flat(after.model_dump(mode="json"))
+    changed = [key for key, value in new.items() if old.get(key) != value and not key.startswith(_FOLLOWERS)]
+    words = []
+    for key in changed:
+        value = new[key]
+        if key in _SHARDING_FIELDS:
+            if key != next(field for field in changed if field in _SHARDING_FIELDS):
+                continue  # one phrase for the three
+            memory = after.memory
+            words.append({"deepspeed": f"ZeRO-{memory.zero_stage}", "fsdp": f"FSDP {memory.fsdp.sharding_strategy}",
+                          "ddp": "DDP", "none": "one process"}[memory.distributed])
+        elif key == "method.kind":
+            words.append({"lora": "LoRA", "qlora": "QLoRA"}.get(value, f"{value} fine-tuning"))
+        else:
+            name = _NAMES.get(key, key.rsplit(".", 1)[-1].replace("_", " "))
+            if value is True:
+                words.append(name)
+            elif value in (False, "none"):
+                words.append(f"no {name.removesuffix(' to')}")
+            else:
+                words.append(f"{name} {value}")
+    return " + ".join(words)
 
 
 def _cost(rungs: list[Rung]) -> float:
@@ -302,10 +342,11 @@ def advise(recipe, limit: int = 5) -> list[Advice]:
             fix = "add GPUs, use larger ones, shorten max_seq_length"
         if not (recipe.method.allow_method_change or recipe.method.kind == "qlora"):
             fix += ", or set method.allow_method_change to allow LoRA/QLoRA"  # smaller in every phase
+        label = change_label(recipe, candidate)
         why = (f"nothing fits on {limiting.name}: {memory_plan.missing_gib:.1f} GiB missing while {limiting.moment} "
-               f"even with {rung_list(changes) or 'the recipe as is'}; {fix}.")
+               f"even with {label or 'the recipe as is'}; {fix}.")
         return [Advice(candidate, memory_plan, cost, [why] + _reasons(candidate, changes, before, memory_plan), changes,
-                       overrides=_overrides(recipe, candidate))]
+                       overrides=_overrides(recipe, candidate), label=label)]
     advice = []
     seen_configs = set()
     for _, cost, _, tactics, candidate, memory_plan, changes in fitting:
@@ -315,7 +356,8 @@ def advise(recipe, limit: int = 5) -> list[Advice]:
         seen_configs.add(key)
         finished = candidate if candidate is recipe else _finish(candidate)
         reasons = _reasons(finished, changes, before, memory_plan) or [f"fits as is ({memory_plan.verdict})"]
-        advice.append(Advice(finished, memory_plan, cost, reasons, changes, overrides=_overrides(recipe, finished)))
+        advice.append(Advice(finished, memory_plan, cost, reasons, changes, overrides=_overrides(recipe, finished),
+                             label=change_label(recipe, finished)))
         if len(advice) == limit:
             break
     chosen = advice[0]
@@ -362,7 +404,8 @@ def topology(recipe) -> Advice | None:
         _, cost, _, _, found, memory_plan, changes = _search(candidate, without_offload(frugal=False))[1][0]
         finished = found if found is candidate else _finish(found)
         where = f"{machines} machines x {gpus}" if machines > 1 else "one machine"
-        head = (f"on {machines * gpus} GPUs ({where} {_gpu_name(recipe)}) {rung_list(changes) or 'the recipe as is'} "
+        label = change_label(candidate, finished)  # beside the layout, which the head names
+        head = (f"on {machines * gpus} GPUs ({where} {_gpu_name(recipe)}) {label or 'the recipe as is'} "
                 f"fits at {memory_plan.gpu.total_gib:.0f} GiB, no offload")
         reasons = [head] + [reason(finished, c) for c in dict.fromkeys(changes)]
         if finished.effective_batch_size != recipe.effective_batch_size:
@@ -370,7 +413,8 @@ def topology(recipe) -> Advice | None:
                            f"{recipe.effective_batch_size}): every data-parallel rank takes at least one sample a step")
         if machines > 1 and recipe.hardware.main_process_ip is None:
             reasons.append("set hardware.main_process_ip to machine rank 0's address")
-        return Advice(finished, memory_plan, cost, reasons, changes, overrides=_overrides(recipe, finished))
+        return Advice(finished, memory_plan, cost, reasons, changes, overrides=_overrides(recipe, finished),
+                      label=change_label(recipe, finished))
     return None
 
 

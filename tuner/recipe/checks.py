@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from tuner.catalog.gpus import AmbiguousGpuError, known_gpu_names, lookup_gpu
 from tuner.catalog.models import custom_code
-from tuner.recipe.schema import GRPO_LOSS_TYPES, LOSS_TYPES, Recipe
+from tuner.recipe.schema import GRPO_LOSS_TYPES, LOSS_TYPES, OBJECTIVE_DATA, Recipe
 
 
 @dataclass(frozen=True)
@@ -430,9 +430,8 @@ def _model(recipe: Recipe) -> list[Problem]:
     return [Problem("model.trust_remote_code", problem, anchor="model.id")] if problem else []
 
 
-# the data layouts each objective reads (auto detects among them)
-OBJECTIVE_FORMATS = {"sft": ("text", "instruction", "chat"), "dpo": ("preference",), "kto": ("unpaired_preference",),
-                     "grpo": ("prompt",)}
+# the data layouts each objective reads (auto detects among them), from the schema
+OBJECTIVE_FORMATS = {kind: data.formats for kind, data in OBJECTIVE_DATA.items()}
 
 
 def _objective(recipe: Recipe) -> list[Problem]:

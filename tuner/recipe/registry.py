@@ -10,8 +10,6 @@ import re
 from importlib.resources import files
 from pathlib import Path
 
-from tuner.recipe.io import RecipeError, parse_yaml, read_recipe_text
-
 DEMO_FAMILY = "demo"
 _NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # no '..', no absolute paths
 
@@ -39,6 +37,8 @@ def builtin_path(name: str) -> Path:
     path = recipes_dir() / f"{name}.yaml"
     if not _NAME.match(name) or not path.is_file():
         import difflib
+
+        from tuner.recipe.io import RecipeError  # the schema loads at the first recipe read, not with the names
 
         close = difflib.get_close_matches(name, builtin_names(), n=1)
         hint = f" Did you mean '{close[0]}'?" if close else " List them with `tuner recipes ls`."
@@ -73,6 +73,8 @@ def planned_as(recipe):
 
 def describe(name: str) -> str:
     """First comment line of a built-in recipe: what it is for."""
+    from tuner.recipe.io import read_recipe_text
+
     for line in read_recipe_text(builtin_path(name)).splitlines():
         if line.startswith("#"):
             return line.lstrip("# ").strip()
@@ -91,5 +93,4 @@ def resolve_recipe_argument(argument: str) -> Path:
     return builtin_path(argument)
 
 
-__all__ = ["builtin_names", "builtin_path", "describe", "family", "recipes_dir", "resolve_recipe_argument",
-           "parse_yaml"]
+__all__ = ["builtin_names", "builtin_path", "describe", "family", "recipes_dir", "resolve_recipe_argument"]

@@ -379,6 +379,21 @@ class GrpoSection(Section):
         "run, on every rank, naming the reward and the prompt.")
 
 
+class ObjectiveData(typing.NamedTuple):
+    """What an objective trains on: the data layouts it reads (data.format auto detects among them, the first when
+    it reads one) and a built-in data source to try it on (None: none yet)."""
+
+    formats: tuple[str, ...]
+    example: str | None
+
+
+# every objective.kind (a test holds them to the Literal below), each data.format but auto belonging to one
+OBJECTIVE_DATA = {"sft": ObjectiveData(("text", "instruction", "chat"), "builtin:reverse"),
+                  "dpo": ObjectiveData(("preference",), "builtin:reverse-pairs"),
+                  "kto": ObjectiveData(("unpaired_preference",), None),
+                  "grpo": ObjectiveData(("prompt",), "builtin:reverse-prompts")}
+
+
 class ObjectiveSection(Section):
     kind: Literal["sft", "dpo", "kto", "grpo"] = Field(
         "sft",

@@ -10,21 +10,24 @@ import importlib
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from textual import work
 from textual.app import App
 from textual.binding import Binding
 
-from tuner.recipe.io import RecipeError
-from tuner.tui.draft import Draft
-from tuner.tui.messages import DiskChecked, FieldEdited, PlanUpdated, RunEventsArrived, RunFinished, RunNotStarted
+from tuner.tui.messages import (DiskChecked, FieldEdited, PlanUpdated, RunEventsArrived, RunFinished, RunNotStarted,
+                                TextTyped)
 from tuner.tui.planning import CannotPlan, Planner
 from tuner.tui.run_watch import RunWatch
-from tuner.tui.screens.base import NARROW_BELOW
 from tuner.tui.screens.start import StartScreen
 from tuner.tui.widgets.steps import STEPS
 
+if TYPE_CHECKING:
+    from tuner.tui.draft import Draft
+
 STEP_MODES = [mode for mode, _ in STEPS]
+NARROW_BELOW = 100  # columns: screens get the -narrow class (80x24 terminals), see TunerApp.HORIZONTAL_BREAKPOINTS
 
 
 def _later(module: str, name: str):
@@ -64,7 +67,7 @@ class TunerApp(App[int]):
 
     def __init__(self, draft: Draft | None = None, planner: Planner | None = None, *, detect_hardware: bool = True):
         super().__init__()
-        self.draft = draft or Draft()
+        self._draft = draft
         self.planner = planner or Planner()
         self.detect_hardware = detect_hardware
         self.plan = None
@@ -75,13 +78,29 @@ class TunerApp(App[int]):
         self.chat_target: str | None = None  # what "Chat with this run" asked Chat to load
         self._stop_run = threading.Event()  # set: the run's follower stops every rank
 
+    @property
+    def draft(self) -> Draft:
+        """The recipe being edited (a new one is made at first use: the schema loads after the first paint)."""
+        if self._draft is None:
+            from tuner.tui.draft import Draft
+
+            self._draft = Draft()
+        return self._draft
+
+    @draft.setter
+    def draft(self, draft: Draft) -> None:
+        self._draft = draft
+
     def on_mount(self) -> None:
+        self.call_after_refresh(self._after_first_paint)  # the first screen paints before the run contract loads
+
+    def _after_first_paint(self) -> None:
         from tuner.launch.run import STOP_SIGNALS
 
         loop = asyncio.get_running_loop()
-        for signum in STOP_SIGNALS:
+        for signum in STOP_SIGNALS:  # nothing runs before this: a signal until here ends the wizard as usual
             loop.add_signal_handler(signum, self.handle_stop_signal, signum)
-        self.call_after_refresh(self.replan)  # the first screen paints first
+        self.replan()
 
     # --- navigation -------------------------------------------------------------------------
     def action_goto(self, mode: str) -> None:
@@ -151,6 +170,9 @@ class TunerApp(App[int]):
         self.draft.apply(event.changes, typed=event.typed)
         self.draft_changed()
 
+    def on_text_typed(self, event: TextTyped) -> None:
+        self.draft_changed()
+
     def load_draft(self, draft: Draft) -> None:
         """A new recipe (new, opened, built-in or a run's): screens drop what they showed of the old one."""
         self.draft = draft
@@ -196,14 +218,20 @@ class TunerApp(App[int]):
     def start_run(self, resume: bool = False, force: bool = False) -> RunWatch:
         """Prepare and launch through the run contract ``tuner run`` uses (tuner.launch.run); ``force`` is the
         explicit override the Run screen offers after a refusal."""
-        recipe = self.draft.recipe
-        if recipe is None:
-            raise RecipeError(["the recipe has errors; fix them first:", *self.draft.errors])
+        recipe = self._launchable()
         self._stop_run = threading.Event()
         self.run_watch = RunWatch(run_dir=Path(recipe.output.dir), plan=self.plan, since=time.time(), live=True,
                                   status="checking")
         self.run_recipe(recipe, resume, force, self.run_watch)
         return self.run_watch
+
+    def _launchable(self):
+        """The recipe to run or probe; RecipeError while the draft has errors."""
+        from tuner.recipe.io import RecipeError
+
+        if self.draft.recipe is None:
+            raise RecipeError(["the recipe has errors; fix them first:", *self.draft.errors])
+        return self.draft.recipe
 
     def _said(self, line: str) -> None:
         """A line of the run contract's (a download, stopping every rank) in the Run screen's log."""
@@ -215,6 +243,7 @@ class TunerApp(App[int]):
         from tuner.data.sources import DataError
         from tuner.launch.run import RunRefused
         from tuner.loading.model import ModelLoadError
+        from tuner.recipe.io import RecipeError
 
         try:
             return check()
@@ -249,9 +278,7 @@ class TunerApp(App[int]):
         then marks the plan bar beside the prediction."""
         from tuner.run_layout import PROBE_DIR
 
-        recipe = self.draft.recipe
-        if recipe is None:
-            raise RecipeError(["the recipe has errors; fix them first:", *self.draft.errors])
+        recipe = self._launchable()
         self._stop_run = threading.Event()
         self.run_watch = RunWatch(run_dir=Path(recipe.output.dir) / PROBE_DIR, plan=self.plan, since=time.time(),
                                   live=True, status="checking", kind="probe")

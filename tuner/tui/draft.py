@@ -1,32 +1,39 @@
 """The recipe being edited: what the user chose, field by field, checked on every change.
 
-The draft keeps three things apart:
+The draft is the model of the whole form; every box and choice is a view of it.  It keeps apart:
 
 - ``data``: the values the user set that pass their own field's rule, sparse like a recipe file,
   so defaults that depend on other fields (dtype from mixed_precision, output.dir from name) keep
-  following later changes;
-- ``typed``: the text of each box as the user typed it ("512", "1e-4"), shown back unchanged;
+  following later changes; each as its field's own type (``1.`` machines is ``1``);
+- ``typed``: the text of each box as the user typed it ("512", "1e-4"): a box's text belongs to the
+  draft entry it edits, not to the widget, so opening another recipe replaces it;
 - ``invalid``: the fields whose typed text their own rule refuses, with the checker's reason; such a
-  value never reaches ``data``, so the recipe is derived only from valid values.
+  value never reaches ``data``, not even its valid beginning: the field keeps the value it had before
+  the typing began;
+- ``origin``: the recipe as it was opened, and ``text``, its file as written, which a save edits in
+  place (:mod:`tuner.tui.recipe_file`).
 
-Every rule comes from :func:`tuner.recipe.io.validate_recipe`; the UI copies none.
-Pure Python: no textual here, so it is tested and reused without a terminal.
+A box whose text ends as it began (enter, a space typed and deleted) changes nothing, so a default the
+user did not change is never saved.  Every rule comes from :func:`tuner.recipe.io.validate_recipe`; the UI
+copies none.  Pure Python: no textual here, so it is tested and reused without a terminal.
 """
 from __future__ import annotations
 
 import copy
+import typing
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tuner.fileio import atomic_write_text
 from tuner.recipe.io import RecipeError, parse_yaml, read_recipe_text, section_model, validate_recipe
-from tuner.recipe.schema import SCHEMA_VERSION, Recipe
+from tuner.recipe.schema import OBJECTIVE_DATA, DataSection, Recipe
 
 Changes = Mapping[str, Any]  # dotted field -> value; None removes the key (back to the default)
 KEPT_BY_PROPOSALS = ("model", "hardware")  # what the user has, not what the advisor may change
+_MISSING = object()
 
 
 def _apply(data: dict[str, Any], changes: Changes) -> dict[str, Any]:
@@ -72,6 +79,14 @@ def _get(data: dict[str, Any], dotted: str, missing: Any = None) -> Any:
     return target
 
 
+def _attribute(recipe: Recipe, dotted: str) -> Any:
+    """The field as the recipe resolves it (AttributeError for a field the schema does not have)."""
+    target: Any = recipe
+    for part in dotted.split("."):
+        target = getattr(target, part)
+    return target
+
+
 def _differences(old: Any, new: Any, prefix: str = "") -> dict[str, Any]:
     """Dotted field -> new value wherever ``new`` differs from ``old`` (sections compared key by key)."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -90,46 +105,79 @@ def check(data: dict[str, Any]) -> tuple[Recipe | None, list[str]]:
         return None, [_without_location(line) for line in exc.lines]
 
 
-def field_problem(dotted: str, value: Any) -> str | None:
-    """Why ``value`` breaks the field's own rule (type, range, allowed values), or None.
+def field_value(dotted: str, value: Any) -> tuple[Any, str | None]:
+    """``value``, a whole number as an integer where its field holds integers (``1.`` machines is ``1``), and why the field's own rule (type, range,
+    allowed values) refuses it, or None.
 
     Checked on the field alone: a conflict with other fields is not the value's fault and is
     reported as a recipe error instead.
     """
     if value is None:
-        return None
+        return None, None
     alone = _apply({}, {dotted: value})
     try:
-        Recipe.model_validate(alone)
+        recipe = Recipe.model_validate(alone)
     except ValidationError:
         _, errors = check(alone)
-        return errors[0] if errors else f"{dotted}: not a valid value."
-    return None
+        return value, errors[0] if errors else f"{dotted}: not a valid value."
+    read = _attribute(recipe, dotted)
+    integer = isinstance(value, float) and isinstance(read, int) and not isinstance(read, bool)
+    return (read if integer else value), None  # 1e3 tokens is 1000; 512 GiB stays as typed, not 512.0
+
+
+def schema_values(dotted: str) -> tuple:
+    """The values the schema allows for a choice field: ``typing.get_args`` of its Literal (of a list's items for a
+    list field), so a screen offers exactly what a recipe accepts."""
+    *sections, name = dotted.split(".")
+    model: Any = Recipe
+    for part in sections:
+        model = section_model(model, part)
+    annotation = model.model_fields[name].annotation
+    pending = [annotation]
+    while pending:
+        current = pending.pop(0)
+        if typing.get_origin(current) is Literal:
+            return typing.get_args(current)
+        pending += typing.get_args(current)
+    raise TypeError(f"{dotted} is not a choice of the schema (no Literal)")
+
+
+@dataclass(frozen=True)
+class Typing:
+    """A box being typed into: what it showed and what its field held before the first key."""
+
+    shown: str
+    value: Any  # _MISSING: the field was not set
+    problem: str | None  # why that text was refused (a file's typo), if it was
 
 
 class Draft:
     """One recipe under construction (see the module docstring for ``data``, ``typed`` and ``invalid``)."""
 
-    def __init__(self, data: dict[str, Any] | None = None, path: Path | None = None):
+    def __init__(self, data: dict[str, Any] | None = None, path: Path | None = None, text: str | None = None):
         self.path = path  # the file it was opened from or saved to
+        self.text = text  # that file as written: a save edits it in place (None: a new recipe)
         self.data: dict[str, Any] = {}
         self.typed: dict[str, str] = {}
         self.invalid: dict[str, str] = {}
+        self.typing: dict[str, Typing] = {}  # boxes typed into since the recipe was opened
         for dotted, value in _leaves(copy.deepcopy(data or {})).items():
             if dotted == "version":
                 continue
-            problem = field_problem(dotted, value)
+            _, problem = field_value(dotted, value)
             if problem:  # e.g. a file with a typo: shown as typed and marked, never silently dropped
                 self.invalid[dotted] = problem
                 self.typed[dotted] = _show(value)
             else:
-                self.data = _apply(self.data, {dotted: value})
+                self.data = _apply(self.data, {dotted: value})  # as written: the user's file is not rewritten
+        self.origin = copy.deepcopy(self.data)  # the valid part of the recipe as opened
         self._validate()
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Draft":
-        data, _ = parse_yaml(read_recipe_text(path), str(path))
-        return cls(data if isinstance(data, dict) else {}, path=Path(path))
+        text = read_recipe_text(path)
+        data, _ = parse_yaml(text, str(path))
+        return cls(data if isinstance(data, dict) else {}, path=Path(path), text=text)
 
     def _validate(self) -> None:
         self.resolved: Recipe = Recipe.model_validate(self.data)  # every value passed its own rule
@@ -152,16 +200,13 @@ class Draft:
 
     @property
     def plannable(self) -> Recipe | None:
-        """The recipe made of the valid values, when they agree with each other (a refused typed value
-        is left out and keeps its last valid value): what the plan shows while the user types."""
-        return None if self.problems else self.resolved
+        """The recipe the plan shows: None while a box holds a refused value (a plan of anything else would not
+        be the user's) or the values disagree with each other."""
+        return None if self.invalid or self.problems else self.resolved
 
     def value(self, dotted: str) -> Any:
         """The field as the recipe resolves it (defaults filled in)."""
-        target: Any = self.resolved
-        for part in dotted.split("."):
-            target = getattr(target, part)
-        return target
+        return _attribute(self.resolved, dotted)
 
     def shown(self, dotted: str) -> str:
         """The text a box shows for the field: what the user typed, else the value."""
@@ -204,20 +249,78 @@ class Draft:
         else (a choice, Auto-fit, detected hardware) replaces what was typed in its fields.
         """
         for dotted, value in changes.items():
-            for key in [key for key in (*self.typed, *self.invalid) if key == dotted or key.startswith(f"{dotted}.")]:
-                self.typed.pop(key, None)
-                self.invalid.pop(key, None)
             if typed is not None:
-                self.typed[dotted] = typed
-            problem = field_problem(dotted, value)
+                self._type(dotted, value, typed)
+                continue
+            self._forget(dotted)
+            value, problem = field_value(dotted, value)
             if problem:
                 self.invalid[dotted] = problem
-                if typed is None:
-                    self.typed[dotted] = _show(value)
+                self.typed[dotted] = _show(value)
             else:
                 self.data = _apply(self.data, {dotted: value})
         self._validate()
         return self.errors
+
+    def hold(self, dotted: str, text: str) -> None:
+        """Text typed in a box that applies it later (enter or leaving the box): the box shows it, the recipe
+        does not have it yet."""
+        self._began_typing(dotted)
+        self.typed[dotted] = text
+
+    def _type(self, dotted: str, value: Any, text: str) -> None:
+        began = self._began_typing(dotted)
+        self.invalid.pop(dotted, None)
+        if text == began.shown:  # the box ends as it began: nothing changed, not even a default made explicit
+            self._forget(dotted)
+            self._set(dotted, began.value)
+            if began.problem:
+                self.invalid[dotted], self.typed[dotted] = began.problem, text
+            return
+        self.typed[dotted] = text
+        value, problem = field_value(dotted, value)
+        if problem:  # refused: the field keeps what it had before the typing, nothing of the text
+            self.invalid[dotted] = problem
+            value = began.value
+        self._set(dotted, value)
+
+    def _began_typing(self, dotted: str) -> Typing:
+        if dotted not in self.typing:
+            value = _get(self.data, dotted, _MISSING)
+            self.typing[dotted] = Typing(self.shown(dotted), value if value is _MISSING else copy.deepcopy(value),
+                                         self.invalid.get(dotted))
+        return self.typing[dotted]
+
+    def _set(self, dotted: str, value: Any) -> None:
+        self.data = _apply(self.data, {dotted: None if value is _MISSING else value})
+
+    def _forget(self, dotted: str) -> None:
+        """Drop what was typed in ``dotted`` and the fields under it (a change from elsewhere replaces it)."""
+        for key in [key for key in (*self.typed, *self.invalid, *self.typing)
+                    if key == dotted or key.startswith(f"{dotted}.")]:
+            self.typed.pop(key, None)
+            self.invalid.pop(key, None)
+            self.typing.pop(key, None)
+
+    def data_following(self, objective: str) -> dict[str, Any]:
+        """What choosing ``objective`` changes in the data (from the schema's OBJECTIVE_DATA): another objective's
+        example data becomes this one's, read in the layout it is detected as; a layout it cannot read becomes
+        its own.  The user's own data is kept."""
+        wanted = OBJECTIVE_DATA[objective]
+        source, layout = self.value("data.source"), self.value("data.format")
+        examples = {data.example for data in OBJECTIVE_DATA.values()} - {None}
+        if wanted.example and source in examples and source != wanted.example:
+            default = DataSection.model_fields["source"].default
+            return {"data.source": None if wanted.example == default else wanted.example,
+                    **({"data.format": None} if layout != "auto" else {})}
+        if layout != "auto" and layout not in wanted.formats:
+            return {"data.format": wanted.formats[0]}
+        return {}
+
+    def fixed_by(self, changes: Changes) -> Recipe | None:
+        """The recipe with ``changes``, when that has no errors left (what Auto-fit may start from)."""
+        recipe, _ = check(_apply(self.data, changes))
+        return recipe if recipe is not None and not self.invalid else None
 
     def refusal(self, changes: Changes) -> str | None:
         """Why ``changes`` would break the recipe, or None when they are acceptable.
@@ -260,31 +363,22 @@ class Draft:
 
     # --- saving ---------------------------------------------------------------------------------
     def to_yaml(self) -> str:
-        """What the user chose, in schema order, defaults left implicit (``tuner validate FILE`` prints them)."""
-        return yaml.safe_dump(_in_schema_order({"version": SCHEMA_VERSION, **self.data}, Recipe), sort_keys=False,
-                              allow_unicode=True, width=100)
+        """What the user chose, defaults left implicit (``tuner validate FILE`` prints them): an opened file with
+        only the changed keys changed (comments, key order and number spelling kept), a new one in schema order."""
+        from tuner.tui.recipe_file import edited_text, new_text  # ruamel.yaml: loaded at the first save
+
+        return new_text(self.data) if self.text is None else edited_text(self.text, self.origin, self.data)
 
     def save(self, path: str | Path, overwrite: bool = False) -> Path:
-        """Write the recipe as the user chose it (``tuner run`` replays it); never replaces a file unasked."""
+        """Write the recipe as the user chose it (``tuner run`` replays it); never replaces a file unasked, never
+        creates a folder (:func:`tuner.tui.recipe_file.write_recipe` says why it cannot write)."""
+        from tuner.tui.recipe_file import write_recipe
+
         if self.recipe is None:
             raise RecipeError(["the recipe has errors; fix them before saving:", *self.errors])
-        path = Path(path)
-        if path.exists() and not overwrite:
-            raise FileExistsError(str(path))
-        atomic_write_text(path, self.to_yaml())
+        path = write_recipe(Path(path), self.to_yaml(), overwrite)
         self.path = path
         return path
-
-
-def _in_schema_order(data: dict[str, Any], model: type[BaseModel] | None) -> dict[str, Any]:
-    if model is None:
-        return data
-    order = list(model.model_fields)
-    out = {}
-    for key in sorted(data, key=lambda key: order.index(key) if key in order else len(order)):
-        value = data[key]
-        out[key] = _in_schema_order(value, section_model(model, key)) if isinstance(value, dict) else value
-    return out
 
 
 def _show(value: Any) -> str:

@@ -6,11 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
-from tuner.tui.draft import Changes
-
-if TYPE_CHECKING:  # the planner loads after the first screen is painted
+if TYPE_CHECKING:  # the draft (the schema) and the planner load after the first screen is painted
     from tuner.doctor import Check
     from tuner.planner import MemoryPlan
+    from tuner.tui.draft import Changes
 
 
 @dataclass
@@ -19,6 +18,13 @@ class FieldEdited(Message):
 
     changes: Changes
     typed: str | None = None
+
+
+@dataclass
+class TextTyped(Message):
+    """A box put its text into the draft (it does so the moment the text changes); the app replans and re-syncs."""
+
+    field: str
 
 
 @dataclass

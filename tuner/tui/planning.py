@@ -7,13 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from tuner.recipe.io import RecipeError
-from tuner.recipe.schema import Recipe
-
-if TYPE_CHECKING:  # imported when first used: the first screen paints before the planner loads
+if TYPE_CHECKING:  # imported when first used: the first screen paints before the schema and the planner load
     from tuner.doctor import Check
     from tuner.launch.probe_record import MeasuredRecord
     from tuner.planner import Advice, MemoryPlan
+    from tuner.recipe.schema import Recipe
 
 
 class CannotPlan(Exception):
@@ -42,6 +40,8 @@ class Planner:
 
     def plan(self, recipe: Recipe) -> MemoryPlan:
         """The plan; raises CannotPlan with the planner's message."""
+        from tuner.recipe.io import RecipeError
+
         if self._plan is None:
             self._defaults()
         try:
@@ -50,6 +50,8 @@ class Planner:
             raise CannotPlan(str(exc)) from None
 
     def advise(self, recipe: Recipe) -> list[Advice]:
+        from tuner.recipe.io import RecipeError
+
         if self._advise is None:
             self._defaults()
         try:

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tuner.events import rollout_summary
 from tuner.run_layout import LOCK_FILE
@@ -81,6 +81,7 @@ class RunWatch:
     log: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
     since: float = 0.0  # events older than the launch belong to an earlier run in the same directory
     traceback: list[str] | None = None  # the frames of a traceback being read
+    clock: Callable[[], float] = field(default=time.time, repr=False, compare=False)  # now (a test fixes it)
 
     @property
     def running(self) -> bool:
@@ -90,7 +91,7 @@ class RunWatch:
         """Seconds left: the last measured ETA, counted down since it was measured."""
         if self.eta_s is None or self.eta_at is None:
             return None
-        return max(self.eta_s - ((now or time.time()) - self.eta_at), 0.0)
+        return max(self.eta_s - ((now or self.clock()) - self.eta_at), 0.0)
 
     def absorb(self, events: list[dict], log_lines: list[str] = ()) -> None:
         for line in log_lines:
@@ -119,7 +120,7 @@ class RunWatch:
             if "tokens_per_s" in event:
                 self.tokens_per_s = float(event["tokens_per_s"])
             if "eta_s" in event:
-                self.eta_s, self.eta_at = float(event["eta_s"]), float(event.get("time", time.time()))
+                self.eta_s, self.eta_at = float(event["eta_s"]), float(event.get("time", self.clock()))
             for key, value in event.items():
                 if key.startswith("peak_") and key.endswith("_gib"):
                     self.memory_gib[key.removeprefix("peak_").removesuffix("_gib")] = float(value)

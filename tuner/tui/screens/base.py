@@ -9,14 +9,14 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
-from tuner.tui.widgets.fields import ChoiceField, ToggleField
+from tuner.tui.app import NARROW_BELOW  # noqa: F401  (screens read it here)
+from tuner.tui.widgets.fields import ChoiceField, InputField, ToggleField
 from tuner.tui.widgets.steps import StepBar
 
 if TYPE_CHECKING:
     from tuner.tui.app import TunerApp
 
 MAX_ERROR_LINES = 4
-NARROW_BELOW = 100  # columns: screens get the -narrow class (80x24 terminals), see TunerApp.HORIZONTAL_BREAKPOINTS
 
 
 class WizardScreen(Screen):
@@ -41,6 +41,12 @@ class WizardScreen(Screen):
     def on_screen_resume(self) -> None:
         self.sync()
 
+    def on_screen_suspend(self) -> None:
+        """Leaving the step (its focused box keeps focus, so no blur comes): a typed model id is applied."""
+        for field in self.query(InputField):
+            if field.pending:
+                field.apply_held()
+
     def on_mount(self) -> None:
         self.sync()
 
@@ -57,7 +63,14 @@ class WizardScreen(Screen):
         for field in self.fields:
             field.sync(draft)
         self.show_reasons()
-        lines = [f"✗ {line}" for line in draft.errors]
+        self.show_errors()
+
+    def found_errors(self) -> list[str]:
+        """Errors this step found beyond the draft's own (the Data step's: data the objective cannot read)."""
+        return []
+
+    def show_errors(self) -> None:
+        lines = [f"✗ {line}" for line in [*self.app.draft.errors, *self.found_errors()]]
         if len(lines) > MAX_ERROR_LINES:
             lines[MAX_ERROR_LINES - 1:] = [f"  … and {len(lines) - MAX_ERROR_LINES + 1} more; fix these first"]
         errors = self.query_one("#errors", Static)

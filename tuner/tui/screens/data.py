@@ -11,12 +11,13 @@ from textual.message import Message
 from textual.widgets import Label, Static
 
 from tuner.tui.screens.base import WizardScreen
-from tuner.tui.widgets.fields import ChoiceField, InputField, ToggleField, value_choices
+from tuner.tui.widgets.fields import ChoiceField, InputField, ToggleField, schema_choices
 
 MASKED_STYLE = "#8a8a8a on #303030"
 LEARNED_STYLE = "bold #87d787"
-PREVIEW_KEYS = ("data.source", "data.split", "data.format", "data.train_on_prompt", "data.max_samples",
-                "training.seed", "memory.max_seq_length", "model.id")
+DATA_FIELDS = ("data.", "objective.kind:")  # a data error naming one of these is the recipe's to fix
+PREVIEW_KEYS = ("objective.kind", "data.source", "data.split", "data.format", "data.train_on_prompt",
+                "data.max_samples", "training.seed", "memory.max_seq_length", "model.id")
 
 
 @dataclass
@@ -41,13 +42,13 @@ class DataScreen(WizardScreen):
 
     def compose_body(self) -> ComposeResult:
         self.preview_key: tuple | None = None
+        self.data_problem: str | None = None  # the data does not fit the recipe (an objective's layout, its columns)
         self.preview: Text | None = None  # the example as shown, styled per segment
         with Horizontal(classes="body"):
             with VerticalScroll(classes="form", can_focus=False):  # scrolls on a short terminal
                 yield InputField("Source", "data.source", placeholder="file.jsonl, cached dataset name or builtin:reverse")
                 yield InputField("Split", "data.split")
-                yield ChoiceField("Format", value_choices("data.format", ["auto", "text", "instruction", "chat"]),
-                                  id="data-format")
+                yield ChoiceField("Format", schema_choices("data.format"), id="data-format")
                 yield ToggleField("Loss on the prompt too", "data.train_on_prompt")
                 yield ToggleField("Packing", "data.packing")
                 yield InputField("Eval fraction", "data.eval_fraction", number=True)
@@ -63,12 +64,17 @@ class DataScreen(WizardScreen):
                 legend.append(" learned ", LEARNED_STYLE)
                 yield Static(legend, id="legend")
 
+    def found_errors(self) -> list[str]:
+        return [self.data_problem] if self.data_problem else []
+
     def sync(self) -> None:
-        super().sync()
         draft = self.app.draft
         key = tuple(draft.value(name) for name in PREVIEW_KEYS)
-        if key != self.preview_key:
-            self.preview_key = key
+        changed = key != self.preview_key
+        if changed:  # what the last example said about the data no longer holds
+            self.preview_key, self.data_problem = key, None
+        super().sync()
+        if changed:
             self.query_one("#preview", Static).update(Text("loading an example…", style="italic"))
             self.load_preview(key, draft.resolved)
 
@@ -102,6 +108,9 @@ class DataScreen(WizardScreen):
         if message.error:
             preview.update(Text(f"no preview: {message.error}", style="red"))
             self.query_one("#preview-format", Static).update("")
+            if message.error.startswith(DATA_FIELDS):  # the data and the recipe disagree: an error before launch
+                self.data_problem = message.error
+                self.show_errors()
             return
         self.query_one("#preview-format", Static).update(f"format: {message.data_format}")
         self.preview = preview_text(message.segments)

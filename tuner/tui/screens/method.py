@@ -6,7 +6,7 @@ every change, cleared for a new recipe or another model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich.text import Text
 from textual import work
@@ -18,6 +18,7 @@ from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from tuner.planner import Advice
+from tuner.planner.advisor import change_label
 from tuner.recipe.schema import (
     FsdpSection,
     GrpoSection,
@@ -27,33 +28,33 @@ from tuner.recipe.schema import (
     ParallelismSection,
     Recipe,
 )
-from tuner.tui.draft import Changes
+from tuner.tui.draft import Changes, schema_values
 from tuner.tui.messages import DiskChecked, PlanUpdated
 from tuner.tui.planning import CannotPlan, worth_showing
 from tuner.tui.screens.base import WizardScreen
-from tuner.tui.widgets.fields import Choice, ChoiceField, InputField, ToggleField, value_choices
+from tuner.tui.widgets.fields import (Choice, ChoiceField, InputField, ObjectiveChoice, ToggleField, schema_choices,
+                                      value_choices)
 from tuner.tui.widgets.lists import PickList
 from tuner.tui.widgets.plan_bar import PlanPanel
 
-METHODS = [
-    Choice("Full", {"method.kind": "full", "method.quantization": None}),
-    Choice("LoRA", {"method.kind": "lora", "method.quantization": None}),
-    Choice("QLoRA 4-bit", {"method.kind": "qlora", "method.quantization": {"bits": 4}}),
-]
+# every value of the schema's Literal, in its order (a value without a label here fails at import)
+METHOD_LABELS = {"full": "Full", "lora": "LoRA", "qlora": "QLoRA 4-bit"}
+METHODS = [Choice(METHOD_LABELS[kind], {"method.kind": kind, "method.quantization": {"bits": 4} if kind == "qlora"
+                                        else None}) for kind in schema_values("method.kind")]
+DISTRIBUTED_LABELS = {"none": "Single", "ddp": "DDP", "fsdp": "FSDP"}  # deepspeed: one choice per ZeRO stage
 DISTRIBUTION = [
-    Choice("Single", {"memory.distributed": "none", "memory.zero_stage": None}),
-    Choice("DDP", {"memory.distributed": "ddp", "memory.zero_stage": None}),
-    *[Choice(f"ZeRO-{stage}", {"memory.distributed": "deepspeed", "memory.zero_stage": stage}) for stage in (1, 2, 3)],
-    Choice("FSDP", {"memory.distributed": "fsdp", "memory.zero_stage": None}),
+    choice for kind in schema_values("memory.distributed") for choice in (
+        [Choice(f"ZeRO-{stage}", {"memory.distributed": kind, "memory.zero_stage": stage})
+         for stage in schema_values("memory.zero_stage")] if kind == "deepspeed"
+        else [Choice(DISTRIBUTED_LABELS[kind], {"memory.distributed": kind, "memory.zero_stage": None})])
 ]
 
-# sft, dpo and kto drop grpo's section; grpo starts with one group per micro-batch, scored by exact match
+# every objective of the schema; sft, dpo and kto drop grpo's section; grpo starts with one group (its default 8
+# generations) per micro-batch, scored by exact match
 EXACT_MATCH = {"kind": "exact_match", "column": "answer"}
-OBJECTIVES = [
-    *[Choice(kind, {"objective.kind": kind, "objective.grpo": None}) for kind in ("sft", "dpo", "kto")],
-    Choice("grpo", {"objective.kind": "grpo", "objective.grpo": {"num_generations": 8, "rewards": [EXACT_MATCH]},
-                    "memory.micro_batch_size": 8}),
-]
+OBJECTIVE_CHANGES = {"grpo": {"objective.grpo": {"rewards": [EXACT_MATCH]}, "memory.micro_batch_size": 8}}
+OBJECTIVES = [ObjectiveChoice(kind, {"objective.kind": kind, **OBJECTIVE_CHANGES.get(kind, {"objective.grpo": None})})
+              for kind in schema_values("objective.kind")]
 REWARDS = [
     Choice("exact match (answer)", {"objective.grpo.rewards": [EXACT_MATCH]}),
     Choice("regex match (<answer>)", {"objective.grpo.rewards": [
@@ -63,11 +64,9 @@ REWARDS = [
 
 PARALLEL_DEGREES = [1, 2, 4, 8]  # ranks splitting one layer (tp) or one sequence (cp, sp); a refused one says why
 
-OPTIMIZERS = [
-    Choice(label, {"memory.optimizer": value}) for label, value in (
-        ("AdamW", "adamw_torch"), ("fused", "adamw_torch_fused"), ("8-bit", "adamw_8bit"),
-        ("paged 8-bit", "paged_adamw_8bit"), ("paged 32-bit", "paged_adamw_32bit"))
-]
+OPTIMIZERS = schema_choices("memory.optimizer", {
+    "adamw_torch": "AdamW", "adamw_torch_fused": "fused", "adamw_8bit": "8-bit", "paged_adamw_8bit": "paged 8-bit",
+    "paged_adamw_32bit": "paged 32-bit"})
 
 
 def _help(section, field: str) -> str:
@@ -84,9 +83,9 @@ class Alternative:
 
 @dataclass
 class AdviceArrived(Message):
-    """The advisor answered for ``recipe``: ranked plans, best first, or why it could not."""
+    """The advisor answered for ``starts`` (see MethodScreen._starts): its plans, or why it could not."""
 
-    recipe: Recipe
+    starts: list[Recipe]
     advice: list[Advice]
     error: str | None = None
 
@@ -99,7 +98,7 @@ class MethodScreen(WizardScreen):
     def compose_body(self) -> ComposeResult:
         self.alternatives: list[Alternative] = []
         self.advised: tuple | None = None  # (draft, model id) the list was made for; None: no list shown
-        self.advised_recipe: Recipe | None = None
+        self.advised_starts: list[Recipe] | None = None
         with Horizontal(classes="body"):
             with VerticalScroll(classes="form", id="method-form", can_focus=False):  # tab goes to the fields
                 yield ChoiceField("Method", METHODS, id="method-kind", help=_help(MethodSection, "kind"))
@@ -119,15 +118,14 @@ class MethodScreen(WizardScreen):
                 yield ChoiceField("Reward", REWARDS, id="grpo-rewards", help=_help(GrpoSection, "rewards"))
                 yield ChoiceField("Distribution", DISTRIBUTION, id="distribution",
                                   help=_help(MemorySection, "distributed"))
-                yield ChoiceField("FSDP sharding", value_choices(
-                    "memory.fsdp.sharding_strategy", ["full_shard", "shard_grad_op", "hybrid_shard", "no_shard"]),
-                    id="fsdp-sharding", help=_help(FsdpSection, "sharding_strategy"))
+                yield ChoiceField("FSDP sharding", schema_choices("memory.fsdp.sharding_strategy"),
+                                  id="fsdp-sharding", help=_help(FsdpSection, "sharding_strategy"))
                 for degree, label in (("tp", "Tensor parallel"), ("cp", "Context parallel"), ("sp", "Sequence parallel")):
                     yield ChoiceField(f"{label} ({degree})", value_choices(f"parallelism.{degree}", PARALLEL_DEGREES),
                                       id=f"parallelism-{degree}", help=_help(ParallelismSection, degree))
-                yield ChoiceField("Offload optimizer", value_choices("memory.offload_optimizer", ["none", "cpu", "nvme"]),
+                yield ChoiceField("Offload optimizer", schema_choices("memory.offload_optimizer"),
                                   id="offload-optimizer", help=_help(MemorySection, "offload_optimizer"))
-                yield ChoiceField("Offload parameters", value_choices("memory.offload_params", ["none", "cpu", "nvme"]),
+                yield ChoiceField("Offload parameters", schema_choices("memory.offload_params"),
                                   id="offload-params", help=_help(MemorySection, "offload_params"))
                 yield ToggleField("Gradient checkpointing", "memory.gradient_checkpointing",
                                   help=_help(MemorySection, "gradient_checkpointing"))
@@ -135,9 +133,9 @@ class MethodScreen(WizardScreen):
                                   help=_help(MemorySection, "activation_offloading"))
                 yield ToggleField("Chunked loss (no full logits)", "memory.chunked_loss",
                                   help=_help(MemorySection, "chunked_loss"))
-                yield ChoiceField("Attention", value_choices("memory.attention", ["auto", "flash", "sdpa", "eager"]),
+                yield ChoiceField("Attention", schema_choices("memory.attention"),
                                   id="attention", help=_help(MemorySection, "attention"))
-                yield ChoiceField("Precision", value_choices("memory.mixed_precision", ["bf16", "fp16", "no"]),
+                yield ChoiceField("Precision", schema_choices("memory.mixed_precision"),
                                   id="precision", help=_help(MemorySection, "mixed_precision"))
                 yield ChoiceField("Optimizer", OPTIMIZERS, id="optimizer", help=_help(MemorySection, "optimizer"))
                 with Horizontal(classes="pair"):
@@ -162,7 +160,7 @@ class MethodScreen(WizardScreen):
         app = self.app
         panel = self.query_one(PlanPanel)
         panel.plan, panel.status, panel.disk, panel.measured = app.plan, app.plan_status, app.disk_check, app.measured
-        self.query_one("#autofit", Button).disabled = app.draft.plannable is None
+        self.query_one("#autofit", Button).disabled = bool(app.draft.invalid)
         self.query_one("#fsdp-sharding").display = app.draft.value("memory.distributed") == "fsdp"
         kind = app.draft.value("objective.kind")
         self.query_one("#preference").display = kind in ("dpo", "kto", "grpo")
@@ -178,18 +176,36 @@ class MethodScreen(WizardScreen):
         self.query_one(PlanPanel).disk = message.check
 
     # --- Auto-fit -------------------------------------------------------------------------------
+    def _starts(self) -> list[Recipe]:
+        """The recipes Auto-fit asks the advisor about: the draft's own, or, while it has errors that one choice on
+        this screen fixes (eight GPUs and no distribution), the draft with each such fix; none while a box holds a
+        refused value (only the user knows what they meant)."""
+        draft = self.app.draft
+        if draft.invalid:
+            return []
+        if draft.plannable is not None:
+            return [draft.plannable]
+        starts: list[Recipe] = []
+        for field in self.query(ChoiceField):
+            for choice in field.choices:
+                recipe = None if choice.chosen_in(draft) else draft.fixed_by(choice.changes_for(draft))
+                if recipe is not None and recipe not in starts:
+                    starts.append(recipe)
+        return starts
+
     def _follow_draft(self) -> None:
         """Keep the list true to the draft: gone for a new recipe or model, recomputed after any other change."""
         if self.advised is None:
             return
         draft = self.app.draft
-        if self.advised != (draft, draft.value("model.id")) or draft.plannable is None:
+        starts = self._starts() if self.advised == (draft, draft.value("model.id")) else []
+        if not starts:
             self._clear_advice()
-        elif draft.plannable != self.advised_recipe:
-            self._ask(draft.plannable)
+        elif starts != self.advised_starts:
+            self._ask(starts)
 
     def _clear_advice(self) -> None:
-        self.advised, self.advised_recipe, self.alternatives = None, None, []
+        self.advised, self.advised_starts, self.alternatives = None, None, []
         listing = self.query_one("#alternatives", PickList)
         listing.clear_options()
         listing.display = False
@@ -200,30 +216,37 @@ class MethodScreen(WizardScreen):
             self.action_autofit()
 
     def action_autofit(self) -> None:
-        recipe = self.app.draft.plannable
-        if recipe is None:
-            self.notify("Auto-fit needs a recipe without errors.", severity="warning")
+        starts = self._starts()
+        if not starts:
+            draft = self.app.draft
+            why = ("fix the marked boxes first" if draft.invalid else
+                   "no choice on this screen fixes the errors; fix them first")
+            self.notify(f"Auto-fit: {why}.", severity="warning")
             return
-        self._ask(recipe)
+        self._ask(starts)
         listing = self.query_one("#alternatives", PickList)
         listing.display = True
         listing.focus()
 
-    def _ask(self, recipe: Recipe) -> None:
+    def _ask(self, starts: list[Recipe]) -> None:
         draft = self.app.draft
-        self.advised, self.advised_recipe = (draft, draft.value("model.id")), recipe
+        self.advised, self.advised_starts = (draft, draft.value("model.id")), starts
         self.query_one("#autofit", Button).label = "Auto-fit: thinking…"
-        self.advise(recipe)
+        self.advise(starts)
 
     @work(thread=True, exclusive=True, group="advice")
-    def advise(self, recipe: Recipe) -> None:
+    def advise(self, starts: list[Recipe]) -> None:
+        advice = []
         try:
-            self.post_message(AdviceArrived(recipe, self.app.planner.advise(recipe)))
+            for recipe in starts:
+                advice += self.app.planner.advise(recipe)
         except CannotPlan as exc:
-            self.post_message(AdviceArrived(recipe, [], error=str(exc)))
+            self.post_message(AdviceArrived(starts, [], error=str(exc)))
+            return
+        self.post_message(AdviceArrived(starts, advice))
 
     def on_advice_arrived(self, message: AdviceArrived) -> None:
-        if self.advised is None or message.recipe != self.advised_recipe:
+        if self.advised is None or message.starts != self.advised_starts:
             return  # an answer about an earlier draft
         self.query_one("#autofit", Button).label = "Auto-fit (f)"
         listing = self.query_one("#alternatives", PickList)
@@ -234,12 +257,18 @@ class MethodScreen(WizardScreen):
             self.query_one("#proposal", Static).update(Text(f"Auto-fit cannot plan this recipe: {message.error}"))
             return
         draft = self.app.draft
+        ranked = sorted(worth_showing(message.advice), key=lambda advice: (not advice.fits, advice.cost))
+        if any(advice.fits for advice in ranked):
+            ranked = [advice for advice in ranked if advice.fits]
+        else:
+            ranked = ranked[:1]  # what is missing, once
         self.alternatives, seen = [], []
-        for advice in worth_showing(message.advice):
+        for advice in ranked:
             changes = draft.changes_towards(advice.recipe) if advice.fits else {}
             if advice.fits and changes in seen:
                 continue
             seen.append(changes)
+            advice = replace(advice, label=change_label(draft.resolved, advice.recipe))  # what Enter applies here
             self.alternatives.append(Alternative(advice, changes))
             number = f"{len(self.alternatives)}. "
             prompt = number + (advice.summary() if advice.fits else f"nothing fits: {advice.summary()}")

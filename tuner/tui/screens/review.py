@@ -15,6 +15,7 @@ from textual.widgets import Button, Input, Label, Static, TabbedContent, TabPane
 from tuner.recipe.io import RecipeError
 from tuner.recipe.warnings import recipe_warnings
 from tuner.tui.screens.base import WizardScreen
+from tuner.tui.recipe_file import save_problem
 from tuner.tui.screens.confirm import ConfirmScreen
 
 LEXERS = {".yaml": "yaml", ".yml": "yaml", ".json": "json", ".sh": "bash", ".toml": "toml"}
@@ -108,6 +109,10 @@ class ReviewScreen(WizardScreen):
 
     def action_save(self) -> None:
         path = Path(self.query_one("#save-path", Input).value.strip() or "recipe.yaml")
+        problem = save_problem(path)  # a folder, a missing folder, no permission: said before anything is asked
+        if problem:
+            self.notify(problem, severity="error", timeout=8, markup=False)
+            return
         if path.exists():
             self.app.push_screen(ConfirmScreen(f"{path} exists. Overwrite it with this recipe?"),
                                  lambda yes: self._save(path) if yes else None)
@@ -118,6 +123,6 @@ class ReviewScreen(WizardScreen):
         try:
             self.app.draft.save(path, overwrite=True)
         except (RecipeError, OSError) as exc:
-            self.notify(str(exc), severity="error", timeout=8)
+            self.notify(str(exc), severity="error", timeout=8, markup=False)
             return
-        self.notify(f"saved {path}; replay it with: tuner run {path}")
+        self.notify(f"saved {path}; replay it with: tuner run {path}", markup=False)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -10,12 +11,13 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from tuner.recipe.io import RecipeError
 from tuner.recipe.registry import builtin_names, builtin_path, describe
 from tuner.run_layout import LOCK_FILE
-from tuner.tui.draft import Draft
 from tuner.tui.run_watch import recent_runs
 from tuner.tui.widgets.lists import PickList
+
+if TYPE_CHECKING:
+    from tuner.tui.draft import Draft
 
 RUNS_ROOT = Path("runs")
 ABOUT = {
@@ -73,6 +75,9 @@ class StartScreen(Screen):
         self.app.switch_mode(mode)
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        from tuner.recipe.io import RecipeError
+        from tuner.tui.draft import Draft  # the schema: loaded after this screen is painted
+
         choice = event.option.id or ""
         self._error("")
         try:
@@ -99,6 +104,9 @@ class StartScreen(Screen):
             self._error(str(exc))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
+        from tuner.recipe.io import RecipeError
+        from tuner.tui.draft import Draft
+
         try:
             self._open(Draft.from_file(event.value.strip()))
         except RecipeError as exc:

@@ -4,9 +4,10 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Horizontal, VerticalScroll
 
+from tuner.recipe.schema import TrainingSection
+from tuner.tui.draft import schema_values
 from tuner.tui.screens.base import WizardScreen
-from tuner.recipe.schema import TRACKERS, TrainingSection
-from tuner.tui.widgets.fields import Choice, ChoiceField, InputField, value_choices
+from tuner.tui.widgets.fields import Choice, ChoiceField, InputField, schema_choices
 
 
 class TrainingScreen(WizardScreen):
@@ -17,9 +18,7 @@ class TrainingScreen(WizardScreen):
             with VerticalScroll(classes="form", can_focus=False):  # scrolls on a short terminal
                 yield InputField("Run name", "name")
                 yield InputField("Learning rate", "training.learning_rate", number=True)
-                yield ChoiceField("Schedule", value_choices("training.lr_scheduler",
-                                                       ["linear", "cosine", "constant", "constant_with_warmup"]),
-                                  id="schedule")
+                yield ChoiceField("Schedule", schema_choices("training.lr_scheduler"), id="schedule")
                 with Horizontal(classes="pair"):
                     yield InputField("Epochs", "training.epochs", number=True)
                     yield InputField("Max steps", "training.max_steps", number=True, placeholder="from epochs")
@@ -32,5 +31,6 @@ class TrainingScreen(WizardScreen):
                 yield InputField("Output directory", "output.dir", placeholder="runs/<name>")
                 yield InputField("Resume", "training.resume", placeholder="never, auto or a checkpoint directory")
                 yield ChoiceField("Tracker", [Choice("none", {"training.report_to": []}),
-                                              *(Choice(name, {"training.report_to": [name]}) for name in TRACKERS)],
+                                              *(Choice(name, {"training.report_to": [name]})
+                                                                for name in schema_values("training.report_to"))],
                                   id="tracker", help=TrainingSection.model_fields["report_to"].description or "")

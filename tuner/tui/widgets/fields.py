@@ -1,22 +1,24 @@
-"""Form fields bound to the draft: each posts :class:`FieldEdited` and re-reads the draft in ``sync``.
+"""Form fields bound to the draft: each is a view of its draft entries, re-read in ``sync``.
 
-A choice the recipe rules refuse is disabled, and the rule's own message is its tooltip
-(hover); ``reasons`` lists them, and the screen shows the focused field's reasons (keyboard)
-in a fixed line below the form, so focus never shifts the layout under the mouse.
+A choice posts :class:`FieldEdited`; a box puts its text into the draft the moment it changes (a box's text
+belongs to the draft, so it can never show another recipe's) and posts :class:`TextTyped`.  A choice the recipe
+rules refuse is disabled, and the rule's own message is its tooltip (hover); ``reasons`` lists them, and the
+screen shows the focused field's reasons (keyboard) in a fixed line below the form, so focus never shifts the
+layout under the mouse.  The options of a choice are the schema's own values (:func:`schema_choices`).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.validation import ValidationResult, Validator
 from textual.widgets import Checkbox, Input, Label, RadioButton, RadioSet, Select, Static
 
-from tuner.tui.draft import Changes, Draft, field_problem
-from tuner.tui.messages import FieldEdited
+from tuner.tui.draft import Changes, Draft, schema_values
+from tuner.tui.messages import FieldEdited, TextTyped
 
 
 @dataclass(frozen=True)
@@ -26,9 +28,38 @@ class Choice:
     label: str
     changes: Changes
 
+    def changes_for(self, draft: Draft) -> Changes:
+        """What choosing it changes in ``draft`` (the fields it stands for; see :class:`ObjectiveChoice`)."""
+        return self.changes
+
+    def chosen_in(self, draft: Draft) -> bool:
+        """Whether ``draft`` shows this option as chosen: it holds every value the option stands for."""
+        return draft.holds(self.changes)
+
+
+@dataclass(frozen=True)
+class ObjectiveChoice(Choice):
+    """An objective: the data follows it where the draft has another objective's example data or layout, and it
+    stays chosen while its kind is, whatever its starting values (grpo's micro-batch, rewards) became since."""
+
+    def changes_for(self, draft: Draft) -> Changes:
+        return {**self.changes, **draft.data_following(self.changes["objective.kind"])}
+
+    def chosen_in(self, draft: Draft) -> bool:
+        return draft.value("objective.kind") == self.changes["objective.kind"]
+
+
+def schema_choices(field: str, labels: Mapping[Any, str] | None = None, choice=Choice) -> list[Choice]:
+    """One choice per value the schema allows for ``field`` (its Literal), labelled by ``labels`` or the value
+    itself; a value ``labels`` does not name fails here, so a new schema value cannot go missing from a screen."""
+    values = schema_values(field)
+    if labels is not None and set(labels) != set(values):
+        raise ValueError(f"{field}: labels for {sorted(map(str, labels))}, the schema has {sorted(map(str, values))}")
+    return [choice(str(value) if labels is None else labels[value], {field: value}) for value in values]
+
 
 def value_choices(field: str, values: list) -> list[Choice]:
-    """One choice per value of a single field, labelled with the value itself."""
+    """One choice per value of a field that is not a Literal (degrees of parallelism), labelled with the value."""
     return [Choice(str(value), {field: value}) for value in values]
 
 
@@ -69,9 +100,11 @@ class ChoiceField(Vertical):
     def sync(self, draft: Draft) -> None:
         """Re-check every option against the draft (a keypress's cost: widgets change only when their state does)."""
         refused: dict[str, list[str]] = {}  # reason -> the options it refuses
+        chosen_one = False
         for choice, button in zip(self.choices, self.query(RadioButton)):
-            chosen = draft.holds(choice.changes)
-            refusal = None if chosen else draft.refusal(choice.changes)
+            chosen = not chosen_one and choice.chosen_in(draft)
+            chosen_one = chosen_one or chosen
+            refusal = None if chosen else draft.refusal(choice.changes_for(draft))
             if button.disabled != (refusal is not None):
                 button.disabled = refusal is not None
             tooltip = refusal or self.help or None
@@ -82,6 +115,9 @@ class ChoiceField(Vertical):
                 refused.setdefault(why if field in choice.changes else refusal, []).append(choice.label)
             if chosen and not button.value:
                 button.value = True  # RadioSet turns the old one off; the echo is ignored below
+            elif not chosen and button.value:  # e.g. a file's tp 3, which no option is: none shows as chosen
+                with button.prevent(RadioButton.Changed):
+                    button.value = False
         self.reasons = [f"{', '.join(labels)}: {reason}" for reason, labels in refused.items()]
         fields = dict.fromkeys(field for choice in self.choices for field in choice.changes)
         reason = next((line for line in map(draft.reason, fields) if line), None)
@@ -89,8 +125,9 @@ class ChoiceField(Vertical):
 
     def on_radio_set_changed(self, event: RadioSet.Changed) -> None:
         event.stop()
-        index = int(event.pressed.id.rsplit("-", 1)[1])
-        self.post_message(FieldEdited(self.choices[index].changes))
+        choice, draft = self.choices[int(event.pressed.id.rsplit("-", 1)[1])], self.app.draft
+        if not choice.chosen_in(draft):  # else the echo of sync showing the draft's own choice
+            self.post_message(FieldEdited(choice.changes_for(draft)))
 
 
 class ToggleField(Vertical):
@@ -145,24 +182,14 @@ def _parse_text(text: str) -> str | None:
     return text.strip() or None
 
 
-class FieldRule(Validator):
-    """The field's own rule from the recipe schema, for Textual's Input validation (marks the box invalid)."""
-
-    def __init__(self, field: str, parse):
-        super().__init__()
-        self.field = field
-        self.parse = parse
-
-    def validate(self, value: str) -> ValidationResult:
-        problem = field_problem(self.field, self.parse(value))
-        return self.failure(problem) if problem else self.success()
-
-
 class InputField(Vertical):
-    """A labelled text or number box for one field, shown as typed; empty means the default (or none).
+    """A labelled text or number box for one field: a view of the draft's entry, shown as typed; empty means the
+    default (or none).
 
-    A value the field's rule refuses stays in the box, marked, with the rule's reason under it; so does
-    a conflict with other fields that names this one.
+    Its text goes into the draft the moment it changes (a reactive watcher, before any other message is handled),
+    and ``sync`` shows the draft's text whatever has focus: so the box and the draft never disagree.  A value the
+    field's rule refuses stays in the box, marked, with the rule's reason under it; so does a conflict with other
+    fields that names this one.
     """
 
     def __init__(self, label: str, field: str, *, number: bool = False, placeholder: str = "", help: str = "",
@@ -175,48 +202,67 @@ class InputField(Vertical):
         self.parse = _parse_number if number else _parse_text
         self.apply_on_enter = apply_on_enter  # apply on enter or leaving the box, not per keystroke (costly lookups)
         self.pending = False  # typed but not yet applied (apply_on_enter)
-        self.typing = False  # the user typed in the box since it took focus
+        self._showing = False  # the box is being set to the draft's text: not the user's typing
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="field-row"):
             yield Label(self.label, classes="field-label")
-            yield Input(placeholder=self.placeholder, id=f"{self.id}-input", tooltip=self.help or None, compact=True,
-                        validators=[FieldRule(self.field, self.parse)], validate_on=["changed", "submitted"])
+            yield Input(placeholder=self.placeholder, id=f"{self.id}-input", tooltip=self.help or None, compact=True)
         yield Static("", classes="field-reason")
+
+    def on_mount(self) -> None:
+        self.watch(self.box, "value", self._box_changed, init=False)
 
     @property
     def box(self) -> Input:
         return self.query_one(Input)
 
+    @contextmanager
+    def _showing_draft(self):
+        self._showing = True
+        try:
+            with self.box.prevent(Input.Changed):
+                yield
+        finally:
+            self._showing = False
+
     def sync(self, draft: Draft) -> None:
         box = self.box
-        if not (self.typing and box.has_focus):  # never fight the user's typing (the draft holds it anyway)
-            shown = draft.shown(self.field)
-            if box.value != shown:
-                with box.prevent(Input.Changed):
-                    box.value = shown
+        shown = draft.shown(self.field)
+        if box.value != shown:
+            with self._showing_draft():
+                box.value = shown
+        box.set_class(self.field in draft.invalid, "-invalid")
         show_reason(self.query_one(".field-reason", Static), draft.reason(self.field))
 
-    def _edited(self, text: str) -> None:
+    def _box_changed(self, text: str) -> None:
+        if self._showing:
+            return
+        draft = self.app.draft
+        if self.apply_on_enter:
+            draft.hold(self.field, text)
+            self.pending = True
+            return
+        draft.apply({self.field: self.parse(text)}, typed=text)
+        self.post_message(TextTyped(self.field))
+
+    def apply_held(self) -> None:
+        """Apply the text held for enter (a model id): on enter, on leaving the box, or on leaving the screen."""
         self.pending = False
+        text = self.box.value
         self.post_message(FieldEdited({self.field: self.parse(text)}, typed=text))
 
     def on_input_changed(self, event: Input.Changed) -> None:
-        event.stop()
-        self.typing = True
-        if self.apply_on_enter:
-            self.pending = True
-        else:
-            self._edited(event.value)
+        event.stop()  # the draft has it already (_box_changed)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
-        self._edited(event.value)
+        if self.pending:
+            self.apply_held()
 
     def on_descendant_blur(self) -> None:
         if self.pending:
-            self._edited(self.box.value)
-        self.typing = False
+            self.apply_held()
 
 
 class SelectField(Vertical):
