@@ -128,7 +128,8 @@ def _advice_dict(advice) -> dict:
             "gradient_accumulation_for_largest": advice.accumulation_for_largest, "plan": advice.plan.to_dict()}
 
 
-_VERDICT_STYLE = {"fits": "bold green", "tight": "bold yellow", "does not fit": "bold red", "unknown": "bold"}
+_VERDICT_STYLE = {"fits": "bold green", "tight": "bold yellow", "does not fit": "bold red", "unknown": "bold",
+                  "cannot judge": "bold magenta"}
 
 
 def print_plan(console, memory_plan) -> None:

@@ -260,6 +260,9 @@ def _search(recipe, keep=None) -> tuple[list[tuple], list[tuple]]:
 def advise(recipe, limit: int = 5) -> list[Advice]:
     """Plans that fit, cheapest first (at most ``limit``); or one non-fitting Advice saying how much is missing."""
     before = plan(recipe)
+    if before.unmodelled:  # every candidate has the same parts no term covers: nothing to rank
+        return [Advice(recipe, before, 0.0, [f"no plan can be judged: tuner has no memory terms for "
+                                             f"{'; '.join(before.unmodelled)}."])]
     scored, fitting = _search(recipe)
     if not fitting:
         best = min(scored, key=lambda s: s[5].missing_gib)

@@ -73,13 +73,10 @@ def head_transient_bytes(s, tokens: int, backward: bool) -> float:
 
 
 def layer_forward_bytes(s, tokens: int) -> float:
-    """The largest transient of one decoder layer's forward without gradients: the SwiGLU's gate, up and product
-    (or eager attention's fp32 scores and their softmax)."""
-    f = s.facts
-    per_token = 3 * s.act_bytes * f.intermediate_size * max(f.experts_per_token, 1)
-    if s.eager:
-        per_token = max(per_token, f.num_heads * s.seq * (4 + s.act_bytes))
-    return tokens * per_token
+    """The largest transient of one decoder layer's forward without gradients (tuner.planner.layers)."""
+    from tuner.planner.layers import forward_transient_bytes, largest
+
+    return largest(forward_transient_bytes, s, tokens)
 
 
 def loss_items(s) -> list[Item]:

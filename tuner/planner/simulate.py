@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tuner.catalog.models import _catalog, _catalog_key, _demo_config
+from tuner.catalog.models import _catalog_key, catalog_config, demo_config
 
 GIB = 2**30
 
@@ -57,7 +57,7 @@ def _config_dict(recipe) -> dict:
 
     model_id = recipe.model.id
     if model_id == "builtin:demo":
-        return _demo_config()
+        return demo_config()
     path = Path(model_id).expanduser()
     if path.is_dir():
         import json
@@ -65,7 +65,7 @@ def _config_dict(recipe) -> dict:
         return json.loads((path / "config.json").read_text())
     key = _catalog_key(model_id)
     if key is not None:
-        return dict(_catalog()[key])
+        return catalog_config(key)
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(model_id, local_files_only=True).to_dict()
