@@ -91,7 +91,13 @@ class Inventory:
     peft_moe_mapping: dict[str, str] = field(default_factory=dict)  # PEFT's v4 name -> v5 parameter for this MoE
     peft_fused_targets: dict[str, list[str]] = field(default_factory=dict)  # v5 parameter -> v4 names fused in it
     tp_plan: dict[str, str] = field(default_factory=dict)  # config.base_model_tp_plan
+    source_config: dict = field(default_factory=dict)  # the config it was built from (canonical_config)
     format: int = INVENTORY_FORMAT
+
+    @property
+    def lora_measured(self) -> bool:
+        """Whether PEFT's targets were measured (the planner asks for them only for LoRA and QLoRA)."""
+        return bool(self.peft_version)
 
     @property
     def total(self) -> int:
@@ -170,7 +176,8 @@ def installed_transformers() -> str | None:
 
 def inventory_for(config: dict, name: str, trust_remote_code: bool = False) -> Inventory:
     """The inventory of the model ``config`` describes: shipped, cached, or built now on the meta device (and
-    cached, atomically).  ``name`` is where the config came from, for messages."""
+    cached, atomically).  ``name`` is where the config came from, for messages.  PEFT's targets are measured later,
+    when a plan needs them (:func:`with_lora`)."""
     key = config_key(config)
     shipped = _read(shipped_path(key))
     if shipped is not None:
@@ -185,13 +192,28 @@ def inventory_for(config: dict, name: str, trust_remote_code: bool = False) -> I
     if cached is not None:
         return cached
     from tuner.catalog.meta_inventory import build_inventory
+
+    return _store(build_inventory(config, name, trust_remote_code, lora=False))
+
+
+def with_lora(inventory: Inventory, name: str, trust_remote_code: bool = False) -> Inventory:
+    """``inventory`` with PEFT's targets measured (once: the result replaces the cached inventory)."""
+    if inventory.lora_measured:
+        return inventory
+    from tuner.catalog.meta_inventory import measure_lora
+
+    return _store(measure_lora(inventory, name, trust_remote_code))
+
+
+def _store(inventory: Inventory) -> Inventory:
     from tuner.fileio import atomic_write_text
 
-    inventory = build_inventory(config, name, trust_remote_code)
+    path = cache_path(inventory.config_sha256, inventory.transformers_version)
     try:
-        atomic_write_text(cache_path(key, inventory.transformers_version), inventory.to_json())
+        atomic_write_text(path, inventory.to_json())
     except OSError:
         pass  # a read-only home: plan from the inventory just built, build it again next time
+    _read.cache_clear()
     return inventory
 
 

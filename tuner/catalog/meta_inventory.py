@@ -10,8 +10,9 @@ import json
 import math
 import re
 from contextlib import contextmanager
+from dataclasses import replace
 
-from tuner.catalog.inventory import Inventory, ModuleGroup, collapse, config_key
+from tuner.catalog.inventory import Inventory, ModuleGroup, canonical_config, collapse, config_key
 from tuner.catalog.model_config import ModelConfigError, check_resolved_config
 
 _SIMPLE = (int, float, bool, str, type(None))
@@ -75,9 +76,9 @@ def meta_model(config, trust_remote_code: bool = False):
         return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 
-def build_inventory(config: dict, name: str, trust_remote_code: bool = False) -> Inventory:
-    """Instantiate the model of ``config`` on the meta device and record its parameters per module path pattern."""
-    import peft
+def build_inventory(config: dict, name: str, trust_remote_code: bool = False, lora: bool = True) -> Inventory:
+    """Instantiate the model of ``config`` on the meta device and record its parameters per module path pattern;
+    with ``lora``, also what PEFT adapts for each target (:func:`measure_lora`, a few more builds)."""
     import transformers
 
     config_obj = config_object(config, name, trust_remote_code)
@@ -89,21 +90,46 @@ def build_inventory(config: dict, name: str, trust_remote_code: bool = False) ->
         raise ArchitectureError(f"{name}: transformers cannot build {type(config_obj).__name__} "
                                 f"({getattr(config_obj, 'model_type', '?')}): {_reason(exc)}") from None
     layers_path, num_layers = _decoder_layers(model)
-    grouped = _groups(model, layers_path)
+    groups = tuple(group for group, _ in _groups(model, layers_path))
     peft_moe_mapping, peft_fused = _peft_moe_tables(model)
-    lora = _lora_coefficients(config_obj, trust_remote_code, [group for group, _ in grouped], peft_moe_mapping)
-    groups = [_with_lora(group, paths, lora) for group, paths in grouped]
-    tied = _tied(model)
     layer_types = getattr(text, "layer_types", None)
-    return Inventory(
+    inventory = Inventory(
         architecture=type(model).__name__, model_type=str(getattr(config_obj, "model_type", "")),
-        transformers_version=transformers.__version__, peft_version=peft.__version__,
-        config_sha256=config_key(config), layers_path=layers_path, num_layers=num_layers, groups=tuple(groups),
-        tied=tied, config=_jsonable(text.to_dict()),
+        transformers_version=transformers.__version__, peft_version="",
+        config_sha256=config_key(config), layers_path=layers_path, num_layers=num_layers, groups=groups,
+        tied=_tied(model), config=_jsonable(text.to_dict()), source_config=canonical_config(config),
         layer_types=[str(t) for t in layer_types] if isinstance(layer_types, (list, tuple)) else [],
         peft_moe_mapping=peft_moe_mapping, peft_fused_targets=peft_fused,
         tp_plan={str(k): str(v) for k, v in (getattr(text, "base_model_tp_plan", None) or {}).items()},
     )
+    return measure_lora(inventory, name, trust_remote_code) if lora else inventory
+
+
+def measure_lora(inventory: Inventory, name: str, trust_remote_code: bool = False) -> Inventory:
+    """The inventory with what PEFT adapts per module group: LoRA parameters per unit of rank when target_modules
+    names the group's leaf, under all-linear, and per target parameter; measured with get_peft_model on fresh
+    meta models (adapters on the meta device too)."""
+    import peft
+
+    config_obj = config_object(inventory.source_config, name, trust_remote_code)
+    model = meta_model(config_obj, trust_remote_code)
+    paths = dict(_group_paths(model, inventory))
+    lora = _lora_coefficients(config_obj, trust_remote_code, inventory.groups, inventory.peft_moe_mapping)
+    groups = tuple(_with_lora(group, paths.get(index, set()), lora) for index, group in enumerate(inventory.groups))
+    return replace(inventory, groups=groups, peft_version=peft.__version__)
+
+
+def _group_paths(model, inventory: Inventory):
+    """(index of the group in the inventory, the exact paths of its modules) for a model built like it."""
+    keys = {_group_key(group): index for index, group in enumerate(inventory.groups)}
+    for group, paths in _groups(model, inventory.layers_path):
+        if _group_key(group) in keys:
+            yield keys[_group_key(group)], paths
+
+
+def _group_key(group: ModuleGroup) -> tuple:
+    return (group.pattern, group.module, group.kind, json.dumps(group.params, sort_keys=True),
+            json.dumps(group.attrs, sort_keys=True, default=str), group.quantized)
 
 
 def _text_config(config_obj):
@@ -264,11 +290,12 @@ def _peft_moe_tables(model) -> tuple[dict[str, str], dict[str, list[str]]]:
 def _adapter_params(config_obj, trust_remote_code: bool, **lora) -> dict[str, int] | str:
     """LoRA parameters (rank 1) PEFT adds per module path for one LoraConfig, on a fresh meta model; PEFT's
     refusal as text when it refuses."""
+    import torch
     from peft import LoraConfig, get_peft_model
 
     model = meta_model(config_obj, trust_remote_code)
     try:
-        with _quiet():
+        with _quiet(), torch.device("meta"):  # the adapters too: nothing is allocated or initialised
             wrapped = get_peft_model(model, LoraConfig(r=1, lora_alpha=1, task_type="CAUSAL_LM", **lora))
     except Exception as exc:  # PEFT's words for a target it cannot adapt
         return _reason(exc)

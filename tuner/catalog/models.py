@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
 
-from tuner.catalog.inventory import Inventory, ModuleGroup, inventory_for
+from tuner.catalog.inventory import Inventory, ModuleGroup, inventory_for, with_lora
 from tuner.catalog.layer_kinds import LayerKind, LinearLayer, classify
 from tuner.catalog.model_config import MAX_CONFIG_BYTES, ModelConfigError, check_config, read_config
 
@@ -75,6 +75,7 @@ class ModelFacts:
     notes: tuple[str, ...] = ()
     inventory_key: str = ""  # the config's sha256: two facts with equal numbers but other trees differ here
     tp: int = 1  # the tensor-parallel ranks this is one rank's share for (tuner.planner.memory.rank_facts)
+    trust_remote_code: bool = False  # what building it again (to measure PEFT's targets) may run
     inventory: Inventory | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
@@ -131,6 +132,12 @@ class ModelFacts:
     def total_params(self) -> int:
         return self.param_counts.total
 
+    @cached_property
+    def lora_inventory(self) -> Inventory:
+        """The inventory with PEFT's targets measured (built on the meta device the first time a LoRA plan of an
+        uncatalogued model asks; shipped for the catalog)."""
+        return with_lora(self.inventory, self.source, self.trust_remote_code)
+
     def peft_targets(self, target_modules: list[str] | str, target_parameters=()) -> PeftTargets:
         return peft_targets(self.inventory, target_modules, tuple(target_parameters))
 
@@ -138,14 +145,14 @@ class ModelFacts:
         """LoRA parameters PEFT adds for these targets at rank ``r`` (PEFT's own counts, per module, from the
         inventory): r x (in + out) for an nn.Linear, r x experts x (in + out) for a fused expert tensor."""
         targets = self.peft_targets(target_modules, target_parameters)
-        per_rank = sum(coefficient * self._share(group) for group, coefficient in _adapted(self.inventory, targets))
+        per_rank = sum(coefficient * self._share(group) for group, coefficient in _adapted(self.lora_inventory, targets))
         return round(r * per_rank)
 
     def targeted_linears(self, kind: LayerKind, target_modules: list[str] | str, target_parameters=()):
         """The linear maps of one layer of ``kind`` that carry a LoRA adapter."""
         targets = self.peft_targets(target_modules, target_parameters)
         adapted = {self.inventory.relative(group) + (f".{name}" if name else "")
-                   for group, _, name in _adapted(self.inventory, targets, with_names=True)}
+                   for group, _, name in _adapted(self.lora_inventory, targets, with_names=True)}
         return [lin for lin in kind.linears if lin.name in adapted or f"{lin.name}.weight" in adapted
                 or lin.name.rsplit(".", 1)[0] in adapted]
 
@@ -328,7 +335,7 @@ def _config_int(config: dict, *keys: str, default: int = 0) -> int:
     return default
 
 
-def facts_from_inventory(inventory: Inventory, name: str, source: str) -> ModelFacts:
+def facts_from_inventory(inventory: Inventory, name: str, source: str, trust_remote_code: bool = False) -> ModelFacts:
     """The planner's numbers from a model's inventory (its text config, as transformers resolved it)."""
     config = inventory.config
     hidden = _config_int(config, "hidden_size", "n_embd", "d_model")
@@ -345,7 +352,8 @@ def facts_from_inventory(inventory: Inventory, name: str, source: str) -> ModelF
                                       default=4 * hidden),
         vocab_size=vocab, tie_word_embeddings=tied,
         max_position_embeddings=_config_int(config, "max_position_embeddings") or None,
-        source=source, inventory_key=inventory.config_sha256, inventory=inventory)
+        source=source, inventory_key=inventory.config_sha256, trust_remote_code=trust_remote_code,
+        inventory=inventory)
     moe = [kind for kind in facts.layer_kinds if kind.mlp == "moe"]
     if moe:
         facts = replace(facts, num_experts=max(kind.dims["experts"] for kind in moe),
@@ -366,14 +374,21 @@ def facts_from_config(config: dict, name: str, source: str, trust_remote_code: b
         inventory = inventory_for(config, source, trust_remote_code)
     except ModelConfigError as exc:
         raise UnknownModelError(str(exc)) from None
-    return facts_from_inventory(inventory, name, source)
+    return facts_from_inventory(inventory, name, source, trust_remote_code)
 
 
 @lru_cache(maxsize=1)
 def _catalog() -> dict[str, dict]:
     data = json.loads(CATALOG_FILE.read_text())
     data.pop("_comment", None)
+    data.pop("_aliases", None)
     return data
+
+
+@lru_cache(maxsize=1)
+def catalog_aliases() -> dict[str, str]:
+    """Other names of a catalog entry's architecture (a release, a distillation on the same base)."""
+    return json.loads(CATALOG_FILE.read_text()).get("_aliases", {})
 
 
 def catalog_ids() -> list[str]:
@@ -388,7 +403,9 @@ def catalog_config(key: str) -> dict:
 def _catalog_key(model_id: str) -> str | None:
     """Match a hub id to the catalog, ignoring case, the org and instruct/chat suffixes of the same architecture."""
     entries = {key.lower(): key for key in _catalog()}
+    entries.update({alias.lower(): key for alias, key in catalog_aliases().items()})
     short = {key.split("/")[-1].lower(): key for key in _catalog()}
+    short.update({alias.split("/")[-1].lower(): key for alias, key in catalog_aliases().items()})
     wanted = model_id.strip().lower()
     candidates = [wanted, wanted.split("/")[-1]]
     for suffix in ("-instruct", "-it", "-chat"):
