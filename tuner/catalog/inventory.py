@@ -136,7 +136,7 @@ def canonical_config(config: dict) -> dict:
 
 def config_key(config: dict) -> str:
     """The inventory key of a config: sha256 of its canonical JSON."""
-    text = json.dumps(canonical_config(config), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    text = json.dumps(canonical_config(config), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -193,7 +193,7 @@ def inventory_for(config: dict, name: str, trust_remote_code: bool = False) -> I
         return cached
     from tuner.catalog.meta_inventory import build_inventory
 
-    return _store(build_inventory(config, name, trust_remote_code, lora=False))
+    return store(build_inventory(config, name, trust_remote_code, lora=False))
 
 
 def with_lora(inventory: Inventory, name: str, trust_remote_code: bool = False) -> Inventory:
@@ -202,10 +202,11 @@ def with_lora(inventory: Inventory, name: str, trust_remote_code: bool = False) 
         return inventory
     from tuner.catalog.meta_inventory import measure_lora
 
-    return _store(measure_lora(inventory, name, trust_remote_code))
+    return store(measure_lora(inventory, name, trust_remote_code))
 
 
-def _store(inventory: Inventory) -> Inventory:
+def store(inventory: Inventory) -> Inventory:
+    """Cache ``inventory`` under $TUNER_HOME (atomically) and return it."""
     from tuner.fileio import atomic_write_text
 
     path = cache_path(inventory.config_sha256, inventory.transformers_version)

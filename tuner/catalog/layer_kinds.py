@@ -151,8 +151,8 @@ def _layer_kind(members: list[tuple[str, ModuleGroup]], layer_type: str, hidden:
     norms: list[int] = []
     norm_params = 0
     for relative, group in members:
-        if relative == "" or "." not in relative and group.kind == "block":
-            if relative == "" and group.params:  # the decoder layer's own parameters (scalars, gates)
+        if relative == "":
+            if group.params:  # the decoder layer's own parameters (scalars, gates)
                 unmodelled.append(f"the layer's own parameters {sorted(group.params)} ({group.module})")
             continue
         if "." not in relative and group.kind == "norm":
@@ -288,12 +288,12 @@ def _moe(child: str, inner: dict[str, ModuleGroup], block, hidden: int, config: 
     weights = {name for name in params if not name.endswith("_bias")}
     if weights not in ({"gate_up_proj", "down_proj"},) or params - weights - {"gate_up_proj_bias", "down_proj_bias"}:
         return None
-    if set(router.params) - {"weight", "bias"}:
+    if set(router.params) - {"weight", "bias", "e_score_correction_bias"}:
         return None
     shared_width, shared_gate = 0, False
     for name in set(inner) - {"", routers[0], experts[0]}:
         head = name.split(".", 1)[0]
-        if head in SHARED_EXPERT_NAMES:
+        if head in SHARED_EXPERT_NAMES or head == routers[0]:  # shared experts; the router's own statistics
             continue
         if name == "shared_expert_gate" and _shape(inner[name]) == [1, hidden]:
             shared_gate = True

@@ -76,19 +76,22 @@ def meta_model(config, trust_remote_code: bool = False):
         return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
 
 
-def build_inventory(config: dict, name: str, trust_remote_code: bool = False, lora: bool = True) -> Inventory:
-    """Instantiate the model of ``config`` on the meta device and record its parameters per module path pattern;
-    with ``lora``, also what PEFT adapts for each target (:func:`measure_lora`, a few more builds)."""
+def build_inventory(config: dict, name: str, trust_remote_code: bool = False, lora: bool = True,
+                    model=None) -> Inventory:
+    """Instantiate the model of ``config`` on the meta device (or take ``model``, built from it) and record its
+    parameters per module path pattern; with ``lora``, also what PEFT adapts for each target (:func:`measure_lora`,
+    a few more builds)."""
     import transformers
 
     config_obj = config_object(config, name, trust_remote_code)
     text = _text_config(config_obj)
     check_resolved_config(text, name)
-    try:
-        model = meta_model(config_obj, trust_remote_code)
-    except Exception as exc:
-        raise ArchitectureError(f"{name}: transformers cannot build {type(config_obj).__name__} "
-                                f"({getattr(config_obj, 'model_type', '?')}): {_reason(exc)}") from None
+    if model is None:
+        try:
+            model = meta_model(config_obj, trust_remote_code)
+        except Exception as exc:
+            raise ArchitectureError(f"{name}: transformers cannot build {type(config_obj).__name__} "
+                                    f"({getattr(config_obj, 'model_type', '?')}): {_reason(exc)}") from None
     layers_path, num_layers = _decoder_layers(model)
     groups = tuple(group for group, _ in _groups(model, layers_path))
     peft_moe_mapping, peft_fused = _peft_moe_tables(model)

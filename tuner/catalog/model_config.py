@@ -26,7 +26,7 @@ SIZES = {
     "num_experts": (0, 2**14), "num_local_experts": (0, 2**14), "n_routed_experts": (0, 2**14),
     "n_shared_experts": (0, 2**10), "num_experts_per_tok": (1, 2**14), "moe_topk": (1, 2**14),
     "kv_lora_rank": (1, 2**14), "q_lora_rank": (1, 2**14), "qk_rope_head_dim": (1, 2**12),
-    "qk_nope_head_dim": (1, 2**12), "v_head_dim": (1, 2**12), "sliding_window": (1, 2**27),
+    "qk_nope_head_dim": (1, 2**12), "v_head_dim": (1, 2**12), "sliding_window": (0, 2**27),
     "linear_num_key_heads": (1, 2**12), "linear_num_value_heads": (1, 2**12), "linear_key_head_dim": (1, 2**12),
     "linear_value_head_dim": (1, 2**12), "linear_conv_kernel_dim": (1, 2**10), "first_k_dense_replace": (0, 2048),
 }
@@ -84,11 +84,11 @@ def check_config(config, where: str) -> None:
 
 
 def _check_values(value, where: str, key: str, depth: int) -> None:
+    """Nesting depth; sizes (SIZES) are checked by :func:`_check_sizes` (Infinity elsewhere is real: Mamba's
+    time_step_limit)."""
     if depth > MAX_DEPTH:
         raise ModelConfigError(f"{where}: {key.rstrip('.') or 'the top level'}: nested more than {MAX_DEPTH} levels "
                                "deep; no model config is.")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ModelConfigError(f"{where}: {key.rstrip('.')}: {value} is not a finite number.")
     if isinstance(value, dict):
         for name, item in value.items():
             _check_values(item, where, f"{key}{name}.", depth + 1)
@@ -101,6 +101,10 @@ def _check_sizes(config: dict, where: str, prefix: str) -> None:
     for key, (low, high) in SIZES.items():
         value = config.get(key)
         if value is None:
+            continue
+        if isinstance(value, list) and value:  # one size per layer (Gemma 3n's intermediate_size)
+            for index, item in enumerate(value):
+                check_size(item, f"{where}: {prefix}{key}[{index}]", low, high)
             continue
         check_size(value, f"{where}: {prefix}{key}", low, high)
     experts = next((config[key] for key in EXPERT_KEYS if isinstance(config.get(key), int)), None)
@@ -117,7 +121,8 @@ def _check_sizes(config: dict, where: str, prefix: str) -> None:
 def check_size(value, what: str, low: int, high: int) -> int:
     """``value`` as a size between ``low`` and ``high``, or :class:`ModelConfigError` naming ``what``."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ModelConfigError(f"{what}: {value!r} is not a whole number.")
+        shown = "an infinite number" if isinstance(value, float) and not math.isfinite(value) else repr(value)
+        raise ModelConfigError(f"{what}: {shown} is not a whole number.")
     if value < low:
         raise ModelConfigError(f"{what}: {value} is {'negative' if value < 0 else 'too small'}; it must be at least "
                                f"{low}.")

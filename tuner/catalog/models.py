@@ -102,7 +102,11 @@ class ModelFacts:
     @property
     def unmodelled(self) -> tuple[str, ...]:
         """Every part of the model no planner term covers, with the layers it is in: no verdict can be given."""
-        parts = [f"{part} (layers {_ranges(kind.layers)})" for kind in self.layer_kinds for part in kind.unmodelled]
+        layers: dict[str, list[int]] = {}
+        for kind in self.layer_kinds:
+            for part in kind.unmodelled:
+                layers.setdefault(part, []).extend(kind.layers)
+        parts = [f"{part} (layers {_ranges(indices)})" for part, indices in layers.items()]
         return tuple(parts + [f"{part} (outside the decoder layers)" for part in self._text_path_outside()[1]])
 
     def _text_path_outside(self) -> tuple[list[ModuleGroup], list[str]]:

@@ -368,7 +368,29 @@ def remote_code_problem(model_id: str, revision: str | None, trust_remote_code: 
 def _model(recipe: Recipe) -> list[Problem]:
     model = recipe.model
     problem = remote_code_problem(model.id, model.revision, model.trust_remote_code)
-    return [Problem("model.trust_remote_code", problem, anchor="model.id")] if problem else []
+    problems = [Problem("model.trust_remote_code", problem, anchor="model.id")] if problem else []
+    damaged = model_config_problem(model.id)
+    return problems + ([Problem("model.id", damaged)] if damaged else [])
+
+
+def model_config_problem(model_id: str) -> str | None:
+    """What is wrong with a local model folder's config.json (not a mapping, impossible sizes, too deep), named
+    with the file and the key; None when it is sound or model.id is not a local folder."""
+    from pathlib import Path
+
+    from tuner.catalog.model_config import ModelConfigError, read_config
+
+    try:
+        config_file = Path(model_id).expanduser() / "config.json"
+        if not config_file.is_file():
+            return None
+    except (OSError, RuntimeError, ValueError):  # a name the filesystem cannot hold: not a folder
+        return None
+    try:
+        read_config(config_file)
+    except ModelConfigError as exc:
+        return str(exc)
+    return None
 
 
 # the data layouts each objective reads (auto detects among them)
