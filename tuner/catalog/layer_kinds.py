@@ -21,6 +21,8 @@ from tuner.catalog.inventory import Inventory, ModuleGroup
 ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")  # layer_types an attention mixer takes
 LINEAR_ATTENTION_TYPES = ("linear_attention",)
 SHARED_EXPERT_NAMES = ("shared_expert", "shared_experts", "shared_mlp")
+# transformers' expert classes that run every token through every expert, scaled by its router score (no dispatch)
+ALL_EXPERTS_CLASSES = ("Llama4TextExperts",)
 _ATTENTION = {"q_proj", "k_proj", "v_proj", "o_proj"}
 _ATTENTION_OPTIONAL = {"q_norm", "k_norm"}
 _MLA_KV = {"kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"}
@@ -313,6 +315,14 @@ def _moe(child: str, inner: dict[str, ModuleGroup], block, hidden: int, config: 
         config.get("num_experts_per_tok") or config.get("moe_topk")
     if not isinstance(top_k, int) or not 0 < top_k <= experts_count:
         return None
+    if "has_gate" in group.attrs:  # @use_experts_implementation: grouped_mm over the routed tokens
+        if not group.attrs["has_gate"] or group.attrs.get("has_post_expert_norm"):
+            return None
+        dispatch = "grouped"
+    elif group.module in ALL_EXPERTS_CLASSES:
+        dispatch = "all_experts"
+    else:
+        return None  # an experts module whose dispatch tuner does not know
     return {"experts": experts_count, "top_k": top_k, "expert_width": width, "shared_width": shared_width,
-            "shared_gate": shared_gate, "expert_bias": "gate_up_proj_bias" in params, "router_bias": "bias" in
-            router.params, "mlp_path": child}
+            "shared_gate": shared_gate, "expert_bias": "gate_up_proj_bias" in params, "dispatch": dispatch,
+            "clamped_gate": "limit" in group.attrs, "router_path": routers[0], "mlp_path": child}

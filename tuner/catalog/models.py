@@ -152,6 +152,12 @@ class ModelFacts:
         per_rank = sum(coefficient * self._share(group) for group, coefficient in _adapted(self.lora_inventory, targets))
         return round(r * per_rank)
 
+    def adapts_parameters(self, target_modules: list[str] | str, target_parameters=()) -> bool:
+        """Whether these targets make PEFT adapt a parameter directly (fused experts: lora.ParamWrapper)."""
+        targets = self.peft_targets(target_modules, target_parameters)
+        return any(name or group.kind == "experts" for group, _, name in
+                   _adapted(self.lora_inventory, targets, with_names=True))
+
     def targeted_linears(self, kind: LayerKind, target_modules: list[str] | str, target_parameters=()):
         """The linear maps of one layer of ``kind`` that carry a LoRA adapter."""
         targets = self.peft_targets(target_modules, target_parameters)

@@ -9,8 +9,6 @@ instances of each class (docs/memory.md, "Layer kinds"; tests/test_layer_kinds.p
 """
 from __future__ import annotations
 
-import math
-
 CHUNK = 64  # torch_chunk_gated_delta_rule's chunk_size, the default transformers' gated delta nets call it with
 
 
@@ -81,23 +79,24 @@ def _attention_bytes(s, d: dict) -> float:
         total += 4 * (qd + kd) + (a * (qd + kd) if full else 0)
     if d.get("output_gate"):
         total += 2 * a * qd
+    if d.get("sinks") and s.eager:  # the row maxima of the sink-extended logits (int64 indices)
+        total += 8 * _split(d["heads"], s.tp)
     return total
 
 
 def _mla_bytes(s, d: dict) -> float:
-    """Multi-head latent attention (DeepSeek-V2/V3, transformers' DeepseekV3Attention): the low-rank q and kv
-    projections' normed latents (fp32 upcasts, and as the inputs of q_b/kv_b when those train), then attention over
-    H heads of (nope + rope) query/key width and v_head_dim values; the rope halves are split, rotated and joined
-    again (kept for the joins' backward)."""
+    """Multi-head latent attention (DeepSeek-V2/V3, transformers' DeepseekV3Attention): the low-rank latents' RMSNorm
+    upcasts (their fp32 input and reciprocal RMS) and, when they train, the normed latents and the inputs of q_b and
+    kv_b; attention over H heads keeps q and k of (nope + rope) width and v as the view of kv_b's output it is
+    ((nope + v) wide); o_proj's input is a copy when it trains."""
     a, full, h = s.act_bytes, s.kind == "full", s.facts.hidden_size
     heads = _split(d["heads"], s.tp)
-    qk, v = heads * d["head_dim"], heads * d["v_dim"]
+    qk, kv_b, vo = heads * d["head_dim"], heads * (d["nope_dim"] + d["v_dim"]), heads * d["v_dim"]
     q_rank, kv_rank, rope = d["q_rank"], d["kv_rank"], d["rope_dim"]
-    total = a * (2 * qk + 2 * v)  # q, k, v and the output of attention
-    total += 4 * (q_rank + kv_rank)  # the latents' RMSNorm upcasts
-    total += a * (2 * heads * rope + rope)  # rotated q and k halves, and the shared k_pe before expansion
+    total = a * (2 * qk + kv_b)
+    total += (4 * q_rank + 4 if q_rank else 0) + 4 * (kv_rank + rope) + 4
     if full:
-        total += a * h + a * (q_rank + kv_rank) * 2 + a * v  # inputs of q_a/kv_a, the normed latents, o_proj's input
+        total += a * h + 2 * a * q_rank + 2 * a * kv_rank + a * vo
     if not s.eager:
         total += 4 * heads
     return total
@@ -105,21 +104,21 @@ def _mla_bytes(s, d: dict) -> float:
 
 def _gated_delta_net_bytes(s, d: dict) -> float:
     """Qwen3-Next / Qwen3.5's gated delta net through transformers' torch path (``torch_chunk_gated_delta_rule``,
-    what runs without flash-linear-attention): the projections' outputs, the causal conv1d and its SiLU, and the
-    chunked delta rule in fp32 over chunks of 64 tokens, whose intra-chunk matrices (64 x 64 per head) and the
-    recurrent state each chunk saves (k_dim x v_dim per head) dominate; the gated RMSNorm on the way out."""
+    what runs without flash-linear-attention), walked op by op (docs/memory.md, "Gated delta net"): the causal
+    conv1d's input and SiLU input (a x its width, the q/k/v channels), the decay and beta gates; in fp32 over value
+    heads (q and k repeated to them): 11 key-width and 8 value-width tensors per head (l2-normalised q and k,
+    k x beta, the UT solve's operands and results, the gated RMSNorm), 5 chunk x chunk matrices per head and
+    token (the pairwise decay, the UT system, the intra-chunk attention), and the k_dim x v_dim recurrent state each
+    chunk of 64 tokens saves.  Full fine-tuning also keeps the in-projections' input, the norm's normalised output
+    and out_proj's input."""
     a, full, h = s.act_bytes, s.kind == "full", s.facts.hidden_size
-    kh, vh = _split(d["k_heads"], s.tp), _split(d["v_heads"], s.tp)
+    vh = _split(d["v_heads"], s.tp)
     dk, dv = d["k_dim"], d["v_dim"]
     conv = _split(d["conv_width"], s.tp)
-    key, value = kh * dk, vh * dv
-    total = a * (conv + conv + 2 * value)  # conv input and SiLU output, the z gate and the core's output
-    total += 4 * vh * (dk + dk + dv + dv)  # fp32 q, k (repeated to the value heads), v and k/v x beta
-    total += 4 * vh * (3 * CHUNK)  # pairwise decay, the UT system and the intra-chunk attention, per token
-    total += 4 * vh * dk * dv / CHUNK  # the recurrent state every chunk saves, shared by its 64 tokens
-    total += 4 * value * 2  # the gated norm's fp32 input and gate
+    total = 2 * a * conv + 3 * a * vh
+    total += 4 * vh * (11 * dk + 8 * dv + 5 * CHUNK + 7) + 4 * vh * dk * dv / CHUNK
     if full:
-        total += a * h + a * value
+        total += a * h + 4 * vh * dv + a * vh * dv
     return total
 
 
@@ -128,7 +127,7 @@ def _mlp_bytes(s, kind) -> float:
     if kind.mlp == "dense":
         return _swiglu_bytes(s, _split(d["intermediate"], s.tp))
     if kind.mlp == "moe":
-        return _moe_bytes(s, d)
+        return _moe_bytes(s, kind)
     return 0.0
 
 
@@ -139,17 +138,33 @@ def _swiglu_bytes(s, width: float) -> float:
     return (2 if s.liger else 3) * a * width + (a * h + a * width if s.kind == "full" else 0)
 
 
-def _moe_bytes(s, d: dict) -> float:
-    """transformers 5.24's grouped_mm experts (``grouped_mm_experts_forward``), per token routed to k experts: the
-    gathered hidden states, the gate_up output, its SiLU and the product (down's input), down's output before the
-    routing weights scale it, and the sort's int64 indices; the router's logits and fp32 softmax; shared experts
-    as a dense SwiGLU of their width."""
-    a, h, k = s.act_bytes, s.facts.hidden_size, d["top_k"]
+def _moe_bytes(s, kind) -> float:
+    """A mixture of experts per token, as transformers 5.24 runs it (docs/memory.md, "Mixture of experts").
+
+    grouped (``grouped_mm_experts_forward``), per token and each of its k experts: the gate_up output (the SiLU's
+    input), the SiLU's output and down's output (the routing weight's operands), the routing weight and the sort's
+    int64 indices; trained or adapted experts also keep grouped_mm's inputs (the gathered hidden state and the
+    product).  gpt-oss's clamped gate keeps three more expert-width tensors.  Llama 4 runs every token through every
+    expert, scaled by its router score: the same tensors E times.  The router keeps its fp32 softmax and the top-k
+    indices, and its input when it trains; shared experts are a dense SwiGLU of their width.
+    """
+    d = kind.dims
+    a, h, k, experts = s.act_bytes, s.facts.hidden_size, d["top_k"], d["experts"]
     width = _split(d["expert_width"], s.tp)
-    per_slot = a * (h + 2 * width + width + width + h) + 8 * 3 + a
-    total = k * per_slot + d["experts"] * (a + 4) + 8 * k
+    trained = s.kind == "full" or any(not lin.is_nn_linear and ".experts." in f".{lin.name}"
+                                      for lin in lora_linears(s, kind))
+    router_trains = s.kind == "full" or any(lin.name.startswith(f"{d['mlp_path']}.{d['router_path']}")
+                                            for lin in lora_linears(s, kind))
+    per_expert = a * (2 * width + width + h) + (a * (h + width) if trained else 0)
+    if d.get("clamped_gate"):
+        per_expert += 3 * a * width
+    if d["dispatch"] == "all_experts":
+        total = experts * (per_expert + a * h + a)
+    else:
+        total = k * (per_expert + a + 24)
+    total += 4 * experts + 8 * k + (a * h if router_trains else 0)
     if d.get("shared_width"):
-        total += _swiglu_bytes(s, _split(d["shared_width"], s.tp))
+        total += _swiglu_bytes(s, _split(d["shared_width"], s.tp)) - (a * h if s.kind == "full" else 0)
     if d.get("shared_gate"):
         total += 2 * a
     return total
@@ -168,7 +183,8 @@ def per_layer_bytes(s, kind) -> float:
 
 def _lora_bytes(s, kind) -> float:
     """LoRA branches, per targeted nn.Linear: the adapter's input in its compute dtype and its dropped-out copy (with
-    the mask); fitted to fake-tensor traces: in x (a + 2), plus in bytes with dropout."""
+    the mask); fitted to fake-tensor traces and held to the H200 measurements: in x (a + 2), plus in bytes with
+    dropout, and r x a for the adapter's r-wide output."""
     targets = [lin for lin in lora_linears(s, kind) if lin.is_nn_linear]
     lora_act = 2 if s.mixed else 4
     return sum(lin.in_features * (lora_act + 2 + (1 if s.lora_dropout > 0 else 0)) + s.lora_r * lora_act
@@ -206,20 +222,33 @@ def mlp_width(s, kind) -> float:
 
 
 def backward_bytes(s, kind, tokens: int) -> float:
-    """The gradients of one layer's intermediates while its backward runs: the MLP's (4 x a per intermediate
-    element) or, eager, the span x span probabilities' and scores'; the MLP's are freed before the attention's
-    backward starts.  PEFT's fp32 branch in a 16-bit model holds fp32 gradients of the widest adapted input."""
+    """The gradients of one layer's intermediates while its backward runs, beyond what the layer keeps: the MLP's
+    (4 x a per intermediate element) while everything is still saved; then, eager, the span x span probabilities'
+    and scores' gradients, once the MLP's saved tensors are freed (its backward ran first); for a gated delta net,
+    its chunk matrices' gradients.  PEFT's fp32 branch in a 16-bit model holds fp32 gradients of the widest adapted
+    input."""
     a = s.act_bytes
     mlp = 4 * a * mlp_width(s, kind)
     targets = [lin for lin in lora_linears(s, kind) if lin.is_nn_linear]
     if targets and a == 2:
         mlp += 2 * 4 * max(lin.in_features for lin in targets)
-    scores = 0.0
+    mixer = 0.0
     if s.eager and kind.mixer in ("attention", "mla"):
-        scores = 6 * _split(kind.dims["heads"], s.tp) * attention_span(s)
+        mixer = 6 * _split(kind.dims["heads"], s.tp) * attention_span(s)
     if kind.mixer == "gated_delta_net":
-        scores = 4 * _split(kind.dims["v_heads"], s.tp) * (4 * CHUNK + 2 * kind.dims["k_dim"])
-    return tokens * max(mlp, scores)
+        mixer = 4 * _split(kind.dims["v_heads"], s.tp) * (4 * CHUNK + 2 * kind.dims["k_dim"])
+    return tokens * max(mlp, mixer - _mlp_bytes(s, kind)) + _merged_expert_gradient(s, kind)
+
+
+def _merged_expert_gradient(s, kind) -> float:
+    """LoRA on fused experts: grouped_mm's backward makes the gradient of the merged expert tensor (W + B x A) whole
+    before PEFT's factors take their share of it, one adapted tensor at a time."""
+    if s.kind == "full" or kind.mlp != "moe":
+        return 0.0
+    weight = s.weight_bytes if s.quant_bits is None else 4
+    sizes = [lin.weight_params / s.tp * weight for lin in lora_linears(s, kind)
+             if not lin.is_nn_linear and ".experts." in f".{lin.name}"]
+    return max(sizes, default=0.0)
 
 
 def forward_transient_bytes(s, kind, tokens: int) -> float:
@@ -245,5 +274,3 @@ def largest(function, s, tokens: int) -> float:
     return max(function(s, kind, tokens) for kind in kinds(s))
 
 
-def ceil_chunks(tokens: int) -> int:
-    return math.ceil(tokens / CHUNK) * CHUNK

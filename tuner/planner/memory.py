@@ -318,7 +318,7 @@ def _setup(recipe) -> _Setup:
         batch=mem.micro_batch_size * sequences_per_sample(objective.kind),
         seq=mem.max_seq_length // (par.cp * par.sp),
         accumulation=mem.gradient_accumulation_steps, optimizer=mem.optimizer, lora_r=method.lora.r,
-        lora_targets=method.lora.target_modules, lora_parameters=tuple(getattr(method.lora, "target_parameters", ())),
+        lora_targets=method.lora.target_modules, lora_parameters=tuple(method.lora.target_parameters),
         lora_dropout=0.0 if objective.preference else method.lora.dropout,  # TRL turns dropout off
         quant_bits=quant.bits if quant and method.kind == "qlora" else None,
         double_quant=bool(quant and quant.double_quant), on_gpu=recipe.uses_gpu,

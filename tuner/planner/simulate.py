@@ -16,6 +16,7 @@ fake tensors cannot answer.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -69,6 +70,22 @@ def _config_dict(recipe) -> dict:
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(model_id, local_files_only=True).to_dict()
+
+
+@contextmanager
+def _grouped_mm_traceable():
+    """torch's meta kernel of ``_grouped_mm`` accepts bf16 only, so fake tensors of other dtypes take transformers'
+    own fallback op (``transformers::grouped_mm_fallback``), which saves the same input and weight for backward."""
+    import torch
+    from transformers.integrations import moe
+
+    original = moe._can_use_grouped_mm
+    moe._can_use_grouped_mm = lambda inputs, weight, offs: weight.dtype == torch.bfloat16 and original(inputs, weight,
+                                                                                                         offs)
+    try:
+        yield
+    finally:
+        moe._can_use_grouped_mm = original
 
 
 class _NoHook:
@@ -187,7 +204,8 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
 
         lora = recipe.method.lora
         model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                 target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+                                                 target_modules=lora.target_modules, task_type="CAUSAL_LM",
+                                                 target_parameters=lora.target_parameters or None))
     if adapt is not None:
         adapt(model)
     elif mem.chunked_loss:
@@ -230,7 +248,7 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
         optimizer.zero_grad(set_to_none=True)
         tracker = _tracker()
         tracker.track_external(preference or model, optimizer)
-        with tracker:
+        with tracker, _grouped_mm_traceable():
             step()
         snapshot = tracker.get_tracker_snapshot("peak")
     by_category: dict[str, float] = {}

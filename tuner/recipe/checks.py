@@ -169,9 +169,10 @@ def _training(recipe: Recipe) -> list[Problem]:
 
 
 def _lora_targets(recipe: Recipe) -> list[Problem]:
-    """Named LoRA targets must name modules of the model (its facts, from the catalog or local files; no download)."""
+    """Named LoRA targets must name modules of the model, and PEFT must accept them (its facts, from the catalog or
+    local files; no download): a fused expert pair named in part, or dropout on fused experts, PEFT refuses."""
     lora = recipe.method.lora
-    if recipe.method.kind == "full" or lora.target_modules == "all-linear":
+    if recipe.method.kind == "full":
         return []
     from tuner.catalog.models import UnknownModelError, model_facts
 
@@ -179,13 +180,25 @@ def _lora_targets(recipe: Recipe) -> list[Problem]:
         facts = model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code)
     except UnknownModelError:
         return []  # the plan says the model is unknown; the loader checks the names against the real model
+    problems = []
+    targets = facts.peft_targets(lora.target_modules, lora.target_parameters)
+    if targets.refusal:
+        problems.append(Problem("method.lora.target_modules", f"{targets.refusal}: name both, or neither."))
+    if lora.dropout > 0 and facts.adapts_parameters(lora.target_modules, lora.target_parameters):
+        problems.append(Problem(
+            "method.lora.dropout",
+            f"PEFT adapts {recipe.model.id}'s fused experts as parameters (lora.ParamWrapper), which \"does not work "
+            "with lora_dropout != 0\": set dropout: 0, or target only its linear layers (e.g. [q_proj, k_proj, "
+            "v_proj, o_proj])."))
+    if lora.target_modules == "all-linear":
+        return problems
     names = list(dict.fromkeys(lin.name.split(".")[-1] for lin in facts.layer_linears() if lin.is_nn_linear))
-    qualified = {lin.name for lin in facts.layer_linears() if lin.is_nn_linear}
-    known = set(names) | qualified | {"lm_head", "embed_tokens"}
-    unmatched = [name for name in lora.target_modules if name not in known]
+    known = set(names) | {lin.name for kind in facts.layer_kinds for lin in kind.linears} | \
+        set(facts.inventory.peft_moe_mapping) | {"lm_head", "embed_tokens"}
+    unmatched = [name for name in lora.target_modules if name not in known and name.split(".")[-1] not in known]
     if not unmatched:
-        return []
-    return [Problem(
+        return problems
+    return problems + [Problem(
         "method.lora.target_modules",
         f"{', '.join(repr(name) for name in unmatched)} match{'es' if len(unmatched) == 1 else ''} no module of "
         f"{recipe.model.id}; its linear layers are {', '.join(names)} (and lm_head): pick from them, or use "
