@@ -8,6 +8,10 @@ for a few optimizer steps through tuner's own builders (tuner.loading.model, the
 tuner.train) on synthetic tokens, one cell of benchmarks/gpu_matrix.py at a time. Results go to
 benchmarks/results/gpu-check_<date>_<gpu>.csv and .md (see benchmarks/results/README.md).
 
+`tuner probe` (the recipe's own launch, measured per phase) reads the same CUDA statistics through the real launch
+path: on the GPU machine also run `python -m pytest tests/test_probe_gpu.py` (skipped without CUDA) and
+`bash benchmarks/gpu_smoke.sh`, whose last step probes the demo and keeps its probe.json.
+
 What it imports: torch with CUDA, transformers, accelerate, peft, pydantic and PyYAML (tuner's recipe);
 bitsandbytes only for the QLoRA cells, which are recorded as skipped without it. Never deepspeed,
 datasets or textual. To bring a missing package to a machine without network, download its wheels

@@ -36,12 +36,18 @@ def demo_model_path(tuner_home) -> Path:
 
 def run_tuner(*args: str, cwd: Path | None = None, timeout: float = 600, env: dict | None = None,
               input: str | None = None) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess, as a user would."""
+    """Run the real CLI in a subprocess, as a user would: the tuner installed in this interpreter's environment
+    (``make install``'s editable install of this checkout), found without a source path."""
     return subprocess.run(
         [sys.executable, "-m", "tuner", *args],
         cwd=cwd, capture_output=True, text=True, timeout=timeout, input=input,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        env={**os.environ, **(env or {})},
     )
+
+
+def builds_of(output: str, what: str) -> int:
+    """How many processes built the cache ``what`` ("the built-in demo model"): tuner.build_once logs each build."""
+    return output.count(f"building {what} in ")
 
 
 @pytest.fixture

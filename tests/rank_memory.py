@@ -3,8 +3,10 @@
     python -m torch.distributed.run --nproc_per_node N tests/rank_memory.py OUT_DIR MODEL_DIR ENGINE:PRECISION...
 
 ENGINE: zero1, zero2, zero3 (DeepSpeed, given a torch AdamW as the Trainer gives it), autotp1 (DeepSpeed AutoTP over
-every rank, ZeRO-1: the model split by ``deepspeed.tp_model_init`` as the Trainer splits it) or fsdp2 (torch's
-``fully_shard`` on every decoder layer and the root, as Accelerate's FSDP2 plugin wraps a model); PRECISION: fp32, or
+every rank, ZeRO-1: the model split by ``deepspeed.tp_model_init`` as the Trainer splits it), fsdp2 (torch's
+``fully_shard`` on every decoder layer and the root, as Accelerate's FSDP2 plugin wraps a model), or grpo-ddp and
+grpo-zero2 (one GRPO round of :data:`GRPO` under torch's DDP or DeepSpeed ZeRO-2, with a frozen reference: its
+generation and its training step, each with its own peak); PRECISION: fp32, or
 bf16 (DeepSpeed's bf16 engine with fp32 master partitions; FSDP2's bf16 MixedPrecisionPolicy over fp32 parameters, as
 Accelerate sets it up). The model is built from MODEL_DIR/config.json in float32, a warm-up step creates the
 optimizer states, and the second step runs inside ``MemTracker`` (see :func:`trace` for what it is told to track).  Each rank writes OUT_DIR/rank<R>.json, for each
@@ -22,6 +24,24 @@ import sys
 from pathlib import Path
 
 SEQ, BATCH = 32, 1
+# the GRPO round the grpo-* engines trace: micro-batch, its objective section (the test plans the same)
+GRPO_BATCH = 2
+GRPO = {"kind": "grpo", "beta": 0.04, "grpo": {"num_generations": 2, "max_prompt_length": 16,
+                                               "max_completion_length": 16, "steps_per_generation": 2,
+                                               "rewards": [{"kind": "exact_match", "column": "answer"}]}}
+
+
+def grpo_recipe(model_dir: str, engine: str, ranks: int, precision: str):
+    """The recipe of a traced GRPO round (schema only: the checks refuse nothing here, but need no data file)."""
+    from tuner.recipe.schema import Recipe
+
+    memory = {"distributed": "ddp"} if engine == "grpo-ddp" else {"distributed": "deepspeed", "zero_stage": 2}
+    return Recipe.model_validate({
+        "model": {"id": str(model_dir), "dtype": "float32"}, "objective": GRPO,
+        "hardware": {"gpus_per_machine": 0, "num_processes": ranks},
+        "memory": {**memory, "mixed_precision": precision if precision == "bf16" else "no", "micro_batch_size":
+                   GRPO_BATCH, "max_seq_length": 32},
+        "data": {"eval_fraction": 0, "format": "prompt"}})
 
 
 def _category(key) -> str:
@@ -139,6 +159,82 @@ def trace(engine_name: str, precision: str, config, rank: int) -> dict:
     return {"peak": _snapshot(tracker, "peak"), "persistent": persistent, "elements": elements}
 
 
+def _restart_peak(tracker) -> None:
+    tracker.reset_mod_stats()
+    tracker._peak_mem.clear()  # the peak of what follows only
+    tracker._peak_mem_snap.clear()
+
+
+def trace_grpo(engine_name: str, precision: str, config, model_dir: str) -> dict:
+    """One GRPO round on this rank (a warm-up round first makes the optimizer states): the generation phase's peak
+    (prefill, decoding, the reference's and the old policy's log-probabilities) and the training step's, each with
+    the tensors alive between them, as the Trainer would hold them: the policy wrapped by DDP or DeepSpeed, the
+    reference frozen (16-bit under DeepSpeed's bf16, as TRL's stage-0 engine casts it), generation unwrapped."""
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
+
+    from tuner.planner.simulate import frozen_aware_tracker, grpo_round
+
+    recipe = grpo_recipe(model_dir, engine_name, dist.get_world_size(), precision)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    reference = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    for each in (model, reference):
+        disable_dropout_in_model(each)
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    add_fused_lm_head(reference)
+    reference.requires_grad_(False)
+    bf16 = precision == "bf16"
+    if engine_name == "grpo-ddp":
+        trained = torch.nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        holders = [optimizer]
+
+        def update(loss):
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    else:
+        trained, _ = _deepspeed_engine(model, 2, bf16)
+        model = trained.module
+        reference = reference.to(torch.bfloat16) if bf16 else reference
+        holders = [trained.optimizer.optimizer, *_tensors(vars(trained.optimizer))]
+
+        def update(loss):
+            trained.backward(loss)
+            trained.step()
+
+    generation, loss_step, prompts = grpo_round(model, reference, recipe, config.vocab_size, trained=trained)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16 and engine_name == "grpo-ddp")
+
+    def round_trip():
+        with torch.no_grad():  # TRL generates and scores without gradients (and outside autocast)
+            return generation(prompts)
+
+    def train_on(ids, scored):
+        ids, scored = ids.clone(), {name: values.clone() for name, values in scored.items()}  # the round's buffers
+        with autocast:
+            loss = loss_step(ids[:GRPO_BATCH], torch.ones(GRPO_BATCH, 1), {k: v[:GRPO_BATCH] for k, v in scored.items()})
+        update(loss)
+
+    for _ in range(2):  # warm-up: the optimizer states, and DDP's buckets rebuilt in gradient order (2nd step)
+        train_on(*round_trip())
+    # DDP's reducer holds a bucket copy of every gradient (gradient_as_bucket_view=False, Accelerate's default) in
+    # C++, where the tracker cannot see it: its exact size is added to both peaks
+    outside = sum(p.numel() * p.element_size() for p in model.parameters()) if engine_name == "grpo-ddp" else 0
+    peaks = {"outside_tracker": outside}
+    for phase, work in (("generation", round_trip), ("step", lambda: train_on(*rollout))):
+        tracker = frozen_aware_tracker()  # the reference's parameters need no gradient hooks
+        tracker.track_external(model, reference, *holders)
+        with tracker:
+            done = work()
+        rollout = done if phase == "generation" else rollout
+        peaks[phase] = _snapshot(tracker, "peak")
+    return peaks
+
+
 def main(out_dir: str, model_dir: str, *runs: str) -> int:
     """Trace each ENGINE:PRECISION of ``runs`` in turn, in one process group."""
     import torch.distributed as dist
@@ -153,7 +249,10 @@ def main(out_dir: str, model_dir: str, *runs: str) -> int:
     results = {}
     for run in runs:
         engine_name, precision = run.split(":")
-        results[run] = trace(engine_name, precision, config, rank)
+        if engine_name.startswith("grpo-"):
+            results[run] = trace_grpo(engine_name, precision, config, model_dir)
+        else:
+            results[run] = trace(engine_name, precision, config, rank)
         dist.barrier()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()

@@ -1,4 +1,5 @@
-"""Real two-rank training on the CPU (gloo) through ``tuner run``: DDP, ZeRO-2, ZeRO-3, ZeRO-2 with CPU Adam offload.
+"""Real two-rank training on the CPU (gloo) through ``tuner run``: DDP, ZeRO-2 and ZeRO-3 (each on a cold home of its
+own: nothing is built before the ranks ask for it), ZeRO-2 with CPU Adam offload.
 
 Each run shows data parallelism, not two copies of one run: world size 2, the ranks' first batches hold
 different samples, the loss falls, both ranks end with the same weights, and the saved model (ZeRO-3:
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import builds_of
 from tuner.events import read_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ranks")]  # one multi-rank run at a time
@@ -43,13 +45,16 @@ def parameters_checksum_of(path: Path) -> float:
     ("zero2", ["memory.distributed=deepspeed", "memory.zero_stage=2"]),
     ("zero3", ["memory.distributed=deepspeed", "memory.zero_stage=3"]),
 ])
-def test_two_ranks_train_on_different_samples_and_agree(name, tactic, tmp_path, tuner_cli, demo_model_path):
-    extensions = tmp_path / "torch_extensions"
-    result = tuner_cli("run", "demo", *two_rank_overrides(name, *tactic), cwd=tmp_path,
-                       env={"TUNER_TRACE_RANKS": "1", "TORCH_EXTENSIONS_DIR": str(extensions)}, timeout=300)
+def test_two_ranks_train_on_different_samples_and_agree(name, tactic, tmp_path, tuner_cli):
+    """On a cold home of its own: one rank builds the demo model and the prepared dataset, the other waits for them."""
+    extensions, home = tmp_path / "torch_extensions", tmp_path / "home"
+    result = tuner_cli("run", "demo", *two_rank_overrides(name, *tactic), cwd=tmp_path, timeout=300,
+                       env={"TUNER_TRACE_RANKS": "1", "TORCH_EXTENSIONS_DIR": str(extensions), "TUNER_HOME": str(home)})
     run_dir = tmp_path / "runs" / name
     assert result.returncode == 0, result.stdout + result.stderr + (run_dir / "train.log").read_text()[-3000:]
-    check_data_parallel_run(run_dir, demo_model_path)
+    ranks_log = (run_dir / "train.log").read_text()
+    assert builds_of(ranks_log, "the built-in demo model") == 1 and builds_of(ranks_log, "the prepared dataset") == 1
+    check_data_parallel_run(run_dir, home / "models" / "demo")
     # DeepSpeed's CPU ranks talk through gloo: no C++ op compiled at start-up (minutes, behind a lock a stop leaves)
     assert not extensions.exists() or not any(extensions.iterdir()), sorted(extensions.rglob("*"))
 

@@ -461,8 +461,8 @@ def command_lines(draw) -> list[str]:
 @given(argv=command_lines())
 def test_every_commands_arguments_end_in_a_result_or_a_message(argv) -> None:
     """Random arguments for every command, run in a scratch folder: a result, or argparse's usage error, or one
-    message; never a traceback.  `run` is always a --dry-run; `demo` (which trains) and `serve` without --print
-    (which serves until stopped) are only parsed."""
+    message; never a traceback.  `run` is always a --dry-run; `demo` and `probe` (which train) and `serve` without
+    --print (which serves until stopped) are only parsed."""
     CASES["command lines"] += 1
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp)
@@ -475,7 +475,7 @@ def test_every_commands_arguments_end_in_a_result_or_a_message(argv) -> None:
         os.chdir(project)
         sys.stdin = io.TextIOWrapper(io.BytesIO(b"reverse\\\nab\n\xff\n/reset\n"))  # for chat
         try:
-            if argv[0] == "demo" or (argv[0] == "serve" and "--print" not in argv):
+            if argv[0] in ("demo", "probe") or (argv[0] == "serve" and "--print" not in argv):
                 out, err = io.StringIO(), io.StringIO()
                 with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                     try:

@@ -1,5 +1,6 @@
 """Multi-machine runs proven on one host: two machine ranks over localhost train one run (started by hand with
-launch.sh, and by a real two-node Slurm cluster when Slurm is installed), and the preflight
+launch.sh at once on a cold home they share, and on cold homes of their own; and by a real two-node Slurm cluster
+when Slurm is installed), and the preflight
 turns the usual multi-node hangs (a wrong rank, an unreachable rank 0, contradicting variables, machines with
 different libraries) into named messages."""
 from __future__ import annotations
@@ -9,13 +10,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 from slurm_cluster import slurm_cluster, slurm_missing
 from test_cpu_ranks import check_data_parallel_run, free_port
 
-from conftest import REPO
+from conftest import REPO, builds_of
+from tuner.build_once import is_built, lock_path
 from tuner.cli import main
 from tuner.events import read_events
 from tuner.preflight import check_interfaces, fingerprint_difference, machine_checks
@@ -61,12 +64,12 @@ def check_two_machine_run(run_dir: Path, initial_model: Path) -> None:
     assert [machine["machine_rank"] for machine in joined["machines"]] == [0, 1]
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("ranks")
-def test_two_machines_on_localhost_train_one_run(tmp_path, tuner_cli, demo_model_path):
-    run_dir = render_two_machine_run(tmp_path, tuner_cli)
-    env = machine_env(TUNER_TRACE_RANKS="1")
-    machines = [start_machine(run_dir / LAUNCH_SCRIPT, rank, tmp_path, env) for rank in (0, 1)]
+def start_and_finish_machines(run_dir: Path, cwd: Path, homes: tuple[Path, Path]) -> str:
+    """Start launch.sh 0 and launch.sh 1 at once, machine ``i`` with ``TUNER_HOME=homes[i]``; both must exit 0 after
+    their preflight.  Returns their outputs together."""
+    machines = [start_machine(run_dir / LAUNCH_SCRIPT, rank, cwd, machine_env(TUNER_TRACE_RANKS="1",
+                                                                             TUNER_HOME=str(homes[rank])))
+                for rank in (0, 1)]
     try:
         outputs = [machine.communicate(timeout=240)[0] for machine in machines]
     finally:
@@ -77,7 +80,49 @@ def test_two_machines_on_localhost_train_one_run(tmp_path, tuner_cli, demo_model
     for rank, (machine, output) in enumerate(zip(machines, outputs)):
         assert machine.returncode == 0, f"machine {rank}:\n{output[-4000:]}"
         assert f"machine {rank} of 2" in output  # its preflight ran before the rendezvous
-    check_two_machine_run(run_dir, demo_model_path)
+    return "".join(outputs)
+
+
+def kill_a_demo_model_build(home: Path) -> None:
+    """Start building the demo model in ``home`` and SIGKILL the builder (and the process it builds in) mid-build: it
+    holds the lock and its hidden staging folder exists, nothing is published."""
+    builder = subprocess.Popen([sys.executable, "-c", "from tuner.loading.demo_model import builtin_model_path; "
+                                "builtin_model_path('builtin:demo')"],
+                               env={**os.environ, "PYTHONPATH": str(REPO), "TUNER_HOME": str(home)},
+                               start_new_session=True)
+    try:
+        while not list((home / "models").glob(".demo.*.tmp")):
+            assert builder.poll() is None, "the builder ended before it could be killed mid-build"
+            time.sleep(0.01)
+    finally:
+        os.killpg(builder.pid, signal.SIGKILL)
+        builder.wait()
+    assert lock_path(home / "models" / "demo").exists() and not is_built(home / "models" / "demo")
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ranks")
+def test_two_machines_sharing_one_cold_home_build_each_cache_once_and_train(tmp_path, tuner_cli):
+    """The home of a cluster is one filesystem: both machines ask for the demo model and the prepared dataset at
+    once, on a home where a builder was killed mid-build; one builds each while the other waits, and they train."""
+    home = tmp_path / "home"
+    run_dir = render_two_machine_run(tmp_path, tuner_cli)
+    kill_a_demo_model_build(home)
+    output = start_and_finish_machines(run_dir, tmp_path, (home, home))
+    assert "left by a build of the built-in demo model that did not finish" in output
+    assert builds_of(output, "the built-in demo model") == 1 and builds_of(output, "the prepared dataset") == 1
+    check_two_machine_run(run_dir, home / "models" / "demo")
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ranks")
+def test_two_machines_with_homes_of_their_own_each_build_their_caches_and_train(tmp_path, tuner_cli):
+    homes = (tmp_path / "home0", tmp_path / "home1")
+    run_dir = render_two_machine_run(tmp_path, tuner_cli)
+    output = start_and_finish_machines(run_dir, tmp_path, homes)
+    assert builds_of(output, "the built-in demo model") == 2 and builds_of(output, "the prepared dataset") == 2
+    assert all(is_built(home / "models" / "demo") for home in homes)
+    check_two_machine_run(run_dir, homes[1] / "models" / "demo")  # the same seeded weights on either machine
 
 
 @pytest.mark.slow

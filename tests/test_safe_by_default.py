@@ -130,7 +130,9 @@ FORBIDDEN = {
 # Importing by name takes a string literal or an f-string inside tuner's own package; the one exception
 # is `tuner doctor` trying its fixed list of optional extensions.
 IMPORT_BY_NAME = re.compile(r"\b(__import__|import_module)\((?!\s*[\"']|\s*f[\"']tuner\.)|\bimportlib\.util\.spec_from|\brunpy\.")
-ALLOWED_IMPORTS = {("tuner/doctor.py", "importlib.import_module(module)")}
+ALLOWED_IMPORTS = {("tuner/doctor.py", "importlib.import_module(module)"),
+                   # a grpo reward the recipe names (function: file.py:name), imported by the training ranks only
+                   ("tuner/train/rewards.py", "importlib.util.spec_from_file_location(module_name, path)")}
 
 
 def test_recipes_are_data_and_launches_use_argument_lists() -> None:

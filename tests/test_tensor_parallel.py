@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from test_cpu_ranks import free_port
 
+from conftest import builds_of
+
 from tuner.events import read_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ranks")]  # one multi-rank run at a time
@@ -52,16 +54,21 @@ def held_out_loss(run_dir: Path, model_dir: Path) -> float:
     return sum(losses) / len(losses)
 
 
-def test_demo_tp_trains_with_two_tensor_parallel_ranks(tmp_path, tuner_cli, demo_model_path):
+def test_demo_tp_trains_with_two_tensor_parallel_ranks(tmp_path, tuner_cli, monkeypatch):
+    """On a cold home of its own, as a new user's: both ranks ask for the demo model and the prepared dataset at
+    once, and one of them builds each while the other waits."""
     from transformers import AutoModelForCausalLM
 
-    extensions = tmp_path / "torch_extensions"
+    extensions, home = tmp_path / "torch_extensions", tmp_path / "home"
     result = tuner_cli("run", "demo-tp", "--set", f"hardware.main_process_port={free_port()}",
                        "--set", "training.save_steps=15", cwd=tmp_path,
-                       env={"TUNER_TRACE_RANKS": "1", "TORCH_EXTENSIONS_DIR": str(extensions), "OMP_NUM_THREADS": "1"},
-                       timeout=300)
+                       env={"TUNER_TRACE_RANKS": "1", "TORCH_EXTENSIONS_DIR": str(extensions), "OMP_NUM_THREADS": "1",
+                            "TUNER_HOME": str(home)}, timeout=300)
     run_dir = tmp_path / "runs" / "demo-tp"
     assert result.returncode == 0, result.stdout + result.stderr + (run_dir / "train.log").read_text()[-3000:]
+    ranks_log = (run_dir / "train.log").read_text()
+    assert builds_of(ranks_log, "the built-in demo model") == 1 and builds_of(ranks_log, "the prepared dataset") == 1
+    monkeypatch.setenv("TUNER_HOME", str(home))  # what the checks below prepare or load is the run's
     events = read_events(run_dir / "events.jsonl")
     assert next(e for e in events if e["event"] == "started")["world_size"] == 2
 
@@ -90,7 +97,7 @@ def test_demo_tp_trains_with_two_tensor_parallel_ranks(tmp_path, tuner_cli, demo
     saved = sum(float(p.detach().double().sum()) for p in final.parameters())
     assert saved == pytest.approx(finished[0]["parameters_checksum"] + finished[1]["parameters_checksum"] - replicated,
                                   rel=1e-9, abs=1e-6)
-    initial = AutoModelForCausalLM.from_pretrained(demo_model_path)
+    initial = AutoModelForCausalLM.from_pretrained(home / "models" / "demo")
     assert saved != pytest.approx(sum(float(p.detach().double().sum()) for p in initial.parameters()), rel=1e-6)
 
     # a batch the two ranks share is counted once: tokens seen per trained sample is a sample's length, not twice it

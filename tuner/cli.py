@@ -1,7 +1,7 @@
 """The ``tuner`` command line: one subcommand module each under :mod:`tuner.commands`.
 
 With no subcommand it opens the TUI (imported lazily, so the CLI starts fast).
-Every user-facing failure ends as one message on stderr and exit code 2.
+Every user-facing failure ends as one message on stderr: exit code 2 for bad input, 1 for the environment.
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import sys
 from tuner import __version__
 
 # Each module defines register(subparsers) and sets a ``run(args) -> int`` default.
-COMMANDS = ("validate", "recipes", "plan", "render", "run", "demo", "data", "merge", "infer", "chat", "serve", "doctor")
+COMMANDS = ("validate", "recipes", "presets", "plan", "render", "probe", "run", "demo", "data", "merge", "infer",
+            "chat", "serve", "doctor")
 
 EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 1
@@ -44,6 +45,13 @@ def user_errors() -> tuple[type[Exception], ...]:
     return RecipeError, DataError, ModelLoadError
 
 
+def environment_errors() -> tuple[type[Exception], ...]:
+    """Exception types that say, in words meant for the user, what this machine or its network lacks."""
+    from tuner.catalog.hub import HubError
+
+    return (HubError,)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv[0] if argv else None)
@@ -58,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     except user_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except environment_errors() as exc:  # the hub cannot be reached, refuses the model, or the disk is too small
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     except OSError as exc:  # disk full, read-only or foreign directory: the machine, not the recipe
         from tuner.fileio import os_error_message
 

@@ -15,9 +15,13 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
+from tuner.catalog.hub import human_bytes
 from tuner.recipe.schema import Recipe
+
+if TYPE_CHECKING:
+    from tuner.loading.hub_download import HubDownload
 
 Status = Literal["ok", "warn", "fail"]
 MIN_FREE_DISK_GIB = 10.0  # without a plan to size checkpoints: below this a long run will likely stop
@@ -207,6 +211,31 @@ def check_flash_attn(recipe: Recipe | None) -> Check:
                          "pip install flash-attn --no-build-isolation (CUDA GPUs only), or set memory.attention: sdpa")
 
 
+def check_vllm(recipe: Recipe | None) -> Check:
+    """vLLM for grpo's vllm_colocate/vllm_server generation: installed, and a version TRL supports (TRL's own check,
+    whose warning names its range)."""
+    import warnings
+
+    grpo = recipe.objective.grpo if recipe is not None else None
+    needed = grpo is not None and grpo.generation != "transformers"
+    install = "pip install vllm (a version TRL supports, on the GPU machines), or set objective.grpo.generation: " \
+              "transformers"
+    version = _version("vllm")
+    if version is None:
+        why = f"objective.grpo.generation: {grpo.generation} needs it" if needed else \
+            "only grpo's vLLM generation uses it"
+        return Check("vllm", "fail" if needed else "ok", f"not installed ({why})", install if needed else "")
+    from trl.import_utils import is_vllm_available
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        is_vllm_available()
+    unsupported = next((str(warning.message) for warning in caught if "vLLM versions" in str(warning.message)), None)
+    if unsupported:
+        return Check("vllm", "fail" if needed else "warn", unsupported.split(" We recommend")[0], install)
+    return Check("vllm", "ok", f"vllm {version}, within TRL's supported range")
+
+
 def check_liger(recipe: Recipe | None) -> Check:
     needed = recipe is not None and recipe.memory.liger
     return _import_check("liger-kernel", "liger_kernel", "liger-kernel", needed, "fused kernels unavailable",
@@ -375,10 +404,48 @@ def checkpoint_disk_gib(recipe: Recipe, planned=None) -> float | None:
     return (kept * per_checkpoint + saved * weight_bytes) / GIB
 
 
-def check_disk(recipe: Recipe | None, planned=None) -> Check:
+def check_disk(recipe: Recipe | None, planned=None, download: HubDownload | None = None) -> Check:
+    """Room for the run's checkpoints on the output disk and, with ``download``, for the hub model's files not yet in
+    the Hugging Face cache; where both land on one filesystem, for the two together."""
     needed = checkpoint_disk_gib(recipe, planned) if recipe is not None else None
+    paths = _disk_paths(recipe)
+    if download is not None and download.missing:
+        paths["model download"] = Path(download.cache_dir)
+    problems, warnings, found = _room(paths, {"output": needed}, download)
+    if problems:
+        fix = "choose a writable output.dir with room, free space, or lower training.save_total_limit"
+        return Check("disk", "fail", "; ".join(problems + warnings), fix + _DOWNLOAD_FIX * _download_short(problems))
+    if warnings:
+        return Check("disk", "warn", "; ".join(warnings), "free space before a long run (checkpoints need room)")
+    suffix = f"; checkpoints need ~{max(needed, 0.1):.1f} GiB" if needed is not None else ""
+    if download is not None and download.missing:
+        suffix += f"; the model's download {human_bytes(download.missing_bytes)}"
+    return Check("disk", "ok", "; ".join(found) + suffix)
+
+
+_DOWNLOAD_FIX = "; or put the Hugging Face cache on a disk with room (HF_HOME or HF_HUB_CACHE)"
+
+
+def _download_short(problems: list[str]) -> bool:
+    return any(problem.startswith("model download") for problem in problems)
+
+
+def check_download_room(download: HubDownload) -> Check:
+    """Room in the Hugging Face cache for a hub model's files not downloaded yet (inference: nothing else to count)."""
+    problems, _, found = _room({"model download": Path(download.cache_dir)}, {}, download)
+    if problems:
+        return Check("disk", "fail", "; ".join(problems), "free space" + _DOWNLOAD_FIX)
+    return Check("disk", "ok", "; ".join(found))
+
+
+def _room(paths: dict[str, Path], needs_gib: dict[str, float | None], download: HubDownload | None
+          ) -> tuple[list[str], list[str], list[str]]:
+    """(problems, warnings, what was found) for each role's path; roles on one filesystem need room together."""
     problems, warnings, found = [], [], []
-    for role, path in _disk_paths(recipe).items():
+    if download is not None:
+        needs_gib = {**needs_gib, "model download": download.missing_bytes / GIB}
+    demanded: dict[int, float] = {}  # filesystem (st_dev) -> GiB the roles so far need on it
+    for role, path in paths.items():
         where = _existing_parent(path)
         why = _writable(where)
         if why:
@@ -386,17 +453,20 @@ def check_disk(recipe: Recipe | None, planned=None) -> Check:
             continue
         free = shutil.disk_usage(where).free / GIB
         found.append(f"{role} {path}: {free:.0f} GiB free")
-        if role == "output" and needed is not None and free < needed:
-            problems.append(f"{role} {path}: {free:.1f} GiB free, checkpoints need ~{needed:.1f} GiB")
-        elif free < MIN_FREE_DISK_GIB and (needed is None or role != "output"):
-            warnings.append(f"{role} {path}: only {free:.1f} GiB free")
-    if problems:
-        return Check("disk", "fail", "; ".join(problems + warnings),
-                     "choose a writable output.dir with room, free space, or lower training.save_total_limit")
-    if warnings:
-        return Check("disk", "warn", "; ".join(warnings), "free space before a long run (checkpoints need room)")
-    suffix = f"; checkpoints need ~{max(needed, 0.1):.1f} GiB" if needed is not None else ""
-    return Check("disk", "ok", "; ".join(found) + suffix)
+        want = needs_gib.get(role)
+        if want is None:  # no size to check against (no plan, an offload folder): warn when little is left
+            if free < MIN_FREE_DISK_GIB:
+                warnings.append(f"{role} {path}: only {free:.1f} GiB free")
+            continue
+        device = os.stat(where).st_dev
+        shared = demanded.get(device, 0.0)
+        demanded[device] = shared + want
+        if free < shared + want:
+            what = (f"the download of {download.model_id} needs {human_bytes(download.missing_bytes)}"
+                    if role == "model download" else f"checkpoints need ~{want:.1f} GiB")
+            beside = f", and the output on the same disk ~{shared:.1f} GiB more" if shared else ""
+            problems.append(f"{role} {path}: {human_bytes(free * GIB)} free, {what}{beside}")
+    return problems, warnings, found
 
 
 def check_shared_memory(recipe: Recipe | None) -> Check:
@@ -473,12 +543,13 @@ def check_model(recipe: Recipe | None) -> Check:
     if offline:
         return Check("model", "fail", f"{model_id}: not in the local cache and HF_HUB_OFFLINE is set",
                      f"hf download {model_id} where there is network, or point model.id at a local directory")
-    return Check("model", "warn", f"{model_id}: not cached yet; every machine will download it at start",
-                 f"hf download {model_id} first, so a slow download does not hold the GPUs")
+    return Check("model", "warn", f"{model_id}: not cached yet; `tuner run` downloads it once before any rank "
+                 "starts (launch.sh N on each machine, before its rendezvous)",
+                 f"hf download {model_id} now, so the download does not wait for the launch")
 
 
 CHECKS: tuple[Callable[[Recipe | None], Check], ...] = (
-    check_torch, check_gpus, check_bf16, check_bitsandbytes, check_flash_attn, check_liger,
+    check_torch, check_gpus, check_bf16, check_bitsandbytes, check_flash_attn, check_liger, check_vllm,
     check_deepspeed, check_nccl, check_accelerate_config, check_trackers, check_model, check_disk, check_shared_memory,
     check_host_ram,
 )

@@ -58,3 +58,22 @@ class EventFollower:
             return []
         self._offset += len(complete) + 1
         return list(_parse(complete.decode("utf-8", errors="replace").splitlines()))
+
+
+# What TRL's GRPOTrainer logs of each round, as grpo runs' step (and, with an eval_ prefix, eval) events carry it
+REWARD, REWARD_STD, KL, COMPLETION_LENGTH = "reward", "reward_std", "kl", "completions/mean_length"
+
+
+def rollout_summary(event: dict[str, Any], prefix: str = "") -> str:
+    """'reward 0.831 ± 0.367  kl 0.0140  completion 6.5 tokens' of a grpo step event ('' for other events); with
+    ``prefix="eval_"``, the held-out ones."""
+    reward = event.get(prefix + REWARD)
+    if not isinstance(reward, (int, float)):
+        return ""
+    parts = [f"{prefix.replace('_', ' ')}reward {reward:.3f}" + (
+        f" ± {event[prefix + REWARD_STD]:.3f}" if isinstance(event.get(prefix + REWARD_STD), (int, float)) else "")]
+    if isinstance(event.get(prefix + KL), (int, float)):
+        parts.append(f"kl {event[prefix + KL]:.4f}")
+    if isinstance(event.get(prefix + COMPLETION_LENGTH), (int, float)):
+        parts.append(f"completion {event[prefix + COMPLETION_LENGTH]:.1f} tokens")
+    return "  ".join(parts)

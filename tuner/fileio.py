@@ -123,6 +123,13 @@ def _write_then_rename(path: Path, text: str, mode: int | None) -> Path:
     return path
 
 
+def write_control_file(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to a kernel's control file (``/proc/self/clear_refs``): a command to the kernel, not a file
+    with content to keep, so it is written in place (a rename cannot reach /proc)."""
+    with open(path, "w", encoding="ascii") as control:
+        control.write(text)
+
+
 def create_exclusive_text(path: str | os.PathLike, text: str) -> Path:
     """Create ``path`` holding ``text`` only if nothing is there yet (FileExistsError otherwise), whole or not at
     all: the text is written to a temporary file first and then hard-linked into place, which fails if the name
@@ -174,17 +181,13 @@ def staged_directory(directory: str | os.PathLike, existing: str = "refuse") -> 
     """A fresh hidden sibling of ``directory`` to fill; when the block ends without error, its files get the
     umask's permissions and it takes ``directory``'s place in one rename, so a crash or a full disk half-way
     leaves no half-written folder.  If ``directory`` exists by then: ``"refuse"`` fails (never merges into it),
-    ``"replace"`` swaps the old one out and removes it after, ``"keep"`` keeps it and discards the new one.
-    Whether an existing folder may be replaced is the caller's to check first (:func:`check_destination`)."""
+    ``"replace"`` swaps the old one out and removes it after.  Whether an existing folder may be replaced is the caller's to check first (:func:`check_destination`)."""
     directory = Path(directory)
     staging = _staging_for(directory)
     try:
         yield staging
         umask_permissions(staging)
-        if existing != "refuse" and os.path.lexists(directory):
-            if existing == "keep":
-                shutil.rmtree(staging)
-                return
+        if existing == "replace" and os.path.lexists(directory):
             old = _staging_for(directory, "old.")
             os.rename(directory, old)
             try:
@@ -290,4 +293,5 @@ def os_error_message(exc: OSError) -> str:
     """A filesystem failure (disk full, read-only, no permission) as one line that says what to do."""
     where = f"{exc.filename}: " if exc.filename else ""
     advice = _OS_ERROR_ADVICE.get(exc.errno or 0)
-    return f"{where}{exc.strerror or exc}" + (f"; {advice}." if advice else ".")
+    told = str(exc.strerror or exc)
+    return f"{where}{told}" + (f"; {advice}." if advice else "" if told.endswith(".") else ".")

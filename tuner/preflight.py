@@ -1,7 +1,8 @@
 """The multi-machine preflight: the usual multi-node hangs turned into named messages.
 
 Before the rendezvous, on each machine (``launch.sh N`` runs ``tuner doctor --preflight --machine-rank N``, and
-``tuner doctor RECIPE`` runs the same checks): the machine rank is within range, rank 0's address resolves and
+``tuner doctor RECIPE`` runs the same checks): the run's hub model is in this machine's cache (downloaded then, with
+``--preflight``), the machine rank is within range, rank 0's address resolves and
 (from the other machines) has a route, and warnings name the classic causes of a hang: ``RANK`` or ``NODE_RANK``
 set to another rank than the one the machine starts with, ``MASTER_ADDR``/``MASTER_PORT`` pointing elsewhere than
 the recipe's rank 0, and several network interfaces with no ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME`` to pick one.
@@ -162,6 +163,35 @@ def machine_checks(recipe: Recipe, machine_rank: int | None = None,
             results.append(Check(check.__name__.removeprefix("check_").replace("_", " "), "fail",
                                  f"the check itself failed: {type(exc).__name__}: {exc}".splitlines()[0]))
     return results
+
+
+def fetch_run_model(run_dir: Path) -> Check | None:
+    """This machine's copy of the hub model ``tuner run`` recorded for the run (its commit and files), downloaded
+    now when the cache lacks any of it, before the rendezvous: every rank loads it from this machine's cache.
+    None when the run recorded no hub model.  Machines sharing one cache download it once (huggingface_hub locks
+    each file while it is written; the other machines wait and reuse it)."""
+    import sys
+
+    from tuner.catalog.hub import HubError
+    from tuner.doctor import check_download_room
+    from tuner.loading.hub_download import HubDownload, download
+    from tuner.run_layout import MODEL_SNAPSHOT
+
+    record = run_dir / MODEL_SNAPSHOT
+    if not record.is_file():
+        return None
+    planned = HubDownload.from_json(record.read_text(encoding="utf-8"))
+    if planned.missing:
+        room = check_download_room(planned)
+        if room.status == "fail":
+            return Check("model files", "fail", room.detail, room.fix)
+        print(planned.describe(), file=sys.stderr, flush=True)
+        try:
+            download(planned)
+        except HubError as exc:
+            return Check("model files", "fail", str(exc))
+    return Check("model files", "ok", f"{planned.model_id} (commit {planned.commit[:12]}): all {len(planned.files)} "
+                                      f"files in this machine's Hugging Face cache {planned.cache_dir}")
 
 
 # -- after the rendezvous -----------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ runs/<name>/
   events.jsonl       one JSON object per line (started, step, eval, checkpoint, memory, finished, error)
   train.log          every rank's output
   memory.json        the plan's prediction beside the measured peak, written at the end
+  model_snapshot.json  a hub model's commit and files, downloaded before launch: what every rank and machine loads
   checkpoints/checkpoint-N/  the Trainer's checkpoints, each with tuner_checkpoint.json written last
   final/             the trained model or adapter, its tokenizer and the lock recipe
   merged/            an adapter merged into its base (output.save: merged, or `tuner merge`), with tuner_files.json
@@ -16,6 +17,8 @@ runs/<name>/
   serve/             what `tuner serve` hands transformers' server: links to the model (or base + adapter) and
                      tokenizer, and the chat template of the run's prompt format when the tokenizer has none
   profile/           the torch profiler trace of `--profile N`
+  probe/             what `tuner probe` ran: a run directory of its own with probe_request.json (what the ranks are
+                     asked to measure) and probe.json (the measurements beside the plan)
   tensorboard/       TensorBoard event files (training.report_to: [tensorboard])
   mlruns/            the MLflow file store (report_to: [mlflow]);  wandb/  W&B offline runs;  trackio/  trackio's database
 and beside it, runs/.<name>.tuner-run.lock while a tuner writes or runs it (tuner/run_lock.py).
@@ -29,6 +32,7 @@ SLURM_SCRIPT = "slurm.sbatch"
 EVENTS_FILE = "events.jsonl"
 LOG_FILE = "train.log"
 MEMORY_REPORT = "memory.json"
+MODEL_SNAPSHOT = "model_snapshot.json"
 CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_PREFIX = "checkpoint-"  # the Trainer's own folder names: checkpoint-<global step>
 CHECKPOINT_INFO = "tuner_checkpoint.json"  # written last into a checkpoint: its settings, and that it is complete
@@ -41,6 +45,9 @@ TENSORBOARD_DIR = "tensorboard"
 MLFLOW_DIR = "mlruns"
 WANDB_DIR = "wandb"  # W&B names it: WANDB_DIR points at the run directory and W&B writes its wandb/ folder there
 TRACKIO_DIR = "trackio"
+PROBE_DIR = "probe"  # `tuner probe` launches into <run dir>/probe, never into the run itself
+PROBE_REQUEST = "probe_request.json"  # in a probe's run directory: the training entrypoint probes instead of training
+PROBE_REPORT = "probe.json"  # in a probe's run directory: every rank's measurements per phase, beside the plan
 RUN_LOCK = ".tuner-run.lock"  # suffix of the lock file beside the run directory
 SLURM_LOG = "slurm-%j.log"  # sbatch's name pattern (%j: the job id)
 # Written last into a folder tuner saves whole (merged/, `tuner merge -o`): the names of everything tuner put
@@ -50,5 +57,6 @@ TUNER_FILES = "tuner_files.json"
 # What `tuner render` writes: the files a re-render may replace (the rest of a run directory is the run's own).
 RENDERED_FILES = (LOCK_FILE, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, SLURM_SCRIPT)
 # What a run adds to its directory (a re-render keeps all of it); Slurm's logs match SLURM_LOG.
-RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR, SERVE_DIR,
-               PROFILE_DIR, TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR)
+RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, MODEL_SNAPSHOT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR,
+               SERVE_DIR, PROFILE_DIR, TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR, PROBE_DIR, PROBE_REQUEST,
+               PROBE_REPORT)

@@ -1,4 +1,4 @@
-"""Model architecture facts, offline: a shipped catalog, local config.json files and the hub cache.
+"""Model architecture facts: a shipped catalog, local config.json files and hub configs (tuner/catalog/hub.py).
 
 The planner needs a model's parameters (how many, of which kind, which PEFT adapts and bitsandbytes quantises) and
 the handful of numbers that shape activations.  Both come from the model's real module tree: its inventory
@@ -439,9 +439,11 @@ def demo_config() -> dict:
 
 @lru_cache(maxsize=64)
 def model_facts(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> ModelFacts:
-    """Architecture facts for a recipe's ``model.id``: builtin:demo, a local directory, the catalog, or the hub cache.
+    """Architecture facts for a recipe's ``model.id``: builtin:demo, a local directory, the catalog, or the hub's
+    config.json (:mod:`tuner.catalog.hub`: kept under $TUNER_HOME once fetched; offline, the Hugging Face cache).
 
-    Never touches the network; raises :class:`UnknownModelError` naming what was tried.
+    Raises :class:`UnknownModelError` naming what was tried (:class:`~tuner.catalog.hub.HubError` when the hub was
+    asked and could not answer).
     """
     if model_id.startswith("builtin:"):
         if model_id != "builtin:demo":
@@ -463,13 +465,17 @@ def model_facts(model_id: str, revision: str | None = None, trust_remote_code: b
     key = _catalog_key(model_id)
     if key is not None:
         return facts_from_config(catalog_config(key), model_id, f"tuner catalog ({key})")
-    config = _cached_hub_config(model_id, revision, trust_remote_code)
-    if config is not None:
-        return facts_from_config(config, model_id, "hub cache (AutoConfig)", trust_remote_code)
+    from tuner.catalog.hub import hub_config, is_hub_id
+
+    found = hub_config(model_id, revision)  # kept by tuner, else its config.json from the hub (offline: the HF cache)
+    if found is not None:
+        return facts_from_config(found.config, model_id, found.source, trust_remote_code)
+    why = ("not kept by tuner nor in the local Hugging Face cache, and HF_HUB_OFFLINE is set so the hub was not "
+           "asked. Unset HF_HUB_OFFLINE to fetch its config.json" if is_hub_id(model_id) else
+           "and not a hub id (org/name). Give the hub id")
     raise UnknownModelError(
-        f"{model_id}: no architecture facts: not a local directory, not in tuner's catalog and not in the local "
-        f"Hugging Face cache. Download it once, point model.id at a directory with config.json, or use one of: "
-        f"{', '.join(catalog_ids())}.")
+        f"{model_id}: no architecture facts: not a local directory, not in tuner's catalog, {why}, point model.id "
+        f"at a directory with config.json, or use one of: {', '.join(catalog_ids())}.")
 
 
 CODE_CONFIGS = ("config.json", "tokenizer_config.json")  # where a model names the classes it ships (auto_map)
@@ -518,22 +524,3 @@ def custom_code(model_id: str, revision: str | None = None) -> list[str]:
         for value in (auto_map.values() if isinstance(auto_map, dict) else ()):
             found.update(ref for ref in (value if isinstance(value, list) else [value]) if isinstance(ref, str) and ref)
     return sorted(found)
-
-
-def _cached_hub_config(model_id: str, revision: str | None, trust_remote_code: bool) -> dict | None:
-    """config.json of a hub model from the local cache only (AutoConfig with local_files_only)."""
-    if "/" not in model_id:
-        return None
-    try:
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(model_id, revision=revision, local_files_only=True,
-                                            trust_remote_code=trust_remote_code)
-    except Exception:  # any failure means "not cached"; the caller says what to do
-        return None
-    data = config.to_dict()
-    if hasattr(config, "get_text_config"):
-        text = config.get_text_config()
-        if text is not config:
-            data = {**text.to_dict(), "model_type": text.model_type}
-    return data

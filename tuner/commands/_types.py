@@ -52,6 +52,17 @@ def at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def fraction(text: str) -> float:
+    """A share of something, above 0 and below 1 (e.g. the part of a device kept free)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number (got {text!r})") from None
+    if not 0 < value < 1:  # nan fails both
+        raise argparse.ArgumentTypeError(f"must be above 0 and below 1, e.g. 0.1 (got {text!r})")
+    return value
+
+
 def not_utf8(text: str) -> str | None:
     """Why ``text`` read from arguments or stdin is not UTF-8 (Python keeps such bytes as lone surrogates), or None."""
     bad = re.search("[\udc80-\udcff]", text)

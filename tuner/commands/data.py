@@ -30,15 +30,26 @@ def run_preview(args) -> int:
     masking = "loss on every token" if recipe.data.train_on_prompt or data_format == "text" else "loss on completions only"
     if recipe.objective.preference:
         masking = f"{recipe.objective.kind}: each answer after its masked prompt"
+    grpo = recipe.objective.grpo
+    if grpo is not None:
+        masking = (f"grpo: {grpo.num_generations} completions of up to {grpo.max_completion_length} tokens are sampled "
+                   "after each prompt and scored by the rewards")
     console.print(f"format: {data_format} ({masking}; {legend}), max_seq_length {recipe.memory.max_seq_length}")
     for index, example in enumerate(examples, 1):
         cut = ", truncated" if example.truncated else ""
+        if grpo is not None:
+            cut = f", longer than max_prompt_length {grpo.max_prompt_length}: dropped" if example.truncated else ""
         answer = f" ({example.answer})" if example.answer else ""
-        console.rule(f"sample {example.row or index}{answer}: {example.tokens} tokens, {example.trainable_tokens} learned{cut}")
+        size = (f"a prompt of {example.tokens} tokens" if grpo is not None else
+                f"{example.tokens} tokens, {example.trainable_tokens} learned")
+        console.rule(f"sample {example.row or index}{answer}: {size}{cut}")
         text = Text()
         for segment, trainable in example.segments:
             if plain and not trainable:
                 segment = f"«{segment}»"
             text.append(segment, style="bold" if trainable else "dim")
         console.print(text)
+        if example.reward_inputs is not None:
+            inputs = ", ".join(f"{key}={value!r}" for key, value in example.reward_inputs.items()) or "none"
+            console.print(f"reward inputs: {inputs}", markup=False)
     return 0

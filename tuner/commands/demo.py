@@ -1,7 +1,8 @@
 """``tuner demo``: build the demo model, train it through ``accelerate launch``, show what it learned.
 
-A demo that starts from another built-in recipe's result (``demo-dpo``: ``model.id: runs/demo/final``) trains that
-recipe first when its result is not there yet, in ``<run dir>/sft``, then itself in ``<run dir>/dpo``: one command.
+A demo that starts from another built-in recipe's result (``demo-dpo``, ``demo-grpo``: ``model.id: runs/demo/final``)
+trains that recipe first when its result is not there yet, in ``<run dir>/sft``, then itself in ``<run dir>/dpo`` (or
+``grpo``): one command.
 """
 from __future__ import annotations
 
@@ -37,8 +38,16 @@ def held_out_samples(recipe: Recipe) -> list[dict]:
     return list(held_out)
 
 
-def _question_and_answer(sample: dict, tokenizer) -> tuple[str, str, str]:
-    """(word shown, prompt text, expected answer) of a held-out reversal: an instruction sample or a pair."""
+def _question_and_answer(sample: dict, tokenizer, recipe: Recipe) -> tuple[str, str, str]:
+    """(word shown, prompt text, expected answer) of a held-out reversal: an instruction sample, a pair, or a prompt
+    with the column its exact-match reward reads."""
+    if recipe.objective.kind == "grpo":
+        from tuner.data.prompts import prompt_text as grpo_prompt
+
+        column = next(reward.column for reward in recipe.objective.grpo.rewards if reward.kind == "exact_match")
+        prompt = sample["prompt"]
+        shown = prompt[-1]["content"] if isinstance(prompt, list) else prompt
+        return shown.split("\n")[-1], grpo_prompt(prompt, tokenizer), str(sample[column])
     if "chosen" in sample:
         from tuner.data.preference import prompt_and_chosen
 
@@ -56,7 +65,7 @@ def exact_match(recipe: Recipe, model_path: str | Path, samples: list[dict], sho
 
     tokenizer = load_tokenizer(recipe, str(model_path))
     model = load_model(recipe, str(model_path))
-    questions = [_question_and_answer(sample, tokenizer) for sample in samples]
+    questions = [_question_and_answer(sample, tokenizer, recipe) for sample in samples]
     longest = max(len(tokenizer(expected, add_special_tokens=False)["input_ids"]) for _, _, expected in questions)
     answers = generate_answers(model, tokenizer, [prompt for _, prompt, _ in questions], max_new_tokens=longest + 1)
     results = [(word, expected, answer.strip()) for (word, _, expected), answer in zip(questions, answers)]
@@ -72,17 +81,26 @@ def _print_examples(title: str, result) -> None:
 
 
 def _reward_lines(run_dir: Path) -> list[str]:
-    """The held-out preference metrics of a dpo/kto run, first evaluation (before training) to last."""
+    """The held-out reward metrics of a dpo/kto/grpo run, first evaluation (before training) to last."""
     from tuner.events import read_events
-    from tuner.run_layout import EVENTS_FILE
+    from tuner.recipe.io import load_recipe
+    from tuner.run_layout import EVENTS_FILE, LOCK_FILE
 
-    evals = [e for e in read_events(run_dir / EVENTS_FILE) if "eval_rewards/margins" in e]
+    recipe = load_recipe(run_dir / LOCK_FILE)
+    key = "eval_reward" if recipe.objective.kind == "grpo" else "eval_rewards/margins"
+    evals = [e for e in read_events(run_dir / EVENTS_FILE) if e.get(key) is not None]
     if len(evals) < 2:
         return []
     first, last = evals[0], evals[-1]
 
     def change(key: str, percent: bool = False) -> str:
         return " -> ".join(f"{e[key]:.1%}" if percent else f"{e[key]:.3f}" for e in (first, last))
+
+    if recipe.objective.kind == "grpo":
+        grpo = recipe.objective.grpo
+        return [f"held-out mean reward {change('eval_reward')} (steps {first['step']} -> {last['step']}; "
+                f"{grpo.num_generations} completions per prompt sampled at temperature {grpo.temperature:g}, as in "
+                "training)"]
 
     return [f"held-out reward accuracy {change('eval_rewards/accuracies', True)}, reward margin "
             f"{change('eval_rewards/margins')} (steps {first['step']} -> {last['step']}; the rewards are 0 before "

@@ -69,6 +69,7 @@ def load_plan_recipe(args):
 
 
 def run(args) -> int:
+    from tuner.catalog.hub import HubError
     from tuner.catalog.models import UnknownModelError
     from tuner.recipe.io import RecipeError
 
@@ -79,20 +80,31 @@ def run(args) -> int:
         memory_plan = plan(recipe)
         advice = advise(recipe) if args.advise else None
         more_gpus = alternative_topology(recipe, advice)
+    except HubError:  # the hub was asked and could not answer: the environment, not the recipe (exit 1)
+        raise
     except UnknownModelError as exc:
         raise RecipeError([f"model.id: {exc}"]) from None
     simulation = None
-    if args.simulate:
+    if args.simulate and recipe.objective.grpo is not None:  # a round: generation and the training step
+        from tuner.planner.simulate import simulate_grpo
+
+        simulation = simulate_grpo(recipe)
+    elif args.simulate:
         from tuner.planner.simulate import simulate
 
         adapt = None
         if recipe.memory.chunked_loss:
             from tuner.loading.chunked_loss import enable_chunked_loss as adapt
         simulation = simulate(recipe, adapt)
+    from tuner.launch.probe_record import measured_record
+
+    measured = measured_record(recipe)  # a probe of this setup on this machine, shown beside the plan
     if args.json:
         import json
 
         data = memory_plan.to_dict()
+        if measured is not None:
+            data["measured_on_this_machine"] = {**measured.__dict__, "line": measured.line(memory_plan.gpu.total_gib)}
         if advice is not None:
             data = {"plan": data, "advice": [_advice_dict(a) for a in advice],
                     "topology": _advice_dict(more_gpus) if more_gpus else None}
@@ -103,8 +115,15 @@ def run(args) -> int:
     else:
         from rich.console import Console
 
+        from tuner.catalog.models import model_facts
+
         console = Console()
         print_plan(console, memory_plan)
+        model = recipe.model  # where the architecture came from: catalog, local config, hub (fetched or kept), cache
+        console.print(f"architecture: {model_facts(model.id, model.revision, model.trust_remote_code).source}",
+                      style="dim", highlight=False)
+        if measured is not None:
+            console.print(measured.line(memory_plan.gpu.total_gib), style="bold", markup=False, highlight=False)
         if simulation is not None:
             print_simulation(console, simulation, memory_plan)
         if advice is not None:
@@ -222,6 +241,9 @@ def print_simulation(console, simulation, memory_plan) -> None:
     table.add_section()
     table.add_row("simulated peak", f"{simulation.peak_gib:.3f}")
     table.add_row("analytic, allocated in the training step", f"{simulated_step_gib(memory_plan):.3f}")
+    for phase, gib in simulation.phases_gib.items():  # grpo: each traced phase beside the plan's
+        table.add_row(f"{phase}: simulated / analytic allocated",
+                      f"{gib:.3f} / {memory_plan.gpu.phase_gib(phase, ('allocated',)):.3f}")
     console.print(table)
     for note in simulation.notes:
         console.print(f"[dim]note: {note}[/]")

@@ -1,4 +1,5 @@
-"""``tuner run RECIPE [--set k=v] [--dry-run] [--force] [--resume]``: check, render, launch, follow, summarise."""
+"""``tuner run RECIPE [--set k=v] [--dry-run] [--force] [--resume] [--probe]``: check, render, launch, follow, summarise
+(``--probe``: measure the recipe with ``tuner probe`` first)."""
 from __future__ import annotations
 
 import sys
@@ -20,6 +21,9 @@ def register(subparsers) -> None:
                         help="launch even if the plan does not fit or the disk is small; replace tuner's files in an "
                              "existing run directory")
     parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    parser.add_argument("--probe", action="store_true",
+                        help="first probe the recipe on this machine (tuner probe: a few steps on worst-case batches, "
+                             "measured beside the plan) and launch only if the probe ran")
     parser.set_defaults(run=run)
 
 
@@ -54,7 +58,17 @@ def launch_and_report(prepared: PreparedRun) -> RunOutcome:
 
 
 def run(args) -> int:
-    prepared = prepare_or_refuse(recipe_from_args(args), force=args.force, resume=args.resume, dry_run=args.dry_run)
+    recipe = recipe_from_args(args)
+    if args.probe:
+        from tuner.commands.probe import probe_and_report
+        from tuner.recipe.io import RecipeError
+
+        if args.dry_run:
+            raise RecipeError(["--probe launches the probe; a --dry-run launches nothing: choose one."])
+        code = probe_and_report(recipe, steps=None, force=args.force)
+        if code:
+            return code
+    prepared = prepare_or_refuse(recipe, force=args.force, resume=args.resume, dry_run=args.dry_run)
     if args.dry_run:
         for path in sorted(prepared.run_dir.iterdir()):
             if path.is_file():

@@ -8,7 +8,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, TypeVar
 
+from tuner.build_once import BuildTimeout, build_once, is_built
 from tuner.data.formats import (
     FORMAT_COLUMNS,
     IGNORE_INDEX,
@@ -22,6 +24,7 @@ from tuner.data.formats import (
 )
 from tuner.data import sources
 from tuner.data.preference import PREFERENCE_COLUMNS, preference_problem
+from tuner.data.prompts import PROMPT_COLUMNS, prompt_problem
 from tuner.data.sources import DataError, Samples, load_split
 from tuner.home import tuner_home
 from tuner.recipe.checks import OBJECTIVE_FORMATS
@@ -40,7 +43,10 @@ class PreparedData:
     raw_eval: object | None  # untokenised held-out samples, for generation checks
 
 
-LAYOUT_COLUMNS = {**FORMAT_COLUMNS, **PREFERENCE_COLUMNS}  # every data.format and the columns it needs
+LAYOUT_COLUMNS = {**FORMAT_COLUMNS, **PREFERENCE_COLUMNS, **PROMPT_COLUMNS}  # every data.format, the columns it needs
+# the layouts whose rows are checked one by one in Python (the others by Arrow column checks first)
+ROW_CHECKS = {**{layout: preference_problem for layout in PREFERENCE_COLUMNS},
+              **{layout: prompt_problem for layout in PROMPT_COLUMNS}}
 
 
 def resolve_format(requested: str, columns: list[str], objective: str = "sft") -> str:
@@ -51,10 +57,10 @@ def resolve_format(requested: str, columns: list[str], objective: str = "sft") -
         except ValueError as exc:
             hint = next((f" They look like {layout} data: set objective.kind: {kind}."
                          for kind, layouts in OBJECTIVE_FORMATS.items() for layout in layouts
-                         if layout in PREFERENCE_COLUMNS and PREFERENCE_COLUMNS[layout] <= set(columns)), "")
+                         if layout in ROW_CHECKS and LAYOUT_COLUMNS[layout] <= set(columns)), "")
             raise DataError(f"data.format: {exc}{hint}") from None
     field = "data.format"
-    if requested == "auto":  # dpo and kto read one layout each
+    if requested == "auto":  # dpo, kto and grpo read one layout each
         requested, field = OBJECTIVE_FORMATS[objective][0], "objective.kind"
     missing = LAYOUT_COLUMNS[requested] - set(columns)
     if missing:
@@ -120,19 +126,19 @@ def check_samples(samples: Samples, data_format: str) -> int:
     """Refuse the data when any row does not fit the layout or is larger than a row may be, naming the first rows by
     their file lines (row numbers for parquet and hub datasets); returns the number of rows.  The checks run on
     Arrow columns a record batch at a time, in memory or streamed alike; only the rows they flag (all preference
-    rows, whose checks stay in Python) are read as rows, a batch at a time."""
+    and prompt rows, whose checks stay in Python) are read as rows, a batch at a time."""
     import numpy as np
     from datasets import Features
 
     dataset = samples.dataset
     used = used_columns(data_format, columns_of(dataset))
-    problem_of = preference_problem if data_format in PREFERENCE_COLUMNS else sample_problem
+    problem_of = ROW_CHECKS.get(data_format, sample_problem)
     problems = samples.problems()
     features = dataset.features and Features({name: dataset.features[name] for name in used})
     offset = 0
     try:
         for batch in column_batches(dataset, used):
-            mask = None if data_format in PREFERENCE_COLUMNS else problem_rows(batch, data_format)
+            mask = None if data_format in ROW_CHECKS else problem_rows(batch, data_format)
             bad = np.ones(batch.num_rows, bool) if mask is None else mask.to_numpy(zero_copy_only=False).copy()
             size = sum((row_bytes(column) for column in batch.columns), np.zeros(batch.num_rows, np.int64))
             flagged = np.flatnonzero(bad | (size > sources.MAX_ROW_BYTES))
@@ -167,7 +173,20 @@ def load_samples(recipe: Recipe, scan: bool = True) -> tuple[Samples, str]:
     samples = load_split(recipe.data.source, recipe.data.split, recipe.data.streaming, scan)
     if empty(samples.dataset):
         raise DataError(f"data.source: {recipe.data.source}: the dataset is empty.")
-    return samples, resolve_format(recipe.data.format, columns_of(samples.dataset), recipe.objective.kind)
+    columns = columns_of(samples.dataset)
+    data_format = resolve_format(recipe.data.format, columns, recipe.objective.kind)
+    if recipe.objective.grpo is not None:
+        _check_reward_columns(recipe, columns)
+    return samples, data_format
+
+
+def _check_reward_columns(recipe: Recipe, columns: list[str]) -> None:
+    """Every column a grpo reward reads is a column of the data."""
+    for index, reward in enumerate(recipe.objective.grpo.rewards):
+        if reward.column is not None and reward.column not in columns:
+            raise DataError(f"objective.grpo.rewards.{index}.column: {reward.kind} reads the column "
+                            f"{reward.column!r}, which {recipe.data.source} lacks (its columns: "
+                            f"{', '.join(sorted(columns))}); name one of them, or add it to the data.")
 
 
 def split_samples(recipe: Recipe):
@@ -177,24 +196,18 @@ def split_samples(recipe: Recipe):
     recipe checks refuse eval_fraction); its rows are not checked here: :func:`check_data` reads the whole stream
     for that before ``tuner run`` launches, and reading it again would cost every rank what training costs.
 
-    A local file whose rows all passed the checks before (the same file, read the same way, by the same checks:
-    :func:`checked_marker`) is not scanned again: ``tuner run`` checks it before launch, and the ranks, a re-run,
-    a resume and preview then only load it."""
+    A local file's rows are checked once (:func:`checked_samples`): ``tuner run`` checks it before launch, and the
+    ranks, a re-run, a resume and preview then only load it."""
     if recipe.data.streaming:
         samples, data_format = load_samples(recipe, scan=False)
         dataset = samples.dataset.shuffle(seed=recipe.training.seed, buffer_size=STREAM_SHUFFLE_BUFFER)
         return (dataset.take(recipe.data.max_samples) if recipe.data.max_samples else dataset), None, data_format
-    marker = checked_marker(recipe)
-    checked = marker is not None and marker.is_file()
-    samples, data_format = load_samples(recipe, scan=not checked)
+    samples, data_format = checked_samples(recipe)
     dataset = samples.dataset
-    if checked:
-        log.info("data: every row of %s passed the checks before (same file, read the same way); not scanned again",
-                 recipe.data.source)
-    else:
-        check_samples(samples, data_format)
-        if marker is not None:
-            mark_checked(marker)
+    if recipe.objective.kind == "grpo":  # a reward's failure names its prompt by the row it came from
+        from tuner.data.prompts import ROW_COLUMN
+
+        dataset = dataset.add_column(ROW_COLUMN, list(range(1, len(dataset) + 1)))
     dataset = dataset.shuffle(seed=recipe.training.seed)
     if recipe.data.max_samples:
         dataset = dataset.select(range(min(recipe.data.max_samples, len(dataset))))
@@ -304,7 +317,7 @@ def tokenise_stream(raw, recipe: Recipe, tokenizer, data_format: str):
 # What the checks and the prepared dataset depend on besides the recipe and the tokenizer: tuner's code that reads,
 # checks, formats and tokenises the samples.
 _PREPARING_CODE = tuple(Path(__file__).with_name(name) for name in ("prepare.py", "formats.py", "sources.py",
-                                                                     "preference.py"))
+                                                                     "preference.py", "prompts.py"))
 
 
 def _data_key(recipe: Recipe, **fields) -> str | None:
@@ -333,24 +346,59 @@ def data_fingerprint(recipe: Recipe, tokenizer) -> str | None:
                      objective=recipe.objective.kind, tokenizer=Hasher.hash(tokenizer))
 
 
-CHECKED_DIR = "checked"  # under $TUNER_HOME: one empty file per data file whose every row passed the checks
+CHECKED_DIR = "checked"  # under $TUNER_HOME: one folder per data file whose every row passed the checks
 
 
 def checked_marker(recipe: Recipe) -> Path | None:
     """Where the proof is kept that every row of the recipe's data file passed the checks, read as the recipe reads
-    it (source, split, format, objective); None for a hub dataset or a stream, checked every time."""
+    it (source, split, format, objective): a cache folder holding only its completion marker; None for a hub dataset
+    or a stream, checked every time."""
     key = _data_key(recipe, read_as=[recipe.data.source, recipe.data.split, recipe.data.format,
                                      recipe.objective.kind])
     return tuner_home() / CHECKED_DIR / key if key else None
 
 
-def mark_checked(marker: Path) -> None:
-    """Record that the file passed; where it cannot be recorded (a read-only home) it is checked again next time."""
+def checked_samples(recipe: Recipe) -> tuple[Samples, str]:
+    """The recipe's samples (not streamed) and their format, every row checked, by this process or before: a local
+    file whose rows all passed (the same file, read the same way, by the same checks: :func:`checked_marker`) is
+    loaded without a scan, and of the processes that ask at once one checks it while the others wait for the proof."""
+    def check() -> tuple[Samples, str]:
+        samples, data_format = load_samples(recipe)
+        check_samples(samples, data_format)
+        return samples, data_format
+
+    marker = checked_marker(recipe)
+    if marker is None:
+        return check()
+    checked = cache_or_make(marker, check, lambda made, staging: None, what=f"the row checks of {recipe.data.source}")
+    if checked is not None:
+        return checked
+    log.info("data: every row of %s passed the checks before (same file, read the same way); not scanned again",
+             recipe.data.source)
+    return load_samples(recipe, scan=False)
+
+
+T = TypeVar("T")
+
+
+def cache_or_make(folder: Path, make: Callable[[], T], save: Callable[[T, Path], None], what: str) -> T | None:
+    """What ``make`` returns, saved by ``save(made, staging)`` as the cache ``folder`` (:func:`build_once`), or None
+    when the cache was complete already (or another process completed it meanwhile).  A home that cannot hold the
+    cache (read-only, full) costs only the cache: what was made is returned, and the next run makes it again."""
+    made: list[T] = []
+
+    def build(staging: Path) -> T:
+        made.append(make())
+        save(made[0], staging)
+        return made[0]
+
     try:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
+        return build_once(folder, build, what=what)
+    except BuildTimeout:
+        raise
     except OSError as exc:
-        log.info("data: could not record that the rows passed the checks (%s)", exc)
+        log.info("data: %s was not cached in %s (%s)", what, folder, exc)
+        return made[0] if made else make()
 
 
 def prepared_folder(recipe: Recipe, tokenizer) -> Path | None:
@@ -361,11 +409,23 @@ def prepared_folder(recipe: Recipe, tokenizer) -> Path | None:
 
 def prepare_data(recipe: Recipe, tokenizer) -> PreparedData:
     """The tokenised train and held-out datasets; reused from ``$TUNER_HOME/prepared/<fingerprint>`` when the same
-    data file was prepared the same way before (a re-run, a resume), and saved there otherwise."""
+    data file was prepared the same way before (a re-run, a resume, another rank or machine), and saved there
+    otherwise: of the processes that prepare it at once, one tokenises while the others wait to load it."""
     folder = prepared_folder(recipe, tokenizer)
-    if is_prepared(folder):
+    if folder is None:  # a stream or a hub dataset: nothing is kept
+        prepared = tokenised_data(recipe, tokenizer)
+        return prepared if streamed(prepared.train) else without_flags(prepared)
+    prepared = cache_or_make(folder, lambda: tokenised_data(recipe, tokenizer), save_prepared,
+                             what="the prepared dataset")
+    if prepared is None:
         log.info("data: reusing the prepared dataset in %s (same data file, recipe fields and tokenizer)", folder)
         return load_prepared(folder)
+    return without_flags(prepared)
+
+
+def tokenised_data(recipe: Recipe, tokenizer) -> PreparedData:
+    """The recipe's samples checked, split and tokenised, each with its TRUNCATED flag (a stream: tokenised as it is
+    read, without flags)."""
     train_raw, eval_raw, data_format = split_samples(recipe)
     if streamed(train_raw):
         log.info("data: streaming %s samples: read and tokenised as training goes, shuffled within %d (their rows "
@@ -375,18 +435,15 @@ def prepare_data(recipe: Recipe, tokenizer) -> PreparedData:
     log.info("data: %d training and %d held-out %s samples", len(train_raw), len(eval_raw) if eval_raw else 0, data_format)
     train, truncated, dropped = tokenise(train_raw, recipe, tokenizer, data_format, "training")
     evaluation = tokenise(eval_raw, recipe, tokenizer, data_format, "held-out")[0] if eval_raw is not None else None
-    prepared = PreparedData(train, evaluation, data_format, truncated, dropped, eval_raw)
-    if folder is not None:
-        save_prepared(prepared, folder)
-    return without_flags(prepared)
+    return PreparedData(train, evaluation, data_format, truncated, dropped, eval_raw)
 
 
 PREPARED_DIR = "prepared"  # under $TUNER_HOME, one folder per fingerprint
-PREPARED_INFO = "prepared.json"  # written last: the folder is complete
+PREPARED_INFO = "prepared.json"  # the format and the truncated and dropped counts
 
 
 def is_prepared(folder: Path | None) -> bool:
-    return folder is not None and (folder / PREPARED_INFO).is_file()
+    return folder is not None and is_built(folder)
 
 
 def without_flags(prepared: PreparedData) -> PreparedData:
@@ -399,29 +456,18 @@ _PREPARED_SPLITS = ("train", "eval", "raw_eval")
 
 
 def save_prepared(prepared: PreparedData, folder: Path) -> None:
-    """Write the prepared datasets to ``folder`` through a temporary folder renamed at the end, so ranks that
-    prepare at once, or a run stopped halfway, never leave a partial folder to be reused."""
+    """Write the prepared datasets into ``folder``: the hidden staging folder of :func:`cache_or_make`, published
+    whole, so ranks that prepare at once, or a run stopped halfway, never leave a partial folder to be reused."""
     import json
-    import os
-    import shutil
-    import tempfile
 
     from tuner.fileio import atomic_write_text
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    try:
-        for name in _PREPARED_SPLITS:
-            dataset = getattr(prepared, name)
-            if dataset is not None:
-                dataset.save_to_disk(str(partial / name))  # in the order its indices give (no extra copy)
-        info = {"data_format": prepared.data_format, "truncated": prepared.truncated, "dropped": prepared.dropped}
-        atomic_write_text(partial / PREPARED_INFO, json.dumps(info) + "\n")
-        os.rename(partial, folder)
-    except OSError as exc:  # another rank renamed first, or no room: training goes on with what it prepared
-        log.info("data: the prepared dataset was not cached in %s (%s)", folder, exc)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+    for name in _PREPARED_SPLITS:
+        dataset = getattr(prepared, name)
+        if dataset is not None:
+            dataset.save_to_disk(str(folder / name))  # in the order its indices give (no extra copy)
+    info = {"data_format": prepared.data_format, "truncated": prepared.truncated, "dropped": prepared.dropped}
+    atomic_write_text(folder / PREPARED_INFO, json.dumps(info) + "\n")
 
 
 def load_prepared(folder: Path, flags: bool = False) -> PreparedData:

@@ -1,7 +1,8 @@
 """What the model will be trained on: formatted, tokenised examples split into learned and masked text.
 
 ``tuner data preview`` prints these; the TUI shows the same segments.  A preference row (dpo, kto) shows one
-example per answer: the prompt masked, the answer learned, as TRL tokenises them.
+example per answer: the prompt masked, the answer learned, as TRL tokenises them.  A grpo prompt shows what the
+model is given to complete (nothing of it is learned: the completions are sampled) and its reward inputs.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class PreviewExample:
     truncated: bool
     answer: str | None = None  # preference rows: chosen, rejected, desirable or undesirable
     row: int | None = None  # preference rows: the sample this answer belongs to (1 = the first)
+    reward_inputs: dict | None = None  # grpo prompts: the columns the rewards read beside each completion
 
 
 def labelled_segments(input_ids: list[int], labels: list[int], tokenizer) -> list[tuple[str, bool]]:
@@ -47,7 +49,7 @@ def preview_examples(recipe: Recipe, tokenizer, count: int = 3) -> tuple[str, li
     otherwise the first samples of the split (of a stream: the first it yields, read no further), encoded here."""
     from tuner.data.prepare import encode_batch, first_rows, is_prepared, load_prepared, prepared_folder, split_samples
 
-    folder = None if recipe.objective.preference else prepared_folder(recipe, tokenizer)
+    folder = None if recipe.objective.kind != "sft" else prepared_folder(recipe, tokenizer)
     if is_prepared(folder):
         prepared = load_prepared(folder, flags=True)
         data_format, encoded = prepared.data_format, prepared.train[:count]
@@ -57,6 +59,8 @@ def preview_examples(recipe: Recipe, tokenizer, count: int = 3) -> tuple[str, li
         if recipe.objective.preference:
             return data_format, [example for row, sample in enumerate(rows, 1)
                                  for example in preference_examples(sample, data_format, tokenizer, recipe, row)]
+        if recipe.objective.kind == "grpo":
+            return data_format, [prompt_example(sample, tokenizer, recipe) for sample in rows]
         encoded = encode_batch({key: [row[key] for row in rows] for key in rows[0]}, data_format, tokenizer, recipe)
     return data_format, [
         PreviewExample(segments=labelled_segments(input_ids, labels, tokenizer), tokens=len(labels),
@@ -81,3 +85,14 @@ def preference_examples(sample: dict, data_format: str, tokenizer, recipe: Recip
             trainable_tokens=sum(label != IGNORE_INDEX for label in labels),
             truncated=len(prompt_ids) + len(ids) > limit, answer=name, row=row))
     return examples
+
+
+def prompt_example(sample: dict, tokenizer, recipe: Recipe) -> PreviewExample:
+    """A grpo prompt as generation starts from it, with its reward inputs; ``truncated`` when it is longer than
+    max_prompt_length (training drops it)."""
+    from tuner.data.prompts import prompt_ids, prompt_text, reward_inputs
+
+    tokens = len(prompt_ids(sample["prompt"], tokenizer))
+    return PreviewExample(segments=[(prompt_text(sample["prompt"], tokenizer), False)], tokens=tokens,
+                          trainable_tokens=0, truncated=tokens > recipe.objective.grpo.max_prompt_length,
+                          reward_inputs=reward_inputs(sample))

@@ -91,8 +91,9 @@ def _run_directory_target(run_dir: Path, overrides: list[str]) -> InferenceTarge
 
 
 def resolve_target(argument: str | None = None, overrides: Iterable[str] = (), model: str | None = None,
-                   adapter: str | None = None) -> InferenceTarget:
-    """Resolve ``RECIPE | RUN_DIR | --model`` (+ ``--adapter``) to what :func:`load_for_inference` loads.
+                   adapter: str | None = None, show_download: bool = True) -> InferenceTarget:
+    """Resolve ``RECIPE | RUN_DIR | --model`` (+ ``--adapter``) to what :func:`load_for_inference` loads; a hub model
+    is downloaded here, said on stderr with a progress bar unless ``show_download`` is off (the wizard).
 
     ``--model`` replaces the model of a recipe (or stands alone with the schema's defaults, placing it on
     every visible GPU); ``--adapter`` adds a LoRA adapter to whatever base model results.
@@ -119,4 +120,27 @@ def resolve_target(argument: str | None = None, overrides: Iterable[str] = (), m
         found = _adapter_dir(adapter)
         tokenizer = str(found) if (found / TOKENIZER_CONFIG).is_file() else target.tokenizer_path
         target = replace(target, tokenizer_path=tokenizer, adapter=found)
-    return target
+    return _downloaded(target, show_download)
+
+
+def _downloaded(target: InferenceTarget, shown: bool) -> InferenceTarget:
+    """A hub model downloaded once, with a progress bar, before anything loads it (refused before the first byte
+    when the Hugging Face cache's disk lacks room); its snapshot folder replaces the hub id."""
+    import sys
+
+    from tuner.catalog.hub import HubError
+    from tuner.doctor import check_download_room
+    from tuner.loading.hub_download import download, plan_download
+
+    model = target.recipe.model
+    planned = plan_download(target.model_path, model.revision, model.trust_remote_code)
+    if planned is None:
+        return target
+    room = check_download_room(planned)
+    if room.status == "fail":
+        raise HubError(f"{planned.describe()}: refused, {room.detail}; {room.fix}.")
+    if shown:
+        print(planned.describe(), file=sys.stderr, flush=True)
+    local = str(download(planned, progress=shown))
+    tokenizer = local if target.tokenizer_path == target.model_path else target.tokenizer_path
+    return replace(target, model_path=local, tokenizer_path=tokenizer)

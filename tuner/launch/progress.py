@@ -9,11 +9,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 def step_summary(event: dict) -> str:
+    from tuner.events import rollout_summary
+
     parts = [f"step {event.get('step')}/{event.get('max_steps')}"]
     if "loss" in event:
         parts.append(f"loss {event['loss']:.4f}")
     if "eval_loss" in event:
         parts.append(f"eval_loss {event['eval_loss']:.4f}")
+    parts += [summary for summary in (rollout_summary(event), rollout_summary(event, "eval_")) if summary]
     if "tokens_per_s" in event:
         parts.append(f"{event['tokens_per_s']:.0f} tok/s")
     if "eta_s" in event:

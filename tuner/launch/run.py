@@ -11,6 +11,7 @@ the run's summary; a multi-machine run is never launched as one machine's share.
 from __future__ import annotations
 
 import contextlib
+import json
 import shlex
 import signal
 import sys
@@ -25,17 +26,19 @@ from tuner.launch.checkpoints import check_resumable, checkpoint_states, latest_
 from tuner.launch.failures import describe_failure
 from tuner.launch.runner import Launch, log_tail
 from tuner.launch.summary import RunSummary, summarize_run
+from tuner.loading.hub_download import HubDownload, plan_download
 from tuner.recipe.io import RecipeError, validate_recipe, with_output_dir
 from tuner.recipe.schema import STREAM_SHUFFLE_BUFFER, Recipe
 from tuner.render.launch_command import launch_argv, shell_command
 from tuner.render.launch_script import has_slurm_script, node_commands
 from tuner.render.run_directory import check_run_directory, holds_only_rendered_files, write_run_directory
-from tuner.run_layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, SLURM_SCRIPT
+from tuner.run_layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, MODEL_SNAPSHOT, SLURM_SCRIPT
 from tuner.run_lock import RunLock, RunLocked
 
 EXIT_SIGNAL_BASE = 128  # a run stopped by signal N exits 128 + N, as a shell reports it
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # beside SIGINT (KeyboardInterrupt): each stops every rank
 POLL_S = 0.25
+STOP_GRACE_S = 20.0  # after SIGINT, the time ranks get to save before SIGTERM
 
 
 class RunRefused(RecipeError):
@@ -93,11 +96,14 @@ class RunOutcome:
 
 def _memory_check(recipe: Recipe) -> tuple[list[str], str | None]:
     """(refusal lines, or [] when it fits; a note for a tight plan)."""
+    from tuner.catalog.hub import HubError
     from tuner.catalog.models import UnknownModelError
     from tuner.planner import advise, plan
 
     try:
         memory = plan(recipe)
+    except HubError:  # the hub was asked and could not answer (exit 1), not a recipe error
+        raise
     except UnknownModelError as exc:
         raise RecipeError([f"model.id: {exc}"]) from None
     device = memory.limiting  # the device that decides the verdict: a GPU, the CPU, or a machine's host RAM
@@ -118,11 +124,12 @@ def _memory_check(recipe: Recipe) -> tuple[list[str], str | None]:
     return lines, None
 
 
-def _disk_check(recipe: Recipe) -> list[str]:
-    """A full or read-only disk found now, not at the first checkpoint hours in."""
+def _disk_check(recipe: Recipe, download: HubDownload | None) -> list[str]:
+    """A full or read-only disk found now, not at the first checkpoint hours in; a download that cannot fit is
+    refused before its first byte."""
     from tuner.doctor import check_disk
 
-    disk = check_disk(recipe)
+    disk = check_disk(recipe, download=download)
     return [f"output.dir: {disk.detail}.", f"{disk.fix}."] if disk.status == "fail" else []
 
 
@@ -166,13 +173,20 @@ def _resume_notes(recipe: Recipe, run_dir: Path) -> list[str]:
     return notes + [f"no complete checkpoint in {run_dir / CHECKPOINTS_DIR}: starting from the beginning"]
 
 
+def _say_on_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
 def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dry_run: bool = False,
-                output_dir: str | Path | None = None) -> PreparedRun:
-    """Check everything, then write the run directory (and hold its lock unless ``dry_run``).
+                output_dir: str | Path | None = None, say: Callable[[str], None] = _say_on_stderr,
+                progress: bool = True) -> PreparedRun:
+    """Check everything, then write the run directory (and hold its lock unless ``dry_run``); a hub model is
+    downloaded once, here, before any rank starts (``say`` the line, and with ``progress`` a bar on stderr).
 
     ``force`` is the user's explicit override of the plan, disk and existing-directory refusals; ``resume``
-    continues from the newest complete checkpoint.  Raises RecipeError/DataError for what cannot be overridden
-    and :class:`RunRefused` (all overridable refusals at once) for the rest; nothing is written before.
+    continues from the newest complete checkpoint.  Raises RecipeError/DataError for what cannot be overridden,
+    HubError when the hub refuses the model, and :class:`RunRefused` (all overridable refusals at once) for the
+    rest; nothing is written before.
     """
     if resume and recipe.training.resume == "never":
         data = recipe.model_dump(mode="json")
@@ -186,7 +200,10 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
         raise RecipeError([f"output.dir: {run_dir} is a file, not a directory; choose another output.dir."])
     check_run_directory(run_dir, keep_existing=resuming)  # files tuner did not write are never replaced
     refusals, tight = _memory_check(recipe)
-    refusals += _disk_check(recipe)
+    model = recipe.model  # a hub model's commit and files, asked now: a gated or missing model stops here
+    download = plan_download(model.id, _recorded_commit(run_dir, model.id) if resuming else model.revision,
+                             model.trust_remote_code)
+    refusals += _disk_check(recipe, download)
     # what `tuner run --dry-run` left (rendered files, no run yet) is replaced without asking
     dry_run_left = holds_only_rendered_files(run_dir)
     if run_dir.is_dir() and any(run_dir.iterdir()) and not (resuming or dry_run_left):
@@ -198,10 +215,16 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
     if refusals and not force:
         raise RunRefused(refusals)
     notes = [data_note] + ([tight] if tight else []) + [f"launching anyway: {line}" for line in refusals] + notes
+    if download is not None and dry_run:
+        notes.append(f"on launch: {download.describe()}")
     lock = RunLock(run_dir)
     try:
         lock.acquire()
         write_run_directory(recipe, force=force or dry_run_left, keep_existing=resuming)
+        if download is not None and not dry_run:
+            _download_for_run(download, run_dir, recipe.hardware.machines, say, progress)
+        else:  # the ranks load what model.id names; a record of another model must not redirect them
+            (run_dir / MODEL_SNAPSHOT).unlink(missing_ok=True)
     except RunLocked as exc:
         raise RecipeError([str(exc)]) from None
     except BaseException:
@@ -211,6 +234,30 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
     if dry_run or not prepared.launchable:
         prepared.release()  # nothing launches from this process
     return prepared
+
+
+def _recorded_commit(run_dir: Path, model_id: str) -> str | None:
+    """The commit a resumed run trained on so far, so it continues on the same weights even if the hub moved on."""
+    try:
+        recorded = json.loads((run_dir / MODEL_SNAPSHOT).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return recorded.get("commit") if recorded.get("model_id") == model_id else None
+
+
+def _download_for_run(download: HubDownload, run_dir: Path, machines: int, say, progress: bool) -> None:
+    """On one machine the model is downloaded now; on several, each machine's launch.sh downloads that commit before
+    its rendezvous.  The run directory records which commit and files every rank loads."""
+    from tuner.fileio import atomic_write_text
+    from tuner.loading.hub_download import download as fetch
+
+    if machines == 1:
+        say(download.describe())
+        fetch(download, progress=progress)
+    else:
+        say(f"model: {download.model_id} (commit {download.commit[:12]}) is downloaded on each machine by its "
+            f"launch.sh before the rendezvous (once, when the machines share a Hugging Face cache)")
+    atomic_write_text(run_dir / MODEL_SNAPSHOT, download.to_json())
 
 
 @contextlib.contextmanager
@@ -232,16 +279,14 @@ def signals_stop_the_run() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _say_on_stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[dict], list[str]], None] | None = None,
-               stop: threading.Event | None = None, say: Callable[[str], None] = _say_on_stderr) -> RunOutcome:
+               stop: threading.Event | None = None, say: Callable[[str], None] = _say_on_stderr,
+               stop_grace_s: float = STOP_GRACE_S) -> RunOutcome:
     """Launch the run and follow it to its end; ``on_update(events, log_lines)`` gets what arrives.
 
-    Ctrl-C, SIGTERM, SIGHUP (main thread) or ``stop.set()`` (another thread) stop every rank (SIGINT, then harder)
-    and the outcome names the last complete checkpoint.  The run directory's lock is released at the end.
+    Ctrl-C, SIGTERM, SIGHUP (main thread) or ``stop.set()`` (another thread) stop every rank (SIGINT, then harder
+    after ``stop_grace_s``, the time ranks get to save) and the outcome names the last complete checkpoint.  The run
+    directory's lock is released at the end.
     """
     if not prepared.launchable:
         prepared.release()
@@ -269,7 +314,7 @@ def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[dict], list[s
                 raise KeyboardInterrupt
             if stopped_by:
                 say("stopping every rank ...")
-                code = _stop(launch)
+                code = _stop(launch, stop_grace_s)
             launch.finish()
             _deliver(launch, on_update)
     finally:
@@ -291,10 +336,10 @@ def _deliver(launch: Launch, on_update) -> None:
         on_update(events, lines)
 
 
-def _stop(launch: Launch) -> int:
+def _stop(launch: Launch, grace_s: float) -> int:
     """Stop every rank; a second interrupt while they save skips the grace period."""
     try:
-        return launch.stop()
+        return launch.stop(grace_s)
     except (KeyboardInterrupt, RunInterrupted):
         return launch.stop(grace_s=0)
 

@@ -31,12 +31,11 @@ def executable_argv(argv: list[str]) -> list[str]:
 
 
 def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The ranks' environment: tuner's own.  They run tuner's interpreter (``executable_argv``), so they import the
+    tuner installed there, as this process did; no source folder is put on their path."""
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # the package must be importable by every rank, wherever the launch was started
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     env.update(extra or {})
     return env
 

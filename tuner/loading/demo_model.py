@@ -2,15 +2,18 @@
 
 Nothing can be downloaded here, so tuner builds its own default once, saves it in
 Hugging Face format under ``$TUNER_HOME/models/``, and from then on it is loaded
-through the ordinary ``from_pretrained`` path like any user model.
+through the ordinary ``from_pretrained`` path like any user model.  Ranks and machines that share the home build
+it once between them (:func:`tuner.build_once.build_once`).
 """
 from __future__ import annotations
 
 import string
+import subprocess
+import sys
 from pathlib import Path
 
+from tuner.build_once import build_once
 from tuner.catalog.demo import DEMO_CONFIG, SPECIAL_TOKENS, demo_model_dir
-from tuner.fileio import staged_directory
 
 # A compact template keeps the demo's sequences short: "reverse\nabc=cba</s>".
 CHAT_TEMPLATE = (
@@ -22,10 +25,9 @@ CHAT_TEMPLATE = (
 
 
 def builtin_model_path(model_id: str) -> Path:
-    """Directory of a built-in model, building it on first use."""
+    """Directory of a built-in model, complete: built on first use by one of the processes that ask for it at once."""
     path = demo_model_dir(model_id)
-    if not (path / "config.json").is_file():
-        build_demo_model(path)
+    build_once(path, build_demo_model, what="the built-in demo model")
     return path
 
 
@@ -50,8 +52,21 @@ def _train_tokenizer():
     return fast
 
 
-def build_demo_model(path: Path) -> Path:
-    """Build the demo model with random weights (seeded) and save it atomically at ``path``."""
+def build_demo_model(path: Path) -> None:
+    """Build the demo model in the folder ``path`` in a fresh Python process (:func:`save_demo_model`).
+
+    Whichever rank gets there first builds it, and inside a rank transformers would save something else: with a
+    process group up, ``save_pretrained`` writes no weights on any rank but 0 (the folder then held only the
+    tokenizer), and a ZeRO-3 configuration partitions a model as it is made.  A process of its own has neither.
+    """
+    built = subprocess.run([sys.executable, "-m", __name__, str(path)])
+    if built.returncode != 0:
+        raise OSError(f"building the built-in demo model in {path} failed (exit code {built.returncode}); its error "
+                      "is printed above.")
+
+
+def save_demo_model(path: Path) -> None:
+    """Build the demo model with random weights (seeded) and save it, with its tokenizer, in the folder ``path``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -65,7 +80,9 @@ def build_demo_model(path: Path) -> Path:
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
-    with staged_directory(path, existing="keep") as staging:  # another process may finish first: keep its model
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-    return path
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+if __name__ == "__main__":  # the process build_demo_model starts
+    save_demo_model(Path(sys.argv[1]))

@@ -7,18 +7,16 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import re
 from pathlib import Path
 
 from tuner.catalog.demo import is_builtin
+from tuner.catalog.hub import HUB_ID
 from tuner.loading.demo_model import builtin_model_path
 from tuner.recipe.checks import remote_code_problem
 from tuner.recipe.schema import Recipe
 
 log = logging.getLogger("tuner")
 
-
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # 'name' or 'org/name'
 
 
 class ModelLoadError(Exception):

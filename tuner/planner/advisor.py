@@ -29,6 +29,8 @@ from tuner.recipe.tactics import (
 # Estimated throughput penalty of each rung (fraction of step time added); sources in docs/memory.md.
 RUNG_COST = {
     Rung.PRECOMPUTE_REFERENCE: 0.01,  # dpo/kto: one pass before training replaces the reference's forward in each step
+    Rung.SMALLER_ROUNDS: 0.06,  # grpo, per halving: twice the generate calls, each on half the completions
+    Rung.VLLM_SLEEP: 0.10,  # grpo: vLLM's weights to CPU RAM and back, its KV cache rebuilt, every round
     Rung.ZERO1: 0.02,  # same communication volume as DDP; a sharded step
     Rung.CHUNKED_LOSS: 0.03,  # the loss in token chunks: more, smaller kernels; no recomputation
     Rung.ZERO2: 0.05,  # reduce-scatter instead of all-reduce, a few more syncs
@@ -40,6 +42,7 @@ RUNG_COST = {
     Rung.CONTEXT_PARALLEL: 0.05,  # per doubling of cp/sp: KV exchange (ring) or all-to-all per layer, mostly overlapped
     Rung.OFFLOAD_OPTIMIZER: 0.60,  # optimizer step on the CPU and gradients over PCIe
     Rung.OFFLOAD_PARAMS: 1.20,  # every parameter crosses PCIe twice per step
+    Rung.NO_REFERENCE: 0.9,  # grpo: faster (no reference forward), but drops the KL penalty: only when nothing else fits
     Rung.LORA: 1.0,  # not slower, but changes what is learned: only when nothing else fits
     Rung.QLORA: 1.6,  # dequantisation on every matmul, and quantised base weights
 }
@@ -91,9 +94,7 @@ def _candidates(recipe) -> list[Tactics]:
         shardings = ["ddp", *(rung.value for rung in SHARDING_RUNGS)] if world > 1 else ["none", Rung.ZERO3.value]
     level = sharding_level(base.sharding, machines)
     shardings = list(dict.fromkeys(s for s in shardings if s == base.sharding or sharding_level(s, machines) > level))
-    batches = [base.micro_batch]
-    while batches[-1] > 1:
-        batches.append(batches[-1] // 2)
+    batches = _halvings(base.micro_batch)
     methods = [base.method]
     if recipe.method.allow_method_change:
         methods += {"full": ["lora", "qlora"], "lora": ["qlora"], "qlora": []}[base.method]
@@ -108,17 +109,28 @@ def _candidates(recipe) -> list[Tactics]:
     # dpo/kto with full fine-tuning may drop the reference copy (LoRA needs none: its disabled adapter is the reference)
     precompute = at_least((False, True), base.precompute_reference) if recipe.objective.preference else [
         base.precompute_reference]  # sft has no reference model: the setting is inert, kept as the recipe says
+    rollouts = [base]
+    if recipe.objective.grpo:  # grpo: smaller generation rounds, vLLM asleep in the step, no reference (if allowed)
+        grpo = recipe.objective.grpo
+        rounds = _halvings(base.round_steps)
+        sleeps = at_least((False, True), base.vllm_sleep) if grpo.generation == "vllm_colocate" else [base.vllm_sleep]
+        references = at_least((False, True), base.no_reference) if recipe.method.allow_method_change else [
+            base.no_reference]
+        rollouts = [replace(base, round_steps=k, vllm_sleep=sleep, no_reference=no_ref)
+                    for k, sleep, no_ref in product(rounds, sleeps, references)]
 
     out = []
-    for sharding, ckpt, act_off, chunked, opt_off, par_off, mb, meth, pre, tp, shards in product(
+    for sharding, ckpt, act_off, chunked, opt_off, par_off, mb, meth, pre, tp, shards, rollout in product(
             shardings, at_least((False, True), base.checkpointing), at_least((False, True) if on_gpu else (False,),
                                                                               base.activation_offloading),
             at_least((False, True), base.chunked_loss), offload, offload, batches, methods, precompute, tps,
-            seq_shards):
+            seq_shards, rollouts):
         if act_off and not ckpt:
             continue  # offloading holds the checkpointed inputs
         if world % (tp * shards) or (tp > 1 and (meth != "full" or chunked)):
             continue  # the checks refuse these; skipped here so the search stays small
+        if recipe.objective.grpo and (chunked or tp * shards > 1):
+            continue  # grpo: TRL's fused head, data parallelism only (refused too)
         if pre and not base.precompute_reference and meth != "full":
             continue
         if (base.offload_optimizer != "none" and opt_off == "none") or (base.offload_params != "none" and par_off == "none"):
@@ -127,8 +139,17 @@ def _candidates(recipe) -> list[Tactics]:
             opt_off = base.offload_optimizer
         if par_off != "none" and base.offload_params != "none":
             par_off = base.offload_params
-        out.append(Tactics(sharding, ckpt, opt_off, par_off, mb, meth, chunked, act_off, pre, tp, shards))
+        out.append(Tactics(sharding, ckpt, opt_off, par_off, mb, meth, chunked, act_off, pre, tp, shards,
+                           rollout.round_steps, rollout.vllm_sleep, rollout.no_reference))
     return list(dict.fromkeys(out))
+
+
+def _halvings(start: int) -> list[int]:
+    """``start`` and its halvings down to 1: the micro-batches (or generation rounds) the advisor tries."""
+    values = [start]
+    while values[-1] > 1:
+        values.append(values[-1] // 2)
+    return values
 
 
 def _doublings(start: int, most: int) -> list[int]:
@@ -143,6 +164,10 @@ def _doublings(start: int, most: int) -> list[int]:
 REASONS = {
     Rung.PRECOMPUTE_REFERENCE: "the reference model's log-probabilities are computed in one pass before training, so "
                                "no frozen copy of the model stays beside it (objective.precompute_ref_log_probs)",
+    Rung.SMALLER_ROUNDS: "steps_per_generation {rounds} generates {round} completions at a time per device instead "
+                         "of a whole optimizer step's, in more, smaller rounds (the same samples, on-policy)",
+    Rung.VLLM_SLEEP: "vLLM's sleep mode frees its share of the GPU during the training step (its weights wait in "
+                     "CPU RAM; objective.grpo.vllm_sleep_mode)",
     Rung.ZERO1: "ZeRO-1 shards the optimizer states over the {world} GPUs",
     Rung.CHUNKED_LOSS: "the chunked loss computes the output head and cross-entropy a few thousand tokens at a "
                        "time, so the tokens x vocabulary logits are never built whole",
@@ -159,6 +184,8 @@ REASONS = {
                            "activations; {acc} accumulation steps keep the effective batch of {batch}",
     Rung.OFFLOAD_OPTIMIZER: "optimizer states and the optimizer step move to CPU RAM",
     Rung.OFFLOAD_PARAMS: "parameters move to CPU RAM between uses",
+    Rung.NO_REFERENCE: "beta 0 drops the KL penalty, so no reference model is loaded or run (it changes what is "
+                       "learned; method.allow_method_change)",
     Rung.LORA: "LoRA trains small adapters instead of every weight (method.allow_method_change)",
     Rung.QLORA: "QLoRA stores the frozen base weights in 4 bits (method.allow_method_change)",
 }
@@ -169,9 +196,11 @@ def reason(recipe, rung: Rung) -> str:
     mem, par = recipe.memory, recipe.parallelism
     split = f"context parallelism (cp {par.cp}, ring attention)" if par.cp > 1 else \
         f"sequence parallelism (sp {par.sp}, DeepSpeed Ulysses)"
+    rounds = recipe.objective.grpo.steps_per_generation if recipe.objective.grpo else 1
     line = REASONS[rung].format(world=recipe.world_size, mb=mem.micro_batch_size, acc=mem.gradient_accumulation_steps,
                                 eff=mem.micro_batch_size * mem.gradient_accumulation_steps,
-                                batch=recipe.effective_batch_size, tp=par.tp, shards=par.cp * par.sp, split=split)
+                                batch=recipe.effective_batch_size, tp=par.tp, shards=par.cp * par.sp, split=split,
+                                rounds=rounds, round=mem.micro_batch_size * rounds)
     if recipe.world_size == 1:
         line = line.replace(" over the 1 GPUs", " (on one GPU: what lets DeepSpeed offload)")
     if mem.distributed == "fsdp":

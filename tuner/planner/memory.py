@@ -31,17 +31,21 @@ GIB = 2**30
 TIGHT_HEADROOM = 0.10  # less than 10% of a device left free is "tight": fragmentation and spikes can still OOM
 CANNOT_JUDGE = "cannot judge"  # the model has a part no memory term covers: no verdict rather than a guess
 
-CATEGORIES = ("weights", "reference_model", "lora_adapter", "gradients", "optimizer", "activations", "logits_loss",
-              "overhead")
+CATEGORIES = ("weights", "reference_model", "reward_model", "lora_adapter", "gradients", "optimizer", "activations",
+              "logits_loss", "generation", "overhead")
 ALWAYS, FORWARD_BACKWARD, LAYER_BACKWARD, STEP = "always", "loss", "layer backward", "optimizer step"
+PREFILL, DECODING, SCORING = "prefill", "decoding", "scoring"  # grpo's rollout (tuner.planner.grpo)
 EVAL, SAVE, RESUME, MERGE, LOAD = "evaluation", "saving", "resuming", "merging", "loading"
 STEP_MOMENTS = (FORWARD_BACKWARD, LAYER_BACKWARD, STEP)
-MOMENTS = STEP_MOMENTS + (EVAL, SAVE, RESUME, MERGE, LOAD)
-TRAINING_STEP = "training step"
-PHASES = {moment: TRAINING_STEP if moment in STEP_MOMENTS else moment for moment in MOMENTS}  # moment -> phase
+GENERATION_MOMENTS = (PREFILL, DECODING, SCORING)
+MOMENTS = STEP_MOMENTS + GENERATION_MOMENTS + (EVAL, SAVE, RESUME, MERGE, LOAD)
+TRAINING_STEP, GENERATION = "training step", "generation"
+PHASES = {moment: TRAINING_STEP if moment in STEP_MOMENTS else GENERATION if moment in GENERATION_MOMENTS else moment
+          for moment in MOMENTS}  # moment -> phase
+RUN_PHASES = tuple(phase for phase in dict.fromkeys(PHASES.values()) if phase != GENERATION)  # of every run
 BACKWARD = (FORWARD_BACKWARD, LAYER_BACKWARD)  # live from the forward until the backward ends
 AFTER_LOADING = tuple(m for m in MOMENTS if m != LOAD)  # made when training starts (optimizer states, buffers)
-GPU_PHASES = (TRAINING_STEP, EVAL, SAVE, RESUME)  # loading and merging happen in host RAM
+GPU_PHASES = (TRAINING_STEP, EVAL, SAVE, RESUME)  # loading and merging happen in host RAM (grpo adds generation)
 CPU_PHASES = (TRAINING_STEP, EVAL, SAVE, RESUME, MERGE)  # loading: the loaded weights are the ones trained
 LEVELS = ("allocated", "reserved", "device")  # torch's max_memory_allocated, max_memory_reserved, nvidia-smi
 
@@ -89,16 +93,24 @@ class DevicePlan:
     items: list[Item]
     count: int = 1
     kind: str = "gpu"  # gpu, cpu (training on the CPU) or host (RAM of each GPU machine)
-    phases: tuple[str, ...] = tuple(dict.fromkeys(PHASES.values()))  # the phases this device takes part in
+    phases: tuple[str, ...] = RUN_PHASES  # the phases this device takes part in
     moment: str = ALWAYS  # the moment of the peak
     terms: dict[str, float] = field(default_factory=dict)
     total_gib: float = 0.0
 
     def __post_init__(self):
         self.moment = max(self.moments, key=self.moment_gib)
-        live = self.live_items
-        self.terms = {c: sum(i.bytes for i in live if i.category == c) / GIB for c in CATEGORIES}
+        self.terms = self.terms_at(self.moment)
         self.total_gib = sum(self.terms.values())
+
+    def terms_at(self, moment: str) -> dict[str, float]:
+        """GiB by category of what is live at ``moment``."""
+        live = [i for i in self.items if i.live_in(moment)]
+        return {c: sum(i.bytes for i in live if i.category == c) / GIB for c in CATEGORIES}
+
+    def phase_moment(self, phase: str) -> str:
+        """The moment a phase peaks at."""
+        return max((m for m in self.moments if PHASES[m] == phase), key=self.moment_gib)
 
     @property
     def moments(self) -> tuple[str, ...]:
@@ -251,8 +263,10 @@ class _Setup:
     save: str  # output.save
     fsdp_full_state_dict: bool
     fsdp_ram_efficient_loading: bool
-    objective: str = "sft"  # sft, or a preference objective (tuner.planner.preference)
+    objective: str = "sft"  # sft, a preference objective (tuner.planner.preference) or grpo (tuner.planner.grpo)
     precompute: bool = False  # preference: reference log-probabilities computed before training
+    reference: bool = False  # a reference model is compared with: dpo, kto, grpo with beta > 0
+    rollout: object = None  # grpo: tuner.planner.grpo.Rollout
     tp: int = 1  # tensor-parallel ranks (parallelism.tp)
     seq_shards: int = 1  # ranks a sequence is split across: cp (ring attention) or sp (Ulysses)
 
@@ -302,6 +316,7 @@ def _setup(recipe) -> _Setup:
         shard_group = min(world, recipe.hardware.gpus_per_machine)
     else:
         shard_group = world
+    from tuner.planner.grpo import rollout_of
     from tuner.planner.preference import sequences_per_sample
 
     return _Setup(
@@ -316,10 +331,12 @@ def _setup(recipe) -> _Setup:
         checkpointing=mem.gradient_checkpointing, eager=mem.attention == "eager",
         flash=mem.attention == "flash" and recipe.uses_gpu,
         batch=mem.micro_batch_size * sequences_per_sample(objective.kind),
-        seq=mem.max_seq_length // (par.cp * par.sp),
+        # grpo's sequences are a prompt and a completion, each at most its length
+        seq=(objective.grpo.max_prompt_length + objective.grpo.max_completion_length if objective.grpo else
+             mem.max_seq_length) // (par.cp * par.sp),
         accumulation=mem.gradient_accumulation_steps, optimizer=mem.optimizer, lora_r=method.lora.r,
         lora_targets=method.lora.target_modules, lora_parameters=tuple(method.lora.target_parameters),
-        lora_dropout=0.0 if objective.preference else method.lora.dropout,  # TRL turns dropout off
+        lora_dropout=0.0 if objective.kind != "sft" else method.lora.dropout,  # TRL turns dropout off
         quant_bits=quant.bits if quant and method.kind == "qlora" else None,
         double_quant=bool(quant and quant.double_quant), on_gpu=recipe.uses_gpu,
         gpus_per_machine=recipe.hardware.gpus_per_machine, liger=mem.liger and recipe.uses_gpu,
@@ -328,7 +345,8 @@ def _setup(recipe) -> _Setup:
         resumable=recipe.training.save_steps is not None or recipe.training.resume != "never",
         fsdp_full_state_dict=mem.fsdp.state_dict_type == "full",
         fsdp_ram_efficient_loading=mem.fsdp.cpu_ram_efficient_loading, objective=objective.kind,
-        precompute=objective.precompute_ref_log_probs,
+        precompute=objective.precompute_ref_log_probs, reference=objective.reference_model,
+        rollout=rollout_of(recipe) if objective.grpo else None,
     )
 
 
@@ -567,7 +585,10 @@ def _loss_items(s: _Setup, tokens: int, full: bool) -> list[Item]:
     rotary = s.seq * f.head_dim * 2 * s.act_bytes
     final_norm = tokens * h * (4 + (s.act_bytes if full else 0))
     if s.objective != "sft":  # TRL's fused log-prob head replaces the logits and the cross-entropy
+        from tuner.planner.grpo import loss_items as grpo_loss_items
         from tuner.planner.preference import loss_items
+
+        loss_items = grpo_loss_items if s.rollout else loss_items
 
         return [Item("final norm, output-head input, rotary tables", "activations",
                      final_norm + tokens * h * s.act_bytes + rotary, FORWARD_BACKWARD, source="korthikanti"),
@@ -711,6 +732,10 @@ def _eval_items(s: _Setup) -> list[Item]:
     f = s.facts
     tokens = s.batch * s.seq
     per_layer = largest(layer_bytes, s, tokens)
+    if s.rollout:  # grpo evaluates by generating
+        from tuner.planner.grpo import eval_items
+
+        return eval_items(s)
     if s.objective != "sft":  # TRL's fused log-prob head, forward only
         from tuner.planner.preference import head_transient_bytes
 
@@ -879,6 +904,11 @@ def plan(recipe) -> MemoryPlan:
     act_items, act_host, act_notes = _activation_items(s)
     notes += list(f.notes) + act_notes
     items = gpu_items + act_items + (_eval_items(s) if s.evaluates else [])
+    capacity, gpu_name = _capacity(recipe)
+    if s.rollout:
+        from tuner.planner.grpo import rollout_items
+
+        items = rollout_items(s, items, capacity if s.on_gpu else None)
     peak = DevicePlan("probe", None, items).total_gib * GIB
     # the allocator caches T x V loss segments; TRL's fused head (dpo/kto) reuses one tile buffer instead
     loss_bytes = sum(i.bytes for i in act_items if i.category == "logits_loss") if s.objective == "sft" else 0.0
@@ -886,10 +916,16 @@ def plan(recipe) -> MemoryPlan:
 
     devices: list[DevicePlan] = []
     host_ram = 0.0
+    generation = (GENERATION,) if s.rollout else ()
     if s.on_gpu:
-        capacity, gpu_name = _capacity(recipe)
         devices.append(DevicePlan(f"GPU ({s.world} x {gpu_name})" if s.world > 1 else f"GPU ({gpu_name})",
-                                  capacity, items, count=s.world, kind="gpu", phases=GPU_PHASES))
+                                  capacity, items, count=s.world, kind="gpu", phases=GPU_PHASES + generation))
+        if s.rollout and s.rollout.backend == "vllm_server" and capacity:
+            from tuner.planner.grpo import server_items
+
+            devices.append(DevicePlan(f"vLLM server GPU ({s.rollout.vllm_gpus} x {gpu_name})",
+                                      s.rollout.vllm_share * capacity, server_items(s, capacity),
+                                      count=s.rollout.vllm_gpus, kind="vllm", phases=(TRAINING_STEP,)))
         per_machine = max(s.gpus_per_machine, 1)
         phase_items, phase_notes = _host_phase_items(s)
         host_items = [i.scaled(per_machine, AFTER_LOADING) for i in host_per_gpu] + \
@@ -909,7 +945,8 @@ def plan(recipe) -> MemoryPlan:
         scaled = [i.scaled(processes) for i in items + _cpu_phase_items(s)] if processes > 1 else \
             items + _cpu_phase_items(s)
         devices.append(DevicePlan("CPU RAM" + (f" ({processes} processes)" if processes > 1 else ""),
-                                  _host_ram(recipe), scaled + _merge_items(s), count=1, kind="cpu", phases=CPU_PHASES))
+                                  _host_ram(recipe), scaled + _merge_items(s), count=1, kind="cpu",
+                                  phases=CPU_PHASES + generation))
     if s.objective != "sft" and s.precompute:
         from tuner.planner.preference import reference_pass_items
 

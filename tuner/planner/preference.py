@@ -10,7 +10,7 @@
 """
 from __future__ import annotations
 
-from tuner.planner.memory import ALWAYS, FORWARD_BACKWARD, Item
+from tuner.planner.memory import ALWAYS, FORWARD_BACKWARD, SCORING, Item
 
 REFERENCE = "reference_model"  # the plan's category of the reference model's weights
 TILE_TOKENS = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE
@@ -29,7 +29,7 @@ def reference_items(s, gpu: list[Item], host: list[Item]) -> tuple[list[Item], l
     """The frozen reference copy beside the policy, on the GPU and in host RAM: the policy's resident weight items
     again (full fine-tuning without precomputed log-probabilities); under FSDP also the whole model, which its
     root-only sharding gathers to run its forward."""
-    if s.objective == "sft" or s.kind != "full" or s.precompute:
+    if not s.reference or s.kind != "full" or s.precompute:
         return [], []
 
     def copies(items: list[Item]) -> list[Item]:
@@ -45,7 +45,7 @@ def reference_items(s, gpu: list[Item], host: list[Item]) -> tuple[list[Item], l
     shard = Item(f"reference model (frozen copy, FSDP shard 1/{group})", REFERENCE, counts.total * s.weight_bytes / group,
                  ALWAYS, "trl-reference")
     gathered = Item("reference model gathered whole for its forward (TRL shards it at the root only)", REFERENCE,
-                    counts.total * compute, FORWARD_BACKWARD, "trl-reference")
+                    counts.total * compute, SCORING if s.rollout else FORWARD_BACKWARD, "trl-reference")
     if s.offload_params != "none":
         return [gathered], [shard]
     return [shard, gathered], []

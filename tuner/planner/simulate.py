@@ -12,6 +12,13 @@ log-probabilities in tiles, no full logits), the policy's forward on the micro-b
 sequences stacked), the reference's forward under ``no_grad`` (a frozen copy for full fine-tuning, the adapter
 disabled for LoRA, none when precomputed), the loss on per-sequence sums; not the metric logging, whose ``.item()``
 fake tensors cannot answer.
+
+For grpo (:func:`simulate_grpo`) one round is traced in two parts, each with its own peak: **generation** -- the
+prompts' prefill into transformers' DynamicCache, max_completion_length decoding steps through the same logits
+processors ``generate`` uses (temperature, top-p), softmax and multinomial sampling (``generate`` itself stops on
+data it cannot see in fake tensors), then the reference's and the old policy's log-probabilities in chunks through
+TRL's fused head -- and the **training step** on one micro-batch: the policy's fused forward on prompt + completion
+(log-probabilities and entropy), TRL's clipped loss with the KL term, backward, clipping, AdamW.
 """
 from __future__ import annotations
 
@@ -35,10 +42,12 @@ class SimulationResult:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     error: str | None = None  # why the step could not be simulated
+    phases_gib: dict[str, float] = field(default_factory=dict)  # grpo: the peak of each traced phase
 
     def to_dict(self) -> dict:
         return {"units": "GiB (2^30 bytes)", "peak_gib": round(self.peak_gib, 4),
                 "peak_by_category_gib": {k: round(v, 4) for k, v in self.peak_by_category.items()},
+                "phases_gib": {k: round(v, 4) for k, v in self.phases_gib.items()},
                 "seconds": round(self.seconds, 2), "notes": self.notes, "error": self.error}
 
 
@@ -50,6 +59,11 @@ def why_not_simulable(recipe) -> str | None:
         return f"the bitsandbytes optimizer {mem.optimizer} runs CUDA kernels that fake tensors cannot execute"
     if mem.distributed in ("deepspeed", "fsdp") and (recipe.world_size > 1 or mem.distributed == "fsdp" or mem.zero_stage):
         return "ZeRO/FSDP sharding and offload need a process group and their engines; only a single process is simulated"
+    grpo = recipe.objective.grpo
+    if grpo is not None and grpo.generation != "transformers":
+        return "vLLM generates in its own engine, which fake tensors cannot run"
+    if grpo is not None and any(reward.kind == "model" for reward in grpo.rewards):
+        return "a reward model's forward is not traced (its checkpoint is read only by the training run)"
     return None
 
 
@@ -93,7 +107,7 @@ class _NoHook:
         pass
 
 
-def _tracker():
+def frozen_aware_tracker():
     """A MemTracker that leaves frozen parameters (LoRA's base weights) without gradient hooks."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -163,6 +177,220 @@ def _preference_loss(model, reference, ids, recipe):
     return (1 - torch.sigmoid(beta * ratios)).mean()  # kto's desirable loss (its KL term needs no gradient)
 
 
+def _snapshot_gib(tracker) -> tuple[float, dict[str, float]]:
+    """The tracker's peak: the total and by category, in GiB."""
+    by_category: dict[str, float] = {}
+    total = 0.0
+    for device_snapshot in tracker.get_tracker_snapshot("peak").values():
+        for key, value in device_snapshot.items():
+            name = getattr(key, "value", key)
+            if name == "Total":
+                total += value
+                continue
+            category = _CATEGORY.get(name, name)
+            by_category[category] = by_category.get(category, 0.0) + value / GIB
+    return total / GIB, {k: v for k, v in by_category.items() if v}
+
+
+def _optimizer_with_states(model):
+    """The trainable parameters and their AdamW (the CPU's single-tensor loop), its states made by a step on zero
+    gradients: without paying for a first forward/backward."""
+    import torch
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=False)
+    for param in trainable:
+        param.grad = torch.zeros_like(param)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return trainable, optimizer
+
+
+def _dtypes(recipe):
+    """(the weights' torch dtype, autocast's or None)."""
+    import torch
+
+    weights = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[recipe.model.dtype]
+    return weights, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(recipe.memory.mixed_precision)
+
+
+def _model_config(recipe):
+    """The transformers config of the recipe's model, from its config.json (no weights)."""
+    from transformers import AutoConfig
+
+    data = {key: value for key, value in _config_dict(recipe).items() if not key.startswith("_")}
+    for key in ("transformers_version", "architectures"):
+        data.pop(key, None)
+    return AutoConfig.for_model(**data)
+
+
+def _built(recipe, config, dtype, attention: str):
+    """The policy (with LoRA), and a frozen reference copy for full fine-tuning with a KL penalty, on meta."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):  # PEFT cannot move fake tensors, so build on meta and materialise as fakes
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
+        reference = None
+        if recipe.objective.reference_model and recipe.method.kind == "full" and \
+                not recipe.objective.precompute_ref_log_probs:
+            reference = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
+    if recipe.method.kind == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        lora = recipe.method.lora
+        model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                 target_modules=lora.target_modules, task_type="CAUSAL_LM",
+                                                 target_parameters=lora.target_parameters or None))
+    return model, reference
+
+
+def _materialised(model, reference):
+    """The models as fake tensors (inside FakeTensorMode), ties restored, the reference frozen."""
+    model = model.to_empty(device="cpu")
+    model.tie_weights()  # to_empty gives each module its own tensor; tied embeddings share one again
+    if reference is not None:
+        reference = reference.to_empty(device="cpu")
+        reference.tie_weights()
+        reference.requires_grad_(False)
+        reference.eval()
+    return model, reference
+
+
+def grpo_round(policy, reference, recipe, vocab: int, trained=None):
+    """Root modules for the two traced parts of a grpo round: generating and scoring (no gradients) with ``policy``,
+    and the loss on one micro-batch through ``trained`` (the policy wrapped by DDP or DeepSpeed; default: itself)."""
+    import contextlib
+
+    import torch
+    from transformers import DynamicCache
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    grpo, mem, objective = recipe.objective.grpo, recipe.memory, recipe.objective
+    batch, prompt, completion = mem.micro_batch_size, grpo.max_prompt_length, grpo.max_completion_length
+    round_size = batch * grpo.steps_per_generation
+    processors = LogitsProcessorList(
+        ([TemperatureLogitsWarper(grpo.temperature)] if grpo.temperature != 1.0 else [])
+        + ([TopPLogitsWarper(grpo.top_p)] if grpo.top_p < 1.0 else []))
+    old_log_probs = mem.gradient_accumulation_steps % grpo.steps_per_generation != 0
+
+    def log_probs(model, ids, no_adapter: bool = False):
+        labels = ids.clone()
+        labels[:, :prompt] = -100  # only the completion is scored (the CPU head scores every position anyway)
+        disabled = model.disable_adapter() if no_adapter else contextlib.nullcontext()
+        with disabled:
+            return model(input_ids=ids, labels=labels, fused_lm_head=True, use_cache=False)
+
+    class Generation(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.policy, self.reference = policy, reference
+
+        def forward(self, prompts):
+            cache = DynamicCache()
+            out = self.policy(input_ids=prompts, cache=cache, use_cache=True, logits_to_keep=1)
+            ids = prompts
+            for _ in range(completion):
+                logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
+                del out
+                probs = torch.nn.functional.softmax(processors(ids, logits), dim=-1)
+                tokens = torch.multinomial(probs, num_samples=1)
+                del logits, probs
+                ids = torch.cat([ids, tokens], dim=-1)
+                out = self.policy(input_ids=tokens, cache=cache, use_cache=True, logits_to_keep=1)
+            del out, cache
+            scored = {}
+            for name, used, model, no_adapter in (
+                    ("old", old_log_probs, self.policy, False),
+                    ("ref", objective.reference_model, self.reference or self.policy, self.reference is None)):
+                if used:
+                    scored[name] = torch.cat([log_probs(model, chunk, no_adapter).log_probs[:, prompt:]
+                                              for chunk in ids.split(batch)])
+            return ids, scored
+
+    class Loss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.policy = trained or policy
+
+        def forward(self, ids, advantages, scored):
+            out = log_probs(self.policy, ids)
+            logps, entropy = out.log_probs[:, prompt:], out.entropy[:, prompt:]
+            old = scored.get("old", logps.detach())
+            ratio = torch.exp(logps - old)
+            clipped = torch.clamp(ratio, 0.8, 1.2)
+            per_token = -torch.min(ratio * advantages, clipped * advantages)
+            if "ref" in scored:
+                kl = torch.exp(scored["ref"] - logps) - (scored["ref"] - logps) - 1
+                per_token = per_token + objective.beta * kl * ratio
+            mask = torch.ones_like(per_token)
+            return (per_token * mask).sum() / mask.sum() + 0 * entropy.sum()
+
+    prompts = torch.randint(0, vocab, (round_size, prompt))
+    return Generation(), Loss(), prompts
+
+
+def simulate_grpo(recipe) -> SimulationResult:
+    """Trace one grpo round of ``recipe``'s model on one process with fake tensors: the generation phase (prefill,
+    decoding, scoring) and the training step on one micro-batch, each with its own peak (``phases_gib``)."""
+    reason = why_not_simulable(recipe)
+    if reason:
+        return SimulationResult(error=reason)
+    started = time.perf_counter()
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
+
+    from tuner.planner.memory import GENERATION, TRAINING_STEP
+
+    mem = recipe.memory
+    config = _model_config(recipe)
+    dtype, autocast_dtype = _dtypes(recipe)
+    model, reference = _built(recipe, config, dtype, "eager" if mem.attention == "eager" else "sdpa")
+    disable_dropout_in_model(model)
+    add_fused_lm_head(model.get_base_model() if recipe.method.kind != "full" else model,
+                      temperature=recipe.objective.grpo.temperature, outputs=("log_probs", "entropy"))
+    if reference is not None:
+        add_fused_lm_head(reference, temperature=recipe.objective.grpo.temperature)
+    phases = {}
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model, reference = _materialised(model, reference)
+        if mem.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        trainable, optimizer = _optimizer_with_states(model)
+        generation, loss_step, prompts = grpo_round(model, reference, recipe, config.vocab_size)
+        tracker = frozen_aware_tracker()
+        tracker.track_external(generation, optimizer)
+        with tracker:
+            model.eval()
+            with torch.no_grad():  # TRL generates and scores outside autocast and without gradients
+                ids, scored = generation(prompts)
+            phases[GENERATION], _ = _snapshot_gib(tracker)
+        batch = mem.micro_batch_size
+        model.train()
+        tracker = frozen_aware_tracker()
+        tracker.track_external(loss_step, optimizer, *([reference] if reference is not None else []))  # resident
+        with tracker:  # the round's buffers stay alive through its steps; the step takes one micro-batch of them
+            buffered = ids.clone(), {name: values.clone() for name, values in scored.items()}
+            ids, scored = buffered[0][:batch], {name: values[:batch] for name, values in buffered[1].items()}
+            advantages = torch.randn(batch, 1)
+            with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                loss = loss_step(ids, advantages, scored)
+            loss.backward()
+            del loss
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        phases[TRAINING_STEP], by_category = _snapshot_gib(tracker)
+    return SimulationResult(peak_gib=max(phases.values()), peak_by_category=by_category, phases_gib=phases,
+                            seconds=time.perf_counter() - started,
+                            notes=["simulated on CPU kernels; generation traced as generate's decoding loop"])
+
+
 def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
     """Trace one steady-state training step of ``recipe``'s model on one process, with fake tensors.
 
@@ -177,35 +405,19 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
     started = time.perf_counter()
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     mem = recipe.memory
-    config_data = {key: value for key, value in _config_dict(recipe).items() if not key.startswith("_")}
-    config_data.pop("transformers_version", None)
-    config_data.pop("architectures", None)
-    config = AutoConfig.for_model(**config_data)
+    config = _model_config(recipe)
     config.use_cache = False
     attention = "eager" if mem.attention == "eager" else "sdpa"
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[recipe.model.dtype]
+    dtype, autocast_dtype = _dtypes(recipe)
     notes = ["simulated on CPU kernels (sdpa: the CPU flash kernel; AdamW: the single-tensor loop)."]
     if recipe.uses_gpu:
         notes.append("the analytic plan of a GPU recipe also counts CUDA's foreach AdamW temporaries, "
                      "CUDA context and allocator slack, which a CPU trace does not see.")
     batch, seq = mem.micro_batch_size, mem.max_seq_length
-    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mem.mixed_precision)
     objective = recipe.objective
-    with torch.device("meta"):  # PEFT cannot move fake tensors, so build on meta and materialise as fakes
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
-        reference = None
-        if objective.preference and recipe.method.kind == "full" and not objective.precompute_ref_log_probs:
-            reference = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
-    if recipe.method.kind == "lora":
-        from peft import LoraConfig, get_peft_model
-
-        lora = recipe.method.lora
-        model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                 target_modules=lora.target_modules, task_type="CAUSAL_LM",
-                                                 target_parameters=lora.target_parameters or None))
+    model, reference = _built(recipe, config, dtype, attention)
     if adapt is not None:
         adapt(model)
     elif mem.chunked_loss:
@@ -213,18 +425,11 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
     if objective.preference:
         _prepare_like_trl(model, reference, objective.kind)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = model.to_empty(device="cpu")
-        model.tie_weights()  # to_empty gives each module its own tensor; tied embeddings share one again
-        if reference is not None:
-            reference = reference.to_empty(device="cpu")
-            reference.tie_weights()
-            reference.requires_grad_(False)
-            reference.eval()
+        model, reference = _materialised(model, reference)
         if mem.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=False)
+        trainable, optimizer = _optimizer_with_states(model)
         preference = _preference_step(model, reference, recipe) if objective.preference else None
         if recipe.data.packing:
             ids = torch.randint(0, config.vocab_size, (1, batch * seq))
@@ -242,24 +447,10 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        for param in trainable:  # create the optimizer states without paying for a first forward/backward
-            param.grad = torch.zeros_like(param)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        tracker = _tracker()
+        tracker = frozen_aware_tracker()
         tracker.track_external(preference or model, optimizer)
         with tracker, _grouped_mm_traceable():
             step()
-        snapshot = tracker.get_tracker_snapshot("peak")
-    by_category: dict[str, float] = {}
-    total = 0.0
-    for device_snapshot in snapshot.values():
-        for key, value in device_snapshot.items():
-            name = getattr(key, "value", key)
-            if name == "Total":
-                total += value
-                continue
-            category = _CATEGORY.get(name, name)
-            by_category[category] = by_category.get(category, 0.0) + value / GIB
-    return SimulationResult(peak_gib=total / GIB, peak_by_category={k: v for k, v in by_category.items() if v},
-                            seconds=time.perf_counter() - started, notes=notes)
+        peak, by_category = _snapshot_gib(tracker)
+    return SimulationResult(peak_gib=peak, peak_by_category=by_category, seconds=time.perf_counter() - started,
+                            notes=notes)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from tuner.catalog.gpus import AmbiguousGpuError, known_gpu_names, lookup_gpu
 from tuner.catalog.models import custom_code
-from tuner.recipe.schema import LOSS_TYPES, Recipe
+from tuner.recipe.schema import GRPO_LOSS_TYPES, LOSS_TYPES, Recipe
 
 
 @dataclass(frozen=True)
@@ -407,7 +407,8 @@ def model_config_problem(model_id: str) -> str | None:
 
 
 # the data layouts each objective reads (auto detects among them)
-OBJECTIVE_FORMATS = {"sft": ("text", "instruction", "chat"), "dpo": ("preference",), "kto": ("unpaired_preference",)}
+OBJECTIVE_FORMATS = {"sft": ("text", "instruction", "chat"), "dpo": ("preference",), "kto": ("unpaired_preference",),
+                     "grpo": ("prompt",)}
 
 
 def _objective(recipe: Recipe) -> list[Problem]:
@@ -421,10 +422,14 @@ def _objective(recipe: Recipe) -> list[Problem]:
             "data.format", f"objective {kind} reads {wanted} data, not {data.format}: set data.format to {wanted} "
                            f"(or auto), or set objective.kind: {owner}."))
     if not objective.preference:
-        if objective.loss_type is not None:
+        if objective.loss_type is not None and kind == "sft":
             problems.append(Problem(
-                "objective.loss_type", "loss_type is a dpo/kto setting: remove it, or set objective.kind: dpo or kto."))
+                "objective.loss_type", "loss_type is a dpo/kto/grpo setting: remove it, or set objective.kind: dpo, "
+                                       "kto or grpo."))
         return problems
+    if objective.beta == 0:
+        problems.append(Problem("objective.beta", f"{kind} measures how far the policy moved from the reference "
+                                                  f"with beta: set it above 0 (e.g. 0.1)."))
     if objective.loss_type not in LOSS_TYPES[kind]:
         problems.append(Problem(
             "objective.loss_type",
@@ -479,8 +484,85 @@ def _streaming(recipe: Recipe) -> list[Problem]:
     return problems
 
 
+DPO_KTO_FIELDS = {"label_smoothing": 0.0, "sft_weight": 0.0, "precompute_ref_log_probs": False,
+                  "desirable_weight": 1.0, "undesirable_weight": 1.0}  # and their defaults
+
+
+def _grpo(recipe: Recipe) -> list[Problem]:
+    """grpo's sizes (whole groups in every generation round, prompt + completion within the planned length), its
+    rewards, its generation backend, and the settings of other objectives or tactics it cannot use."""
+    from tuner.recipe.rewards import reward_problems
+
+    objective, mem, data = recipe.objective, recipe.memory, recipe.data
+    if objective.kind != "grpo":
+        return [Problem("objective.grpo", "objective.grpo holds grpo settings: remove it, or set objective.kind: "
+                                          "grpo.")] if objective.grpo is not None else []
+    grpo, problems = objective.grpo, []
+    for field, default in DPO_KTO_FIELDS.items():
+        if getattr(objective, field) != default:
+            problems.append(Problem(f"objective.{field}", f"{field} is a dpo/kto setting: remove it, or set "
+                                                          "objective.kind: dpo or kto."))
+    if objective.loss_type not in GRPO_LOSS_TYPES:
+        problems.append(Problem("objective.loss_type", f"{objective.loss_type} is not a grpo loss; use one of "
+                                                       f"{', '.join(GRPO_LOSS_TYPES)}."))
+    prompt, completion = grpo.max_prompt_length, grpo.max_completion_length
+    if prompt + completion > mem.max_seq_length:
+        problems.append(Problem(
+            "objective.grpo.max_completion_length", f"max_prompt_length + max_completion_length = {prompt} + "
+            f"{completion} = {prompt + completion} tokens, more than memory.max_seq_length ({mem.max_seq_length}), "
+            "which the memory plan is made for: lower one of them, or raise max_seq_length.",
+            anchor="objective.grpo"))
+    groups, ranks = grpo.num_generations, recipe.data_parallel
+    round_size = mem.micro_batch_size * ranks * grpo.steps_per_generation
+    if round_size % groups:
+        problems.append(Problem(
+            "objective.grpo.num_generations", f"a generation round samples micro_batch_size x data-parallel ranks x "
+            f"steps_per_generation = {mem.micro_batch_size} x {ranks} x {grpo.steps_per_generation} = {round_size} "
+            f"completions, which must be whole groups of num_generations ({groups}): make num_generations divide "
+            f"{round_size}, or change micro_batch_size or steps_per_generation.", anchor="objective.grpo"))
+    elif data.eval_fraction > 0 and (mem.micro_batch_size * ranks) % groups:
+        problems.append(Problem(
+            "memory.micro_batch_size", f"evaluation samples micro_batch_size x data-parallel ranks = "
+            f"{mem.micro_batch_size * ranks} completions at a time, which must be whole groups of num_generations "
+            f"({groups}): make it a multiple of {groups}, or set data.eval_fraction: 0.", anchor="objective.grpo"))
+    if not grpo.rewards:
+        problems.append(Problem("objective.grpo.rewards", "grpo scores completions with rewards: add at least one, "
+                                                          "e.g. rewards: [{kind: exact_match, column: answer}].",
+                                anchor="objective.grpo"))
+    for index, reward in enumerate(grpo.rewards):
+        for field, message in reward_problems(reward):
+            problems.append(Problem(f"objective.grpo.rewards.{index}.{field}", message,
+                                    anchor=f"objective.grpo.rewards.{index}"))
+        if reward.kind == "model":
+            problem = remote_code_problem(reward.model, None, recipe.model.trust_remote_code)
+            if problem:
+                problems.append(Problem(f"objective.grpo.rewards.{index}.model", problem))
+    vllm = grpo.generation != "transformers"
+    if vllm and not recipe.uses_gpu:
+        problems.append(Problem("objective.grpo.generation", f"{grpo.generation} runs vLLM, which needs CUDA GPUs: "
+                                                             "set hardware.gpus_per_machine, or generation: "
+                                                             "transformers."))
+    if grpo.vllm_sleep_mode and grpo.generation != "vllm_colocate":
+        problems.append(Problem("objective.grpo.vllm_sleep_mode", "sleep mode frees the GPU memory of a vLLM engine "
+                                                                  "inside the training process: set generation: "
+                                                                  "vllm_colocate, or vllm_sleep_mode: false."))
+    for field, why in (("packing", "pads its completions (TRL's GRPOTrainer packs nothing)"),
+                       ("train_on_prompt", "learns from its completions only"),
+                       ("streaming", "samples its prompts from a dataset TRL indexes (its RepeatSampler)")):
+        if getattr(data, field):
+            problems.append(Problem(f"data.{field}", f"grpo {why}: set {field}: false."))
+    if recipe.parallelism.model_parallel > 1:
+        problems.append(Problem("parallelism", "grpo is trained with data parallelism here: TRL 1.16's GRPOTrainer "
+                                               "refuses cp and sp, and tp is not tested with it: set tp, cp and sp "
+                                               "to 1."))
+    if mem.chunked_loss:
+        problems.append(Problem("memory.chunked_loss", "TRL's fused log-prob head already builds no full logits for "
+                                                       "grpo: set chunked_loss: false."))
+    return problems
+
+
 RULES = (_model, _topology, _sharding, _parallelism, _method, _lora_targets, _precision, _training, _long_context,
-         _objective, _streaming)
+         _objective, _grpo, _streaming)
 
 
 def find_problems(recipe: Recipe) -> list[Problem]:

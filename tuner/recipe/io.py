@@ -341,10 +341,14 @@ def validate_recipe(data: Any, source: RecipeSource | None = None) -> Recipe:
 
 
 def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
-    """Read, override and validate a recipe file."""
+    """Read, override and validate a recipe file (a grpo reward's file is found relative to the recipe's folder)."""
+    from tuner.recipe.rewards import resolve_reward_functions
+
     text = read_recipe_text(path)
     data, source = parse_yaml(text, str(path))
-    return validate_recipe(apply_overrides(data, overrides, source), source)
+    data = apply_overrides(data, overrides, source)
+    resolve_reward_functions(data, Path(path).parent)
+    return validate_recipe(data, source)
 
 
 def with_output_dir(recipe: Recipe, directory: str | Path) -> Recipe:

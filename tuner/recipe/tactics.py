@@ -21,6 +21,8 @@ class Rung(str, Enum):
         return self.value
 
     PRECOMPUTE_REFERENCE = "precompute_reference"  # dpo/kto: reference log-probabilities before training, no copy
+    SMALLER_ROUNDS = "smaller_rounds"  # grpo: halve steps_per_generation: fewer completions generated at once
+    VLLM_SLEEP = "vllm_sleep"  # grpo with colocated vLLM: its memory freed during the training step
     ZERO1 = "zero1"  # shard the optimizer states
     CHUNKED_LOSS = "chunked_loss"  # never build the tokens x vocabulary logits
     ZERO2 = "zero2"  # shard the gradients too
@@ -32,6 +34,7 @@ class Rung(str, Enum):
     CONTEXT_PARALLEL = "context_parallelism"  # per doubling of cp (fsdp) or sp (deepspeed): split each sequence
     OFFLOAD_OPTIMIZER = "offload_optimizer"  # optimizer states and step in CPU RAM
     OFFLOAD_PARAMS = "offload_params"  # parameter shards in CPU RAM
+    NO_REFERENCE = "no_reference"  # grpo: beta 0, no KL penalty and no reference model (method.allow_method_change)
     LORA = "lora"  # train adapters instead of every weight (method.allow_method_change)
     QLORA = "qlora"  # and quantise the frozen base to 4 bits
 
@@ -43,7 +46,8 @@ SHARDING_RUNGS = (Rung.ZERO1, Rung.ZERO2, Rung.ZERO3)  # sharding level 1, 2, 3
 # laid out anew): the advisor proposes them where its plans show them cheapest; an out-of-memory run does not climb them
 LAYOUT_RUNGS = (Rung.TENSOR_PARALLEL, Rung.CONTEXT_PARALLEL)
 KEEPS_CHECKPOINTS = frozenset({Rung.MICRO_BATCH, Rung.GRADIENT_CHECKPOINTING, Rung.ACTIVATION_OFFLOADING,
-                               Rung.CHUNKED_LOSS, Rung.PRECOMPUTE_REFERENCE})
+                               Rung.CHUNKED_LOSS, Rung.PRECOMPUTE_REFERENCE, Rung.SMALLER_ROUNDS, Rung.VLLM_SLEEP,
+                               Rung.NO_REFERENCE})
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,9 @@ class Tactics:
     precompute_reference: bool = False  # dpo/kto: objective.precompute_ref_log_probs
     tp: int = 1  # parallelism.tp
     seq_shards: int = 1  # parallelism.cp under fsdp, parallelism.sp under deepspeed
+    round_steps: int = 1  # grpo: objective.grpo.steps_per_generation
+    vllm_sleep: bool = False  # grpo: objective.grpo.vllm_sleep_mode
+    no_reference: bool = False  # grpo: objective.beta is 0
 
 
 def tactics_of(recipe: Recipe) -> Tactics:
@@ -71,10 +78,13 @@ def tactics_of(recipe: Recipe) -> Tactics:
         sharding = f"fsdp:{mem.fsdp.sharding_strategy}"
     else:
         sharding = mem.distributed
+    grpo = recipe.objective.grpo
+    rollout = dict(round_steps=grpo.steps_per_generation, vllm_sleep=grpo.vllm_sleep_mode,
+                   no_reference=not recipe.objective.beta) if grpo else {}
     return Tactics(sharding, mem.gradient_checkpointing, mem.offload_optimizer, mem.offload_params,
                    mem.micro_batch_size, recipe.method.kind, mem.chunked_loss, mem.activation_offloading,
                    recipe.objective.precompute_ref_log_probs, recipe.parallelism.tp,
-                   recipe.parallelism.cp * recipe.parallelism.sp)
+                   recipe.parallelism.cp * recipe.parallelism.sp, **rollout)
 
 
 _FSDP_LEVEL = {"no_shard": 0.0, "shard_grad_op": 2.0, "full_shard": 3.0}
@@ -104,7 +114,8 @@ def rungs_between(base: Tactics, tactics: Tactics, machines: int = 1) -> list[Ru
         rungs.append(sharding_rung(sharding_level(tactics.sharding, machines)))
     for rung, field in ((Rung.GRADIENT_CHECKPOINTING, "checkpointing"), (Rung.CHUNKED_LOSS, "chunked_loss"),
                         (Rung.ACTIVATION_OFFLOADING, "activation_offloading"),
-                        (Rung.PRECOMPUTE_REFERENCE, "precompute_reference")):
+                        (Rung.PRECOMPUTE_REFERENCE, "precompute_reference"), (Rung.VLLM_SLEEP, "vllm_sleep"),
+                        (Rung.NO_REFERENCE, "no_reference")):
         if getattr(tactics, field) and not getattr(base, field):
             rungs.append(rung)
     for rung in (Rung.OFFLOAD_OPTIMIZER, Rung.OFFLOAD_PARAMS):
@@ -115,6 +126,8 @@ def rungs_between(base: Tactics, tactics: Tactics, machines: int = 1) -> list[Ru
             rungs += [rung] * int(round(math.log2(getattr(tactics, field) / getattr(base, field))))
     if tactics.micro_batch < base.micro_batch:
         rungs += [Rung.MICRO_BATCH] * int(round(math.log2(base.micro_batch / tactics.micro_batch)))
+    if tactics.round_steps < base.round_steps:
+        rungs += [Rung.SMALLER_ROUNDS] * int(round(math.log2(base.round_steps / tactics.round_steps)))
     if tactics.method != base.method:
         rungs += {("full", "lora"): [Rung.LORA], ("lora", "qlora"): [Rung.QLORA],
                   ("full", "qlora"): [Rung.LORA, Rung.QLORA]}[(base.method, tactics.method)]
@@ -142,6 +155,15 @@ def climb(recipe: Recipe, rung: Rung) -> Tactics | None:
         return replace(t, sharding=rung.value)
     if rung == Rung.MICRO_BATCH:
         return replace(t, micro_batch=t.micro_batch // 2) if t.micro_batch > 1 else None
+    grpo = recipe.objective.grpo
+    if rung == Rung.SMALLER_ROUNDS:  # whole groups in every round: for the checks to say
+        return replace(t, round_steps=t.round_steps // 2) if grpo and t.round_steps > 1 else None
+    if rung == Rung.VLLM_SLEEP:
+        useful = grpo and grpo.generation == "vllm_colocate" and not t.vllm_sleep
+        return replace(t, vllm_sleep=True) if useful else None
+    if rung == Rung.NO_REFERENCE:  # changes what is learned: only with the recipe's permission
+        useful = grpo and not t.no_reference and recipe.method.allow_method_change
+        return replace(t, no_reference=True) if useful else None
     if rung == Rung.PRECOMPUTE_REFERENCE:  # LoRA keeps no reference copy: its disabled adapter is the reference
         useful = recipe.objective.preference and t.method == "full" and not t.precompute_reference
         return replace(t, precompute_reference=True) if useful else None
@@ -184,6 +206,13 @@ def apply_tactics(recipe: Recipe, t: Tactics) -> Recipe:
         changes["parallelism"] = _layout(recipe, t, update["distributed"])
     if t.precompute_reference != recipe.objective.precompute_ref_log_probs:
         changes["objective"] = recipe.objective.model_copy(update={"precompute_ref_log_probs": t.precompute_reference})
+    grpo = recipe.objective.grpo
+    if grpo and (t.round_steps, t.vllm_sleep, t.no_reference) != (grpo.steps_per_generation, grpo.vllm_sleep_mode,
+                                                                   not recipe.objective.beta):
+        rollout = grpo.model_copy(update={"steps_per_generation": t.round_steps, "vllm_sleep_mode": t.vllm_sleep})
+        beta = 0.0 if t.no_reference else recipe.objective.beta
+        changes["objective"] = changes.get("objective", recipe.objective).model_copy(
+            update={"grpo": rollout, "beta": beta})
     if t.method != method.kind:
         quant = method.quantization
         if t.method == "qlora" and quant is None:

@@ -16,6 +16,46 @@ from tuner.render.launch_command import launch_argv, preflight_argv, shell_comma
 from tuner.run_layout import LAUNCH_SCRIPT, SLURM_LOG, SLURM_SCRIPT
 
 MAIN_PROCESS_IP_VARIABLE = "MAIN_PROCESS_IP"
+TRAINING_GPUS_VARIABLE, VLLM_GPUS_VARIABLE = "TUNER_TRAINING_GPUS", "TUNER_VLLM_GPUS"  # grpo's vllm_server split
+
+
+def vllm_server_argv(recipe: Recipe) -> list[str]:
+    """``trl vllm-serve`` for grpo's vllm_server generation, sized from the recipe (TRL 1.16's flags)."""
+    grpo = recipe.objective.grpo
+    argv = ["trl", "vllm-serve", "--model", recipe.model.id, "--tensor_parallel_size", str(grpo.vllm_server_gpus),
+            "--port", str(grpo.vllm_server_port), "--gpu_memory_utilization", str(grpo.vllm_gpu_memory_utilization),
+            "--max_model_len", str(recipe.memory.max_seq_length)]
+    if recipe.model.revision:
+        argv += ["--revision", recipe.model.revision]
+    if recipe.model.trust_remote_code:
+        argv += ["--trust_remote_code", "true"]
+    return argv
+
+
+def _vllm_server_lines(recipe: Recipe, indent: str = "") -> list[str]:
+    """Start the vLLM server in the background on its own GPUs of this machine, stopped when the script ends; the
+    trainer waits for it (TRL's vllm_server_timeout) and syncs its weights into it every step."""
+    grpo, training = recipe.objective.grpo, recipe.hardware.gpus_per_machine
+    served = ",".join(str(gpu) for gpu in range(training, training + grpo.vllm_server_gpus))
+    return [f"{indent}# grpo's vLLM server (objective.grpo.generation: vllm_server) on GPUs {served} of this machine; "
+            f"{VLLM_GPUS_VARIABLE}=<list> picks others",
+            f'{indent}CUDA_VISIBLE_DEVICES="${{{VLLM_GPUS_VARIABLE}:-{served}}}" '
+            f"{shell_command(vllm_server_argv(recipe))} &",
+            f"{indent}vllm_server=$!",
+            f"{indent}trap 'kill \"$vllm_server\" 2>/dev/null || true' EXIT"]
+
+
+def _serves_vllm(recipe: Recipe) -> bool:
+    return recipe.objective.grpo is not None and recipe.objective.grpo.generation == "vllm_server"
+
+
+def _training_gpus(recipe: Recipe) -> list[str]:
+    """With a vLLM server beside it, the training processes see the first gpus_per_machine GPUs only."""
+    if not _serves_vllm(recipe):
+        return []
+    default = ",".join(str(gpu) for gpu in range(recipe.hardware.gpus_per_machine))
+    return [f'export CUDA_VISIBLE_DEVICES="${{{TRAINING_GPUS_VARIABLE}:-{default}}}"  # training; the server has its '
+            "own"]
 
 
 def _change_to_project(run_dir: Path) -> list[str]:
@@ -38,9 +78,11 @@ def render_launch_script(recipe: Recipe, run_dir: str | Path) -> str:
     run_dir = Path(run_dir)
     machines = recipe.hardware.machines
     lines = ["#!/usr/bin/env bash"]
+    server = _vllm_server_lines(recipe) if _serves_vllm(recipe) else []
     if machines == 1:
         lines += ["# Written by tuner: the exact command `tuner run` launches.", "set -euo pipefail",
-                  *_change_to_project(run_dir), shell_command(launch_argv(run_dir)) + ' "$@"']
+                  *_change_to_project(run_dir), *server, *_training_gpus(recipe),
+                  shell_command(launch_argv(run_dir)) + ' "$@"']
         return "\n".join(lines) + "\n"
     ip, port = shlex.quote(str(recipe.hardware.main_process_ip)), recipe.hardware.main_process_port
     script = shlex.quote(str(run_dir / LAUNCH_SCRIPT))
@@ -68,7 +110,11 @@ def render_launch_script(recipe: Recipe, run_dir: str | Path) -> str:
     # the multi-machine preflight (tuner/preflight.py): a wrong rank, an unreachable rank 0 or a variable that
     # contradicts this launch is named here, before a rendezvous that would wait for it
     lines.append(with_placeholders(preflight_argv(run_dir, "@RANK@")))
-    lines.append(f'exec {with_placeholders(launch_argv(run_dir, machine_rank="@RANK@", main_process_ip="@IP@"))} "$@"')
+    if server:  # on machine 0 only, and no exec: the script stops the server when training ends
+        lines += ['if [[ "$machine_rank" == 0 ]]; then', *_vllm_server_lines(recipe, "  "), "fi",
+                  *_training_gpus(recipe)]
+    launch = with_placeholders(launch_argv(run_dir, machine_rank="@RANK@", main_process_ip="@IP@"))
+    lines.append(f'{"" if server else "exec "}{launch} "$@"')
     return "\n".join(lines) + "\n"
 
 
@@ -91,7 +137,8 @@ def render_slurm_script(recipe: Recipe, run_dir: str | Path) -> str:
         "#SBATCH --ntasks-per-node=1",
     ]
     if hw.gpus_per_machine:  # a CPU job asks for no GPUs: --gpus-per-node=0 is refused where no GPU is configured
-        lines.append(f"#SBATCH --gpus-per-node={hw.gpus_per_machine}")
+        served = recipe.objective.grpo.vllm_server_gpus if _serves_vllm(recipe) else 0  # machine 0's vLLM server
+        lines.append(f"#SBATCH --gpus-per-node={hw.gpus_per_machine + served}")
     if re.fullmatch(r"[A-Za-z0-9._/-]+", str(run_dir)):  # #SBATCH lines take no shell quoting
         lines.append(f"#SBATCH --output={run_dir}/{SLURM_LOG}")
     lines.append("set -euo pipefail")

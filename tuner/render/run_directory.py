@@ -12,9 +12,16 @@ from tuner.render.deepspeed_config import render_deepspeed_config
 from tuner.render.launch_script import has_slurm_script, render_launch_script, render_slurm_script
 from tuner.run_layout import (
     ACCELERATE_CONFIG,
+    CHECKPOINTS_DIR,
     DEEPSPEED_CONFIG,
+    EVENTS_FILE,
     LAUNCH_SCRIPT,
     LOCK_FILE,
+    LOG_FILE,
+    MODEL_SNAPSHOT,
+    PROBE_DIR,
+    PROBE_REPORT,
+    PROBE_REQUEST,
     RENDERED_FILES,
     RUN_OUTPUTS,
     SLURM_LOG,
@@ -22,6 +29,8 @@ from tuner.run_layout import (
 )
 
 EXECUTABLES = (LAUNCH_SCRIPT, SLURM_SCRIPT)
+# What a probe leaves in its own run directory (its checkpoint, when a kill kept the probe from removing it)
+PROBE_LEFT = (PROBE_REQUEST, PROBE_REPORT, EVENTS_FILE, LOG_FILE, MODEL_SNAPSHOT, CHECKPOINTS_DIR)
 
 
 def render_run_files(recipe: Recipe, run_dir: str | Path | None = None) -> dict[str, str]:
@@ -67,13 +76,15 @@ def check_run_directory(run_dir: str | Path, *, keep_existing: bool = False) -> 
 
 
 def holds_only_rendered_files(run_dir: str | Path) -> bool:
-    """Whether ``run_dir`` holds files and only files `tuner render` writes (what ``tuner run --dry-run`` leaves):
-    no run has started there, so a launch may replace them without --force."""
+    """Whether ``run_dir`` holds only files `tuner render` writes (what ``tuner run --dry-run`` leaves) and what
+    ``tuner probe`` left (its ``probe/`` folder; in a probe's own directory, the probe's events, log and report): no
+    run has started there, so a launch may replace the rendered files without --force."""
     run_dir = Path(run_dir)
     if run_dir.is_symlink() or not run_dir.is_dir():
         return False
     names = [entry.name for entry in run_dir.iterdir()]
-    return bool(names) and all(name in RENDERED_FILES for name in names)
+    left = PROBE_LEFT if PROBE_REQUEST in names else (PROBE_DIR,)
+    return bool(names) and all(name in RENDERED_FILES or name in left for name in names)
 
 
 def write_run_directory(recipe: Recipe, run_dir: str | Path | None = None, *, force: bool = False,

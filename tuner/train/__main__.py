@@ -34,7 +34,8 @@ def checkpointing_arguments(arguments_class, enabled: bool, offload: bool = Fals
 
 
 def training_arguments(recipe: Recipe, run_dir: Path):
-    """transformers' TrainingArguments, or for dpo/kto the TRL config (a subclass) with the objective's settings."""
+    """transformers' TrainingArguments, or for dpo/kto/grpo the TRL config (a subclass) with the objective's
+    settings (which may replace the common ones)."""
     from transformers import TrainingArguments
 
     from tuner.run_layout import CHECKPOINTS_DIR
@@ -46,9 +47,13 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         from tuner.train.preference import objective_arguments
 
         arguments_class, objective = objective_arguments(recipe)
+    elif recipe.objective.kind == "grpo":
+        from tuner.train.grpo import grpo_arguments
+
+        arguments_class, objective = grpo_arguments(recipe)
     mem, training = recipe.memory, recipe.training
     evaluate = recipe.data.eval_fraction > 0
-    return arguments_class(
+    common = dict(
         output_dir=str(run_dir / CHECKPOINTS_DIR),
         per_device_train_batch_size=mem.micro_batch_size,
         per_device_eval_batch_size=mem.micro_batch_size,
@@ -85,16 +90,17 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         accelerator_config={"dispatch_batches": False} if recipe.data.streaming else None,
         disable_tqdm=True,
         logging_first_step=True,
-        **objective,
     )
+    return arguments_class(**{**common, **objective})
 
 
-def build_model(recipe: Recipe):
-    """The model to train: loaded, adapted for lora/qlora, its trainable share logged; and whether to use Liger."""
+def build_model(recipe: Recipe, path: str | None = None):
+    """The model to train (from ``path`` when given, else what model.id names): loaded, adapted for lora/qlora, its
+    trainable share logged; and whether to use Liger."""
     from tuner.loading.model import apply_lora, choose_liger, count_parameters, load_model
     from tuner.train.parallelism import loading_arguments
 
-    model = load_model(recipe, **loading_arguments(recipe))
+    model = load_model(recipe, path, **loading_arguments(recipe))
     model.config.use_cache = False  # no KV cache in training; packing's per-sample masks need it off too
     liger, reason = choose_liger(recipe.memory.liger, model.config.model_type, recipe.uses_gpu)
     log.info("liger kernels: %s", reason)
@@ -153,10 +159,12 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from tuner.data.prepare import data_collator, prepare_data
     from tuner.fileio import atomic_write_text, umask_permissions
     from tuner.launch.checkpoints import resume_checkpoint
+    from tuner.loading.hub_download import run_snapshot
     from tuner.loading.model import load_tokenizer
     from tuner.run_layout import LOCK_FILE
     from tuner.train.callbacks import EventsCallback, ProfilerCallback, memory_per_rank
     from tuner.train.checkpoints import CheckpointInfoCallback
+    from tuner.train.probe import ProbeCallback, probe_request, worst_case_data
     from tuner.train.rank_trace import RankTrace, tracing_ranks
     from tuner.train.trackers import configure_trackers
 
@@ -173,23 +181,34 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     args = training_arguments(recipe, run_dir)
     if recipe.hardware.machines > 1:
         same_machines(args, events)
-    tokenizer = load_tokenizer(recipe)
+    snapshot = run_snapshot(run_dir)  # a hub model prepare_run downloaded: this machine's cached copy of that commit
+    model_path = str(snapshot) if snapshot else None
+    tokenizer = load_tokenizer(recipe, model_path)
     callbacks = [CheckpointInfoCallback(recipe, lock_text), EventsCallback(events, recipe.parallelism.model_parallel)]
     if profile_steps:
         callbacks.append(ProfilerCallback(run_dir / PROFILE_DIR, profile_steps))
+    probe = probe_request(run_dir)  # `tuner probe`: worst-case batches, each phase measured, nothing kept
+    if probe is not None:
+        callbacks.append(ProbeCallback(events, recipe))
     if recipe.objective.preference:
         from tuner.train.preference import preference_trainer
 
-        trainer, data = preference_trainer(recipe, args, tokenizer, callbacks)
+        trainer, data = preference_trainer(recipe, args, tokenizer, callbacks, model_path)
+    elif recipe.objective.kind == "grpo":
+        from tuner.train.grpo import grpo_trainer
+
+        trainer, data = grpo_trainer(recipe, args, tokenizer, callbacks, model_path)
     else:
         data = prepare_data(recipe, tokenizer)
+        if probe is not None:
+            data = worst_case_data(data, recipe, probe["steps"])
         if recipe.parallelism.tp > 1 and data.eval is not None:
             from tuner.train.parallelism import whole_eval_batch
 
             args.per_device_eval_batch_size = whole_eval_batch(recipe.memory.micro_batch_size, len(data.eval))
             log.info("tensor parallel: evaluating %d held-out samples in batches of %d (equal batches keep every "
                      "rank's copy the same weight)", len(data.eval), args.per_device_eval_batch_size)
-        model, args.use_liger_kernel = build_model(recipe)  # the Trainer patches the kernels in when it starts
+        model, args.use_liger_kernel = build_model(recipe, model_path)  # the Trainer patches the kernels in at start
         collator = data_collator(recipe, tokenizer)
         trace = RankTrace(events, collator) if tracing_ranks() else None
         trainer = Trainer(
@@ -202,6 +221,8 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
             callbacks=callbacks + ([trace] if trace else []),
         )
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    if probe is not None:
+        return 0  # measured; a probe's model is never the trained one
     final = run_dir / FINAL_DIR
     trainer.model.config.use_cache = True  # saved for inference
     trainer.save_model(str(final))
@@ -232,9 +253,11 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tuner.build_once import BuildTimeout
     from tuner.data.sources import DataError
     from tuner.doctor import needs_bitsandbytes
     from tuner.loading.model import ModelLoadError
+    from tuner.train.rewards import RewardError
 
     parser = argparse.ArgumentParser(prog="python -m tuner.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -252,15 +275,15 @@ def main(argv: list[str] | None = None) -> int:
         if not needs_bitsandbytes(recipe):  # peft imports it anyway; its missing-kernel notes concern no one here
             logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
         return train(recipe, lock.parent, args.profile)
-    except (RecipeError, DataError, ModelLoadError) as exc:
+    except (RecipeError, DataError, ModelLoadError, RewardError, BuildTimeout) as exc:
         write_event(events, "error", message=str(exc), rank=int(os.environ.get("RANK", 0)))
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, BuildTimeout) else 2  # a cache another process holds: the machine's problem
     except Exception as exc:
-        from tuner.train.oom import EXIT_OUT_OF_MEMORY, is_out_of_memory, out_of_memory_advice
+        from tuner.train.oom import EXIT_OUT_OF_MEMORY, exhausted_memory, is_out_of_memory, out_of_memory_advice
 
         if recipe is not None and is_out_of_memory(exc):  # answered with the advisor's next rung, not a stack
-            rung, message = out_of_memory_advice(recipe, str(lock))
+            rung, message = out_of_memory_advice(recipe, str(lock), exhausted_memory(exc))
             write_event(events, "error", kind="out_of_memory", next_rung=rung, message=message,
                         rank=int(os.environ.get("RANK", 0)))
             print(f"error: {message}", file=sys.stderr)
@@ -269,5 +292,26 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+def run_rank() -> int:
+    """:func:`main` on one rank of a launched world; a rank that failed (its error event written) leaves at once.
+
+    Its peers wait in a collective that will never complete, and the interpreter's shutdown, tearing down the
+    process group, can wait with them (DeepSpeed #5005): leaving now lets the launcher see the failure and stop
+    every rank within its monitor interval.
+    """
+    try:
+        code = main()
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    if code and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_rank())

@@ -42,13 +42,29 @@ def _counts(prepared, raw, max_length: int, completion_keys: tuple[str, ...]) ->
     return truncated, len(raw) - len(prepared)
 
 
-def preference_trainer(recipe: Recipe, args, tokenizer, callbacks) -> tuple[object, PreparedData]:
-    """TRL's DPOTrainer or KTOTrainer for the recipe, and what became of its data."""
+def trl_policy(recipe: Recipe, args, model_path: str | None = None):
+    """The model a TRL trainer trains (from ``model_path`` when given, else what model.id names), and the adapter
+    settings it wraps it with itself (None for full fine-tuning): loaded as the recipe says, k-bit prepared for
+    qlora, Liger's kernels chosen on ``args``."""
+    from tuner.loading.model import choose_liger, load_model, lora_config, prepare_for_adapters
+
+    model = load_model(recipe, model_path)
+    args.use_liger_kernel, reason = choose_liger(recipe.memory.liger, model.config.model_type, recipe.uses_gpu)
+    log.info("liger kernels: %s", reason)
+    if recipe.method.kind == "full":
+        return model, None
+    return prepare_for_adapters(model, recipe), lora_config(recipe)
+
+
+def preference_trainer(recipe: Recipe, args, tokenizer, callbacks, model_path: str | None = None
+                       ) -> tuple[object, PreparedData]:
+    """TRL's DPOTrainer or KTOTrainer for the recipe (its model from ``model_path`` when given), and what became of
+    its data."""
     from tuner.data.formats import DEFAULT_CHAT_TEMPLATE
     from tuner.data.prepare import split_samples, used_columns
     from tuner.data.preference import COMPLETION_KEYS, with_prompt
     from tuner.data.sources import DataError
-    from tuner.loading.model import choose_liger, count_parameters, load_model, lora_config, prepare_for_adapters
+    from tuner.loading.model import count_parameters, load_model
 
     train_raw, eval_raw, data_format = split_samples(recipe)
 
@@ -63,15 +79,10 @@ def preference_trainer(recipe: Recipe, args, tokenizer, callbacks) -> tuple[obje
     log.info("data: %d training and %d held-out %s samples", len(train_raw), len(eval_raw) if eval_raw else 0,
              data_format)
 
-    model = load_model(recipe)
+    model, peft_config = trl_policy(recipe, args, model_path)
     model.config.use_cache = False
-    args.use_liger_kernel, reason = choose_liger(recipe.memory.liger, model.config.model_type, recipe.uses_gpu)
-    log.info("liger kernels: %s", reason)
     full = recipe.method.kind == "full"
-    peft_config = None if full else lora_config(recipe)
-    if not full:
-        model = prepare_for_adapters(model, recipe)
-    reference = load_model(recipe) if full and not recipe.objective.precompute_ref_log_probs else None
+    reference = load_model(recipe, model_path) if full and not recipe.objective.precompute_ref_log_probs else None
     if reference is not None:  # frozen: and autocast then keeps no 16-bit copies of its fp32 weights in the step
         reference.requires_grad_(False)
     log.info("reference model: %s", "a frozen copy of the starting model" if reference is not None else

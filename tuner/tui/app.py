@@ -70,6 +70,7 @@ class TunerApp(App[int]):
         self.plan = None
         self.plan_status = ""
         self.disk_check = None  # tuner.doctor.check_disk of the planned recipe, once a worker has it
+        self.measured = None  # what a probe of the planned recipe measured on this machine (a MeasuredRecord)
         self.run_watch: RunWatch | None = None
         self.chat_target: str | None = None  # what "Chat with this run" asked Chat to load
         self._stop_run = threading.Event()  # set: the run's follower stops every rank
@@ -174,6 +175,7 @@ class TunerApp(App[int]):
             except CannotPlan as exc:
                 self.plan_status = f"no plan: {exc}"
         self.plan = plan
+        self.measured = self.planner.measured(recipe) if plan is not None else None
         self.screen.post_message(PlanUpdated(plan, (time.perf_counter() - start) * 1000))
         self.disk_check = None
         if plan is not None:
@@ -203,21 +205,35 @@ class TunerApp(App[int]):
         self.run_recipe(recipe, resume, force, self.run_watch)
         return self.run_watch
 
+    def _said(self, line: str) -> None:
+        """A line of the run contract's (a download, stopping every rank) in the Run screen's log."""
+        self.post_message(RunEventsArrived([], [line]))
+
+    def _checked(self, watch: RunWatch, check):
+        """``check()``'s result, or None once the run contract's refusal is posted for the Run screen."""
+        from tuner.catalog.hub import HubError
+        from tuner.data.sources import DataError
+        from tuner.launch.run import RunRefused
+        from tuner.loading.model import ModelLoadError
+
+        try:
+            return check()
+        except RunRefused as exc:
+            self.post_message(RunNotStarted(watch, list(exc.lines), can_override=True))
+        except (RecipeError, DataError, ModelLoadError, HubError, OSError) as exc:
+            self.post_message(RunNotStarted(watch, str(exc).splitlines()))
+        return None
+
     @work(thread=True, exclusive=True, group="run")
     def run_recipe(self, recipe, resume: bool, force: bool, watch: RunWatch) -> None:
         """Every check, the launch and the follow, off the UI thread (the checks read the data); report back with
         messages."""
-        from tuner.data.sources import DataError
-        from tuner.launch.run import RunRefused, follow_run, prepare_run
-        from tuner.loading.model import ModelLoadError
+        from tuner.launch.run import follow_run, prepare_run
 
-        try:
-            prepared = prepare_run(recipe, force=force, resume=resume)
-        except RunRefused as exc:
-            self.post_message(RunNotStarted(watch, list(exc.lines), can_override=True))
-            return
-        except (RecipeError, DataError, ModelLoadError, OSError) as exc:
-            self.post_message(RunNotStarted(watch, str(exc).splitlines()))
+        # a hub model's download is said in the run's log; no terminal progress bar under the wizard
+        prepared = self._checked(watch, lambda: prepare_run(recipe, force=force, resume=resume, progress=False,
+                                                            say=self._said))
+        if prepared is None:
             return
         if not prepared.launchable:
             self.post_message(RunNotStarted(watch, prepared.machine_lines()))
@@ -225,8 +241,40 @@ class TunerApp(App[int]):
         self.post_message(RunEventsArrived([], [*prepared.notes, f"launching: {prepared.command}"]))
         outcome = follow_run(prepared, stop=self._stop_run,
                              on_update=lambda events, lines: self.post_message(RunEventsArrived(events, lines)),
-                             say=lambda line: self.post_message(RunEventsArrived([], [line])))
+                             say=self._said)
         self.post_message(RunFinished(outcome.exit_code, outcome.lines))
+
+    def start_probe(self, force: bool = False) -> RunWatch:
+        """Probe the recipe on this machine as ``tuner probe`` does (the same run contract); the peak it measures
+        then marks the plan bar beside the prediction."""
+        from tuner.run_layout import PROBE_DIR
+
+        recipe = self.draft.recipe
+        if recipe is None:
+            raise RecipeError(["the recipe has errors; fix them first:", *self.draft.errors])
+        self._stop_run = threading.Event()
+        self.run_watch = RunWatch(run_dir=Path(recipe.output.dir) / PROBE_DIR, plan=self.plan, since=time.time(),
+                                  live=True, status="checking", kind="probe")
+        self.probe_recipe(recipe, force, self.run_watch)
+        return self.run_watch
+
+    @work(thread=True, exclusive=True, group="run")
+    def probe_recipe(self, recipe, force: bool, watch: RunWatch) -> None:
+        from tuner.launch.probe import keep_results, launch_probe, report_lines
+
+        def arrived(events, lines):
+            self.post_message(RunEventsArrived(events, lines))
+
+        result = self._checked(watch, lambda: launch_probe(
+            recipe, force=force, stop=self._stop_run, on_update=arrived, notes=lambda notes: arrived([], notes),
+            say=self._said, progress=False))
+        if result is None:
+            return
+        memory_plan = self.planner.plan(recipe)
+        keep_results(result, memory_plan)
+        lines = report_lines(result, memory_plan) if result.status == "measured" else result.lines
+        self.post_message(RunFinished(result.exit_code, lines))
+        self.call_from_thread(self.replan)  # the record just kept: the plan bar's marker
 
     def cancel_run(self) -> None:
         """Stop every rank (SIGINT, then harder); the follower reports the exit."""

@@ -1,7 +1,7 @@
 """Models the Model screen offers and the architecture facts it shows for each.
 
 Facts come from :func:`tuner.catalog.models.model_facts` (the same the planner uses):
-the demo model, local directories, the shipped catalog and the hub cache.
+the demo model, local directories, the shipped catalog and hub configs (fetched once, kept under $TUNER_HOME).
 """
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from tuner.recipe.schema import Recipe
 
 if TYPE_CHECKING:  # imported when first used: the first screen paints before the planner loads
     from tuner.doctor import Check
+    from tuner.launch.probe_record import MeasuredRecord
     from tuner.planner import Advice, MemoryPlan
 
 
@@ -27,14 +28,17 @@ class Planner:
 
     def __init__(self, plan: Callable[[Recipe], MemoryPlan] | None = None,
                  advise: Callable[[Recipe], list[Advice]] | None = None,
-                 disk: Callable[[Recipe, MemoryPlan], Check] | None = None):
-        self._plan, self._advise, self._disk = plan, advise, disk
+                 disk: Callable[[Recipe, MemoryPlan], Check] | None = None,
+                 measured: Callable[[Recipe], MeasuredRecord | None] | None = None):
+        self._plan, self._advise, self._disk, self._measured = plan, advise, disk, measured
 
     def _defaults(self) -> None:
         from tuner.doctor import check_disk
+        from tuner.launch.probe_record import measured_record
         from tuner.planner import advise, plan
 
         self._plan, self._advise, self._disk = self._plan or plan, self._advise or advise, self._disk or check_disk
+        self._measured = self._measured or measured_record
 
     def plan(self, recipe: Recipe) -> MemoryPlan:
         """The plan; raises CannotPlan with the planner's message."""
@@ -52,6 +56,12 @@ class Planner:
             return self._advise(recipe)
         except (RecipeError, ValueError) as exc:
             raise CannotPlan(str(exc)) from None
+
+    def measured(self, recipe: Recipe) -> MeasuredRecord | None:
+        """What a probe of this setup measured on this machine (``tuner probe``), or None."""
+        if self._measured is None:
+            self._defaults()
+        return self._measured(recipe)
 
     def disk(self, recipe: Recipe, plan: MemoryPlan) -> Check:
         if self._disk is None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tuner.events import rollout_summary
 from tuner.run_layout import LOCK_FILE
 
 LOG_LINES = 400
@@ -48,6 +49,9 @@ def event_line(event: dict) -> str | None:
         return f"finished: {event.get('final_dir') or 'the final model is saved'}"
     if kind == "error":
         return f"error: {event.get('message')}"
+    if kind == "probe":  # tuner probe: a rank measured a phase
+        peak = event.get("device_gib", event.get("peak_rss_gib"))
+        return f"probe: rank {event.get('rank')} measured {event.get('phase')}, peak {peak:.3f} GiB"
     return None
 
 
@@ -55,12 +59,14 @@ def event_line(event: dict) -> str | None:
 class RunWatch:
     run_dir: Path
     live: bool = False  # launched from this wizard (a replayed run is not)
+    kind: str = "run"  # run, or probe (tuner probe: a few measured steps; it ends "measured", not "finished")
     plan: Any = None  # the memory plan the run was launched with, to compare measured memory against
     status: str = "starting"
     step: int = 0
     max_steps: int | None = None
     losses: list[float] = field(default_factory=list)
     eval_losses: list[float] = field(default_factory=list)
+    rollout: str = ""  # grpo: the last logged round's reward, its spread, KL and completion length
     tokens_per_s: float | None = None
     eta_s: float | None = None
     eta_at: float | None = None  # when eta_s was measured (the event's time): the ETA counts down from there
@@ -103,6 +109,7 @@ class RunWatch:
                 self.status = "running"
                 if "loss" in event:
                     self.losses.append(float(event["loss"]))
+                self.rollout = rollout_summary(event) or self.rollout
             elif kind == "eval" and "eval_loss" in event:
                 self.eval_losses.append(float(event["eval_loss"]))
             elif kind == "finished":
@@ -159,7 +166,7 @@ class RunWatch:
         if self.cancelled:
             self.status = "cancelled"
         elif exit_code == 0:
-            self.status = "finished"
+            self.status = "finished" if self.kind == "run" else "measured"
             if self.max_steps:
                 self.step = self.max_steps
         else:

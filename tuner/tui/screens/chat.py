@@ -55,7 +55,8 @@ def load_session(argument: str):
 
     path = Path(argument).expanduser()
     is_recipe = is_run_directory(path) or path.suffix in (".yaml", ".yml") or argument in builtin_names()
-    target = resolve_target(argument) if is_recipe else resolve_target(model=argument)
+    target = resolve_target(argument, show_download=False) if is_recipe else resolve_target(model=argument,
+                                                                                             show_download=False)
     sampling = Sampling.from_recipe(target.recipe)
     loaded = load_for_inference(target, context=default_context(target, sampling.max_new_tokens))
     prompt = trained_prompt_format(target.recipe) if is_recipe else PromptFormat(target.recipe.data.format)

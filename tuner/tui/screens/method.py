@@ -18,7 +18,15 @@ from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from tuner.planner import Advice
-from tuner.recipe.schema import FsdpSection, MemorySection, MethodSection, ObjectiveSection, ParallelismSection, Recipe
+from tuner.recipe.schema import (
+    FsdpSection,
+    GrpoSection,
+    MemorySection,
+    MethodSection,
+    ObjectiveSection,
+    ParallelismSection,
+    Recipe,
+)
 from tuner.tui.draft import Changes
 from tuner.tui.messages import DiskChecked, PlanUpdated
 from tuner.tui.planning import CannotPlan, worth_showing
@@ -37,6 +45,20 @@ DISTRIBUTION = [
     Choice("DDP", {"memory.distributed": "ddp", "memory.zero_stage": None}),
     *[Choice(f"ZeRO-{stage}", {"memory.distributed": "deepspeed", "memory.zero_stage": stage}) for stage in (1, 2, 3)],
     Choice("FSDP", {"memory.distributed": "fsdp", "memory.zero_stage": None}),
+]
+
+# sft, dpo and kto drop grpo's section; grpo starts with one group per micro-batch, scored by exact match
+EXACT_MATCH = {"kind": "exact_match", "column": "answer"}
+OBJECTIVES = [
+    *[Choice(kind, {"objective.kind": kind, "objective.grpo": None}) for kind in ("sft", "dpo", "kto")],
+    Choice("grpo", {"objective.kind": "grpo", "objective.grpo": {"num_generations": 8, "rewards": [EXACT_MATCH]},
+                    "memory.micro_batch_size": 8}),
+]
+REWARDS = [
+    Choice("exact match (answer)", {"objective.grpo.rewards": [EXACT_MATCH]}),
+    Choice("regex match (<answer>)", {"objective.grpo.rewards": [
+        {"kind": "regex_match", "column": "answer", "pattern": "<answer>(.*?)</answer>"}]}),
+    Choice("exact match + length", {"objective.grpo.rewards": [EXACT_MATCH, {"kind": "length", "weight": 0.1}]}),
 ]
 
 PARALLEL_DEGREES = [1, 2, 4, 8]  # ranks splitting one layer (tp) or one sequence (cp, sp); a refused one says why
@@ -86,12 +108,15 @@ class MethodScreen(WizardScreen):
                     yield InputField("LoRA alpha", "method.lora.alpha", number=True)
                 yield ToggleField("Auto-fit may switch to LoRA / QLoRA", "method.allow_method_change",
                                   help=_help(MethodSection, "allow_method_change"))
-                yield ChoiceField("Objective", value_choices("objective.kind", ["sft", "dpo", "kto"]),
-                                  id="objective-kind", help=_help(ObjectiveSection, "kind"))
-                with Horizontal(classes="pair", id="preference"):  # shown for dpo and kto
+                yield ChoiceField("Objective", OBJECTIVES, id="objective-kind", help=_help(ObjectiveSection, "kind"))
+                with Horizontal(classes="pair", id="preference"):  # shown for dpo, kto and grpo
                     yield InputField("Beta", "objective.beta", number=True)
                     yield ToggleField("Precompute reference", "objective.precompute_ref_log_probs",
                                       help=_help(ObjectiveSection, "precompute_ref_log_probs"))
+                with Horizontal(classes="pair", id="grpo"):  # shown for grpo
+                    yield InputField("Generations", "objective.grpo.num_generations", number=True)
+                    yield InputField("Completion tokens", "objective.grpo.max_completion_length", number=True)
+                yield ChoiceField("Reward", REWARDS, id="grpo-rewards", help=_help(GrpoSection, "rewards"))
                 yield ChoiceField("Distribution", DISTRIBUTION, id="distribution",
                                   help=_help(MemorySection, "distributed"))
                 yield ChoiceField("FSDP sharding", value_choices(
@@ -136,15 +161,18 @@ class MethodScreen(WizardScreen):
         super().sync()
         app = self.app
         panel = self.query_one(PlanPanel)
-        panel.plan, panel.status, panel.disk = app.plan, app.plan_status, app.disk_check
+        panel.plan, panel.status, panel.disk, panel.measured = app.plan, app.plan_status, app.disk_check, app.measured
         self.query_one("#autofit", Button).disabled = app.draft.plannable is None
         self.query_one("#fsdp-sharding").display = app.draft.value("memory.distributed") == "fsdp"
-        self.query_one("#preference").display = app.draft.value("objective.kind") in ("dpo", "kto")
+        kind = app.draft.value("objective.kind")
+        self.query_one("#preference").display = kind in ("dpo", "kto", "grpo")
+        self.query_one("#objective-precompute_ref_log_probs").display = kind in ("dpo", "kto")
+        self.query_one("#grpo").display = self.query_one("#grpo-rewards").display = kind == "grpo"
         self._follow_draft()
 
     def on_plan_updated(self, message: PlanUpdated) -> None:
         panel = self.query_one(PlanPanel)
-        panel.plan, panel.status = message.plan, self.app.plan_status
+        panel.plan, panel.status, panel.measured = message.plan, self.app.plan_status, self.app.measured
 
     def on_disk_checked(self, message: DiskChecked) -> None:
         self.query_one(PlanPanel).disk = message.check

@@ -8,6 +8,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Input, Label, OptionList, Static
 from textual.widgets.option_list import Option, OptionDoesNotExist
 
+from tuner.catalog.hub import is_hub_id
 from tuner.tui.catalog import catalog_entries, describe_model
 from tuner.tui.messages import FieldEdited
 from tuner.tui.screens.base import NARROW_BELOW, WizardScreen
@@ -63,7 +64,8 @@ class ModelScreen(WizardScreen):
             self._fill_list(event.value)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        """Enter in the search: a single match is taken; several move to the list to choose."""
+        """Enter in the search: a single match is taken; several move to the list to choose; a hub id (org/name)
+        nothing listed matches is looked up on the hub."""
         if event.input.id != "model-search":
             return
         listing = self.query_one("#model-list", OptionList)
@@ -71,9 +73,11 @@ class ModelScreen(WizardScreen):
             self.post_message(FieldEdited({"model.id": listing.get_option_at_index(0).id}))
         elif listing.option_count:
             listing.focus()
+        elif is_hub_id(event.value.strip()):
+            self.post_message(FieldEdited({"model.id": event.value.strip()}))
 
     def on_field_edited(self, event: FieldEdited) -> None:
-        """A typed model id may need the hub cache (transformers): look it up off the UI thread first."""
+        """A typed model id may need the hub (its config.json, fetched once): look it up off the UI thread first."""
         model_id = event.changes.get("model.id")
         if not model_id or any(entry.id == model_id for entry in self.entries):
             return

@@ -39,6 +39,8 @@ def status_line(watch: RunWatch) -> str:
         parts.append(f"loss {watch.losses[-1]:.4f}")
     if watch.eval_losses:
         parts.append(f"eval loss {watch.eval_losses[-1]:.4f}")
+    if watch.rollout:
+        parts.append(watch.rollout)
     if watch.tokens_per_s is not None:
         parts.append(f"{watch.tokens_per_s:,.0f} tokens/s")
     if watch.running:
@@ -67,6 +69,8 @@ class RunScreen(WizardScreen):
         Binding("ctrl+e", "resume", "Resume", id="resume", tooltip="Continue from the newest checkpoint"),
         Binding("ctrl+t", "chat", "Chat with this run", id="chat_with_run",
                 tooltip="Open Chat with this run's trained model (once the run has finished)"),
+        Binding("ctrl+p", "probe", "Probe", id="probe",
+                tooltip="Measure the recipe on this machine (a few steps on worst-case batches) beside the plan"),
     ]
 
     def compose_body(self) -> ComposeResult:
@@ -78,6 +82,7 @@ class RunScreen(WizardScreen):
                 yield Button("Launch ^r", id="launch", variant="primary", compact=True)
                 yield Button("Cancel ^x", id="cancel", variant="error", compact=True)
                 yield Button("Resume ^e", id="resume", compact=True)
+                yield Button("Probe ^p", id="probe", compact=True)
                 yield Button("Launch anyway", id="override", variant="warning", compact=True)
                 yield Button("Chat with this run ^t", id="chat", variant="success", compact=True)
             yield Static("", id="run-summary")  # the refusal, the per-machine commands or the finished run's summary
@@ -108,6 +113,7 @@ class RunScreen(WizardScreen):
         self.query_one("#launch", Button).disabled = running or not self.app.draft.valid
         self.query_one("#cancel", Button).disabled = not running
         self.query_one("#resume", Button).disabled = running or not self.app.draft.valid
+        self.query_one("#probe", Button).disabled = running or not self.app.draft.valid
         override = self.query_one("#override", Button)
         override.display = bool(watch and watch.can_override and not running)
         self.query_one("#chat", Button).display = bool(watch and watch.status == "finished")
@@ -157,7 +163,7 @@ class RunScreen(WizardScreen):
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         {"launch": self.action_launch, "cancel": self.action_cancel, "resume": self.action_resume,
-         "override": self.action_override, "chat": self.action_chat}[event.button.id]()
+         "override": self.action_override, "chat": self.action_chat, "probe": self.action_probe}[event.button.id]()
 
     def action_launch(self) -> None:
         self._launch(resume=False)
@@ -169,13 +175,20 @@ class RunScreen(WizardScreen):
         """The explicit override of the refusal shown above (what ``--force`` is to ``tuner run``)."""
         watch = self.app.run_watch
         if watch is not None and watch.can_override:
-            self._launch(resume=False, force=True)
+            self._launch(resume=False, force=True, probe=watch.kind == "probe")
 
-    def _launch(self, resume: bool, force: bool = False) -> None:
+    def action_probe(self) -> None:
+        """``tuner probe``: its measurements end up in the log and summary, its peak on the plan bar."""
+        self._launch(resume=False, probe=True)
+
+    def _launch(self, resume: bool, force: bool = False, probe: bool = False) -> None:
         if not self.app.draft.valid or (self.app.run_watch and self.app.run_watch.running):
             return
         try:
-            self.app.start_run(resume=resume, force=force)
+            if probe:
+                self.app.start_probe(force=force)
+            else:
+                self.app.start_run(resume=resume, force=force)
         except RecipeError as exc:
             self.notify(str(exc), severity="error", timeout=8)
             return

@@ -7,15 +7,18 @@ from textual.widget import Widget
 
 from tuner.doctor import Check
 from tuner.planner import DevicePlan, MemoryPlan
+from tuner.planner.memory import GENERATION
 
 TERM_STYLES = {
     "weights": "bold #5f87ff",
     "reference_model": "bold #8787d7",  # dpo/kto's frozen copy: a paler weights colour
+    "reward_model": "bold #af87d7",  # grpo's reward models: beside the reference
     "lora_adapter": "bold #87d7ff",
     "gradients": "bold #d75fd7",
     "optimizer": "bold #d7af00",
     "activations": "bold #5faf5f",
     "logits_loss": "bold #00afaf",
+    "generation": "bold #d75f5f",  # grpo's rollout: KV cache, sampler, vLLM's share
     "overhead": "bold #8a8a8a",
 }
 OTHER_STYLE = "bold #af875f"
@@ -86,6 +89,17 @@ def verdict_text(plan: MemoryPlan, disk: Check | None = None) -> Text:
     return out
 
 
+def measured_marker(measured_gib: float, device: DevicePlan, width: int, label: str) -> Text:
+    """A line under a device's bar: ``▲`` at the measured peak on the bar's scale (the larger of the capacity and
+    the prediction) and what it is, after the marker where it fits, else before it."""
+    scale = max(device.capacity_gib or device.total_gib, device.total_gib, 1e-9)
+    cell = min(round(measured_gib / scale * width), width - 1)
+    words = f"{label}: {gib(measured_gib)} (plan {gib(device.total_gib)})"
+    if cell + 2 + len(words) <= width or cell < len(words) + 1:
+        return Text.assemble(" " * cell, ("▲ ", "bold magenta"), (words, "magenta"))
+    return Text.assemble(" " * (cell - len(words) - 1), (words, "magenta"), (" ▲", "bold magenta"))
+
+
 def device_heading(device: DevicePlan) -> Text:
     out = Text(device.name, "bold")
     limit = gib(device.capacity_gib) if device.capacity_gib is not None else "an unknown capacity"
@@ -113,8 +127,9 @@ def legend(terms: dict[str, float], width: int) -> Text:
     return out
 
 
-def plan_text(plan: MemoryPlan, width: int, disk: Check | None = None) -> Text:
-    """The whole panel as text: the verdict, then per device a bar against its capacity and its legend."""
+def plan_text(plan: MemoryPlan, width: int, disk: Check | None = None, measured=None) -> Text:
+    """The whole panel as text: the verdict, then per device a bar against its capacity and its legend; a probe's
+    ``measured`` peak (tuner.launch.probe_record.MeasuredRecord) as a marker under the training device's bar."""
     out = verdict_text(plan, disk)
     out.append("\n")
     devices = list(plan.devices)
@@ -127,10 +142,23 @@ def plan_text(plan: MemoryPlan, width: int, disk: Check | None = None) -> Text:
         if device.capacity_gib is not None:
             out.append_text(stacked_bar(dict(device.terms), device.capacity_gib, bar_width))
             out.append("\n")
+            if measured is not None and device is plan.gpu:
+                out.append_text(measured_marker(measured.measured_gib, device, bar_width,
+                                                f"measured {measured.date}"))
+                out.append("\n")
         elif device.kind == "host":
             out.append("set Host RAM on the Hardware screen to check it\n", "italic")
         out.append_text(legend(device.terms, width))
         out.append("\n")
+        if GENERATION in device.phases and device.phase != GENERATION:  # grpo: the rollout's own peak, below
+            moment = device.phase_moment(GENERATION)
+            out.append(f"generation ({moment}): {gib(device.moment_gib(moment))}\n", "dim")
+            terms = device.terms_at(moment)
+            if device.capacity_gib is not None:
+                out.append_text(stacked_bar(terms, device.capacity_gib, bar_width))
+                out.append("\n")
+            out.append_text(legend(terms, width))
+            out.append("\n")
     if len(devices) > len(shown):
         out.append(f"... and {len(devices) - len(shown)} more devices with the same layout\n", "dim")
     for note in plan.notes:
@@ -148,8 +176,9 @@ class PlanPanel(Widget):
     plan: reactive[MemoryPlan | None] = reactive(None, layout=True)
     status: reactive[str] = reactive("", layout=True)
     disk: reactive[Check | None] = reactive(None, layout=True)
+    measured = reactive(None, layout=True)  # a probe's record of this setup on this machine (MeasuredRecord)
 
     def render(self) -> Text:
         if self.plan is None:
             return Text(self.status or "no plan yet", style="italic")
-        return plan_text(self.plan, self.size.width, self.disk)
+        return plan_text(self.plan, self.size.width, self.disk, self.measured)
