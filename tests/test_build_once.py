@@ -5,12 +5,13 @@ The demo model is whole whichever rank of a process group builds it."""
 from __future__ import annotations
 
 import os
-import selectors
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -48,29 +49,47 @@ ASKER = textwrap.dedent("""
 
 
 def ask(target: Path, gate: Path, lease: float = 60.0, timeout: float = 120.0) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", ASKER, str(target), str(gate), str(lease), str(timeout)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    process = subprocess.Popen([sys.executable, "-c", ASKER, str(target), str(gate), str(lease), str(timeout)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, "PYTHONPATH": str(REPO)})
+    process.lines = queue.Queue()  # every line as it comes, then None: read by a thread, never left in a buffer
+    threading.Thread(target=_read_lines, args=(process,), daemon=True).start()
+    return process
+
+
+def _read_lines(process: subprocess.Popen) -> None:
+    for line in process.stdout:
+        process.lines.put(line)
+    process.lines.put(None)
 
 
 def wait_for_line(process: subprocess.Popen, text: str, timeout: float = 120) -> str:
-    """The first line of ``process``'s output that holds ``text``; fails (never hangs) if none comes."""
-    deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as selector:
-        selector.register(process.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if selector.select(timeout=1):
-                line = process.stdout.readline()
-                if not line:
-                    break
-                if text in line:
-                    return line
-    raise AssertionError(f"no line with {text!r} from pid {process.pid}")
+    """The first line of ``process``'s output that holds ``text``; fails (never hangs) if none comes.
+
+    Lines come from a reader thread: waiting on the pipe itself would miss lines that an earlier read already took
+    into the file object's buffer (several lines written at once, as a loaded machine delivers them)."""
+    deadline, seen = time.monotonic() + timeout, []
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = process.lines.get(timeout=left)
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        if text in line:
+            return line
+        seen.append(line)
+    raise AssertionError(f"no line with {text!r} from pid {process.pid} (exit {process.poll()}); it said:\n"
+                         + "".join(seen))
 
 
 def finish(process: subprocess.Popen) -> tuple[int, str]:
-    output = process.communicate(timeout=120)[0]
-    return process.returncode, output
+    """The exit code and the lines ``process`` wrote that no :func:`wait_for_line` took."""
+    process.wait(timeout=120)
+    rest = []
+    while (line := process.lines.get(timeout=60)) is not None:
+        rest.append(line)
+    return process.returncode, "".join(rest)
 
 
 @pytest.fixture

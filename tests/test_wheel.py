@@ -1,6 +1,11 @@
 """tuner as a user installs it: the sdist and the wheel built from this checkout (the wheel from the sdist, so the
-sdist is complete), the wheel installed, not editable, into a fresh virtual environment beside the same torch, and
-every command run from a folder outside the checkout with no source path anywhere.
+sdist is complete), the wheel installed, not editable, into a fresh virtual environment, and every command run from
+a folder outside the checkout with no source path anywhere.
+
+The fresh environment takes its dependencies from this test's own (their folder on its path, without running that
+folder's .pth files, so the checkout's editable finder is not there): what is tested is the wheel, not pip's
+resolution of the same pins, which `make install` does already; installing torch and transformers again cost CI
+minutes.
 
 Every other Python version ``requires-python`` admits that this machine has (python3.X on PATH, or pyenv's) runs
 the torch-free core — validate, plan, render, recipes, presets — from the same wheel: a CPU torch wheel exists here
@@ -42,17 +47,20 @@ def dist(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def user_venv(dist, tmp_path_factory) -> Path:
-    """A fresh virtual environment (no system site packages) with this torch release and the built wheel."""
-    import torch
+    """A fresh virtual environment (no system site packages) holding the built wheel, its dependencies read from this
+    environment's site-packages as plain path entries."""
+    import sysconfig
 
     venv = tmp_path_factory.mktemp("user") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    python = str(venv / "bin" / "python")
-    torch_spec = f"torch=={torch.__version__.split('+')[0]}"  # what `make install` takes: a local wheel where one is
-    for what in ([torch_spec], [str(next(dist.glob("*.whl")))]):
-        installed = subprocess.run([python, "-m", "pip", "install", *PIP_QUIET, *what],
-                                   capture_output=True, text=True, timeout=900)
-        assert installed.returncode == 0, installed.stderr[-3000:]
+    python = venv / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    ours = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    (Path(site) / "dependencies-from-the-test-environment.pth").write_text("".join(f"{path}\n" for path in ours))
+    installed = subprocess.run([str(python), "-m", "pip", "install", *PIP_QUIET, "--no-deps",
+                                str(next(dist.glob("*.whl")))], capture_output=True, text=True, timeout=900)
+    assert installed.returncode == 0, installed.stderr[-3000:]
     return venv
 
 
@@ -95,9 +103,8 @@ def test_the_installed_wheel_plans_demos_and_trains_from_outside_the_checkout(us
     demo = tuner("demo")
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-3000:]
     assert "exact match" in demo.stdout
-    trained = tuner("run", "demo-lora", "--set", "training.max_steps=20")
-    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-3000:]
-    assert (work / "runs" / "demo-lora" / "final" / "adapter_config.json").is_file()  # the ranks imported this tuner
+    trained = list((work / "runs").glob("demo-*/final/config.json"))  # by ranks that imported this tuner: no
+    assert len(trained) == 1, sorted((work / "runs").rglob("*"))  # source path reaches them
 
 
 # what validate, plan, render and recipes import (torch, transformers and the rest only load to train or infer)
