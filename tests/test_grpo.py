@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -303,9 +304,11 @@ def test_demo_grpo_after_sft_raises_the_held_out_reward(trained_demo, tuner_cli)
     assert "reward " in demo.stdout and " kl " in demo.stdout  # the progress line
     line = next(line for line in demo.stdout.splitlines() if line.startswith("held-out mean reward "))
     assert line.startswith(f"held-out mean reward {rewards[0]:.3f} -> {rewards[-1]:.3f}")
-    before, after = (float(line.split("exact match ")[1].rstrip("%")) for line in demo.stdout.splitlines()
-                     if "training: held-out exact match" in line)
-    assert after >= before, demo.stdout
+    scored = [re.search(r"^(before|after) training: held-out greedy reward ([-\d.]+), exact match\(answer\) ([\d.]+)%",
+                        line) for line in demo.stdout.splitlines()]  # tuner eval's held-out task, the recipe's reward
+    (_, before, before_match), (_, after, after_match) = (found.groups() for found in scored if found)
+    assert float(after) >= float(before) and float(after_match) >= float(before_match), demo.stdout
+    assert list((workdir / "runs" / "grpo" / "eval").glob("eval-*.json")), "saved as tuner eval saves"
 
 
 def two_rank_recipe(tmp_path, reward: str, memory: str = "distributed: ddp") -> Path:

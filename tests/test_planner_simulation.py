@@ -139,3 +139,54 @@ def test_preference_plan_within_15_percent_of_a_traced_trl_step(tmp_path, object
     assert device.total_gib - device.terms["overhead"] == pytest.approx(simulated.peak_gib, rel=TOLERANCE), \
         (device.terms, simulated.peak_by_category)
     assert (device.terms["reference_model"] > 0) == (method == "full" and not precompute)
+
+
+# What a recipe sets beyond the factors above, each against the trace of the model that trains (simulate wraps it with
+# the recipe's own LoraConfig): Gemma-2's soft-capped eager attention and logits, modules_to_save (a trained copy with
+# its gradient and AdamW moments), LoRA on the output head, and the Trainer's evaluation batch.  The Gemma-2 shape and
+# the heads of these cells differ from the ones the terms were found on (benchmarks/recipe_settings_traces.py).
+GEMMA2 = dict(model_type="gemma2", hidden_size=192, intermediate_size=512, num_hidden_layers=3, num_attention_heads=6,
+              num_key_value_heads=3, head_dim=32, vocab_size=1024)
+SETTING_CELLS = [  # (config, method, checkpointing, seq, batch, settings, evaluation)
+    (GEMMA2, "lora", False, 192, 3, {}, False),
+    (GEMMA2, "full", True, 64, 3, {"model": {"dtype": "bfloat16"}, "memory": {"mixed_precision": "bf16"}}, False),
+    (ARCHITECTURES["qwen2"], "lora", False, 192, 3, {"method": {"lora": {"modules_to_save": ["lm_head"]}}}, False),
+    (GEMMA2, "lora", True, 192, 1, {"method": {"lora": {"modules_to_save": ["embed_tokens"]}}}, False),
+    (ARCHITECTURES["phi3"], "lora", False, 192, 3, {}, True),
+    (GEMMA2, "full", False, 192, 3, {}, True),
+]
+
+
+@pytest.mark.parametrize("config, method, checkpointing, seq, batch, settings, evaluation", SETTING_CELLS,
+                         ids=[f"{c[0]['model_type']}-{c[1]}-{c[2]}-{c[3]}-{c[4]}-" + (
+                             "evaluation" if c[6] else ".".join(k for v in c[5].values() for k in v) or "step")
+                              for c in SETTING_CELLS])
+def test_recipe_settings_agree_with_simulation(tmp_path, config, method, checkpointing, seq, batch, settings,
+                                               evaluation):
+    from tuner.planner.memory import EVAL
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    data = _recipe(tmp_path, method, checkpointing, "auto", seq, batch).model_dump(mode="json")
+    for section, values in settings.items():
+        for key, value in values.items():
+            if isinstance(value, dict):
+                data[section][key].update(value)
+            else:
+                data[section][key] = value
+    recipe = validate_recipe(data)
+    device = plan(recipe).devices[0]
+    predicted = device.moment_gib(EVAL, ("allocated",)) if evaluation else device.phase_gib(TRAINING_STEP,
+                                                                                             ("allocated",))
+    simulated = simulate(recipe, evaluation=evaluation)
+    assert simulated.error is None
+    assert predicted == pytest.approx(simulated.peak_gib, rel=0.08), simulated.peak_by_category
+
+
+def test_a_module_to_save_the_planner_cannot_size_is_a_note_not_silence(model_dirs):
+    recipe = _recipe(model_dirs / "llama", "lora", False, "sdpa", 64, 1)
+    recipe.method.lora.modules_to_save = ["score"]
+    assert any("'score' is not sized" in note for note in plan(recipe).notes)
+    recipe.method.lora.modules_to_save = ["lm_head"]
+    saved = plan(recipe)
+    assert saved.trainable_params - plan(_recipe(model_dirs / "llama", "lora", False, "sdpa", 64, 1)).trainable_params \
+        == 512 * 128, "the trained copy of the head counts as trainable"

@@ -129,8 +129,18 @@ def test_the_summary_says_where_the_model_is_the_losses_memory_speed_and_what_ne
         f"  tuner infer '{run_dir}' --prompt \"...\"",
         f"  tuner chat '{run_dir}'",
         f"  tuner merge '{run_dir}'",
+        f"  tuner eval '{run_dir}' --baseline",
+        f"  tuner export '{run_dir}' --format ollama",
     ]
     assert summarize_run(run_dir, since=time.time() + 60) is None, "events of an earlier run are not this run's"
+    (run_dir / "eval").mkdir()
+    evaluated = {"models": [{"label": "base", "scores": {"held_out": {"exact_match": 0.0}}},
+                            {"label": "fine-tuned", "scores": {"held_out": {"exact_match": 0.9}}}]}
+    (run_dir / "eval" / "eval-20260101-000000.json").write_text(json.dumps({"time": 0, **evaluated}))
+    assert not any(line.startswith("  eval:") for line in summarize_run(run_dir).lines()), "of an earlier training"
+    (run_dir / "eval" / "eval-20260101-000000.json").write_text(json.dumps({"time": time.time(), **evaluated}))
+    assert "  eval: held_out exact_match 0 -> 0.9 (base -> fine-tuned; eval/eval-20260101-000000.json)" in \
+        summarize_run(run_dir).lines()
 
 
 def _training_pids(events_file) -> list[int]:

@@ -12,8 +12,8 @@ import sys
 from tuner import __version__
 
 # Each module defines register(subparsers) and sets a ``run(args) -> int`` default.
-COMMANDS = ("validate", "recipes", "presets", "plan", "render", "probe", "run", "demo", "data", "merge", "infer",
-            "chat", "serve", "doctor")
+COMMANDS = ("validate", "recipes", "presets", "plan", "render", "probe", "run", "demo", "data", "merge", "eval",
+            "export", "infer", "chat", "serve", "doctor")
 
 EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 1
@@ -39,10 +39,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def user_errors() -> tuple[type[Exception], ...]:
     """Exception types whose message is meant for the user as is."""
     from tuner.data.sources import DataError
+    from tuner.export import ExportRefused
     from tuner.loading.model import ModelLoadError
     from tuner.recipe.io import RecipeError
 
-    return RecipeError, DataError, ModelLoadError
+    return RecipeError, DataError, ModelLoadError, ExportRefused
 
 
 def environment_errors() -> tuple[type[Exception], ...]:

@@ -242,6 +242,62 @@ def check_liger(recipe: Recipe | None) -> Check:
                          "pip install liger-kernel, or set memory.liger: false")
 
 
+def _model_type(recipe: Recipe | None) -> str | None:
+    from tuner.catalog.models import UnknownModelError, model_facts
+
+    if recipe is None:
+        return None
+    try:
+        return model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code).model_type
+    except UnknownModelError:  # check_model says why; the kernels are then told without the model's class
+        return None
+
+
+def machine_kernels(recipe: Recipe | None) -> dict[str, str]:
+    """The kernels this machine will use for ``recipe`` (or in general, without one): attention, Liger, and how
+    TRL's fused log-prob head folds its tiles (dpo/kto) -- each with the loader's own reason."""
+    import torch
+    from transformers.utils import is_triton_available
+
+    from tuner.loading.model import choose_attention, choose_liger
+
+    model_type, cuda = _model_type(recipe), torch.cuda.is_available()
+    attention, why = choose_attention(recipe.memory.attention if recipe else "auto", model_type)
+    liger, liger_why = choose_liger(recipe.memory.liger if recipe else True, model_type or "llama",
+                                    cuda and (recipe is None or recipe.uses_gpu))
+    fold = "triton (TRL's Triton kernel on this GPU)" if is_triton_available() and cuda else \
+        "torch ops, fp32 tiles (" + ("triton is not installed)" if cuda else "no CUDA GPU)")
+    return {"attention": f"{attention} ({why})", "liger": f"on ({liger_why})" if liger else liger_why,
+            "trl log-prob fold": fold}
+
+
+def check_kernels(recipe: Recipe | None) -> Check:
+    """Which kernels this machine will use, against the ones the plan assumed (tuner.planner.kernels)."""
+    used = machine_kernels(recipe)
+    detail = "; ".join(f"{name}: {value}" for name, value in used.items())
+    if recipe is None or not recipe.uses_gpu:
+        return Check("kernels", "ok", detail)
+    from tuner.catalog.models import UnknownModelError, model_facts
+    from tuner.planner.kernels import TRITON_FOLD, kernels
+
+    try:
+        planned = kernels(recipe, model_facts(recipe.model.id, recipe.model.revision,
+                                              recipe.model.trust_remote_code).model_type)
+    except UnknownModelError:
+        return Check("kernels", "ok", detail)
+    differ = []
+    if not used["attention"].startswith({"flash": "flash_attention_2"}.get(planned.attention, planned.attention)):
+        differ.append(f"attention {planned.attention}")
+    if planned.liger != used["liger"].startswith("on"):
+        differ.append(f"liger {'on' if planned.liger else 'off'}")
+    if recipe.objective.preference and (planned.logprob_fold == TRITON_FOLD) != used["trl log-prob fold"].startswith("triton"):
+        differ.append(f"the {planned.logprob_fold} fold of TRL's log-prob head")
+    if differ:
+        return Check("kernels", "warn", f"{detail}; the plan assumed {', '.join(differ)}",
+                     "run tuner plan on this machine: it plans the kernels installed here")
+    return Check("kernels", "ok", detail + "; as the plan assumed")
+
+
 def tracker_installed(tracker: str) -> bool:
     """Whether the Trainer's integration for a tracker can run here (TensorBoard also writes through tensorboardX)."""
     modules = ("tensorboard", "tensorboardX") if tracker == "tensorboard" else (tracker,)
@@ -549,7 +605,7 @@ def check_model(recipe: Recipe | None) -> Check:
 
 
 CHECKS: tuple[Callable[[Recipe | None], Check], ...] = (
-    check_torch, check_gpus, check_bf16, check_bitsandbytes, check_flash_attn, check_liger, check_vllm,
+    check_torch, check_gpus, check_bf16, check_bitsandbytes, check_flash_attn, check_liger, check_kernels, check_vllm,
     check_deepspeed, check_nccl, check_accelerate_config, check_trackers, check_model, check_disk, check_shared_memory,
     check_host_ram,
 )

@@ -17,6 +17,8 @@ runs/<name>/
   serve/             what `tuner serve` hands transformers' server: links to the model (or base + adapter) and
                      tokenizer, and the chat template of the run's prompt format when the tokenizer has none
   profile/           the torch profiler trace of `--profile N`
+  eval/              `tuner eval` results, one JSON file per evaluated model and tasks (tuner/evaluate/results.py)
+  export/<quant>/    `tuner export`: the GGUF file (and, with --format ollama, its Modelfile), with tuner_files.json
   probe/             what `tuner probe` ran: a run directory of its own with probe_request.json (what the ranks are
                      asked to measure) and probe.json (the measurements beside the plan)
   tensorboard/       TensorBoard event files (training.report_to: [tensorboard])
@@ -41,6 +43,8 @@ MERGED_DIR = "merged"
 OFFLOAD_DIR = "offload"
 SERVE_DIR = "serve"
 PROFILE_DIR = "profile"
+EVAL_DIR = "eval"
+EXPORT_DIR = "export"
 TENSORBOARD_DIR = "tensorboard"
 MLFLOW_DIR = "mlruns"
 WANDB_DIR = "wandb"  # W&B names it: WANDB_DIR points at the run directory and W&B writes its wandb/ folder there
@@ -50,7 +54,7 @@ PROBE_REQUEST = "probe_request.json"  # in a probe's run directory: the training
 PROBE_REPORT = "probe.json"  # in a probe's run directory: every rank's measurements per phase, beside the plan
 RUN_LOCK = ".tuner-run.lock"  # suffix of the lock file beside the run directory
 SLURM_LOG = "slurm-%j.log"  # sbatch's name pattern (%j: the job id)
-# Written last into a folder tuner saves whole (merged/, `tuner merge -o`): the names of everything tuner put
+# Written last into a folder tuner saves whole (merged/, `tuner merge -o`, export/<quant>/): the names of everything tuner put
 # there.  `--force` replaces such a folder only when it holds nothing else.
 TUNER_FILES = "tuner_files.json"
 
@@ -58,5 +62,5 @@ TUNER_FILES = "tuner_files.json"
 RENDERED_FILES = (LOCK_FILE, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, SLURM_SCRIPT)
 # What a run adds to its directory (a re-render keeps all of it); Slurm's logs match SLURM_LOG.
 RUN_OUTPUTS = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, MODEL_SNAPSHOT, CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR,
-               SERVE_DIR, PROFILE_DIR, TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR, PROBE_DIR, PROBE_REQUEST,
-               PROBE_REPORT)
+               SERVE_DIR, PROFILE_DIR, EVAL_DIR, EXPORT_DIR, TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR, PROBE_DIR,
+               PROBE_REQUEST, PROBE_REPORT)

@@ -73,6 +73,8 @@ class ModelFacts:
     max_position_embeddings: int | None = None
     source: str = "catalog"
     notes: tuple[str, ...] = ()
+    attn_logit_softcapping: float | None = None  # Gemma-2: tanh-capped attention scores (eager keeps their tanh)
+    final_logit_softcapping: float | None = None  # Gemma-2: tanh-capped logits (another T x V kept for backward)
     inventory_key: str = ""  # the config's sha256: two facts with equal numbers but other trees differ here
     tp: int = 1  # the tensor-parallel ranks this is one rank's share for (tuner.planner.memory.rank_facts)
     trust_remote_code: bool = False  # what building it again (to measure PEFT's targets) may run
@@ -345,6 +347,12 @@ def _config_int(config: dict, *keys: str, default: int = 0) -> int:
     return default
 
 
+def _softcapping(config: dict) -> dict[str, float | None]:
+    """Gemma-2's logit soft-capping as transformers resolved the config (its class's defaults filled in)."""
+    values = {key: config.get(key) for key in ("attn_logit_softcapping", "final_logit_softcapping")}
+    return {key: float(value) if isinstance(value, (int, float)) and value else None for key, value in values.items()}
+
+
 def facts_from_inventory(inventory: Inventory, name: str, source: str, trust_remote_code: bool = False) -> ModelFacts:
     """The planner's numbers from a model's inventory (its text config, as transformers resolved it)."""
     config = inventory.config
@@ -362,7 +370,7 @@ def facts_from_inventory(inventory: Inventory, name: str, source: str, trust_rem
                                       default=4 * hidden),
         vocab_size=vocab, tie_word_embeddings=tied,
         max_position_embeddings=_config_int(config, "max_position_embeddings") or None,
-        source=source, inventory_key=inventory.config_sha256, trust_remote_code=trust_remote_code,
+        **_softcapping(config), source=source, inventory_key=inventory.config_sha256, trust_remote_code=trust_remote_code,
         inventory=inventory)
     moe = [kind for kind in facts.layer_kinds if kind.mlp == "moe"]
     if moe:
@@ -385,6 +393,7 @@ def facts_from_config(config: dict, name: str, source: str, trust_remote_code: b
     except ModelConfigError as exc:
         raise UnknownModelError(str(exc)) from None
     return facts_from_inventory(inventory, name, source, trust_remote_code)
+
 
 
 @lru_cache(maxsize=1)
@@ -476,6 +485,28 @@ def model_facts(model_id: str, revision: str | None = None, trust_remote_code: b
     raise UnknownModelError(
         f"{model_id}: no architecture facts: not a local directory, not in tuner's catalog, {why}, point model.id "
         f"at a directory with config.json, or use one of: {', '.join(catalog_ids())}.")
+
+
+def model_config(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> dict:
+    """The config.json mapping of ``model_id`` as :func:`model_facts` finds it (builtin:demo, a local directory, the
+    catalog entry, the config.json tuner keeps for a hub model), for building the model's real classes from it."""
+    if model_id == "builtin:demo":
+        return demo_config()
+    path = Path(model_id).expanduser()
+    if path.is_dir():
+        try:
+            return read_config(path / "config.json")
+        except ModelConfigError as exc:
+            raise UnknownModelError(str(exc)) from None
+    key = _catalog_key(model_id)
+    if key is not None:
+        return catalog_config(key)
+    from tuner.catalog.hub import hub_config
+
+    found = hub_config(model_id, revision)
+    if found is None:
+        model_facts(model_id, revision, trust_remote_code)  # raises UnknownModelError, naming what was tried
+    return dict(found.config)
 
 
 CODE_CONFIGS = ("config.json", "tokenizer_config.json")  # where a model names the classes it ships (auto_map)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from tuner.commands.run import launch_and_report, prepare_or_refuse
 
 if TYPE_CHECKING:
-    from tuner.recipe.schema import Recipe
+    from tuner.evaluate.harness import ModelResult
 
 
 def register(subparsers) -> None:
@@ -25,59 +25,30 @@ def register(subparsers) -> None:
     parser.set_defaults(run=run)
 
 
-class ExactMatch(NamedTuple):
-    accuracy: float
-    examples: list[tuple[str, str, str]]  # (input, expected, answer)
+PERCENT_METRICS = ("exact_match", "acc", "exact_match(", "regex_match(")  # shares of the held-out samples
+# acc: the chosen answer likelier than the rejected one; reward: a grpo recipe's rewards on greedy answers
+METRIC_NAMES = {"acc": "preference accuracy", "reward": "greedy reward"}
 
 
-def held_out_samples(recipe: Recipe) -> list[dict]:
-    """The evaluation split the training run holds out (same seed, same split)."""
-    from tuner.data.prepare import split_samples
+def held_out_score(label: str, target) -> ModelResult:
+    """The model of ``target`` on the recipe's held-out task, through ``tuner eval``'s own path."""
+    from tuner.evaluate.evaluation import score_model
 
-    _, held_out, _ = split_samples(recipe)
-    return list(held_out)
-
-
-def _question_and_answer(sample: dict, tokenizer, recipe: Recipe) -> tuple[str, str, str]:
-    """(word shown, prompt text, expected answer) of a held-out reversal: an instruction sample, a pair, or a prompt
-    with the column its exact-match reward reads."""
-    if recipe.objective.kind == "grpo":
-        from tuner.data.prompts import prompt_text as grpo_prompt
-
-        column = next(reward.column for reward in recipe.objective.grpo.rewards if reward.kind == "exact_match")
-        prompt = sample["prompt"]
-        shown = prompt[-1]["content"] if isinstance(prompt, list) else prompt
-        return shown.split("\n")[-1], grpo_prompt(prompt, tokenizer), str(sample[column])
-    if "chosen" in sample:
-        from tuner.data.preference import prompt_and_chosen
-
-        prompt, expected = prompt_and_chosen(sample, tokenizer)
-        return sample["prompt"][-1]["content"].split("\n")[-1], prompt, expected
-    from tuner.data.formats import prompt_text
-
-    return sample["input"], prompt_text(sample, "instruction", tokenizer), sample["output"]
+    return score_model(label, target)
 
 
-def exact_match(recipe: Recipe, model_path: str | Path, samples: list[dict], shown: int = 5) -> ExactMatch:
-    """Greedy answers of the model at ``model_path`` compared with the expected outputs."""
-    from tuner.infer.generate import generate_answers
-    from tuner.loading.model import load_model, load_tokenizer
+def _print_score(title: str, result: ModelResult) -> list[str]:
+    """Print the held-out metrics and examples; returns each metric as shown, for the closing line."""
+    from tuner.evaluate.tasks import HELD_OUT_TASK
 
-    tokenizer = load_tokenizer(recipe, str(model_path))
-    model = load_model(recipe, str(model_path))
-    questions = [_question_and_answer(sample, tokenizer, recipe) for sample in samples]
-    longest = max(len(tokenizer(expected, add_special_tokens=False)["input_ids"]) for _, _, expected in questions)
-    answers = generate_answers(model, tokenizer, [prompt for _, prompt, _ in questions], max_new_tokens=longest + 1)
-    results = [(word, expected, answer.strip()) for (word, _, expected), answer in zip(questions, answers)]
-    correct = sum(expected == answer for _, expected, answer in results)
-    return ExactMatch(correct / len(results), results[:shown])
-
-
-def _print_examples(title: str, result) -> None:
-    print(f"{title}: held-out exact match {result.accuracy:.1%}")
+    shown = [f"{METRIC_NAMES.get(metric, metric.replace('_', ' '))} "
+             f"{f'{value:.1%}' if metric.startswith(PERCENT_METRICS) else f'{value:.3f}'}"
+             for metric, value in result.scores[HELD_OUT_TASK].items()]
+    print(f"{title}: held-out {', '.join(shown)}")
     for word, expected, answer in result.examples:
         mark = "ok " if answer == expected else "   "
-        print(f"  {mark} reverse {word!r:10} -> {answer!r:12} (expected {expected!r})")
+        print(f"  {mark} {word!r:16} -> {answer!r:12} (expected {expected!r})")
+    return shown
 
 
 def _reward_lines(run_dir: Path) -> list[str]:
@@ -110,6 +81,9 @@ def _reward_lines(run_dir: Path) -> list[str]:
 
 
 def run(args) -> int:
+    from tuner.data.held_out import held_out_samples
+    from tuner.evaluate.evaluation import save_results
+    from tuner.infer.target import InferenceTarget, resolve_target
     from tuner.loading.model import resolve_model_path
     from tuner.recipe.io import load_recipe, with_model_id
     from tuner.recipe.registry import builtin_path, starting_recipe
@@ -129,7 +103,7 @@ def run(args) -> int:
         prepared = None
     else:
         prepared = prepare_or_refuse(recipe, output_dir=run_dir)  # every check before the slow part
-    samples = held_out_samples(recipe)
+    held_out_samples(recipe)  # refused here when it holds none out
     if first is not None:
         print(f"demo model: {resolve_model_path(first.model.id)}")
         print(f"training {first.name} in {first_prepared.run_dir} ...")
@@ -139,15 +113,19 @@ def run(args) -> int:
         prepared = prepare_or_refuse(recipe, output_dir=run_dir)
     else:
         print(f"demo model: {resolve_model_path(recipe.model.id)}")
-    before = exact_match(recipe, resolve_model_path(recipe.model.id), samples)
-    _print_examples("before training", before)
+    base = resolve_model_path(recipe.model.id)
+    before = held_out_score("base", InferenceTarget(recipe, base, base))
+    shown_before = _print_score("before training", before)
     print(f"training in {run_dir} ...")
     outcome = launch_and_report(prepared)
     if outcome.exit_code != 0:
         return outcome.exit_code
-    after = exact_match(recipe, run_dir / FINAL_DIR, samples)
-    _print_examples("after training", after)
+    trained = resolve_target(str(run_dir), show_download=False)
+    after = held_out_score("fine-tuned", trained)
+    shown_after = _print_score("after training", after)
     for line in _reward_lines(run_dir):
         print(line)
-    print(f"demo finished in {time.monotonic() - start:.0f} s: exact match {before.accuracy:.1%} -> {after.accuracy:.1%}")
+    for line in save_results(trained, [before, after])[1]:
+        print(line)
+    print(f"demo finished in {time.monotonic() - start:.0f} s: {shown_before[0]} -> {shown_after[0].split(' ')[-1]}")
     return 0

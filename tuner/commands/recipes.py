@@ -1,7 +1,8 @@
 """``tuner recipes ls | show NAME | cp NAME DEST [--force] | check [--write]``: the built-in recipes.
 
-``ls`` groups them by family (the demos first) and method, with the hardware each needs. ``check`` validates and
-plans every one: each must fit its stated hardware, and each GPU recipe's ``# Predicted peak:`` comment must say what
+``ls`` groups them by family (the demos first) and method, with the hardware each needs. ``check`` validates, builds
+and plans every one: its model must build as training builds it (real class, attention, quantised layers, adapters,
+on the meta device: :func:`tuner.loading.model.build_on_meta`), it must fit its stated hardware, and each GPU recipe's ``# Predicted peak:`` comment must say what
 the planner says now; ``check --write`` (``make recipe-peaks``) rewrites those comments after a planner change.
 """
 from __future__ import annotations
@@ -109,6 +110,18 @@ def peak_line(memory_plan) -> str:
             f"{memory_plan.verdict} (tuner plan; `make recipe-peaks` refreshes this line)")
 
 
+def build_problem(recipe: Recipe) -> str | None:
+    """What transformers, bitsandbytes or PEFT raise when ``recipe``'s model is built with tuner's loader on the
+    meta device (None: it builds): the net under ``tuner validate``'s own rules."""
+    from tuner.loading.model import build_on_meta
+
+    try:
+        build_on_meta(recipe)
+    except Exception as exc:  # any refusal of the libraries is the finding; the message says which
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    return None
+
+
 def check_recipe(name: str, write: bool) -> str | None:
     """Why a built-in recipe fails the check (None when it passes); with ``write``, fix a stale peak comment."""
     from tuner.fileio import atomic_write_text
@@ -121,7 +134,11 @@ def check_recipe(name: str, write: bool) -> str | None:
         recipe = load_recipe(path)
     except RecipeError as exc:
         return str(exc)
-    memory_plan = plan(planned_as(recipe))  # demo-dpo starts from demo's result: planned on demo's model
+    planned = planned_as(recipe)  # demo-dpo starts from demo's result: built and planned on demo's model
+    problem = build_problem(planned)
+    if problem:
+        return f"{path}: validates, but its model does not build as training builds it: {problem}"
+    memory_plan = plan(planned)
     if memory_plan.verdict != "fits":
         return (f"{path}: plans to '{memory_plan.verdict}' on {hardware_needed(recipe)} "
                 f"({memory_plan.gpu.total_gib:.1f} GiB of {memory_plan.gpu.capacity_gib or 0:.1f} GiB); a built-in "
@@ -148,6 +165,6 @@ def run_check(args) -> int:
     problems = [problem for name in builtin_names() if (problem := check_recipe(name, args.write))]
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
-    print(f"{len(builtin_names()) - len(problems)} of {len(builtin_names())} built-in recipes validate, fit and state "
-          "their predicted peak")
+    print(f"{len(builtin_names()) - len(problems)} of {len(builtin_names())} built-in recipes validate, build, fit and "
+          "state their predicted peak")
     return EXIT_CHECK_FAILED if problems else 0

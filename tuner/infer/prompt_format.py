@@ -18,6 +18,7 @@ class PromptFormat:
     data_format: str  # the recipe's data.format, resolved from the data when it says auto
     instruction: str | None = None  # the one instruction every sample shares (instruction data only)
     note: str = ""  # how messages are sent, for the user
+    system: str | None = None  # the system message every chat sample read opens with (what an export sets)
 
 
 def trained_prompt_format(recipe: Recipe, instruction: str | None = None) -> PromptFormat:
@@ -33,13 +34,15 @@ def trained_prompt_format(recipe: Recipe, instruction: str | None = None) -> Pro
     try:  # streamed data: only its first samples are read
         dataset = load_split(recipe.data.source, recipe.data.split, streaming, scan=not streaming).dataset
         data_format = resolve_format(data_format, columns_of(dataset))
-        found = {row["instruction"] for row in first_rows(dataset, SAMPLES_READ)} \
-            if data_format == "instruction" else set()
+        rows = first_rows(dataset, SAMPLES_READ)
+        found = {row["instruction"] for row in rows} if data_format == "instruction" else set()
     except DataError as exc:
         if data_format != "instruction":
             return PromptFormat(data_format)
         return PromptFormat(data_format, instruction, f"the training data cannot be read here ({exc}); put the "
                                                       "instruction on a message's first line")
+    if data_format == "chat":
+        return PromptFormat(data_format, system=shared_system_prompt(rows))
     if data_format != "instruction":
         return PromptFormat(data_format)
     shared = instruction or (found.pop() if len(found) == 1 else None)
@@ -48,3 +51,10 @@ def trained_prompt_format(recipe: Recipe, instruction: str | None = None) -> Pro
                                                  "one message at a time, as the run was trained")
     return PromptFormat(data_format, None, "instruction data: a message's first line is the instruction, the rest "
                                            "its input, one message at a time, as the run was trained")
+
+
+def shared_system_prompt(rows) -> str | None:
+    """The system message every one of ``rows`` (chat samples) opens with, or None when they do not share one."""
+    openings = {row["messages"][0]["content"] if row["messages"] and row["messages"][0]["role"] == "system" else None
+                for row in rows}
+    return openings.pop() if len(openings) == 1 else None

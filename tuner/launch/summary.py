@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.events import read_events
-from tuner.run_layout import EVENTS_FILE, MEMORY_REPORT
+from tuner.fileio import read_limited
+from tuner.run_layout import EVAL_DIR, EVENTS_FILE, MEMORY_REPORT
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's file: its presence makes a saved model an adapter
+EVAL_READ_LIMIT = 16 << 20  # an eval/ result of tuner eval is kilobytes; more is not one it wrote
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class RunSummary:
     tokens_per_s: float | None = None
     steps: int | None = None
     notes: list[str] = field(default_factory=list)  # e.g. truncated or dropped samples
+    evaluation: str | None = None  # the newest `tuner eval` result of the run, in one line
 
     @property
     def adapter(self) -> bool:
@@ -37,6 +40,7 @@ class RunSummary:
         commands = [f'tuner infer {run} --prompt "..."', f"tuner chat {run}"]
         if self.adapter and not self.merged_dir:
             commands.append(f"tuner merge {run}")
+        commands += [f"tuner eval {run} --baseline", f"tuner export {run} --format ollama"]
         return commands
 
     def lines(self) -> list[str]:
@@ -55,10 +59,35 @@ class RunSummary:
             lines.append("  " + ", ".join(losses))
         if self.memory_line:
             lines.append(f"  memory: {self.memory_line}")
+        if self.evaluation:
+            lines.append(f"  eval: {self.evaluation}")
         lines += [f"  note: {note}" for note in self.notes]
         lines.append("next:")
         lines += [f"  {command}" for command in self.next_commands()]
         return lines
+
+
+def latest_evaluation(run_dir: Path, since: float = 0.0) -> str | None:
+    """The newest ``eval/eval-*.json`` of the run (written by ``tuner eval``) at or after ``since`` (the training it
+    evaluated finished then) as one line: each task's first metric per model, e.g. ``held_out exact_match 0 -> 0.38``."""
+    try:
+        newest = max((run_dir / EVAL_DIR).glob("eval-*.json"), key=lambda path: path.stat().st_mtime, default=None)
+        if newest is None:
+            return None
+        document = json.loads(read_limited(newest, EVAL_READ_LIMIT, pipes=False))
+        if document.get("time", 0) < since:  # an evaluation of the model an earlier training left there
+            return None
+        models = document["models"]
+        tasks = dict.fromkeys(task for model in models for task in model["scores"])
+        parts = []
+        for task in tasks:
+            metric = next(iter(next(m["scores"][task] for m in models if task in m["scores"])))
+            values = [m["scores"].get(task, {}).get(metric) for m in models]
+            parts.append(f"{task} {metric} " + " -> ".join("-" if v is None else f"{v:.3g}" for v in values))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, StopIteration):
+        return None
+    labels = " -> ".join(m.get("label", "?") for m in models)
+    return f"{'; '.join(parts)} ({labels}; {newest.relative_to(run_dir)})"
 
 
 def summarize_run(run_dir: str | Path, since: float = 0.0, wall_s: float | None = None) -> RunSummary | None:
@@ -90,4 +119,5 @@ def summarize_run(run_dir: str | Path, since: float = 0.0, wall_s: float | None 
         first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None,
         eval_loss=evals[-1] if evals else None, memory_line=memory_line,
         wall_s=wall_s if wall_s is not None else (float(runtime) if isinstance(runtime, (int, float)) else None),
-        tokens_per_s=speeds[-1] if speeds else None, steps=finished.get("step"), notes=notes)
+        tokens_per_s=speeds[-1] if speeds else None, steps=finished.get("step"), notes=notes,
+        evaluation=latest_evaluation(run_dir, since=finished.get("time", 0)))

@@ -63,17 +63,23 @@ def check_merge_output(output: Path, adapter: Path, force: bool) -> None:
         raise ModelLoadError(f"{output}: already exists; pass --force to replace it, or choose another --output.")
 
 
-def merge_adapter(recipe: Recipe, adapter: Path, output: Path, force: bool = False) -> Path:
-    """Load the base model, apply the adapter at ``adapter``, merge, and save model, tokenizer and lock at ``output``."""
+def merged_model(recipe: Recipe, adapter: Path):
+    """(model, tokenizer): the unquantised base model in the recipe's dtype with the adapter at ``adapter`` merged in,
+    and the adapter's tokenizer; what ``tuner merge`` saves and ``tuner export`` converts."""
     from peft import PeftModel
 
-    check_merge_output(output, adapter, force)
     unquantised = recipe.model_copy(deep=True)
     unquantised.method.quantization = None
+    model = PeftModel.from_pretrained(load_model(unquantised), str(adapter)).merge_and_unload()
+    model.config.use_cache = True
+    return model, load_tokenizer(recipe, str(adapter))
+
+
+def merge_adapter(recipe: Recipe, adapter: Path, output: Path, force: bool = False) -> Path:
+    """Load the base model, apply the adapter at ``adapter``, merge, and save model, tokenizer and lock at ``output``."""
+    check_merge_output(output, adapter, force)
     with staged_directory(output, existing="replace") as staging:  # first: an unwritable place fails at once
-        model = PeftModel.from_pretrained(load_model(unquantised), str(adapter)).merge_and_unload()
-        model.config.use_cache = True
-        tokenizer = load_tokenizer(recipe, str(adapter))
+        model, tokenizer = merged_model(recipe, adapter)
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         lock = adapter / LOCK_FILE

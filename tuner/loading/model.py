@@ -12,6 +12,7 @@ from pathlib import Path
 from tuner.catalog.demo import is_builtin
 from tuner.catalog.hub import HUB_ID
 from tuner.loading.demo_model import builtin_model_path
+from tuner.recipe.adapters import lora_config
 from tuner.recipe.checks import remote_code_problem
 from tuner.recipe.schema import Recipe
 
@@ -60,22 +61,40 @@ def torch_dtype(name: str):
     return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
 
 
-def choose_attention(requested: str) -> tuple[str, str]:
-    """The attention implementation to load with, and why (logged, never silent)."""
+def flash_problem() -> str | None:
+    """Why flash-attention 2 cannot run here (flash-attn missing, no Ampere or newer CUDA GPU); None when it can."""
     import torch
 
-    flash_installed = importlib.util.find_spec("flash_attn") is not None
-    cuda_ok = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8
-    if requested == "eager":
-        return "eager", "eager attention requested (stores the full score matrix)"
-    if requested == "sdpa":
-        return "sdpa", "sdpa attention requested"
-    if flash_installed and cuda_ok:
-        return "flash_attention_2", "flash-attn is installed and the GPU supports it"
-    reason = "flash-attn is not installed" if not flash_installed else "flash-attn needs an Ampere or newer CUDA GPU"
-    if requested == "flash":
-        return "sdpa", f"flash attention requested but {reason}; falling back to sdpa"
-    return "sdpa", f"{reason}; using sdpa"
+    if importlib.util.find_spec("flash_attn") is None:
+        return "flash-attn is not installed"
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 8):
+        return "flash-attn needs an Ampere or newer CUDA GPU"
+    return None
+
+
+TRANSFORMERS_ATTENTION = {"flash": "flash_attention_2", "sdpa": "sdpa", "eager": "eager"}
+
+
+def choose_attention(requested: str, model_type: str | None = None) -> tuple[str, str]:
+    """The attention implementation to load with (transformers' name) and why (logged, never silent): the rule of
+    :func:`tuner.catalog.model_classes.attention_for`, with what this machine has and the model class supports."""
+    from tuner.catalog.model_classes import attention_for, model_class
+
+    cls = model_class(model_type) if model_type else None
+    attention, reason = attention_for(requested, cls, flash_problem())
+    return TRANSFORMERS_ATTENTION[attention], reason
+
+
+def model_type_of(recipe: Recipe, source: str) -> str | None:
+    """The model_type of the model loaded from ``source`` (its config.json, the catalog or the hub cache); None
+    where tuner cannot read it before loading (transformers then meets its own checks)."""
+    from tuner.catalog.models import UnknownModelError, model_facts
+
+    model_id = recipe.model.id if source == resolve_model_path(recipe.model.id) else source
+    try:
+        return model_facts(model_id, recipe.model.revision, recipe.model.trust_remote_code).model_type
+    except UnknownModelError:
+        return None
 
 
 def choose_liger(requested: bool, model_type: str, on_gpu: bool) -> tuple[bool, str]:
@@ -144,7 +163,7 @@ def load_model(recipe: Recipe, path: str | None = None, **kwargs):
 
     source = path or resolve_model_path(recipe.model.id)
     refuse_custom_code(recipe, source)
-    attention, reason = choose_attention(recipe.memory.attention)
+    attention, reason = choose_attention(recipe.memory.attention, model_type_of(recipe, source))
     log.info("attention: %s (%s)", attention, reason)
     arguments = dict(
         revision=recipe.model.revision,
@@ -182,27 +201,45 @@ def prepare_for_adapters(model, recipe: Recipe):
     )
 
 
-def lora_config(recipe: Recipe):
-    """peft's LoraConfig for the recipe's method.lora settings."""
-    from peft import LoraConfig
-
-    lora = recipe.method.lora
-    return LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=lora.target_modules,
-        target_parameters=lora.target_parameters or None,
-        modules_to_save=lora.modules_to_save or None,
-        task_type="CAUSAL_LM",
-    )
-
-
 def apply_lora(model, recipe: Recipe):
     """Wrap the model with LoRA adapters, after k-bit preparation (casts, input grads) for qlora."""
     from peft import get_peft_model
 
     return get_peft_model(prepare_for_adapters(model, recipe), lora_config(recipe))
+
+
+def build_on_meta(recipe: Recipe, layers: int | None = 2):
+    """The recipe's model as training builds it -- its real class from its config, the attention this machine would
+    load it with, bitsandbytes' layers for qlora (transformers' own quantizer), k-bit preparation and PEFT's
+    adapters -- on the meta device: no weights, and at most ``layers`` decoder layers (they all hold the same
+    modules; None: all).  Raises what transformers, bitsandbytes or PEFT raise: a recipe that validates builds."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tuner.catalog.models import model_config
+
+    data = {key: value for key, value in model_config(recipe.model.id, recipe.model.revision,
+                                                       recipe.model.trust_remote_code).items()
+            if not key.startswith("_") and key not in ("transformers_version", "architectures")}
+    if layers is not None and data.get("num_hidden_layers", 0) > layers:
+        data["num_hidden_layers"] = layers
+        if isinstance(data.get("layer_types"), list):
+            data["layer_types"] = data["layer_types"][:layers]
+    config = AutoConfig.for_model(**data)
+    attention, _ = choose_attention(recipe.memory.attention, config.model_type)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(recipe.model.dtype),
+                                                 attn_implementation=attention)
+    quantization = quantization_config(recipe)
+    if quantization is not None:
+        from transformers.quantizers import AutoHfQuantizer
+
+        quantizer = AutoHfQuantizer.from_config(quantization, pre_quantized=False)
+        quantizer.preprocess_model(model, device_map=None)
+        quantizer.postprocess_model(model)
+    if recipe.method.kind != "full":
+        model = apply_lora(model, recipe)
+    return model
 
 
 def count_parameters(model) -> tuple[int, int]:

@@ -195,7 +195,8 @@ def span_bytes_per_token(s, kind) -> float:
     """Per token, the terms that grow with the attention span (the sequence, or the packed row).
 
     eager keeps the fp32 softmax (and its 16-bit copy) of every head: (4 + a) x heads x span (attention sinks add
-    one column); sdpa receives the boolean causal/padding mask (with packing: the block-diagonal mask of the packed
+    one column), and Gemma-2's soft-capped scores, softcap x tanh(scores / softcap), keep tanh's output (a) too
+    (flash-attention caps inside its kernel); sdpa receives the boolean causal/padding mask (with packing: the block-diagonal mask of the packed
     row, which transformers always materialises) and converts it to an additive mask of the compute dtype in every
     layer (kept for backward): a x span, also for a sliding window, whose mask is the same size.  flash-attention
     keeps neither, nor does a split sequence, nor a gated delta net (no mask, no scores).
@@ -205,7 +206,8 @@ def span_bytes_per_token(s, kind) -> float:
     a, span = s.act_bytes, attention_span(s)
     if s.eager:
         heads = _split(kind.dims["heads"], s.tp)
-        return heads * (span + (1 if kind.dims.get("sinks") else 0)) * (4 + (a if a != 4 else 0))
+        softcapped = heads * span * a if s.facts.attn_logit_softcapping else 0.0
+        return heads * (span + (1 if kind.dims.get("sinks") else 0)) * (4 + (a if a != 4 else 0)) + softcapped
     if s.flash or s.seq_shards > 1:
         return 0.0
     return a * span
@@ -252,9 +254,10 @@ def _merged_expert_gradient(s, kind) -> float:
 
 
 def forward_transient_bytes(s, kind, tokens: int) -> float:
-    """The largest transient of one layer's forward without gradients: the MLP's gate, up and product (or eager
-    attention's fp32 scores and their softmax)."""
-    per_token = 3 * s.act_bytes * mlp_width(s, kind)
+    """The largest transient of one layer's forward without gradients: the MLP's gate, up and product -- with one
+    fused gate_up_proj (Phi-3) its whole output stays alive through the product, one more -- (or eager attention's
+    fp32 scores and their softmax)."""
+    per_token = (4 if kind.dims.get("fused_gate_up") else 3) * s.act_bytes * mlp_width(s, kind)
     if s.eager and kind.mixer in ("attention", "mla"):
         per_token = max(per_token, _split(kind.dims["heads"], s.tp) * s.seq * (4 + s.act_bytes))
     return tokens * per_token

@@ -24,8 +24,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from tuner.catalog.models import ModelFacts, ParamCounts, model_facts
-from tuner.planner.layers import (all_layers_bytes, attention_span, backward_bytes, largest, layer_bytes, lora_linears,
-                                  residual_bytes)
+from tuner.planner.layers import (all_layers_bytes, attention_span, backward_bytes, forward_transient_bytes, largest,
+                                  layer_bytes, lora_linears, mlp_width, residual_bytes)
 
 GIB = 2**30
 TIGHT_HEADROOM = 0.10  # less than 10% of a device left free is "tight": fragmentation and spikes can still OOM
@@ -269,6 +269,9 @@ class _Setup:
     rollout: object = None  # grpo: tuner.planner.grpo.Rollout
     tp: int = 1  # tensor-parallel ranks (parallelism.tp)
     seq_shards: int = 1  # ranks a sequence is split across: cp (ring attention) or sp (Ulysses)
+    modules_to_save: tuple[str, ...] = ()  # method.lora.modules_to_save: trained in full beside the adapters
+    logprob_fold: str | None = None  # dpo/kto: how TRL's fused head folds its tiles (tuner.planner.kernels)
+    kernel_notes: tuple[str, ...] = ()  # the kernels the plan assumes, and why (tuner.planner.kernels)
 
     @property
     def tp_label(self) -> str:
@@ -317,8 +320,10 @@ def _setup(recipe) -> _Setup:
     else:
         shard_group = world
     from tuner.planner.grpo import rollout_of
+    from tuner.planner.kernels import kernels
     from tuner.planner.preference import sequences_per_sample
 
+    chosen = kernels(recipe, model.model_type)
     return _Setup(
         facts=rank_facts(model, par.tp), model=model, counts=rank_param_counts(model, par.tp, mem.distributed),
         tp=par.tp, seq_shards=par.cp * par.sp,
@@ -328,8 +333,7 @@ def _setup(recipe) -> _Setup:
         distributed=mem.distributed, zero=mem.zero_stage, fsdp=mem.fsdp.sharding_strategy, world=world,
         shard_group=shard_group,
         offload_optimizer=mem.offload_optimizer, offload_params=mem.offload_params,
-        checkpointing=mem.gradient_checkpointing, eager=mem.attention == "eager",
-        flash=mem.attention == "flash" and recipe.uses_gpu,
+        checkpointing=mem.gradient_checkpointing, eager=chosen.attention == "eager", flash=chosen.attention == "flash",
         batch=mem.micro_batch_size * sequences_per_sample(objective.kind),
         # grpo's sequences are a prompt and a completion, each at most its length
         seq=(objective.grpo.max_prompt_length + objective.grpo.max_completion_length if objective.grpo else
@@ -339,14 +343,15 @@ def _setup(recipe) -> _Setup:
         lora_dropout=0.0 if objective.kind != "sft" else method.lora.dropout,  # TRL turns dropout off
         quant_bits=quant.bits if quant and method.kind == "qlora" else None,
         double_quant=bool(quant and quant.double_quant), on_gpu=recipe.uses_gpu,
-        gpus_per_machine=recipe.hardware.gpus_per_machine, liger=mem.liger and recipe.uses_gpu,
+        gpus_per_machine=recipe.hardware.gpus_per_machine, liger=chosen.liger,
         chunked_loss=mem.chunked_loss, activation_offloading=mem.activation_offloading and mem.gradient_checkpointing,
         packing=recipe.data.packing, evaluates=recipe.data.eval_fraction > 0, save=recipe.output.save,
         resumable=recipe.training.save_steps is not None or recipe.training.resume != "never",
         fsdp_full_state_dict=mem.fsdp.state_dict_type == "full",
         fsdp_ram_efficient_loading=mem.fsdp.cpu_ram_efficient_loading, objective=objective.kind,
         precompute=objective.precompute_ref_log_probs, reference=objective.reference_model,
-        rollout=rollout_of(recipe) if objective.grpo else None,
+        rollout=rollout_of(recipe) if objective.grpo else None, logprob_fold=chosen.logprob_fold,
+        kernel_notes=chosen.notes, modules_to_save=tuple(method.lora.modules_to_save) if method.kind != "full" else (),
     )
 
 
@@ -571,7 +576,83 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
     return gpu, host, notes
 
 
+def _module_params(s: _Setup, name: str) -> tuple[int, int] | None:
+    """(parameters, largest tensor) of the modules PEFT matches by ``name`` (``key.endswith(name)``, as
+    ``_set_trainable`` does); None for a name tuner cannot size."""
+    f, counts = s.facts, s.counts
+    head = f.vocab_size * f.hidden_size
+    if name == "lm_head":
+        return head, head  # a tied head gets its own copy, untied from the embeddings
+    if name in ("embed_tokens", "model.embed_tokens"):
+        return counts.embeddings, counts.embeddings
+    if name in ("norm", "layernorm"):  # every norm's name ends so: the final one and each layer's
+        return counts.norms, f.hidden_size
+    if name == "model.norm":
+        return f.hidden_size, f.hidden_size
+    found = [(kind.count, lin) for kind in f.layer_kinds for lin in kind.linears
+             if lin.name == name or lin.name.endswith("." + name)]
+    if found:
+        return (sum(count * (lin.weight_params + (lin.out_features * lin.count if lin.bias else 0))
+                    for count, lin in found), max(lin.weight_params for _, lin in found))
+    return None
+
+
+def _trained_outside_layers_items(s: _Setup) -> tuple[list[Item], list[str]]:
+    """What a LoRA recipe trains beyond the decoder layers' adapters: ``modules_to_save`` (PEFT keeps the frozen
+    original and a trained copy in the model's dtype, with its gradient and AdamW moments) and LoRA adapters on the
+    output head or the embeddings (fp32, like every adapter).  Gradients live from their backward to the step: the
+    head's from the start of the backward, the others' at the step."""
+    if s.kind == "full":
+        return [], []
+    f, w = s.facts, s.weight_bytes
+    items, notes, largest = [], [], 0
+    grad = ALWAYS if s.accumulation > 1 else STEP
+    for name in s.modules_to_save:
+        sized = _module_params(s, name)
+        if sized is None:
+            notes.append(f"method.lora.modules_to_save: {name!r} is not sized by the planner; its trained copy, "
+                         "gradient and AdamW moments are not counted.")
+            continue
+        params, biggest = sized
+        largest = max(largest, biggest)
+        if name in ("norm", "layernorm"):  # a norm whose weight trains keeps its normalised input for that gradient
+            widths = (max(sum(kind.norms) for kind in f.layer_kinds) if s.checkpointing else
+                      sum(kind.count * sum(kind.norms) for kind in f.layer_kinds)) + f.hidden_size  # + the final norm
+            items.append(Item("normalised inputs kept for the trained norms' gradients", "activations",
+                              widths * s.batch * s.seq * s.act_bytes, BACKWARD, source="peft-save"))
+        phase = ALWAYS if s.accumulation > 1 else (LAYER_BACKWARD, STEP) if name == "lm_head" else grad
+        items += [Item(f"modules_to_save {name}: trained copy", "weights", params * w, source="peft-save"),
+                  Item(f"modules_to_save {name}: gradient", "gradients", params * w, phase, source="peft-save"),
+                  Item(f"modules_to_save {name}: AdamW moments", "optimizer", 2 * params * w, source="peft-save")]
+    targets = [] if s.lora_targets == "all-linear" else list(s.lora_targets)
+    outside = {"lm_head": (f.hidden_size, f.vocab_size), "embed_tokens": (f.vocab_size, f.hidden_size)}
+    for name in [t for t in targets if t in outside]:
+        params = s.lora_r * sum(outside[name])
+        largest = max(largest, s.lora_r * max(outside[name]))
+        phase = ALWAYS if s.accumulation > 1 else (LAYER_BACKWARD, STEP) if name == "lm_head" else grad
+        items += [Item(f"LoRA adapter on {name}", "lora_adapter", params * 4, source="peft"),
+                  Item(f"LoRA adapter on {name}: gradient", "gradients", params * 4, phase, source="peft"),
+                  Item(f"LoRA adapter on {name}: AdamW moments", "optimizer", params * 8, source="peft")]
+    if items and s.optimizer == "adamw_torch":  # CUDA's foreach: one state-sized temporary; the CPU: two of the largest
+        temp = sum(i.bytes for i in items if i.category == "gradients") if s.on_gpu else 2 * largest * w
+        items.append(Item("AdamW step temporaries of the modules trained beside the adapters", "optimizer", temp, STEP,
+                          source="torch-adamw"))
+    if items and s.distributed in ("deepspeed", "fsdp"):
+        notes.append("modules_to_save and adapters on lm_head/embed_tokens are counted unsharded, as on one process "
+                     "(ZeRO/FSDP shard them: an over-estimate).")
+    return items, notes
+
+
 # ---------------------------------------------------------------- activations
+
+def softcapped_logits_items(s: _Setup, tokens: int) -> list[Item]:
+    """Gemma-2 caps its logits, softcap x tanh(logits / softcap), before the loss: tanh keeps its T x V output (the
+    logits' dtype) for backward, beside the loss buffers."""
+    if not s.facts.final_logit_softcapping:
+        return []
+    return [Item("logit soft-capping: tanh's output kept for backward (s x b x V)", "logits_loss",
+                 tokens * s.facts.vocab_size * s.act_bytes, FORWARD_BACKWARD, source="softcap")]
+
 
 def _next_power_of_two(n: float) -> int:
     return 1 << max(0, math.ceil(math.log2(max(n, 1))))
@@ -627,7 +708,7 @@ def _loss_items(s: _Setup, tokens: int, full: bool) -> list[Item]:
         # logits: the 16-bit/fp32 logits, log_softmax output (fp32) and two fp32 gradients of it in backward
         Item("logits and cross-entropy (s x b x V)", "logits_loss", tokens * vocab * 12, FORWARD_BACKWARD,
              source="hf-loss"),
-    ]
+    ] + softcapped_logits_items(s, tokens)
 
 
 def _activation_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
@@ -665,6 +746,9 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
         items.append(Item("gradient of the output head", "gradients", f.vocab_size * f.hidden_size * s.weight_bytes,
                           BACKWARD if fused else LAYER_BACKWARD, source="liger" if s.liger else
                           "torch-lce" if s.chunked_loss else "torch-autograd"))
+        kept = tokens * f.hidden_size * residual_bytes(s) if s.checkpointing else min(
+            layer_bytes(s, kind, tokens) for kind in s.model.layer_kinds)
+        items += _finished_layer_gradients(s, kept)
     items += _loss_items(s, tokens, full) + _communication_items(s, tokens)
     if s.model.is_moe:
         notes.append("MoE layers are planned as transformers 5.24 runs them (grouped_mm over fused experts, no "
@@ -685,6 +769,20 @@ def _layer_source(s: _Setup) -> str:
     if any(kind.mlp == "moe" or kind.mixer != "attention" for kind in kinds):
         return "layer-kinds"
     return "korthikanti"
+
+
+def _finished_layer_gradients(s: _Setup, kept_per_layer: float) -> list[Item]:
+    """Full fine-tuning, gradients freed between steps: as the backward walks down the layers, each finished layer
+    frees what it kept (``kept_per_layer``: its saved activations, or its checkpointed input) and leaves its
+    gradients.  At layer k, (L-1-k) layers' gradients and (k+1) layers' kept tensors are live; the larger end is
+    k = 0 where a layer's gradients outweigh what it kept: (L-1) x (gradients - kept) more than the plan's
+    all-kept moment."""
+    f = s.facts
+    extra = (f.num_layers - 1) * (_layer_params(f) * s.weight_bytes - kept_per_layer)
+    if extra <= 0:
+        return []
+    return [Item("gradients of the finished layers, beyond the activations they freed", "gradients", extra,
+                 LAYER_BACKWARD, source="torch-autograd")]
 
 
 def _sequence_label(s: _Setup) -> str:
@@ -724,21 +822,22 @@ def _communication_items(s: _Setup, tokens: int) -> list[Item]:
 
 
 def _eval_items(s: _Setup) -> list[Item]:
-    """An evaluation batch (per_device_eval_batch_size = the micro-batch): no gradients and no saved activations.
-
-    Live beside the weights and optimizer states: one layer's forward working set and the loss, whose logits are
-    built whole (a) and upcast (4) with a fp32 log-softmax (4), unless a fused or chunked loss runs.
+    """An evaluation batch (per_device_eval_batch_size = the micro-batch) of the Trainer's ``prediction_step``: eval
+    mode, no gradients, so nothing is saved for backward.  Live beside the weights and optimizer states: the hidden
+    states, and the larger of one layer's forward transient (SwiGLU's gate, up and product, or eager's scores) and
+    the loss, which runs after the last layer: the logits built whole (a), their fp32 upcast (4, none when they are
+    fp32 already) and the fp32 log-softmax (4) -- unless a fused or chunked loss runs.  Traced with
+    :func:`tuner.planner.simulate.simulate` (``evaluation=True``).
     """
+    from tuner.planner.preference import head_transient_bytes
+
     f = s.facts
     tokens = s.batch * s.seq
-    per_layer = largest(layer_bytes, s, tokens)
     if s.rollout:  # grpo evaluates by generating
         from tuner.planner.grpo import eval_items
 
         return eval_items(s)
     if s.objective != "sft":  # TRL's fused log-prob head, forward only
-        from tuner.planner.preference import head_transient_bytes
-
         loss = Item("evaluation: the fused log-prob head's forward tiles", "logits_loss",
                     head_transient_bytes(s, tokens, backward=False), EVAL, source="trl-fused-head")
     elif s.liger or s.chunked_loss:
@@ -746,10 +845,30 @@ def _eval_items(s: _Setup) -> list[Item]:
         loss = Item("evaluation: one logits chunk of the fused loss", "logits_loss", rows * f.vocab_size * 4, EVAL,
                     source="liger" if s.liger else "torch-lce")
     else:
+        upcast = 4 if s.act_bytes != 4 else 0
+        softcap = s.act_bytes if f.final_logit_softcapping else 0  # tanh's output, before the loss
         loss = Item("evaluation: logits, fp32 upcast and log-softmax (no gradients)", "logits_loss",
-                    tokens * f.vocab_size * (s.act_bytes + 8), EVAL, source="hf-loss")
-    return [Item("evaluation: one layer's forward working set", "activations", per_layer, EVAL, source="korthikanti"),
-            loss]
+                    tokens * f.vocab_size * (s.act_bytes + upcast + 4 + softcap), EVAL, source="hf-loss")
+    layer = largest(_eval_layer_bytes, s, tokens)
+    # the residual stream, the layer's normalised input, and the embeddings' output the model's forward holds
+    hidden = Item("evaluation: hidden states (residual, the layer's input, the embedding output)", "activations",
+                  3 * tokens * f.hidden_size * residual_bytes(s), EVAL, source="korthikanti")
+    if layer > loss.bytes:
+        return [hidden, Item("evaluation: one layer's forward transient (no gradients)", "activations", layer, EVAL,
+                             source="korthikanti")]
+    return [hidden, loss]
+
+
+def _eval_layer_bytes(s: _Setup, kind, tokens: int) -> float:
+    """One layer's forward transient without gradients (tuner.planner.layers); LoRA on the MLP's gate/up adds
+    PEFT's ``result + lora_B(...) * scaling``: the base output, the branch and its scaled copy at once (a fused
+    gate_up_proj's output is both halves)."""
+    layer = forward_transient_bytes(s, kind, tokens)
+    if any(lin.is_nn_linear and lin.name.split(".")[-1] in ("gate_proj", "up_proj", "gate_up_proj")
+           for lin in lora_linears(s, kind)):
+        width = mlp_width(s, kind) if kind.mlp == "dense" else kind.dims.get("shared_width", 0) / s.tp
+        layer += (2 if kind.dims.get("fused_gate_up") else 1) * tokens * width * s.act_bytes
+    return layer
 
 
 # ---------------------------------------------------------------- phases beyond the training step
@@ -896,11 +1015,14 @@ def plan(recipe) -> MemoryPlan:
     s = _setup(recipe)
     f = s.facts
     gpu_items, host_per_gpu, notes = _model_state_items(s)
+    saved_items, saved_notes = _trained_outside_layers_items(s)
+    gpu_items, notes = gpu_items + saved_items, notes + saved_notes
     if s.objective != "sft":
-        from tuner.planner.preference import reference_items
+        from tuner.planner.preference import fold_note, reference_items
 
         on_gpu, on_host = reference_items(s, gpu_items, host_per_gpu)
         gpu_items, host_per_gpu = gpu_items + on_gpu, host_per_gpu + on_host
+        notes += fold_note(s)
     act_items, act_host, act_notes = _activation_items(s)
     notes += list(f.notes) + act_notes
     items = gpu_items + act_items + (_eval_items(s) if s.evaluates else [])
@@ -956,7 +1078,7 @@ def plan(recipe) -> MemoryPlan:
         devices.append(DevicePlan(f"{training.name}, reference log-prob pass before training", training.capacity_gib,
                                   [i.scaled(s.world) for i in pass_items] if not s.on_gpu else pass_items,
                                   count=training.count, kind="pass"))
-    notes += _setting_notes(recipe, s)
+    notes += list(s.kernel_notes) + _setting_notes(recipe, s)
 
     verdict, missing = _verdict(devices)
     unmodelled = list(s.model.unmodelled)
@@ -965,7 +1087,8 @@ def plan(recipe) -> MemoryPlan:
         notes.insert(0, f"no verdict: tuner has no memory terms for {'; '.join(unmodelled)}, so the figures above "
                         "leave them out; `tuner plan --simulate` traces the real step on fake tensors.")
     counts = s.model.param_counts
-    trainable = counts.total if s.kind == "full" else _trainable_lora(s, f)
+    trainable = counts.total if s.kind == "full" else _trainable_lora(s, f) + sum(
+        (_module_params(s, name) or (0, 0))[0] for name in s.modules_to_save)
     return MemoryPlan(model=recipe.model.id, devices=devices, verdict=verdict, missing_gib=missing,
                       host_ram_gib=host_ram, notes=notes, params=counts.as_dict(), trainable_params=trainable,
                       micro_batch_size=recipe.memory.micro_batch_size, max_seq_length=recipe.memory.max_seq_length,

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+from tuner.planner.kernels import TRITON_FOLD
 from tuner.planner.memory import ALWAYS, FORWARD_BACKWARD, SCORING, Item
 
 REFERENCE = "reference_model"  # the plan's category of the reference model's weights
@@ -58,18 +59,32 @@ def _tile(s, tokens: int) -> tuple[int, int]:
 
 def head_transient_bytes(s, tokens: int, backward: bool) -> float:
     """Bytes the fused head allocates beyond what autograd keeps: the tile buffer (always 32768 wide), the fold's
-    fp32 tiles without Triton (CPU), and in backward the fp32 gradients of its input and, when it trains, its weight."""
+    fp32 tiles of the torch fold (no Triton: the CPU, or a GPU machine without triton), and in backward the fp32 gradients of its input and, when it trains, its weight."""
     f = s.facts
     rows, width = _tile(s, tokens)
     compute = s.act_bytes
     total = rows * TILE_VOCAB * compute
-    if not s.on_gpu:
+    if s.logprob_fold != TRITON_FOLD:
         total += (CPU_BACKWARD_TILES if backward else CPU_FORWARD_TILES) * rows * width * 4
     if backward:
         total += tokens * f.hidden_size * 4
         if s.kind == "full":
             total += f.vocab_size * f.hidden_size * 4
     return total
+
+
+def fold_note(s) -> list[str]:
+    """What the other fold of TRL's fused head would change: the Triton fold planned, the torch fold's fp32 tiles
+    (the GPU run of a machine without triton) are that much more at the loss moment; and the reverse."""
+    if s.logprob_fold is None or not s.on_gpu:
+        return []
+    rows, width = _tile(s, s.batch * s.seq)
+    extra = (CPU_BACKWARD_TILES * rows * width * 4) / 2**30
+    if s.logprob_fold == TRITON_FOLD:
+        return [f"dpo/kto: with TRL's torch fold instead (no triton on the training machine) the loss moment needs "
+                f"{extra:.2f} GiB more (fp32 tiles of {rows} x {width}); tuner doctor there says which fold runs."]
+    return [f"dpo/kto: the torch fold's fp32 tiles are {extra:.2f} GiB of the loss moment; with triton installed "
+            "TRL's Triton fold needs none of them."]
 
 
 def layer_forward_bytes(s, tokens: int) -> float:

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tuner.catalog.models import _catalog_key, catalog_config, demo_config
+from tuner.catalog.models import model_config
 
 GIB = 2**30
 
@@ -67,25 +67,6 @@ def why_not_simulable(recipe) -> str | None:
     return None
 
 
-def _config_dict(recipe) -> dict:
-    from pathlib import Path
-
-    model_id = recipe.model.id
-    if model_id == "builtin:demo":
-        return demo_config()
-    path = Path(model_id).expanduser()
-    if path.is_dir():
-        import json
-
-        return json.loads((path / "config.json").read_text())
-    key = _catalog_key(model_id)
-    if key is not None:
-        return catalog_config(key)
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(model_id, local_files_only=True).to_dict()
-
-
 @contextmanager
 def _grouped_mm_traceable():
     """torch's meta kernel of ``_grouped_mm`` accepts bf16 only, so fake tensors of other dtypes take transformers'
@@ -119,6 +100,20 @@ def frozen_aware_tracker():
             return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
     return FrozenAwareMemTracker()
+
+
+def _tie_weights(model) -> None:
+    """Tie the embeddings and the head again after ``to_empty``, as loading had them: where PEFT wraps one of them
+    (modules_to_save), the frozen originals share the weight and the trained copy stays apart."""
+    from peft.utils import ModulesToSaveWrapper
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inputs, head = base.get_input_embeddings(), base.get_output_embeddings()
+    if not isinstance(inputs, ModulesToSaveWrapper) and not isinstance(head, ModulesToSaveWrapper):
+        model.tie_weights()
+    elif getattr(base.config.get_text_config(), "tie_word_embeddings", False):
+        original = lambda module: getattr(module, "original_module", module)  # noqa: E731
+        original(head).weight = original(inputs).weight
 
 
 def _prepare_like_trl(model, reference, kind: str) -> None:
@@ -218,10 +213,20 @@ def _model_config(recipe):
     """The transformers config of the recipe's model, from its config.json (no weights)."""
     from transformers import AutoConfig
 
-    data = {key: value for key, value in _config_dict(recipe).items() if not key.startswith("_")}
+    data = {key: value for key, value in model_config(recipe.model.id, recipe.model.revision,
+                                                      recipe.model.trust_remote_code).items()
+            if not key.startswith("_")}
     for key in ("transformers_version", "architectures"):
         data.pop(key, None)
     return AutoConfig.for_model(**data)
+
+
+def _attention(recipe, config) -> str:
+    """The attention the run loads with, as on a machine without flash-attn (a CPU trace cannot run its kernel)."""
+    from tuner.catalog.model_classes import attention_for, model_class
+
+    return attention_for(recipe.memory.attention, model_class(config.model_type),
+                         "a CPU trace cannot run flash-attn")[0]
 
 
 def _built(recipe, config, dtype, attention: str):
@@ -236,19 +241,18 @@ def _built(recipe, config, dtype, attention: str):
                 not recipe.objective.precompute_ref_log_probs:
             reference = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
     if recipe.method.kind == "lora":
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        lora = recipe.method.lora
-        model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                 target_modules=lora.target_modules, task_type="CAUSAL_LM",
-                                                 target_parameters=lora.target_parameters or None))
+        from tuner.recipe.adapters import lora_config
+
+        model = get_peft_model(model, lora_config(recipe))
     return model, reference
 
 
 def _materialised(model, reference):
     """The models as fake tensors (inside FakeTensorMode), ties restored, the reference frozen."""
     model = model.to_empty(device="cpu")
-    model.tie_weights()  # to_empty gives each module its own tensor; tied embeddings share one again
+    _tie_weights(model)  # to_empty gives each module its own tensor; tied embeddings share one again
     if reference is not None:
         reference = reference.to_empty(device="cpu")
         reference.tie_weights()
@@ -350,7 +354,7 @@ def simulate_grpo(recipe) -> SimulationResult:
     mem = recipe.memory
     config = _model_config(recipe)
     dtype, autocast_dtype = _dtypes(recipe)
-    model, reference = _built(recipe, config, dtype, "eager" if mem.attention == "eager" else "sdpa")
+    model, reference = _built(recipe, config, dtype, _attention(recipe, config))
     disable_dropout_in_model(model)
     add_fused_lm_head(model.get_base_model() if recipe.method.kind != "full" else model,
                       temperature=recipe.objective.grpo.temperature, outputs=("log_probs", "entropy"))
@@ -391,8 +395,10 @@ def simulate_grpo(recipe) -> SimulationResult:
                             notes=["simulated on CPU kernels; generation traced as generate's decoding loop"])
 
 
-def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
-    """Trace one steady-state training step of ``recipe``'s model on one process, with fake tensors.
+def simulate(recipe, adapt: Callable | None = None, evaluation: bool = False) -> SimulationResult:
+    """Trace one steady-state training step of ``recipe``'s model on one process, with fake tensors; with
+    ``evaluation``, one batch of the Trainer's evaluation loop instead (``prediction_step``: eval mode, no gradients,
+    the loss of a micro-batch) between two steps, beside the weights and the optimizer states.
 
     ``adapt(model)`` changes the built model as the training entrypoint does beyond transformers and PEFT (the
     chunked loss: :func:`tuner.loading.chunked_loss.enable_chunked_loss`, from a floor above this one).
@@ -409,7 +415,7 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
     mem = recipe.memory
     config = _model_config(recipe)
     config.use_cache = False
-    attention = "eager" if mem.attention == "eager" else "sdpa"
+    attention = _attention(recipe, config)
     dtype, autocast_dtype = _dtypes(recipe)
     notes = ["simulated on CPU kernels (sdpa: the CPU flash kernel; AdamW: the single-tensor loop)."]
     if recipe.uses_gpu:
@@ -449,8 +455,15 @@ def simulate(recipe, adapt: Callable | None = None) -> SimulationResult:
 
         tracker = frozen_aware_tracker()
         tracker.track_external(preference or model, optimizer)
+        if evaluation:
+            model.eval()
         with tracker, _grouped_mm_traceable():
-            step()
+            if evaluation:
+                with torch.no_grad(), torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                    loss = preference(ids) if preference is not None else model(**inputs).loss
+                del loss
+            else:
+                step()
         peak, by_category = _snapshot_gib(tracker)
     return SimulationResult(peak_gib=peak, peak_by_category=by_category, seconds=time.perf_counter() - started,
                             notes=notes)

@@ -187,9 +187,9 @@ def _lora_targets(recipe: Recipe) -> list[Problem]:
     if lora.dropout > 0 and facts.adapts_parameters(lora.target_modules, lora.target_parameters):
         problems.append(Problem(
             "method.lora.dropout",
-            f"PEFT adapts {recipe.model.id}'s fused experts as parameters (lora.ParamWrapper), which \"does not work "
-            "with lora_dropout != 0\": set dropout: 0, or target only its linear layers (e.g. [q_proj, k_proj, "
-            "v_proj, o_proj])."))
+            f"PEFT adapts {recipe.model.id}'s fused experts as parameters, and refuses to wrap them: "
+            "\"lora.ParamWrapper does not work with lora_dropout != 0.\" Set dropout: 0, or target only its linear "
+            "layers (e.g. [q_proj, k_proj, v_proj, o_proj])."))
     if lora.target_modules == "all-linear":
         return problems
     names = list(dict.fromkeys(lin.name.split(".")[-1] for lin in facts.layer_linears() if lin.is_nn_linear))
@@ -364,6 +364,60 @@ def _heads_divisible(recipe: Recipe) -> list[Problem]:
             "parallelism.sp", f"Ulysses gives each rank num_heads / sp heads: sp {par.sp} must divide "
             f"{recipe.model.id}'s {facts.num_heads} attention heads, and divide or be a multiple of its "
             f"{facts.num_kv_heads} KV heads.", anchor="parallelism"))
+    return problems
+
+
+def _known_facts(recipe: Recipe):
+    """The model's facts (catalog, local files, hub cache), or None when tuner has none or the model ships its own
+    code (whose classes transformers' table does not describe)."""
+    from tuner.catalog.models import UnknownModelError, model_facts
+
+    if custom_code(recipe.model.id, recipe.model.revision):
+        return None
+    try:
+        return model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code)
+    except UnknownModelError:
+        return None  # the plan says the model is unknown; the loader meets transformers' own checks
+
+
+def _loads(recipe: Recipe) -> list[Problem]:
+    """What transformers and PEFT refuse when this model loads or is wrapped, refused first, in their words: an
+    attention implementation the model class does not support (transformers' ``_supports_sdpa`` /
+    ``_supports_flash_attn``, from :mod:`tuner.catalog.model_classes`), and for qlora a ``modules_to_save`` layer
+    bitsandbytes quantises (its copy cannot train).  LoRA dropout on fused experts, which PEFT refuses, is
+    :func:`_lora_targets`' check."""
+    facts = _known_facts(recipe)
+    if facts is None:
+        return []
+    from tuner.catalog.model_classes import model_class
+
+    problems = []
+    attention, cls = recipe.memory.attention, model_class(facts.model_type)
+    if cls is not None and not cls.supports(attention):
+        fallback = "sdpa" if attention == "flash" and cls.sdpa else "eager"
+        problems.append(Problem(
+            "memory.attention", f"transformers {cls.transformers_version} refuses attention {attention} for "
+            f"{cls.name} ({recipe.model.id}): \"{cls.refusals.get(attention, '')}\" Set attention: {fallback}, or "
+            f"auto (flash-attention where flash-attn is installed and {cls.name} supports it, else "
+            f"{'sdpa' if cls.sdpa else 'eager'})."))
+    if recipe.memory.chunked_loss and facts.final_logit_softcapping:
+        problems.append(Problem(
+            "memory.chunked_loss", f"{recipe.model.id} soft-caps its logits (final_logit_softcapping "
+            f"{facts.final_logit_softcapping:g}), which the chunked loss cannot do: set chunked_loss: false."))
+    lora = recipe.method.lora
+    if recipe.method.kind == "qlora" and lora.modules_to_save:
+        # bitsandbytes quantises the decoder layers' nn.Linear maps (lm_head and embeddings stay in model.dtype)
+        quantised = sorted({lin.name.split(".")[-1] for kind in facts.layer_kinds for lin in kind.linears
+                            if lin.quantized and any(lin.name == name or lin.name.endswith("." + name)
+                                                     or lin.name.split(".")[-1] == name
+                                                     for name in lora.modules_to_save)})
+        if quantised:
+            bits = recipe.method.quantization.bits if recipe.method.quantization else 4
+            problems.append(Problem(
+                "method.lora.modules_to_save", f"bitsandbytes quantises {', '.join(quantised)} of {recipe.model.id} "
+                f"to {bits}-bit, and PEFT's trained copy of a quantised layer cannot take gradients: \"only Tensors "
+                "of floating point dtype can require gradients\" Adapt it with target_modules instead, keep "
+                "modules_to_save to unquantised modules (lm_head, embed_tokens, norms), or set method.kind: lora."))
     return problems
 
 
@@ -561,8 +615,8 @@ def _grpo(recipe: Recipe) -> list[Problem]:
     return problems
 
 
-RULES = (_model, _topology, _sharding, _parallelism, _method, _lora_targets, _precision, _training, _long_context,
-         _objective, _grpo, _streaming)
+RULES = (_model, _topology, _sharding, _parallelism, _method, _lora_targets, _loads, _precision, _training,
+         _long_context, _objective, _grpo, _streaming)
 
 
 def find_problems(recipe: Recipe) -> list[Problem]:

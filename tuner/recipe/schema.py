@@ -248,7 +248,8 @@ class MemorySection(Section):
     attention: Literal["auto", "flash", "sdpa", "eager"] = Field(
         "auto",
         description="Attention kernel: flash (flash-attn 2, CUDA only), sdpa (PyTorch fused), eager (stores the "
-        "s x s score matrix) or auto (flash when installed and supported, else sdpa).",
+        "s x s score matrix) or auto (flash when installed and supported, else sdpa, else eager for a model class without "
+        "sdpa, such as Gemma-2). validate refuses what the model class does not support.",
     )
     liger: bool = Field(False, description="Use Liger fused kernels (RMSNorm, SwiGLU, fused linear cross-entropy) when installed.")
     mixed_precision: Literal["bf16", "fp16", "no"] = Field(

@@ -1,0 +1,56 @@
+"""Run the harness on a model tuner loaded: lm-eval's own HF adapter (``HFLM``) wraps the model and tokenizer as they
+are, so adapters, dtype and device placement are tuner's (the harness loads nothing itself)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+SHOWN = 5  # examples of the held-out task kept with the results
+
+
+@dataclass
+class ModelResult:
+    """One model's scores: task -> metric -> value, and a few held-out examples (shown, expected, answer)."""
+
+    label: str
+    model: str
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    examples: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def _metrics(task_results: dict) -> dict[str, float]:
+    """The harness's "metric,filter" keys as metric names (stderr left out)."""
+    out = {}
+    for key, value in task_results.items():
+        metric, _, _ = key.partition(",")
+        if isinstance(value, (int, float)) and not metric.endswith("_stderr") and metric not in ("alias", "samples", "sample_len"):
+            out[metric] = float(value)
+    return out
+
+
+def evaluate_model(loaded, label: str, tasks: list, batch_size: int) -> ModelResult:
+    """Score ``loaded`` (a :class:`tuner.infer.load.LoadedModel`) on ``tasks`` (harness task configs or objects)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    for name in ("lm-eval", "lm_eval"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=batch_size)
+    # the tasks come built (tuner.evaluate.tasks): a manager without the harness's index of its thousands of task
+    # YAMLs, which would take longer to read than the held-out task of a small model takes to run
+    output = simple_evaluate(model=lm, tasks=tasks, task_manager=TaskManager(include_defaults=False),
+                             log_samples=True, bootstrap_iters=0,
+                             random_seed=0, numpy_random_seed=0, torch_random_seed=0)
+    result = ModelResult(label, loaded.target.describe())
+    for task, values in output["results"].items():
+        result.scores[task] = _metrics(values)
+    from tuner.evaluate.tasks import HELD_OUT_TASK
+
+    for sample in output.get("samples", {}).get(HELD_OUT_TASK, [])[:SHOWN]:
+        doc, answer = sample["doc"], sample.get("filtered_resps") or sample.get("resps")
+        while isinstance(answer, list):
+            answer = answer[0] if answer else ""
+        if isinstance(answer, str):
+            result.examples.append((doc.get("shown", ""), doc.get("answer", ""), answer.strip()))
+    return result

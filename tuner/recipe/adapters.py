@@ -1,0 +1,21 @@
+"""The recipe's adapter settings as PEFT states them: the one ``LoraConfig`` training, inference and the planner's
+trace (``tuner plan --simulate``) all wrap a model with, so the traced model is the one that trains."""
+from __future__ import annotations
+
+from tuner.recipe.schema import Recipe
+
+
+def lora_config(recipe: Recipe):
+    """peft's LoraConfig for the recipe's method.lora settings (peft is imported here only)."""
+    from peft import LoraConfig
+
+    lora = recipe.method.lora
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        target_parameters=lora.target_parameters or None,
+        modules_to_save=lora.modules_to_save or None,
+        task_type="CAUSAL_LM",
+    )
