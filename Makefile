@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tuner-installed
 
-.PHONY: install demo test docs recipe-peaks clean
+.PHONY: install demo test docs recipe-peaks inventories clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ test: $(STAMP)
 
 docs: $(STAMP)
 	$(PY) -m tuner.recipe.docs > docs/recipes.md
+
+# After a catalog change (tuner/catalog/models.json) or a transformers upgrade: rebuild the shipped parameter
+# inventories on the meta device (tests/test_catalog_models.py holds them to a fresh build).
+inventories: $(STAMP)
+	$(PY) -m tuner.catalog.meta_inventory
 
 # After a planner change: rewrite the "# Predicted peak:" comment of every built-in recipe from the plan.
 recipe-peaks: $(STAMP)

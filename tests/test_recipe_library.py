@@ -14,7 +14,8 @@ from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import builtin_names, builtin_path, family, recipes_dir
 
 REAL_MODELS = ["meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B", "Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-32B",
-               "Qwen/Qwen2.5-72B", "mistralai/Mistral-7B", "google/gemma-2-9b", "microsoft/phi-4"]
+               "Qwen/Qwen2.5-72B", "mistralai/Mistral-7B", "google/gemma-2-9b", "microsoft/phi-4",
+               "Qwen/Qwen3-8B", "Qwen/Qwen3-32B", "Qwen/Qwen3-30B-A3B", "google/gemma-3-12b", "openai/gpt-oss-20b"]
 
 
 def test_every_builtin_recipe_validates_fits_and_states_its_predicted_peak(capsys):

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from tuner.catalog.model_config import MAX_CONFIG_BYTES
 from tuner.catalog.models import UnknownModelError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # 'name' or 'org/name'
@@ -21,7 +22,7 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_WEIGHTS_FILE = "model.safetensors"
 KEPT_DIR = "hub"  # under $TUNER_HOME: a folder per model and revision (built once, tuner/build_once.py)
 KEPT_FILE = "hub_config.json"
-MAX_CONFIG_BYTES = 4 * 2**20  # a config.json is a few KiB; an index of a 1T-parameter model a few MiB
+# an index of a 1T-parameter model is a few MiB
 MAX_INDEX_BYTES = 64 * 2**20
 
 

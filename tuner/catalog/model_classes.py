@@ -1,5 +1,4 @@
-"""What transformers says about each causal-LM class: the attention implementations it loads with, and the config
-defaults that change memory (Gemma-2's logit soft-capping).
+"""What transformers says about each causal-LM class: the attention implementations it loads with.
 
 transformers refuses, when a model loads, an attention implementation its class does not support (Gemma-2 has no
 sdpa); ``tuner validate`` must refuse the same recipe first, in transformers' words, and fast, without torch.  So
@@ -18,7 +17,6 @@ from functools import lru_cache
 from pathlib import Path
 
 TABLE_FILE = Path(__file__).with_name("model_classes.json")
-SOFTCAPPING_KEYS = ("attn_logit_softcapping", "final_logit_softcapping")
 
 
 @dataclass(frozen=True)
@@ -29,7 +27,6 @@ class ModelClass:
     sdpa: bool  # _supports_sdpa: loads with attn_implementation="sdpa"
     flash: bool  # _supports_flash_attn: loads with flash_attention_2 (where flash-attn is installed)
     refusals: dict  # transformers' own first sentence when it refuses "sdpa" or "flash"
-    softcapping: dict  # the config class's defaults of SOFTCAPPING_KEYS (None: no soft-capping)
     transformers_version: str
 
     def supports(self, attention: str) -> bool:
@@ -87,15 +84,13 @@ def model_class(model_type: str) -> ModelClass | None:
 
 
 def _from_entry(entry: dict, version: str) -> ModelClass:
-    return ModelClass(entry["class"], entry["sdpa"], entry["flash"], entry.get("refusals", {}),
-                      {key: entry.get("softcapping", {}).get(key) for key in SOFTCAPPING_KEYS}, version)
+    return ModelClass(entry["class"], entry["sdpa"], entry["flash"], entry.get("refusals", {}), version)
 
 
 def describe(model_type: str) -> dict | None:
     """Ask the installed transformers about ``model_type``'s causal-LM class (imports it: seconds, not for the
     fast path); None when no causal LM is mapped to it or its class cannot be imported here."""
     import transformers
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
@@ -113,9 +108,6 @@ def describe(model_type: str) -> dict | None:
         refusals["flash"] = _first_sentence(lambda stub: cls._flash_attn_can_dispatch(stub, 2), cls)
     if refusals:
         entry["refusals"] = refusals
-    softcapping = _config_defaults(CONFIG_MAPPING[model_type])
-    if softcapping:
-        entry["softcapping"] = softcapping
     return entry
 
 
@@ -132,23 +124,10 @@ def _first_sentence(check, cls) -> str:
     return f"{cls.__name__} refuses it."
 
 
-def _config_defaults(config_class) -> dict:
-    """The soft-capping defaults a config class fills in when config.json leaves the keys out."""
-    try:
-        config = config_class()
-    except Exception:  # a config that cannot be made without arguments: read the class attributes
-        config = config_class
-    values = {key: getattr(config, key, None) for key in SOFTCAPPING_KEYS}
-    return {key: float(value) for key, value in values.items() if isinstance(value, (int, float))}
-
-
 def generate_table() -> dict:
     """The table as the installed transformers states it (imports every causal-LM class: tens of seconds)."""
-    import logging
-
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    logging.getLogger("transformers").setLevel(logging.ERROR)  # config defaults warn about their own token ids
     classes, unbuildable = {}, []
     for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         entry = describe(model_type)

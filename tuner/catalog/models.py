@@ -1,18 +1,22 @@
 """Model architecture facts: a shipped catalog, local config.json files and hub configs (tuner/catalog/hub.py).
 
-The planner needs only the handful of numbers that shape parameters and activations.
-They are read from the same keys a model's ``config.json`` uses, so a catalog entry, a
-local directory and a cached hub config all go through :func:`facts_from_config`.
-Parameter counts are exact for the architectures listed in ``_ARCHITECTURES`` (a test
-instantiates every catalog entry on the meta device and compares per module).
+The planner needs a model's parameters (how many, of which kind, which PEFT adapts and bitsandbytes quantises) and
+the handful of numbers that shape activations.  Both come from the model's real module tree: its inventory
+(:mod:`tuner.catalog.inventory`, built on the meta device once and shipped for the catalog), read through
+:func:`facts_from_config` for a catalog entry, a local directory and a cached hub config alike.  What each decoder
+layer is (attention, latent attention, gated delta net; dense or MoE) comes from :mod:`tuner.catalog.layer_kinds`.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from functools import lru_cache
+import math
+from dataclasses import dataclass, field, replace
+from functools import cached_property, lru_cache
 from pathlib import Path
 
+from tuner.catalog.inventory import Inventory, ModuleGroup, inventory_for, with_lora
+from tuner.catalog.layer_kinds import LayerKind, LinearLayer, classify
+from tuner.catalog.model_config import MAX_CONFIG_BYTES, ModelConfigError, check_config, read_config
 from tuner.fileio import user_path
 
 CATALOG_FILE = Path(__file__).with_name("models.json")
@@ -23,72 +27,37 @@ class UnknownModelError(ValueError):
 
 
 @dataclass(frozen=True)
-class Architecture:
-    """How a model family lays out its parameters, beyond what config.json states."""
-
-    tie_default: bool = False  # tie_word_embeddings when config.json omits it
-    qkv_bias: bool | None = None  # None: follow config.attention_bias
-    o_bias: bool | None = None
-    norms_per_layer: int = 2  # RMSNorms in each decoder layer
-    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3, Gemma 3)
-    fused_qkv: bool = False  # one qkv_proj Linear (Phi-3)
-    fused_gate_up: bool = False  # one gate_up_proj Linear (Phi-3)
-
-
-_ARCHITECTURES = {
-    "llama": Architecture(),
-    "mistral": Architecture(),
-    "mixtral": Architecture(),
-    "qwen2": Architecture(qkv_bias=True, o_bias=False),
-    "qwen3": Architecture(qk_norm=True),
-    "gemma": Architecture(tie_default=True),
-    "gemma2": Architecture(tie_default=True, norms_per_layer=4),
-    "gemma3_text": Architecture(tie_default=True, norms_per_layer=4, qk_norm=True),
-    "phi3": Architecture(fused_qkv=True, fused_gate_up=True),
-}
-
-
-@dataclass(frozen=True)
-class LinearLayer:
-    """One linear map inside every decoder layer (``count`` > 1 for MoE experts)."""
-
-    name: str  # qualified inside the layer, e.g. self_attn.q_proj
-    in_features: int
-    out_features: int
-    bias: bool = False
-    count: int = 1
-    is_nn_linear: bool = True  # MoE router and fused experts are not nn.Linear: bitsandbytes leaves them unquantised
-    lora_rank_factor: int = 1  # PEFT doubles the rank of fused MoE gate_up experts (its rank_pattern for gate_up_proj)
-
-    @property
-    def weight_params(self) -> int:
-        return self.in_features * self.out_features * self.count
-
-    @property
-    def params(self) -> int:
-        return self.weight_params + (self.out_features * self.count if self.bias else 0)
-
-
-@dataclass(frozen=True)
 class ParamCounts:
     embeddings: int
-    attention: int
-    mlp: int
+    attention: int  # every layer's token mixer (attention, latent attention, linear attention)
+    mlp: int  # every layer's MLP or MoE block
     norms: int
     lm_head: int
+    other: int = 0  # parts the layer kinds do not cover (a vision tower, a layer's extra blocks)
 
     @property
     def total(self) -> int:
-        return self.embeddings + self.attention + self.mlp + self.norms + self.lm_head
+        return self.embeddings + self.attention + self.mlp + self.norms + self.lm_head + self.other
 
     def as_dict(self) -> dict[str, int]:
         return {"embeddings": self.embeddings, "attention": self.attention, "mlp": self.mlp,
-                "norms": self.norms, "lm_head": self.lm_head, "total": self.total}
+                "norms": self.norms, "lm_head": self.lm_head, "other": self.other, "total": self.total}
+
+
+@dataclass(frozen=True)
+class PeftTargets:
+    """What PEFT adapts for a recipe's target_modules and target_parameters, resolved as PEFT resolves them:
+    transformers v4 expert names (gate_proj, up_proj, down_proj, gate) become the fused v5 parameters they live in
+    (``peft.utils.transformers_weight_conversion``), a fused pair at twice the rank."""
+
+    modules: tuple[str, ...] | str  # names matched against module paths, or "all-linear"
+    parameters: tuple[tuple[str, int], ...]  # (parameter name or suffix, rank factor)
+    refusal: str | None = None  # PEFT's reason when it refuses the combination
 
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """The numbers of one causal LM that decide its memory."""
+    """The numbers of one causal LM that decide its memory, and its inventory."""
 
     name: str
     model_type: str
@@ -100,16 +69,17 @@ class ModelFacts:
     intermediate_size: int
     vocab_size: int
     tie_word_embeddings: bool
-    num_experts: int = 0  # 0 for dense models
+    num_experts: int = 0  # 0 for dense models (the most experts of any layer)
     experts_per_token: int = 0
     max_position_embeddings: int | None = None
     source: str = "catalog"
     notes: tuple[str, ...] = ()
-    architecture: Architecture = field(default_factory=Architecture, repr=False)
-    attention_bias: bool = False
-    mlp_bias: bool = False
     attn_logit_softcapping: float | None = None  # Gemma-2: tanh-capped attention scores (eager keeps their tanh)
     final_logit_softcapping: float | None = None  # Gemma-2: tanh-capped logits (another T x V kept for backward)
+    inventory_key: str = ""  # the config's sha256: two facts with equal numbers but other trees differ here
+    tp: int = 1  # the tensor-parallel ranks this is one rank's share for (tuner.planner.memory.rank_facts)
+    trust_remote_code: bool = False  # what building it again (to measure PEFT's targets) may run
+    inventory: Inventory | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
     def q_dim(self) -> int:
@@ -123,11 +93,45 @@ class ModelFacts:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
-    def layer_linears(self) -> tuple[LinearLayer, ...]:
-        """The linear maps of one decoder layer, named as in transformers."""
-        return _layer_linears(self)
+    @cached_property
+    def _kinds(self) -> tuple[tuple[LayerKind, ...], tuple[str, ...]]:
+        return classify(self.inventory, self.hidden_size, self.num_heads, self.inventory.config)
 
     @property
+    def layer_kinds(self) -> tuple[LayerKind, ...]:
+        """The decoder layers grouped by structure (one kind for a uniform model)."""
+        return self._kinds[0]
+
+    @property
+    def unmodelled(self) -> tuple[str, ...]:
+        """Every part of the model no planner term covers, with the layers it is in: no verdict can be given."""
+        layers: dict[str, list[int]] = {}
+        for kind in self.layer_kinds:
+            for part in kind.unmodelled:
+                layers.setdefault(part, []).extend(kind.layers)
+        parts = [f"{part} (layers {_ranges(indices)})" for part, indices in layers.items()]
+        return tuple(parts + [f"{part} (outside the decoder layers)" for part in self._text_path_outside()[1]])
+
+    def _text_path_outside(self) -> tuple[list[ModuleGroup], list[str]]:
+        """Groups outside the decoder layers that are neither embeddings, norms nor the head: (those on a separate
+        branch, such as a vision tower, which text-only training never runs; those on the text path)."""
+        inventory = self.inventory
+        base = inventory.layers_path.rsplit(".", 1)[0] if "." in inventory.layers_path else ""
+        branch, on_path = [], []
+        for group in inventory.outside_layers():
+            if group.kind in ("embedding", "output", "norm", "block"):
+                continue
+            if base and not group.pattern.startswith(base + "."):
+                branch.append(group)
+            else:
+                on_path.append(f"{group.pattern} ({group.module})")
+        return branch, on_path
+
+    def layer_linears(self) -> tuple[LinearLayer, ...]:
+        """The linear maps of the first layer of the most common kind (a uniform model's one layer)."""
+        return max(self.layer_kinds, key=lambda kind: kind.count).linears
+
+    @cached_property
     def param_counts(self) -> ParamCounts:
         return _param_counts(self)
 
@@ -135,148 +139,293 @@ class ModelFacts:
     def total_params(self) -> int:
         return self.param_counts.total
 
-    def lora_params(self, r: int, target_modules: list[str] | str) -> int:
-        """Exact LoRA parameter count: r x (in + out) for every targeted nn.Linear in every layer.
+    @cached_property
+    def lora_inventory(self) -> Inventory:
+        """The inventory with PEFT's targets measured (built on the meta device the first time a LoRA plan of an
+        uncatalogued model asks; shipped for the catalog)."""
+        return with_lora(self.inventory, self.source, self.trust_remote_code)
 
-        ``all-linear`` follows PEFT: every linear map except the output head, including a MoE's router and
-        fused experts (PEFT adapts those 3-D parameters with rank r x experts).
-        """
-        return sum(r * lin.lora_rank_factor * (lin.in_features + lin.out_features) * lin.count * self.num_layers
-                   for lin in self.lora_targets(target_modules))
+    def peft_targets(self, target_modules: list[str] | str, target_parameters=()) -> PeftTargets:
+        return peft_targets(self.inventory, target_modules, tuple(target_parameters))
 
-    def lora_targets(self, target_modules: list[str] | str) -> list[LinearLayer]:
-        if target_modules == "all-linear":
-            return list(self.layer_linears())
-        linears = [lin for lin in self.layer_linears() if lin.is_nn_linear]
-        wanted = [target_modules] if isinstance(target_modules, str) else list(target_modules)
-        return [lin for lin in linears
-                if any(lin.name == t or lin.name.endswith("." + t) or lin.name.split(".")[-1] == t for t in wanted)]
+    def lora_params(self, r: int, target_modules: list[str] | str, target_parameters=()) -> int:
+        """LoRA parameters PEFT adds for these targets at rank ``r`` (PEFT's own counts, per module, from the
+        inventory): r x (in + out) for an nn.Linear, r x experts x (in + out) for a fused expert tensor."""
+        targets = self.peft_targets(target_modules, target_parameters)
+        per_rank = sum(coefficient * self._share(group) for group, coefficient in _adapted(self.lora_inventory, targets))
+        return round(r * per_rank)
+
+    def adapts_parameters(self, target_modules: list[str] | str, target_parameters=()) -> bool:
+        """Whether these targets make PEFT adapt a parameter directly (fused experts: lora.ParamWrapper)."""
+        targets = self.peft_targets(target_modules, target_parameters)
+        return any(name or group.kind == "experts" for group, _, name in
+                   _adapted(self.lora_inventory, targets, with_names=True))
+
+    def targeted_linears(self, kind: LayerKind, target_modules: list[str] | str, target_parameters=()):
+        """The linear maps of one layer of ``kind`` that carry a LoRA adapter."""
+        targets = self.peft_targets(target_modules, target_parameters)
+        adapted = {self.inventory.relative(group) + (f".{name}" if name else "")
+                   for group, _, name in _adapted(self.lora_inventory, targets, with_names=True)}
+        return [lin for lin in kind.linears if lin.name in adapted or f"{lin.name}.weight" in adapted
+                or lin.name.rsplit(".", 1)[0] in adapted]
 
     def quantizable_params(self) -> int:
-        """Weights bitsandbytes quantises: nn.Linear weights inside the layers (not biases, not lm_head)."""
-        return sum(lin.weight_params for lin in self.layer_linears() if lin.is_nn_linear) * self.num_layers
+        """Weights bitsandbytes quantises: exactly the nn.Linear weights transformers' rule replaces (not biases,
+        not the output head, not fused experts or routers)."""
+        return sum(group.weight_numel for group in self.inventory.groups if group.quantized)
+
+    def quantized_rows(self) -> int:
+        """Output rows of the quantised weights (LLM.int8() keeps an fp32 scale per row)."""
+        return sum(group.params["weight"][0] * group.instances for group in self.inventory.groups
+                   if group.quantized and "weight" in group.params)
+
+    def largest_module_params(self) -> int:
+        """Parameters of the largest single module (what ZeRO-3 gathers at once: for fused experts, every expert
+        of a layer)."""
+        return max(group.own_numel for group in self.inventory.groups)
+
+    def largest_layer_params(self) -> int:
+        return max(kind.params for kind in self.layer_kinds)
+
+    def active_params(self) -> int:
+        """Parameters one token runs through: the experts it is routed to, not all of them."""
+        total = self.total_params
+        for kind in self.layer_kinds:
+            if kind.mlp == "moe":
+                experts = kind.dims["experts"]
+                expert_params = sum(lin.weight_params for lin in kind.linears if not lin.is_nn_linear
+                                    and ".experts." in f".{lin.name}.")
+                total -= kind.count * expert_params * (experts - kind.dims["top_k"]) // experts
+        return total
+
+    def _share(self, group: ModuleGroup) -> float:
+        """The share of a group one tensor-parallel rank holds (1 without tensor parallelism)."""
+        return 1.0 if self.tp == 1 else _tp_share(self.inventory, group, self.tp)
 
     def as_dict(self) -> dict:
         return {
             "name": self.name, "model_type": self.model_type, "source": self.source,
+            "architecture": self.inventory.architecture if self.inventory else None,
             "hidden_size": self.hidden_size, "num_layers": self.num_layers, "num_heads": self.num_heads,
             "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim, "intermediate_size": self.intermediate_size,
             "vocab_size": self.vocab_size, "tie_word_embeddings": self.tie_word_embeddings,
             "num_experts": self.num_experts, "experts_per_token": self.experts_per_token,
             "max_position_embeddings": self.max_position_embeddings, "params": self.param_counts.as_dict(),
+            "layer_kinds": [kind.describe() for kind in self.layer_kinds], "unmodelled": list(self.unmodelled),
             "notes": list(self.notes),
         }
 
 
-@lru_cache(maxsize=256)
-def _layer_linears(facts: ModelFacts) -> tuple[LinearLayer, ...]:
-    arch, h, inter = facts.architecture, facts.hidden_size, facts.intermediate_size
-    qkv_bias = facts.attention_bias if arch.qkv_bias is None else arch.qkv_bias
-    o_bias = facts.attention_bias if arch.o_bias is None else arch.o_bias
-    if arch.fused_qkv:
-        attention = [LinearLayer("self_attn.qkv_proj", h, facts.q_dim + 2 * facts.kv_dim, qkv_bias)]
-    else:
-        attention = [LinearLayer("self_attn.q_proj", h, facts.q_dim, qkv_bias),
-                     LinearLayer("self_attn.k_proj", h, facts.kv_dim, qkv_bias),
-                     LinearLayer("self_attn.v_proj", h, facts.kv_dim, qkv_bias)]
-    attention.append(LinearLayer("self_attn.o_proj", facts.q_dim, h, o_bias))
-    if facts.is_moe:
-        # transformers v5 fuses the experts into 3-D parameters and the router into a plain parameter
-        mlp = [LinearLayer("mlp.gate", h, facts.num_experts, is_nn_linear=False),
-               LinearLayer("mlp.experts.gate_up_proj", h, 2 * inter, count=facts.num_experts, is_nn_linear=False,
-                           lora_rank_factor=2),
-               LinearLayer("mlp.experts.down_proj", inter, h, count=facts.num_experts, is_nn_linear=False)]
-    elif arch.fused_gate_up:
-        mlp = [LinearLayer("mlp.gate_up_proj", h, 2 * inter, facts.mlp_bias),
-               LinearLayer("mlp.down_proj", inter, h, facts.mlp_bias)]
-    else:
-        mlp = [LinearLayer("mlp.gate_proj", h, inter, facts.mlp_bias),
-               LinearLayer("mlp.up_proj", h, inter, facts.mlp_bias),
-               LinearLayer("mlp.down_proj", inter, h, facts.mlp_bias)]
-    return tuple(attention + mlp)
+def _ranges(indices) -> str:
+    """0-2,5,7-9"""
+    indices = sorted(indices)
+    parts, start = [], None
+    for i, index in enumerate(indices):
+        if start is None:
+            start = index
+        if i + 1 == len(indices) or indices[i + 1] != index + 1:
+            parts.append(str(start) if start == index else f"{start}-{index}")
+            start = None
+    return ",".join(parts)
 
 
-@lru_cache(maxsize=256)
+def _category(facts: ModelFacts, group: ModuleGroup, kinds: dict[int, LayerKind]) -> str:
+    if group.kind == "embedding" and not group.layers:
+        return "embeddings"
+    if group.kind == "output":
+        return "lm_head"
+    if not group.layers:
+        return "norms" if group.kind == "norm" else "other"
+    relative = facts.inventory.relative(group)
+    kind = kinds[group.layers[0]]
+    head = relative.split(".", 1)[0]
+    if "." not in relative and group.kind == "norm":
+        return "norms"
+    if head == kind.dims.get("mixer_path"):
+        return "attention"
+    if head == kind.dims.get("mlp_path") or (kind.mlp == "dense" and head not in (kind.dims.get("mixer_path"),)
+                                            and not any(head in part for part in kind.unmodelled)):
+        return "mlp"
+    return "other"
+
+
 def _param_counts(facts: ModelFacts) -> ParamCounts:
-    linears = facts.layer_linears()
-    qk_norm = 2 * facts.head_dim if facts.architecture.qk_norm else 0
-    attention = sum(lin.params for lin in linears if lin.name.startswith("self_attn.")) + qk_norm
-    mlp = sum(lin.params for lin in linears if lin.name.startswith("mlp."))
-    embeddings = facts.vocab_size * facts.hidden_size
-    return ParamCounts(
-        embeddings=embeddings,
-        attention=attention * facts.num_layers,
-        mlp=mlp * facts.num_layers,
-        norms=(facts.architecture.norms_per_layer * facts.num_layers + 1) * facts.hidden_size,
-        lm_head=0 if facts.tie_word_embeddings else embeddings,
-    )
+    kinds = {index: kind for kind in facts.layer_kinds for index in kind.layers}
+    totals = dict.fromkeys(("embeddings", "attention", "mlp", "norms", "lm_head", "other"), 0.0)
+    for group in facts.inventory.groups:
+        if group.numel:
+            totals[_category(facts, group, kinds)] += group.numel * facts._share(group)
+    return ParamCounts(**{key: math.ceil(value) for key, value in totals.items()})
 
 
-def facts_from_config(config: dict, name: str, source: str) -> ModelFacts:
-    """Architecture facts from a config.json mapping (multimodal configs: their text_config)."""
-    if "text_config" in config and "hidden_size" not in config:
-        config = {**config["text_config"], "model_type": config["text_config"].get("model_type", config.get("model_type"))}
-    model_type = str(config.get("model_type") or "llama")
-    notes = []
-    arch = _ARCHITECTURES.get(model_type)
-    if arch is None:
-        arch = Architecture()
-        notes.append(f"model_type {model_type!r} is not modelled exactly; parameters are estimated as a Llama-shaped decoder")
-    try:
-        hidden = int(config["hidden_size"])
-        heads = int(config["num_attention_heads"])
-        facts = ModelFacts(
-            name=name,
-            model_type=model_type,
-            hidden_size=hidden,
-            num_layers=int(config["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
-            intermediate_size=int(config["intermediate_size"]),
-            vocab_size=int(config["vocab_size"]),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", arch.tie_default)),
-            num_experts=int(config.get("num_local_experts") or config.get("num_experts") or 0),
-            experts_per_token=int(config.get("num_experts_per_tok") or 0),
-            max_position_embeddings=config.get("max_position_embeddings"),
-            source=source,
-            notes=tuple(notes),
-            architecture=arch,
-            attention_bias=bool(config.get("attention_bias", False)),
-            mlp_bias=bool(config.get("mlp_bias", False)),
-            **_softcapping(config, model_type),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UnknownModelError(f"{name}: {source} lacks a usable {exc} entry; tuner reads hidden_size, "
-                                "num_hidden_layers, num_attention_heads, intermediate_size and vocab_size from it.") from None
-    return facts
+def _tp_style(inventory: Inventory, pattern: str) -> str:
+    base = inventory.layers_path.rsplit(".", 1)[0] + "." if "." in inventory.layers_path else ""
+    return inventory.tp_plan.get(pattern[len(base):] if pattern.startswith(base) else pattern, "")
 
 
-def _softcapping(config: dict, model_type: str) -> dict[str, float | None]:
-    """The soft-capping values config.json sets, else its config class's defaults (as transformers fills them in)."""
-    from tuner.catalog.model_classes import SOFTCAPPING_KEYS, model_class
+def _tp_share(inventory: Inventory, group: ModuleGroup, tp: int) -> float:
+    """How much of a group one of ``tp`` ranks holds under the model's own tensor-parallel plan
+    (``base_model_tp_plan``): column-wise layers keep 1/tp of their outputs (and biases), row-wise ones 1/tp of their
+    inputs (the bias whole); a fused expert tensor is split along the same side; norms and routers stay whole."""
+    if not group.numel:
+        return 1.0
+    held = 0.0
+    for name, shape in group.params.items():
+        style = _tp_style(inventory, f"{group.pattern}.{name}") or _tp_style(inventory, group.pattern)
+        size = math.prod(shape)
+        if "colwise" in style or ("rowwise" in style and name != "bias"):
+            held += size / tp
+        else:
+            held += size
+    return held / group.own_numel
 
-    cls = model_class(model_type)
-    defaults = cls.softcapping if cls else {}
-    values = {key: config.get(key, defaults.get(key)) for key in SOFTCAPPING_KEYS}
+
+def peft_targets(inventory: Inventory, target_modules, target_parameters: tuple[str, ...] = ()) -> PeftTargets:
+    """PEFT's resolution of a recipe's targets (``_convert_peft_config_moe``): v4 expert names become target
+    parameters; a fused pair named in part is refused as PEFT refuses it."""
+    mapping, fused = inventory.peft_moe_mapping, inventory.peft_fused_targets
+    if target_modules == "all-linear" or not mapping:
+        return PeftTargets(target_modules if target_modules == "all-linear" else tuple(target_modules),
+                           tuple((name, 1) for name in target_parameters))
+    modules, parameters, named = [], {name: 1 for name in target_parameters}, {}
+    for target in target_modules:
+        old = next((old for old in mapping if target == old or target.endswith(f".{old}")), None)
+        if old is None:
+            modules.append(target)
+            continue
+        parameters.setdefault(mapping[old], 1)
+        named.setdefault(mapping[old], set()).add(old)
+    for new, required in fused.items():
+        present = named.get(new, set())
+        if 0 < len(present) < len(required):
+            missing = ", ".join(sorted(set(required) - present))
+            return PeftTargets(tuple(modules), tuple(parameters.items()),
+                               f"PEFT cannot adapt {', '.join(sorted(present))} without also targeting {missing}: "
+                               f"transformers fuses them into {new}")
+        if len(present) == len(required) > 1:
+            parameters[new] = len(required)
+    return PeftTargets(tuple(modules), tuple(parameters.items()))
+
+
+def _module_matches(group: ModuleGroup, target: str) -> bool:
+    """PEFT's rule for a target module name: the module's path equals it or ends with '.' + it."""
+    if not any(ch.isdigit() for ch in target):
+        return group.pattern == target or group.pattern.endswith("." + target)
+    return any(name == target or name.endswith("." + target) for name in group.names())
+
+
+def _adapted(inventory: Inventory, targets: PeftTargets, with_names: bool = False):
+    """(group, LoRA parameters per unit of rank over all its instances[, parameter name]) for every adapted group."""
+    found = []
+    for group in inventory.groups:
+        if targets.modules == "all-linear":
+            if group.lora_all_linear:
+                found.append((group, group.lora_all_linear * group.instances, ""))
+        elif group.lora and any(_module_matches(group, target) for target in targets.modules):
+            matched = group.instances
+            if any(ch.isdigit() for target in targets.modules for ch in target):
+                matched = sum(1 for name in group.names() if any(name == t or name.endswith("." + t)
+                                                                 for t in targets.modules)) or group.instances
+            found.append((group, group.lora * matched, ""))
+        for name, per_rank in group.lora_parameters.items():
+            if targets.modules == "all-linear" and group.lora_all_linear:
+                continue  # all-linear already adapts the experts (PEFT renames them into target parameters)
+            full = f"{group.pattern}.{name}"
+            factor = max((factor for target, factor in targets.parameters
+                          if full == target or full.endswith("." + target)), default=0)
+            if factor:
+                found.append((group, per_rank * factor * group.instances, name))
+    if with_names:
+        return found
+    return [(group, per_rank) for group, per_rank, _ in found]
+
+
+def _config_int(config: dict, *keys: str, default: int = 0) -> int:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return default
+
+
+def _softcapping(config: dict) -> dict[str, float | None]:
+    """Gemma-2's logit soft-capping as transformers resolved the config (its class's defaults filled in)."""
+    values = {key: config.get(key) for key in ("attn_logit_softcapping", "final_logit_softcapping")}
     return {key: float(value) if isinstance(value, (int, float)) and value else None for key, value in values.items()}
+
+
+def facts_from_inventory(inventory: Inventory, name: str, source: str, trust_remote_code: bool = False) -> ModelFacts:
+    """The planner's numbers from a model's inventory (its text config, as transformers resolved it)."""
+    config = inventory.config
+    hidden = _config_int(config, "hidden_size", "n_embd", "d_model")
+    heads = _config_int(config, "num_attention_heads", "n_head", default=1)
+    embedding = next((group for group in inventory.outside_layers() if group.kind == "embedding"), None)
+    output = next((group for group in inventory.groups if group.kind == "output"), None)
+    vocab = (embedding.params.get("weight") or [0])[0] if embedding else _config_int(config, "vocab_size")
+    tied = output is not None and not output.params
+    facts = ModelFacts(
+        name=name, model_type=inventory.model_type, hidden_size=hidden, num_layers=inventory.num_layers,
+        num_heads=heads, num_kv_heads=_config_int(config, "num_key_value_heads", default=heads),
+        head_dim=_config_int(config, "head_dim", default=hidden // heads if heads else 0),
+        intermediate_size=_config_int(config, "intermediate_size", "moe_intermediate_size", "ffn_dim", "n_inner",
+                                      default=4 * hidden),
+        vocab_size=vocab, tie_word_embeddings=tied,
+        max_position_embeddings=_config_int(config, "max_position_embeddings") or None,
+        **_softcapping(config), source=source, inventory_key=inventory.config_sha256, trust_remote_code=trust_remote_code,
+        inventory=inventory)
+    moe = [kind for kind in facts.layer_kinds if kind.mlp == "moe"]
+    if moe:
+        facts = replace(facts, num_experts=max(kind.dims["experts"] for kind in moe),
+                        experts_per_token=max(kind.dims["top_k"] for kind in moe))
+    notes = []
+    branch, _ = facts._text_path_outside()
+    if branch:
+        parts = sorted({group.pattern.split(".")[min(1, group.pattern.count("."))] for group in branch})
+        notes.append(f"{', '.join(parts)}: weights counted, not run by text-only training (no activations).")
+    return replace(facts, notes=tuple(notes))
+
+
+def facts_from_config(config: dict, name: str, source: str, trust_remote_code: bool = False) -> ModelFacts:
+    """Architecture facts from a config.json mapping: checked, then its inventory (shipped, cached or built on the
+    meta device)."""
+    check_config(config, source)
+    try:
+        inventory = inventory_for(config, source, trust_remote_code)
+    except ModelConfigError as exc:
+        raise UnknownModelError(str(exc)) from None
+    return facts_from_inventory(inventory, name, source, trust_remote_code)
+
 
 
 @lru_cache(maxsize=1)
 def _catalog() -> dict[str, dict]:
     data = json.loads(CATALOG_FILE.read_text())
     data.pop("_comment", None)
+    data.pop("_aliases", None)
     return data
+
+
+@lru_cache(maxsize=1)
+def catalog_aliases() -> dict[str, str]:
+    """Other names of a catalog entry's architecture (a release, a distillation on the same base)."""
+    return json.loads(CATALOG_FILE.read_text()).get("_aliases", {})
 
 
 def catalog_ids() -> list[str]:
     return list(_catalog())
 
 
+def catalog_config(key: str) -> dict:
+    """A catalog entry as the config.json it was copied from (its ``_source`` and other notes left out)."""
+    return {name: value for name, value in _catalog()[key].items() if not name.startswith("_")}
+
+
 def _catalog_key(model_id: str) -> str | None:
     """Match a hub id to the catalog, ignoring case, the org and instruct/chat suffixes of the same architecture."""
     entries = {key.lower(): key for key in _catalog()}
+    entries.update({alias.lower(): key for alias, key in catalog_aliases().items()})
     short = {key.split("/")[-1].lower(): key for key in _catalog()}
+    short.update({alias.split("/")[-1].lower(): key for alias, key in catalog_aliases().items()})
     wanted = model_id.strip().lower()
     candidates = [wanted, wanted.split("/")[-1]]
     for suffix in ("-instruct", "-it", "-chat"):
@@ -290,13 +439,11 @@ def _catalog_key(model_id: str) -> str | None:
     return None
 
 
-def _demo_config() -> dict:
-    """The built demo model's config.json once it is complete, else its recipe (same numbers)."""
-    from tuner.build_once import is_built
-    from tuner.catalog.demo import DEMO_CONFIG, DEMO_VOCAB_SIZE, demo_model_dir
+def demo_config() -> dict:
+    """The built-in demo model's config: what tuner.loading.demo_model builds it from (its saved config.json adds
+    only what save_pretrained writes), so its shipped inventory serves before and after it is built."""
+    from tuner.catalog.demo import DEMO_CONFIG, DEMO_VOCAB_SIZE
 
-    if is_built(demo_model_dir()):
-        return json.loads((demo_model_dir() / "config.json").read_text())
     return {"model_type": "llama", "vocab_size": DEMO_VOCAB_SIZE, **DEMO_CONFIG}
 
 
@@ -311,28 +458,28 @@ def model_facts(model_id: str, revision: str | None = None, trust_remote_code: b
     if model_id.startswith("builtin:"):
         if model_id != "builtin:demo":
             raise UnknownModelError(f"{model_id}: unknown built-in model; the built-in model is builtin:demo.")
-        return facts_from_config(_demo_config(), model_id, "builtin demo model")
+        return facts_from_config(demo_config(), model_id, "builtin demo model")
     path = user_path(model_id)
     if path.is_dir():
         config_file = path / "config.json"
         if not config_file.is_file():
             raise UnknownModelError(f"{model_id}: the directory has no config.json; point at a saved Hugging Face model.")
         try:
-            config = json.loads(config_file.read_text())
-        except (OSError, ValueError) as exc:
-            raise UnknownModelError(f"{config_file}: cannot read it as JSON: {exc}.") from None
-        return facts_from_config(config, model_id, f"{config_file}")
+            config = read_config(config_file)
+        except ModelConfigError as exc:
+            raise UnknownModelError(str(exc)) from None
+        return facts_from_config(config, model_id, f"{config_file}", trust_remote_code)
     if model_id.count("/") > 1 or model_id.startswith((".", "/", "~")):  # a path (a hub id is org/name)
         raise UnknownModelError(f"{model_id}: no such directory; point model.id at a folder save_pretrained wrote, "
                                 "such as a finished run's final/ or merged/, or train that run first.")
     key = _catalog_key(model_id)
     if key is not None:
-        return facts_from_config(_catalog()[key], model_id, f"tuner catalog ({key})")
+        return facts_from_config(catalog_config(key), model_id, f"tuner catalog ({key})")
     from tuner.catalog.hub import hub_config, is_hub_id
 
     found = hub_config(model_id, revision)  # kept by tuner, else its config.json from the hub (offline: the HF cache)
     if found is not None:
-        return facts_from_config(found.config, model_id, found.source)
+        return facts_from_config(found.config, model_id, found.source, trust_remote_code)
     why = ("not kept by tuner nor in the local Hugging Face cache, and HF_HUB_OFFLINE is set so the hub was not "
            "asked. Unset HF_HUB_OFFLINE to fetch its config.json" if is_hub_id(model_id) else
            "and not a hub id (org/name). Give the hub id")
@@ -345,13 +492,16 @@ def model_config(model_id: str, revision: str | None = None, trust_remote_code: 
     """The config.json mapping of ``model_id`` as :func:`model_facts` finds it (builtin:demo, a local directory, the
     catalog entry, the config.json tuner keeps for a hub model), for building the model's real classes from it."""
     if model_id == "builtin:demo":
-        return _demo_config()
+        return demo_config()
     path = user_path(model_id)
     if path.is_dir():
-        return json.loads((path / "config.json").read_text())
+        try:
+            return read_config(path / "config.json")
+        except ModelConfigError as exc:
+            raise UnknownModelError(str(exc)) from None
     key = _catalog_key(model_id)
     if key is not None:
-        return dict(_catalog()[key])
+        return catalog_config(key)
     from tuner.catalog.hub import hub_config
 
     found = hub_config(model_id, revision)
@@ -360,7 +510,6 @@ def model_config(model_id: str, revision: str | None = None, trust_remote_code: 
     return dict(found.config)
 
 
-MAX_CONFIG_BYTES = 4 * 2**20  # a config.json is a few KiB
 CODE_CONFIGS = ("config.json", "tokenizer_config.json")  # where a model names the classes it ships (auto_map)
 
 

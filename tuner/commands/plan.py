@@ -64,8 +64,21 @@ def load_plan_recipe(args):
         return load_recipe(resolve_recipe_argument(args.recipe), overrides)
     if not args.model:
         raise RecipeError(["tuner plan needs a recipe (tuner plan RECIPE) or a model (tuner plan --model ID --gpus 1xA100-80GB)."])
+    if args.method in ("lora", "qlora") and _adapts_fused_experts(args.model) and not any(
+            o.startswith(("method.lora.dropout=", "method.lora.target_modules=")) for o in args.overrides):
+        overrides.append("method.lora.dropout=0")  # all-linear adapts fused experts, which PEFT runs only without it
     source = RecipeSource()
     return validate_recipe(apply_overrides({}, overrides, source), source)
+
+
+def _adapts_fused_experts(model_id: str) -> bool:
+    """Whether all-linear makes PEFT adapt the model's fused experts as parameters (lora.ParamWrapper)."""
+    from tuner.catalog.models import UnknownModelError, model_facts
+
+    try:
+        return model_facts(model_id).adapts_parameters("all-linear")
+    except UnknownModelError:
+        return False  # validation names what is wrong with the model
 
 
 def run(args) -> int:
@@ -147,7 +160,8 @@ def _advice_dict(advice) -> dict:
             "gradient_accumulation_for_largest": advice.accumulation_for_largest, "plan": advice.plan.to_dict()}
 
 
-_VERDICT_STYLE = {"fits": "bold green", "tight": "bold yellow", "does not fit": "bold red", "unknown": "bold"}
+_VERDICT_STYLE = {"fits": "bold green", "tight": "bold yellow", "does not fit": "bold red", "unknown": "bold",
+                  "cannot judge": "bold magenta"}
 
 
 def print_plan(console, memory_plan) -> None:

@@ -24,9 +24,12 @@ import math
 from dataclasses import dataclass, field, replace
 
 from tuner.catalog.models import ModelFacts, ParamCounts, model_facts
+from tuner.planner.layers import (all_layers_bytes, attention_span, backward_bytes, forward_transient_bytes, largest,
+                                  layer_bytes, lora_linears, mlp_width, residual_bytes)
 
 GIB = 2**30
 TIGHT_HEADROOM = 0.10  # less than 10% of a device left free is "tight": fragmentation and spikes can still OOM
+CANNOT_JUDGE = "cannot judge"  # the model has a part no memory term covers: no verdict rather than a guess
 
 CATEGORIES = ("weights", "reference_model", "reward_model", "lora_adapter", "gradients", "optimizer", "activations",
               "logits_loss", "generation", "overhead")
@@ -165,7 +168,7 @@ class MemoryPlan:
 
     model: str
     devices: list[DevicePlan]
-    verdict: str  # "fits", "tight" or "does not fit"
+    verdict: str  # "fits", "tight", "does not fit", "unknown" (no capacity given) or CANNOT_JUDGE
     missing_gib: float
     host_ram_gib: float  # host RAM each machine needs at its peak (offloaded states, loading, saving, merging)
     notes: list[str]
@@ -173,10 +176,11 @@ class MemoryPlan:
     trainable_params: int
     micro_batch_size: int
     max_seq_length: int
+    unmodelled: list[str] = field(default_factory=list)  # the model's parts no term covers (verdict CANNOT_JUDGE)
 
     @property
     def fits(self) -> bool:
-        return self.verdict != "does not fit"
+        return self.verdict not in ("does not fit", CANNOT_JUDGE)
 
     @property
     def gpu(self) -> DevicePlan:
@@ -204,7 +208,7 @@ class MemoryPlan:
                      "gib": _round(limiting.total_gib)},
             "host_ram_gib": _round(self.host_ram_gib), "params": self.params,
             "trainable_params": self.trainable_params, "micro_batch_size": self.micro_batch_size,
-            "max_seq_length": self.max_seq_length,
+            "max_seq_length": self.max_seq_length, "unmodelled": self.unmodelled,
             "devices": [d.to_dict() for d in self.devices], "notes": self.notes,
         }
 
@@ -244,6 +248,7 @@ class _Setup:
     optimizer: str
     lora_r: int
     lora_targets: object
+    lora_parameters: tuple[str, ...]
     lora_dropout: float
     quant_bits: int | None
     double_quant: bool
@@ -280,7 +285,7 @@ def rank_facts(model: ModelFacts, tp: int) -> ModelFacts:
     / tp; the hidden width, the norms (and Qwen 3's q/k norms) and a MoE's router stay whole on every rank."""
     if tp == 1:
         return model
-    return replace(model, num_heads=model.num_heads // tp, num_kv_heads=max(1, model.num_kv_heads // tp),
+    return replace(model, tp=tp, num_heads=model.num_heads // tp, num_kv_heads=max(1, model.num_kv_heads // tp),
                    intermediate_size=model.intermediate_size // tp)
 
 
@@ -334,7 +339,7 @@ def _setup(recipe) -> _Setup:
         seq=(objective.grpo.max_prompt_length + objective.grpo.max_completion_length if objective.grpo else
              mem.max_seq_length) // (par.cp * par.sp),
         accumulation=mem.gradient_accumulation_steps, optimizer=mem.optimizer, lora_r=method.lora.r,
-        lora_targets=method.lora.target_modules,
+        lora_targets=method.lora.target_modules, lora_parameters=tuple(method.lora.target_parameters),
         lora_dropout=0.0 if objective.kind != "sft" else method.lora.dropout,  # TRL turns dropout off
         quant_bits=quant.bits if quant and method.kind == "qlora" else None,
         double_quant=bool(quant and quant.double_quant), on_gpu=recipe.uses_gpu,
@@ -353,14 +358,23 @@ def _setup(recipe) -> _Setup:
 # ---------------------------------------------------------------- model states
 
 def _largest_module_params(facts: ModelFacts) -> int:
-    """Parameters of the largest single module (what ZeRO-3 gathers at once), as DeepSpeed's estimator counts."""
-    linears = [lin.weight_params for lin in facts.layer_linears()]
-    return max([facts.vocab_size * facts.hidden_size, *linears])
+    """Parameters of the largest single module (what ZeRO-3 gathers at once: every expert of a MoE layer, whose
+    experts transformers fuses into one tensor), as DeepSpeed's estimator counts."""
+    return facts.largest_module_params()
 
 
-def _layer_params(facts: ModelFacts) -> int:
-    counts = facts.param_counts
-    return (counts.attention + counts.mlp) // facts.num_layers + facts.architecture.norms_per_layer * facts.hidden_size
+def _layer_params(facts: ModelFacts) -> float:
+    """Parameters of the largest decoder layer (FSDP's unit), one tensor-parallel rank's share of it."""
+    whole = facts.largest_layer_params()
+    if facts.tp == 1:
+        return whole
+    rank, model = facts.param_counts, replace(facts, tp=1).param_counts
+    return whole * (rank.attention + rank.mlp + rank.norms) / max(model.attention + model.mlp + model.norms, 1)
+
+
+def _trainable_lora(s: _Setup, facts: ModelFacts | None = None) -> int:
+    """LoRA parameters PEFT adds for the recipe's targets (one rank's share of them under tensor parallelism)."""
+    return (facts or s.facts).lora_params(s.lora_r, s.lora_targets, s.lora_parameters)
 
 
 def _frozen_weight_items(s: _Setup) -> list[Item]:
@@ -369,7 +383,7 @@ def _frozen_weight_items(s: _Setup) -> list[Item]:
     if s.quant_bits is None:
         return [Item("base weights (frozen)", "weights", counts.total * s.weight_bytes, source="dtype")]
     quantized = f.quantizable_params()
-    rows = sum(lin.out_features * lin.count for lin in f.layer_linears() if lin.is_nn_linear) * f.num_layers
+    rows = f.quantized_rows()
     if s.quant_bits == 4:
         per = NF4_DOUBLE_QUANT_BYTES if s.double_quant else NF4_BYTES
         q_item = Item(f"4-bit base weights ({per * 8:.3f} bits/param)", "weights", quantized * per, source="qlora")
@@ -404,7 +418,7 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
     f, counts = s.facts, s.counts
     notes: list[str] = []
     full = s.kind == "full"
-    trainable = counts.total if full else f.lora_params(s.lora_r, s.lora_targets)
+    trainable = counts.total if full else _trainable_lora(s, f)
     deepspeed = s.distributed == "deepspeed" and s.world >= 1 and s.zero is not None
     fsdp = s.distributed == "fsdp"
     n = s.zero_ranks if deepspeed else s.shard_group if fsdp else s.world
@@ -575,9 +589,11 @@ def _module_params(s: _Setup, name: str) -> tuple[int, int] | None:
         return counts.norms, f.hidden_size
     if name == "model.norm":
         return f.hidden_size, f.hidden_size
-    linears = [lin for lin in f.layer_linears() if lin.name == name or lin.name.endswith("." + name)]
-    if linears:
-        return sum(lin.params for lin in linears) * f.num_layers, max(lin.weight_params for lin in linears)
+    found = [(kind.count, lin) for kind in f.layer_kinds for lin in kind.linears
+             if lin.name == name or lin.name.endswith("." + name)]
+    if found:
+        return (sum(count * (lin.weight_params + (lin.out_features * lin.count if lin.bias else 0))
+                    for count, lin in found), max(lin.weight_params for _, lin in found))
     return None
 
 
@@ -600,9 +616,10 @@ def _trained_outside_layers_items(s: _Setup) -> tuple[list[Item], list[str]]:
         params, biggest = sized
         largest = max(largest, biggest)
         if name in ("norm", "layernorm"):  # a norm whose weight trains keeps its normalised input for that gradient
-            norms = f.architecture.norms_per_layer * (1 if s.checkpointing else f.num_layers) + 1
+            widths = (max(sum(kind.norms) for kind in f.layer_kinds) if s.checkpointing else
+                      sum(kind.count * sum(kind.norms) for kind in f.layer_kinds)) + f.hidden_size  # + the final norm
             items.append(Item("normalised inputs kept for the trained norms' gradients", "activations",
-                              norms * s.batch * s.seq * f.hidden_size * s.act_bytes, BACKWARD, source="peft-save"))
+                              widths * s.batch * s.seq * s.act_bytes, BACKWARD, source="peft-save"))
         phase = ALWAYS if s.accumulation > 1 else (LAYER_BACKWARD, STEP) if name == "lm_head" else grad
         items += [Item(f"modules_to_save {name}: trained copy", "weights", params * w, source="peft-save"),
                   Item(f"modules_to_save {name}: gradient", "gradients", params * w, phase, source="peft-save"),
@@ -627,88 +644,6 @@ def _trained_outside_layers_items(s: _Setup) -> tuple[list[Item], list[str]]:
 
 
 # ---------------------------------------------------------------- activations
-
-def _lora_linears(s: _Setup):
-    if s.kind == "full":
-        return []
-    return s.facts.lora_targets(s.lora_targets)
-
-
-def residual_bytes(s: _Setup) -> int:
-    """Bytes of the residual stream: fp32 when fp32 weights run under autocast (the adds promote), else a."""
-    return 4 if (s.mixed and s.weight_bytes == 4) else s.act_bytes
-
-
-def layer_activation_bytes_per_token(s: _Setup) -> float:
-    """Bytes autograd keeps per token for one decoder layer (Hugging Face Llama-style code path).
-
-    Derived by walking the ops of the layer and what each saves for backward, and checked against
-    fake-tensor traces (see docs/memory.md); terms that grow with the sequence length are in
-    :func:`layer_score_bytes_per_token`.  With Liger's kernels (``s.liger``) the RMSNorm keeps its input and an
-    fp32 reciprocal RMS per token, and SwiGLU keeps only the gate and up outputs (their published backward).
-    """
-    f, a = s.facts, s.act_bytes
-    h, inter, qd, kd = f.hidden_size, f.intermediate_size, f.q_dim, f.kv_dim
-    full = s.kind == "full"
-    if s.liger:  # LigerRMSNorm saves X and rstd; the weight gradient is made from them
-        total = f.architecture.norms_per_layer * (residual_bytes(s) * h + 4)
-    else:  # RMSNorm upcasts to fp32 (kept for pow/mul) and, when its weight trains, keeps the normalised input
-        total = f.architecture.norms_per_layer * (4 * h + (a * h if full else 0))
-    if full:
-        total += a * h + a * qd  # inputs of q/k/v and of o_proj, kept for the weight gradients
-    # attention core: q, k, v and the output (every kernel keeps them for backward)
-    total += a * (2 * qd + 2 * kd)
-    if not s.eager:
-        total += 4 * f.num_heads  # fused kernels keep a log-sum-exp per head (fp32)
-    # SwiGLU: gate output (SiLU input), SiLU output and up output (the product's operands); Liger's fused
-    # SiLU-mul keeps the gate and up outputs and recomputes the SiLU in backward.  Full fine-tuning also keeps
-    # the MLP input and the down_proj input for the weight gradients
-    mlp = (2 if s.liger else 3) * a * inter + (a * h + a * inter if full else 0)
-    if f.is_moe:  # each token runs through its top-k experts; the router's fp32 logits and softmax
-        mlp = mlp * f.experts_per_token + 8 * f.num_experts
-    total += mlp
-    # LoRA branches, per targeted linear: the adapter's input in its compute dtype and its dropped-out
-    # copy (with the mask); fitted to fake-tensor traces: in x (a + 2), plus in bytes with dropout
-    targets = _lora_linears(s)
-    if targets:
-        lora_act = 2 if s.mixed else 4
-        for lin in targets:
-            total += lin.in_features * (lora_act + 2 + (1 if s.lora_dropout > 0 else 0)) + s.lora_r * lora_act
-    return total
-
-
-def attention_span(s: _Setup) -> int:
-    """Tokens each query can be masked against: the sequence, or the whole packed row with data.packing
-    (DataCollatorWithFlattening concatenates the micro-batch's samples into one row)."""
-    return s.batch * s.seq if s.packing else s.seq
-
-
-def layer_score_bytes_per_token(s: _Setup) -> float:
-    """Per token and layer, the terms that grow with the attention span (the sequence, or the packed row).
-
-    eager keeps the fp32 softmax (and its 16-bit copy) of every head: (4 + a) x heads x span;
-    sdpa receives the boolean causal/padding mask (with packing: the block-diagonal mask of the packed
-    row, which transformers always materialises) and converts it to an additive mask of the compute dtype
-    in every layer (kept for backward): a x span.  flash-attention keeps neither (packed rows run as
-    variable-length sequences), nor does a split sequence: context parallelism swaps the mask for SDPA's is_causal
-    (transformers' Trainer) and Ulysses drops it (DeepSpeed).
-    """
-    f, a = s.facts, s.act_bytes
-    span = attention_span(s)
-    if s.eager:
-        return f.num_heads * span * (4 + (a if a != 4 else 0)) + _softcapped_scores_bytes(s)
-    if s.flash or s.seq_shards > 1:
-        return 0.0
-    return a * span
-
-
-def _softcapped_scores_bytes(s: _Setup) -> float:
-    """Gemma-2's eager attention caps its scores, softcap x tanh(scores / softcap): tanh keeps its output (the
-    compute dtype) for backward, per token and head over the span; flash-attention caps inside its kernel."""
-    if not s.facts.attn_logit_softcapping:
-        return 0.0
-    return s.facts.num_heads * attention_span(s) * s.act_bytes
-
 
 def softcapped_logits_items(s: _Setup, tokens: int) -> list[Item]:
     """Gemma-2 caps its logits, softcap x tanh(logits / softcap), before the loss: tanh keeps its T x V output (the
@@ -777,22 +712,14 @@ def _loss_items(s: _Setup, tokens: int, full: bool) -> list[Item]:
 
 
 def _activation_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
-    """(device items, host items per process, notes) for activations and the loss."""
-    f, a = s.facts, s.act_bytes
+    """(device items, host items per process, notes) for activations and the loss; per layer kind
+    (tuner.planner.layers), summed over the layers or, for the one layer recomputed or in backward, the largest."""
+    f = s.facts
     tokens = s.batch * s.seq
-    per_layer = (layer_activation_bytes_per_token(s) + layer_score_bytes_per_token(s)) * tokens
     notes = []
     full = s.kind == "full"
     span = attention_span(s)
-    # the backward of one layer holds the gradients of the SwiGLU intermediates, then (eager) those of
-    # the span x span probabilities and scores; the MLP's are freed before the attention's backward starts
-    mlp_backward = 4 * a * f.intermediate_size * max(f.experts_per_token, 1)
-    targets = _lora_linears(s)
-    if targets and a == 2:
-        # PEFT casts each adapted layer's input to the adapters' fp32: backward through the widest adapter holds the
-        # fp32 gradients of its input and of its dropout beside the 16-bit ones
-        mlp_backward += 2 * 4 * max(lin.in_features for lin in targets)
-    layer_backward = tokens * max(mlp_backward, 6 * f.num_heads * span if s.eager else 0)
+    layer_backward = largest(backward_bytes, s, tokens)
     items, host = [], []
     sequence, split = _sequence_label(s), _activation_label(s)
     if s.checkpointing:
@@ -805,11 +732,11 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
                               tokens * f.hidden_size * residual_bytes(s), LAYER_BACKWARD, source="hf-offload"))
         else:
             items.append(inputs)
-        items.append(Item(f"one layer recomputed in backward{split and f' ({split})'}", "activations", per_layer,
-                          LAYER_BACKWARD, source="korthikanti"))
+        items.append(Item(f"one layer recomputed in backward{split and f' ({split})'}", "activations",
+                          largest(layer_bytes, s, tokens), LAYER_BACKWARD, source=_layer_source(s)))
     else:
         items.append(Item(f"saved activations ({f.num_layers} layers{split and f'; {split}'})", "activations",
-                          f.num_layers * per_layer, BACKWARD, source="korthikanti"))
+                          all_layers_bytes(s, tokens), BACKWARD, source=_layer_source(s)))
     items.append(Item("gradients of one layer's intermediates", "activations", layer_backward, LAYER_BACKWARD,
                       source="torch-autograd"))
     if full and s.accumulation == 1 and s.distributed in ("none", "ddp"):
@@ -819,11 +746,13 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
         items.append(Item("gradient of the output head", "gradients", f.vocab_size * f.hidden_size * s.weight_bytes,
                           BACKWARD if fused else LAYER_BACKWARD, source="liger" if s.liger else
                           "torch-lce" if s.chunked_loss else "torch-autograd"))
-        kept = tokens * f.hidden_size * residual_bytes(s) if s.checkpointing else per_layer
+        kept = tokens * f.hidden_size * residual_bytes(s) if s.checkpointing else min(
+            layer_bytes(s, kind, tokens) for kind in s.model.layer_kinds)
         items += _finished_layer_gradients(s, kept)
     items += _loss_items(s, tokens, full) + _communication_items(s, tokens)
-    if f.is_moe:
-        notes.append("MoE activations are approximated (tokens routed to top-k experts, no capacity padding).")
+    if s.model.is_moe:
+        notes.append("MoE layers are planned as transformers 5.24 runs them (grouped_mm over fused experts, no "
+                     "capacity padding): the routed tokens' buffers scale with experts per token.")
     if s.packing and not s.flash:
         notes.append(f"data.packing with {'eager' if s.eager else 'sdpa'} attention: each micro-batch becomes one row "
                      f"of up to {span} tokens whose block-diagonal mask is materialised, so the span^2 terms grow "
@@ -832,6 +761,14 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
         notes.append("sdpa: counts the per-layer additive mask made from a padding mask; "
                      "unpadded batches skip it (is_causal).")
     return items, host, notes
+
+
+def _layer_source(s: _Setup) -> str:
+    """korthikanti for a dense attention model; the layer-kind terms' key when any layer is MoE, MLA or linear."""
+    kinds = s.model.layer_kinds
+    if any(kind.mlp == "moe" or kind.mixer != "attention" for kind in kinds):
+        return "layer-kinds"
+    return "korthikanti"
 
 
 def _finished_layer_gradients(s: _Setup, kept_per_layer: float) -> list[Item]:
@@ -892,7 +829,7 @@ def _eval_items(s: _Setup) -> list[Item]:
     fp32 already) and the fp32 log-softmax (4) -- unless a fused or chunked loss runs.  Traced with
     :func:`tuner.planner.simulate.simulate` (``evaluation=True``).
     """
-    from tuner.planner.preference import head_transient_bytes, layer_forward_bytes
+    from tuner.planner.preference import head_transient_bytes
 
     f = s.facts
     tokens = s.batch * s.seq
@@ -912,11 +849,7 @@ def _eval_items(s: _Setup) -> list[Item]:
         softcap = s.act_bytes if f.final_logit_softcapping else 0  # tanh's output, before the loss
         loss = Item("evaluation: logits, fp32 upcast and log-softmax (no gradients)", "logits_loss",
                     tokens * f.vocab_size * (s.act_bytes + upcast + 4 + softcap), EVAL, source="hf-loss")
-    layer = layer_forward_bytes(s, tokens)
-    if any(lin.name.split(".")[-1] in ("gate_proj", "up_proj", "gate_up_proj") for lin in _lora_linears(s)):
-        # PEFT's result + lora_B(...) * scaling: the base output, the branch and its scaled copy at once
-        fused = 2 if f.architecture.fused_gate_up else 1  # gate_up_proj's output is both halves
-        layer += fused * tokens * f.intermediate_size * s.act_bytes * max(f.experts_per_token, 1)
+    layer = largest(_eval_layer_bytes, s, tokens)
     # the residual stream, the layer's normalised input, and the embeddings' output the model's forward holds
     hidden = Item("evaluation: hidden states (residual, the layer's input, the embedding output)", "activations",
                   3 * tokens * f.hidden_size * residual_bytes(s), EVAL, source="korthikanti")
@@ -924,6 +857,18 @@ def _eval_items(s: _Setup) -> list[Item]:
         return [hidden, Item("evaluation: one layer's forward transient (no gradients)", "activations", layer, EVAL,
                              source="korthikanti")]
     return [hidden, loss]
+
+
+def _eval_layer_bytes(s: _Setup, kind, tokens: int) -> float:
+    """One layer's forward transient without gradients (tuner.planner.layers); LoRA on the MLP's gate/up adds
+    PEFT's ``result + lora_B(...) * scaling``: the base output, the branch and its scaled copy at once (a fused
+    gate_up_proj's output is both halves)."""
+    layer = forward_transient_bytes(s, kind, tokens)
+    if any(lin.is_nn_linear and lin.name.split(".")[-1] in ("gate_proj", "up_proj", "gate_up_proj")
+           for lin in lora_linears(s, kind)):
+        width = mlp_width(s, kind) if kind.mlp == "dense" else kind.dims.get("shared_width", 0) / s.tp
+        layer += (2 if kind.dims.get("fused_gate_up") else 1) * tokens * width * s.act_bytes
+    return layer
 
 
 # ---------------------------------------------------------------- phases beyond the training step
@@ -935,7 +880,7 @@ def _merge_items(s: _Setup) -> list[Item]:
         return []
     f = s.model
     return [Item("merging: base model in model.dtype and the fp32 adapter (rank 0)", "weights",
-                 f.total_params * s.weight_bytes + f.lora_params(s.lora_r, s.lora_targets) * 4, MERGE,
+                 f.total_params * s.weight_bytes + _trainable_lora(s, f) * 4, MERGE,
                  source="peft-merge")]
 
 
@@ -944,11 +889,11 @@ def _host_phase_items(s: _Setup) -> tuple[list[Item], list[str]]:
     processes share it; the weights are loaded, saved and resumed whole."""
     f = s.model
     total, per_machine, n = f.total_params, max(s.gpus_per_machine, 1), s.world
-    lora_bytes = 0 if s.kind == "full" else f.lora_params(s.lora_r, s.lora_targets) * 4
+    lora_bytes = 0 if s.kind == "full" else _trainable_lora(s, f) * 4
     deepspeed, fsdp = s.distributed == "deepspeed" and s.zero is not None, s.distributed == "fsdp"
     w16 = 2 if s.mixed else 4  # DeepSpeed's module dtype
     master = 4 if s.mixed or s.weight_bytes == 4 else s.weight_bytes  # FSDP parameters after Accelerate's upcast
-    trainable = total if s.kind == "full" else f.lora_params(s.lora_r, s.lora_targets)
+    trainable = total if s.kind == "full" else _trainable_lora(s, f)
     notes, items = [], []
     # loading: from_pretrained materialises the weights on the CPU in every process before they move to the GPU
     if deepspeed and s.zero == 3:
@@ -1136,12 +1081,18 @@ def plan(recipe) -> MemoryPlan:
     notes += list(s.kernel_notes) + _setting_notes(recipe, s)
 
     verdict, missing = _verdict(devices)
+    unmodelled = list(s.model.unmodelled)
+    if unmodelled:
+        verdict, missing = CANNOT_JUDGE, 0.0
+        notes.insert(0, f"no verdict: tuner has no memory terms for {'; '.join(unmodelled)}, so the figures above "
+                        "leave them out; `tuner plan --simulate` traces the real step on fake tensors.")
     counts = s.model.param_counts
-    trainable = counts.total if s.kind == "full" else f.lora_params(s.lora_r, s.lora_targets) + sum(
+    trainable = counts.total if s.kind == "full" else _trainable_lora(s, f) + sum(
         (_module_params(s, name) or (0, 0))[0] for name in s.modules_to_save)
     return MemoryPlan(model=recipe.model.id, devices=devices, verdict=verdict, missing_gib=missing,
                       host_ram_gib=host_ram, notes=notes, params=counts.as_dict(), trainable_params=trainable,
-                      micro_batch_size=recipe.memory.micro_batch_size, max_seq_length=recipe.memory.max_seq_length)
+                      micro_batch_size=recipe.memory.micro_batch_size, max_seq_length=recipe.memory.max_seq_length,
+                      unmodelled=unmodelled)
 
 
 MODEL_STATES = ("weights", "gradients", "optimizer")

@@ -88,15 +88,10 @@ def fold_note(s) -> list[str]:
 
 
 def layer_forward_bytes(s, tokens: int) -> float:
-    """The largest transient of one decoder layer's forward without gradients: the SwiGLU's gate, up and product --
-    with one fused gate_up_proj (Phi-3) its whole output stays alive through the product, one more -- (or eager
-    attention's fp32 scores and their softmax)."""
-    f = s.facts
-    per_token = (4 if f.architecture.fused_gate_up else 3) * s.act_bytes * f.intermediate_size * max(
-        f.experts_per_token, 1)
-    if s.eager:
-        per_token = max(per_token, f.num_heads * s.seq * (4 + s.act_bytes))
-    return tokens * per_token
+    """The largest transient of one decoder layer's forward without gradients (tuner.planner.layers)."""
+    from tuner.planner.layers import forward_transient_bytes, largest
+
+    return largest(forward_transient_bytes, s, tokens)
 
 
 def loss_items(s) -> list[Item]:

@@ -23,6 +23,7 @@ TRL's fused head -- and the **training step** on one micro-batch: the policy's f
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -64,6 +65,22 @@ def why_not_simulable(recipe) -> str | None:
     if grpo is not None and any(reward.kind == "model" for reward in grpo.rewards):
         return "a reward model's forward is not traced (its checkpoint is read only by the training run)"
     return None
+
+
+@contextmanager
+def _grouped_mm_traceable():
+    """torch's meta kernel of ``_grouped_mm`` accepts bf16 only, so fake tensors of other dtypes take transformers'
+    own fallback op (``transformers::grouped_mm_fallback``), which saves the same input and weight for backward."""
+    import torch
+    from transformers.integrations import moe
+
+    original = moe._can_use_grouped_mm
+    moe._can_use_grouped_mm = lambda inputs, weight, offs: weight.dtype == torch.bfloat16 and original(inputs, weight,
+                                                                                                         offs)
+    try:
+        yield
+    finally:
+        moe._can_use_grouped_mm = original
 
 
 class _NoHook:
@@ -440,7 +457,7 @@ def simulate(recipe, adapt: Callable | None = None, evaluation: bool = False) ->
         tracker.track_external(preference or model, optimizer)
         if evaluation:
             model.eval()
-        with tracker:
+        with tracker, _grouped_mm_traceable():
             if evaluation:
                 with torch.no_grad(), torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
                     loss = preference(ids) if preference is not None else model(**inputs).loss

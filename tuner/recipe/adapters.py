@@ -15,6 +15,7 @@ def lora_config(recipe: Recipe):
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=lora.target_modules,
+        target_parameters=lora.target_parameters or None,
         modules_to_save=lora.modules_to_save or None,
         task_type="CAUSAL_LM",
     )

@@ -169,9 +169,10 @@ def _training(recipe: Recipe) -> list[Problem]:
 
 
 def _lora_targets(recipe: Recipe) -> list[Problem]:
-    """Named LoRA targets must name modules of the model (its facts, from the catalog or local files; no download)."""
+    """Named LoRA targets must name modules of the model, and PEFT must accept them (its facts, from the catalog or
+    local files; no download): a fused expert pair named in part, or dropout on fused experts, PEFT refuses."""
     lora = recipe.method.lora
-    if recipe.method.kind == "full" or lora.target_modules == "all-linear":
+    if recipe.method.kind == "full":
         return []
     from tuner.catalog.models import UnknownModelError, model_facts
 
@@ -179,13 +180,25 @@ def _lora_targets(recipe: Recipe) -> list[Problem]:
         facts = model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code)
     except UnknownModelError:
         return []  # the plan says the model is unknown; the loader checks the names against the real model
+    problems = []
+    targets = facts.peft_targets(lora.target_modules, lora.target_parameters)
+    if targets.refusal:
+        problems.append(Problem("method.lora.target_modules", f"{targets.refusal}: name both, or neither."))
+    if lora.dropout > 0 and facts.adapts_parameters(lora.target_modules, lora.target_parameters):
+        problems.append(Problem(
+            "method.lora.dropout",
+            f"PEFT adapts {recipe.model.id}'s fused experts as parameters, and refuses to wrap them: "
+            "\"lora.ParamWrapper does not work with lora_dropout != 0.\" Set dropout: 0, or target only its linear "
+            "layers (e.g. [q_proj, k_proj, v_proj, o_proj])."))
+    if lora.target_modules == "all-linear":
+        return problems
     names = list(dict.fromkeys(lin.name.split(".")[-1] for lin in facts.layer_linears() if lin.is_nn_linear))
-    qualified = {lin.name for lin in facts.layer_linears() if lin.is_nn_linear}
-    known = set(names) | qualified | {"lm_head", "embed_tokens"}
-    unmatched = [name for name in lora.target_modules if name not in known]
+    known = set(names) | {lin.name for kind in facts.layer_kinds for lin in kind.linears} | \
+        set(facts.inventory.peft_moe_mapping) | {"lm_head", "embed_tokens"}
+    unmatched = [name for name in lora.target_modules if name not in known and name.split(".")[-1] not in known]
     if not unmatched:
-        return []
-    return [Problem(
+        return problems
+    return problems + [Problem(
         "method.lora.target_modules",
         f"{', '.join(repr(name) for name in unmatched)} match{'es' if len(unmatched) == 1 else ''} no module of "
         f"{recipe.model.id}; its linear layers are {', '.join(names)} (and lm_head): pick from them, or use "
@@ -370,9 +383,9 @@ def _known_facts(recipe: Recipe):
 def _loads(recipe: Recipe) -> list[Problem]:
     """What transformers and PEFT refuse when this model loads or is wrapped, refused first, in their words: an
     attention implementation the model class does not support (transformers' ``_supports_sdpa`` /
-    ``_supports_flash_attn``, from :mod:`tuner.catalog.model_classes`), and LoRA dropout on the parameters PEFT
-    adapts with ``lora.ParamWrapper`` (fused MoE experts and routers, which are not nn.Linear), and for qlora a
-    ``modules_to_save`` layer bitsandbytes quantises (its copy cannot train)."""
+    ``_supports_flash_attn``, from :mod:`tuner.catalog.model_classes`), and for qlora a ``modules_to_save`` layer
+    bitsandbytes quantises (its copy cannot train).  LoRA dropout on fused experts, which PEFT refuses, is
+    :func:`_lora_targets`' check."""
     facts = _known_facts(recipe)
     if facts is None:
         return []
@@ -392,17 +405,12 @@ def _loads(recipe: Recipe) -> list[Problem]:
             "memory.chunked_loss", f"{recipe.model.id} soft-caps its logits (final_logit_softcapping "
             f"{facts.final_logit_softcapping:g}), which the chunked loss cannot do: set chunked_loss: false."))
     lora = recipe.method.lora
-    if recipe.method.kind != "full" and lora.dropout > 0:
-        wrapped = [lin.name for lin in facts.lora_targets(lora.target_modules) if not lin.is_nn_linear]
-        if wrapped:
-            problems.append(Problem(
-                "method.lora.dropout", f"PEFT adapts {', '.join(wrapped)} of {recipe.model.id} (fused MoE parameters, "
-                "not nn.Linear) with lora.ParamWrapper, and refuses to wrap them: \"lora.ParamWrapper does not work "
-                "with lora_dropout != 0.\" Set dropout: 0, or list target_modules without the experts and router "
-                "(e.g. [q_proj, k_proj, v_proj, o_proj])."))
     if recipe.method.kind == "qlora" and lora.modules_to_save:
-        # bitsandbytes quantises every nn.Linear of the decoder layers (lm_head and embeddings stay in model.dtype)
-        quantised = sorted({lin.name.split(".")[-1] for lin in facts.lora_targets(lora.modules_to_save)})
+        # bitsandbytes quantises the decoder layers' nn.Linear maps (lm_head and embeddings stay in model.dtype)
+        quantised = sorted({lin.name.split(".")[-1] for kind in facts.layer_kinds for lin in kind.linears
+                            if lin.quantized and any(lin.name == name or lin.name.endswith("." + name)
+                                                     or lin.name.split(".")[-1] == name
+                                                     for name in lora.modules_to_save)})
         if quantised:
             bits = recipe.method.quantization.bits if recipe.method.quantization else 4
             problems.append(Problem(
@@ -427,7 +435,29 @@ def remote_code_problem(model_id: str, revision: str | None, trust_remote_code: 
 def _model(recipe: Recipe) -> list[Problem]:
     model = recipe.model
     problem = remote_code_problem(model.id, model.revision, model.trust_remote_code)
-    return [Problem("model.trust_remote_code", problem, anchor="model.id")] if problem else []
+    problems = [Problem("model.trust_remote_code", problem, anchor="model.id")] if problem else []
+    damaged = model_config_problem(model.id)
+    return problems + ([Problem("model.id", damaged)] if damaged else [])
+
+
+def model_config_problem(model_id: str) -> str | None:
+    """What is wrong with a local model folder's config.json (not a mapping, impossible sizes, too deep), named
+    with the file and the key; None when it is sound or model.id is not a local folder."""
+    from pathlib import Path
+
+    from tuner.catalog.model_config import ModelConfigError, read_config
+
+    try:
+        config_file = Path(model_id).expanduser() / "config.json"
+        if not config_file.is_file():
+            return None
+    except (OSError, RuntimeError, ValueError):  # a name the filesystem cannot hold: not a folder
+        return None
+    try:
+        read_config(config_file)
+    except ModelConfigError as exc:
+        return str(exc)
+    return None
 
 
 # the data layouts each objective reads (auto detects among them), from the schema

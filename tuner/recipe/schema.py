@@ -159,6 +159,12 @@ class LoraSection(Section):
         "all-linear",
         description="Module names to adapt (e.g. [q_proj, v_proj]) or all-linear for every linear layer but the output head.",
     )
+    target_parameters: list[str] = Field(
+        default_factory=list,
+        description="Parameters to adapt directly (PEFT's target_parameters), e.g. [mlp.experts.gate_up_proj, "
+        "mlp.experts.down_proj] for a mixture of experts whose experts transformers fuses into 3-D tensors; PEFT "
+        "needs dropout: 0 for them.",
+    )
     modules_to_save: list[str] = Field(
         default_factory=list,
         description="Modules trained in full beside the adapters and saved with them (e.g. [norm] for the final norm, "

@@ -1,0 +1,373 @@
+"""Build a model's parameter inventory from its config on the meta device: the real module tree, no weights.
+
+The only module of the catalog that imports torch, transformers and peft, and only inside its functions: planning
+reaches it for a config whose inventory is neither shipped nor cached (:func:`tuner.catalog.inventory.inventory_for`).
+A build takes a second or a few (imports included); every count in it is what transformers and PEFT themselves make.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from contextlib import contextmanager
+from dataclasses import replace
+
+from tuner.catalog.inventory import Inventory, ModuleGroup, canonical_config, collapse, config_key
+from tuner.catalog.model_config import ModelConfigError, check_resolved_config
+
+_SIMPLE = (int, float, bool, str, type(None))
+_MAX_ATTR_CHARS = 200
+_PER_INSTANCE = ("layer_idx", "layer_id", "layer_index", "layer_number", "block_idx", "expert_idx")  # not structure
+_LORA = re.compile(r"\.(lora_[A-Za-z_]+|base_layer)(\.|$)")
+
+
+class ArchitectureError(ModelConfigError):
+    """transformers cannot build the model a config describes; the message carries transformers' reason."""
+
+
+@contextmanager
+def _quiet():
+    """transformers and PEFT warn about things that do not matter on the meta device (uninitialised weights)."""
+    import warnings
+
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.set_verbosity(verbosity)
+
+
+def config_object(config: dict, name: str, trust_remote_code: bool = False):
+    """transformers' config class for ``config`` (its defaults filled in), or :class:`ArchitectureError`."""
+    from transformers import AutoConfig
+
+    data = {key: value for key, value in config.items() if not key.startswith("_") and key != "transformers_version"}
+    model_type = data.pop("model_type", None)
+    if not isinstance(model_type, str) or not model_type:
+        raise ArchitectureError(f"{name}: model_type: missing; transformers needs it to know which model to build.")
+    try:
+        with _quiet():
+            return AutoConfig.for_model(model_type, trust_remote_code=trust_remote_code, **data)
+    except ValueError as exc:
+        if "Unrecognized model" in str(exc) or "model type" in str(exc):
+            raise ArchitectureError(f"{name}: model_type {model_type!r} is not a model the installed transformers "
+                                    f"knows ({_reason(exc)}); upgrade transformers, or check model_type.") from None
+        raise ArchitectureError(f"{name}: transformers refuses this config: {_reason(exc)}") from None
+    except Exception as exc:  # a config class's own validation (strict dataclasses raise their own types)
+        raise ArchitectureError(f"{name}: transformers refuses this config: {_reason(exc)}") from None
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return (text[:300] + "...") if len(text) > 300 else text or type(exc).__name__
+
+
+def meta_model(config, trust_remote_code: bool = False):
+    """The model AutoModelForCausalLM builds from ``config``, on the meta device."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with _quiet(), torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+
+
+def build_inventory(config: dict, name: str, trust_remote_code: bool = False, lora: bool = True,
+                    model=None) -> Inventory:
+    """Instantiate the model of ``config`` on the meta device (or take ``model``, built from it) and record its
+    parameters per module path pattern; with ``lora``, also what PEFT adapts for each target (:func:`measure_lora`,
+    a few more builds)."""
+    import transformers
+
+    config_obj = config_object(config, name, trust_remote_code)
+    text = _text_config(config_obj)
+    check_resolved_config(text, name)
+    if model is None:
+        try:
+            model = meta_model(config_obj, trust_remote_code)
+        except Exception as exc:
+            raise ArchitectureError(f"{name}: transformers cannot build {type(config_obj).__name__} "
+                                    f"({getattr(config_obj, 'model_type', '?')}): {_reason(exc)}") from None
+    layers_path, num_layers = _decoder_layers(model)
+    groups = tuple(group for group, _ in _groups(model, layers_path))
+    peft_moe_mapping, peft_fused = _peft_moe_tables(model)
+    layer_types = getattr(text, "layer_types", None)
+    inventory = Inventory(
+        architecture=type(model).__name__, model_type=str(getattr(config_obj, "model_type", "")),
+        transformers_version=transformers.__version__, peft_version="",
+        config_sha256=config_key(config), layers_path=layers_path, num_layers=num_layers, groups=groups,
+        tied=_tied(model), config=_jsonable(text.to_dict()), source_config=canonical_config(config),
+        layer_types=[str(t) for t in layer_types] if isinstance(layer_types, (list, tuple)) else [],
+        peft_moe_mapping=peft_moe_mapping, peft_fused_targets=peft_fused,
+        tp_plan={str(k): str(v) for k, v in (getattr(text, "base_model_tp_plan", None) or {}).items()},
+    )
+    return measure_lora(inventory, name, trust_remote_code) if lora else inventory
+
+
+def measure_lora(inventory: Inventory, name: str, trust_remote_code: bool = False) -> Inventory:
+    """The inventory with what PEFT adapts per module group: LoRA parameters per unit of rank when target_modules
+    names the group's leaf, under all-linear, and per target parameter; measured with get_peft_model on fresh
+    meta models (adapters on the meta device too)."""
+    import peft
+
+    config_obj = config_object(inventory.source_config, name, trust_remote_code)
+    model = meta_model(config_obj, trust_remote_code)
+    paths = dict(_group_paths(model, inventory))
+    lora = _lora_coefficients(config_obj, trust_remote_code, inventory.groups, inventory.peft_moe_mapping)
+    groups = tuple(_with_lora(group, paths.get(index, set()), lora) for index, group in enumerate(inventory.groups))
+    return replace(inventory, groups=groups, peft_version=peft.__version__)
+
+
+def _group_paths(model, inventory: Inventory):
+    """(index of the group in the inventory, the exact paths of its modules) for a model built like it."""
+    keys = {_group_key(group): index for index, group in enumerate(inventory.groups)}
+    for group, paths in _groups(model, inventory.layers_path):
+        if _group_key(group) in keys:
+            yield keys[_group_key(group)], paths
+
+
+def _group_key(group: ModuleGroup) -> tuple:
+    return (group.pattern, group.module, group.kind, json.dumps(group.params, sort_keys=True),
+            json.dumps(group.attrs, sort_keys=True, default=str), group.quantized)
+
+
+def _text_config(config_obj):
+    try:
+        return config_obj.get_text_config()
+    except Exception:  # several text configs (encoder-decoder audio models): the top level speaks for the model
+        return config_obj
+
+
+def _jsonable(value):
+    """``value`` with what JSON cannot hold (non-finite floats, objects) dropped."""
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items() if _keeps(v)}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value if _keeps(v)]
+    return value
+
+
+def _keeps(value) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, (*_SIMPLE, dict, list, tuple))
+
+
+def _decoder_layers(model) -> tuple[str, int]:
+    """The ModuleList of the decoder layers: the one holding most parameters (the text decoder's when the model
+    has several, e.g. a vision tower's)."""
+    import torch
+
+    best, best_numel, count = "", -1, 0
+    for path, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module):
+            numel = sum(p.numel() for p in module.parameters())
+            if numel > best_numel:
+                best, best_numel, count = path, numel, len(module)
+    return best, count
+
+
+def _layer_index(path: str, layers_path: str) -> int | None:
+    prefix = layers_path + "."
+    if not layers_path or not path.startswith(prefix):
+        return None
+    head = path[len(prefix):].split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def _kind(module, is_output: bool) -> str:
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    name = type(module).__name__
+    own = dict(module.named_parameters(recurse=False))
+    if not own:
+        return "block"
+    if is_output:
+        return "output"
+    if "Router" in name or (name.endswith("Gate") and "Linear" not in name):
+        return "router"
+    if isinstance(module, (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
+        return "other"
+    if any(p.dim() == 3 for p in own.values()) or "Expert" in name and not isinstance(module, torch.nn.Linear):
+        return "experts"
+    if isinstance(module, torch.nn.Embedding):
+        return "embedding"
+    if isinstance(module, (torch.nn.Linear, Conv1D)):
+        return "linear"
+    if "Norm" in name or isinstance(module, (torch.nn.LayerNorm, torch.nn.GroupNorm)):
+        return "norm"
+    return "other"
+
+
+def _attrs(module) -> dict:
+    attrs = {}
+    for key, value in vars(module).items():
+        if key.startswith("_") or key == "training" or key in _PER_INSTANCE or not isinstance(value, _SIMPLE):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            continue
+        if isinstance(value, str) and len(value) > _MAX_ATTR_CHARS:
+            continue
+        attrs[key] = value
+    return attrs
+
+
+def _quantized_names(model) -> set[str]:
+    """Modules bitsandbytes replaces, by transformers' own rule: exactly ``nn.Linear`` (or GPT-2's Conv1D), not
+    among the modules it keeps (``get_keys_to_not_convert``: tied weights, the last module, the output embeddings,
+    and the model's ``_keep_in_fp32_modules``)."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    skip = list(get_keys_to_not_convert(model)) + list(getattr(model, "_keep_in_fp32_modules", None) or [])
+    return {name for name, module in model.named_modules()
+            if (type(module) is torch.nn.Linear or isinstance(module, Conv1D)) and should_convert_module(name, skip)}
+
+
+def _groups(model, layers_path: str) -> list[tuple[ModuleGroup, set[str]]]:
+    """Every module with parameters, grouped by pattern, class, own shapes, attributes and quantisation; with the
+    exact paths of each group's modules."""
+    import torch
+
+    owners = {id(p): name for name, p in model.named_parameters()}  # first owner of every (tied) parameter
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    quantized = _quantized_names(model)
+    merged: dict[tuple, dict] = {}
+    for path, module in model.named_modules():
+        if not path or isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)) or \
+                not any(True for _ in module.parameters()):
+            continue  # the root, lists, and modules without parameters (activations, rotary tables, dropout)
+        own = {key: list(p.shape) for key, p in module.named_parameters(recurse=False)
+               if owners.get(id(p)) == (f"{path}.{key}")}
+        kind = _kind(module, module is output)
+        index = _layer_index(path, layers_path)
+        if kind == "block" and index is None:
+            continue  # a container outside the decoder layers (the base model, a vision tower's root)
+        attrs = _attrs(module)
+        is_quantized = path in quantized
+        key = (collapse(path), type(module).__name__, kind, json.dumps(own, sort_keys=True),
+               json.dumps(attrs, sort_keys=True, default=str), is_quantized)
+        entry = merged.setdefault(key, {"layers": set(), "paths": set(), "params": own, "attrs": attrs})
+        entry["paths"].add(path)
+        if index is not None:
+            entry["layers"].add(index)
+    return [(ModuleGroup(pattern=pattern, module=cls, kind=kind, params=entry["params"],
+                         layers=sorted(entry["layers"]), instances=len(entry["paths"]), attrs=entry["attrs"],
+                         quantized=is_quantized), entry["paths"])
+            for (pattern, cls, kind, _, _, is_quantized), entry in merged.items()]
+
+
+def _tied(model) -> dict[str, str]:
+    owners: dict[int, str] = {}
+    tied = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in owners:
+            tied[name] = owners[id(param)]
+        else:
+            owners[id(param)] = name
+    return tied
+
+
+def _peft_moe_tables(model) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """PEFT's renaming of transformers v4 expert names (gate_proj, w1, ...) to the fused v5 parameters, for this
+    model type (``peft.utils.transformers_weight_conversion``); empty where PEFT renames nothing."""
+    try:
+        from peft.utils.transformers_weight_conversion import (_MODEL_TO_CONVERSION_PATTERN, _MOE_FUSED_TARGETS,
+                                                               _MOE_TARGET_MODULE_MAPPING)
+    except ImportError:
+        return {}, {}
+    base = _MODEL_TO_CONVERSION_PATTERN.get(getattr(model.config, "model_type", None))
+    if base is None or not _MOE_FUSED_TARGETS.get(base):
+        return {}, {}
+    return (dict(_MOE_TARGET_MODULE_MAPPING.get(base, {})),
+            {key: list(value) for key, value in _MOE_FUSED_TARGETS.get(base, {}).items()})
+
+
+def _adapter_params(config_obj, trust_remote_code: bool, **lora) -> dict[str, int] | str:
+    """LoRA parameters (rank 1) PEFT adds per module path for one LoraConfig, on a fresh meta model; PEFT's
+    refusal as text when it refuses."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    model = meta_model(config_obj, trust_remote_code)
+    try:
+        with _quiet(), torch.device("meta"):  # the adapters too: nothing is allocated or initialised
+            wrapped = get_peft_model(model, LoraConfig(r=1, lora_alpha=1, task_type="CAUSAL_LM", **lora))
+    except Exception as exc:  # PEFT's words for a target it cannot adapt
+        return _reason(exc)
+    counts: dict[str, int] = {}
+    for name, param in wrapped.named_parameters():
+        if not param.requires_grad or "lora_" not in name:
+            continue
+        path = name.removeprefix("base_model.model.")
+        path = path[:_LORA.search(path).start()]
+        counts[path] = counts.get(path, 0) + param.numel()
+    return counts
+
+
+def _lora_coefficients(config_obj, trust_remote_code, groups, moe_mapping) -> dict:
+    """Per module path, LoRA parameters per unit of rank when a recipe names it: by leaf name, under all-linear,
+    and per target parameter."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    adaptable = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, Conv1D)
+    model = meta_model(config_obj, trust_remote_code)
+    leaves = sorted({path.rsplit(".", 1)[-1] for path, module in model.named_modules()
+                     if path and isinstance(module, adaptable)} - set(moe_mapping))
+    by_name = _adapter_params(config_obj, trust_remote_code, target_modules=leaves) if leaves else {}
+    if isinstance(by_name, str):  # one of them is refused: measure them one by one
+        by_name = {}
+        for leaf in leaves:
+            counts = _adapter_params(config_obj, trust_remote_code, target_modules=[leaf])
+            by_name.update(counts if isinstance(counts, dict) else {})
+    all_linear = _adapter_params(config_obj, trust_remote_code, target_modules="all-linear")
+    parameters: dict[str, dict[str, int]] = {}
+    targets = set(moe_mapping.values()) | {name for group in groups if group.kind == "experts" for name in group.params}
+    for target in sorted(targets):
+        counts = _adapter_params(config_obj, trust_remote_code, target_modules=[], target_parameters=[target])
+        if isinstance(counts, dict):
+            parameters[target] = counts
+    return {"by_name": by_name, "all_linear": all_linear if isinstance(all_linear, dict) else {},
+            "parameters": parameters}
+
+
+def _with_lora(group: ModuleGroup, paths: set[str], lora: dict) -> ModuleGroup:
+    from dataclasses import replace
+
+    def per_instance(counts: dict[str, int]) -> float:
+        return sum(n for path, n in counts.items() if path in paths) / group.instances
+
+    return replace(group, lora=per_instance(lora["by_name"]) or None, lora_all_linear=per_instance(lora["all_linear"]),
+                   lora_parameters={target: value for target, counts in lora["parameters"].items()
+                                    if (value := per_instance(counts))})
+
+
+def ship_catalog_inventories() -> list[str]:
+    """Rebuild the shipped inventory of every catalog entry and of the built-in demo model, and remove the ones no
+    entry uses any more (``make inventories``); returns the files written."""
+    from tuner.catalog.inventory import SHIPPED_DIR, shipped_path
+    from tuner.catalog.models import catalog_config, catalog_ids, demo_config
+    from tuner.fileio import atomic_write_text
+
+    configs = {"builtin:demo": demo_config(), **{key: catalog_config(key) for key in catalog_ids()}}
+    written = []
+    for name, config in configs.items():
+        path = shipped_path(config_key(config))
+        atomic_write_text(path, build_inventory(config, name).to_json())
+        written.append(path.name)
+    for stale in SHIPPED_DIR.glob("*.json"):
+        if stale.name not in written:
+            stale.unlink()
+    return written
+
+
+if __name__ == "__main__":
+    print(f"wrote {len(ship_catalog_inventories())} inventories")
