@@ -12,6 +12,9 @@ REPO = Path(__file__).resolve().parents[1]
 # Two xdist workers share two cores: one thread per process (and per rank of the processes they launch), or
 # OpenMP threads spin against each other and a training process runs ten times slower than alone.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Nothing comes from the hub (tests that use one start a local server). Set before any test module is collected:
+# huggingface_hub reads it once, when first imported, and a test module may import transformers at its top.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -22,7 +25,6 @@ def tuner_home(tmp_path_factory) -> Path:
     """
     home = Path(os.environ.get("TUNER_TEST_HOME") or tmp_path_factory.getbasetemp().parent / "tuner-home")
     os.environ["TUNER_HOME"] = str(home)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return home
 

@@ -40,7 +40,7 @@ def default_output(target: InferenceTarget, quant: str) -> Path:
 def check_output(output: Path, target: InferenceTarget, force: bool) -> None:
     """Refuse, before the model is loaded, a destination that is not tuner's to write (see merge's own check)."""
     from tuner.fileio import DestinationRefused, check_destination
-    from tuner.loading.merge import written_by_tuner
+    from tuner.loading.merge import files_tuner_wrote
 
     inside = []
     if target.run_dir is not None:
@@ -48,7 +48,7 @@ def check_output(output: Path, target: InferenceTarget, force: bool) -> None:
                   (target.run_dir / CHECKPOINTS_DIR, f"the run's checkpoints {target.run_dir / CHECKPOINTS_DIR}")]
     holding = [(target.run_dir, f"the run {target.run_dir}")] if target.run_dir else []
     try:
-        check_destination(output, owned=written_by_tuner(output).__contains__, holding=holding, inside=inside)
+        check_destination(output, owned=files_tuner_wrote(output), holding=holding, inside=inside)
     except DestinationRefused as exc:
         raise ExportRefused(str(exc)) from None
     if output.is_dir() and any(output.iterdir()) and not force:

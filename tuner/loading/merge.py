@@ -47,14 +47,20 @@ def written_by_tuner(folder: Path) -> set[str]:
     return {name for name in files if isinstance(name, str)} | {TUNER_FILES}
 
 
+def files_tuner_wrote(folder: Path):
+    """``check_destination``'s ``owned`` for a folder of files tuner saved (a merged model, an export): a file under
+    a name :func:`written_by_tuner` lists, nothing else."""
+    written = written_by_tuner(folder)
+    return lambda name: FILE if name in written else None
+
+
 def check_merge_output(output: Path, adapter: Path, force: bool) -> None:
     """Refuse, before the model is loaded, an output that is not tuner's to write: the run (or a folder holding it),
     its final model or checkpoints, the current folder, a link, a folder with files tuner did not save there;
     an existing merged folder without ``force``."""
     run = run_of(adapter)
     try:
-        written = written_by_tuner(output)
-        check_destination(output, owned=lambda name: FILE if name in written else None,
+        check_destination(output, owned=files_tuner_wrote(output),
                           holding=[(run, f"the run {run}"), (adapter, f"the adapter {adapter}")],
                           inside=[(run / FINAL_DIR, f"the run's final model {run / FINAL_DIR}"),
                                   (run / CHECKPOINTS_DIR, f"the run's checkpoints {run / CHECKPOINTS_DIR}")])
