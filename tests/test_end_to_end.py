@@ -42,7 +42,8 @@ def test_tuner_run_trains_through_accelerate_launch(tmp_path, tuner_cli, demo_mo
     assert f" 40 steps; model saved in {run_dir / 'final'}" in last[0], last
     assert last[1].startswith(f"  train loss {losses[0]:.4f} -> {losses[-1]:.4f}, held-out loss ") and "tokens/s" in last[1]
     assert last[2].startswith("  memory: plan predicted ") and "measured" in last[2]
-    assert last[3:] == ["next:", f'  tuner infer {run_dir} --prompt "..."', f"  tuner chat {run_dir}"]
+    assert last[3:] == ["next:", f'  tuner infer {run_dir} --prompt "..."', f"  tuner chat {run_dir}",
+                        f"  tuner eval {run_dir} --baseline", f"  tuner export {run_dir} --format ollama"]
 
     from transformers import AutoModelForCausalLM
 

@@ -24,7 +24,7 @@ LLAMA3_8B = model_facts("meta-llama/Llama-3.1-8B")  # the planner's catalog: 32 
 
 
 def facts(layers: int, kv_heads: int, head_dim: int):
-    config = {"hidden_size": kv_heads * head_dim, "num_attention_heads": kv_heads, "num_key_value_heads": kv_heads,
+    config = {"model_type": "llama", "hidden_size": kv_heads * head_dim, "num_attention_heads": kv_heads, "num_key_value_heads": kv_heads,
               "head_dim": head_dim, "num_hidden_layers": layers, "intermediate_size": 8, "vocab_size": 10}
     return facts_from_config(config, "test model", "test")
 

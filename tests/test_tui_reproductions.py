@@ -356,7 +356,7 @@ async def test_10_lists_take_tab_then_enter_and_search_by_size(size):
     async with app.run_test(size=size) as pilot:
         await pilot.press("enter")  # New recipe: the Model screen
         search = app.screen.query_one("#model-search", Input)
-        await type_into(pilot, search, "8b")
+        await type_into(pilot, search, "3.1-8b")  # "8b" alone now finds Qwen3-8B too
         assert options(app, "#model-list") and all(
             prompt.startswith("meta-llama/Llama-3.1-8B") for prompt in options(app, "#model-list"))
         await pilot.press("enter")  # the one match is taken

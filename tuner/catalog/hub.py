@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 from urllib.parse import quote
 
@@ -108,7 +109,21 @@ def _read_kept(model_id: str, revision: str) -> HubConfig | None:
 def hub_config(model_id: str, revision: str | None = None) -> HubConfig | None:
     """A hub model's config.json and shipped weights: tuner's kept copy, else fetched from the hub (and kept); when
     offline, the Hugging Face cache's copy.  None for a name that is not a hub id, and offline when nothing is on
-    this machine; :class:`HubError` when the hub was asked and could not answer."""
+    this machine; :class:`HubError` when the hub was asked and could not answer.
+
+    Asked once per process (per home and hub): validate, the kernels and the plan each read the model's config, and
+    all of them name the source as it was the first time ("fetched now", not "kept" by the first of them)."""
+    import os
+
+    from tuner.home import tuner_home
+
+    return _hub_config(model_id, revision, str(tuner_home()), os.environ.get("HF_ENDPOINT"),
+                       os.environ.get("HF_HUB_OFFLINE"))
+
+
+@lru_cache(maxsize=64)
+def _hub_config(model_id: str, revision: str | None, home: str, endpoint: str | None,
+                offline: str | None) -> HubConfig | None:
     if not is_hub_id(model_id):
         return None
     revision = revision or "main"
