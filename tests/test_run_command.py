@@ -93,3 +93,26 @@ def test_ctrl_c_stops_every_rank_and_names_the_last_checkpoint(tmp_path, demo_mo
     assert "--resume" in err
     time.sleep(1)
     assert not [pid for pid in rank_pids if process_running(pid)], "a rank outlived Ctrl-C"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_ignored_or_blocked_by_the_parent_still_stops_a_followed_run(signum):
+    """A tuner started with the stop signals ignored and blocked (a background job of a non-interactive shell, a
+    test runner's worker) still turns SIGINT/SIGTERM into a stop while it follows its ranks."""
+    script = ("import os, sys, time\n"
+              "from tuner.launch.run import RunInterrupted, signals_stop_the_run\n"
+              "try:\n"
+              "    with signals_stop_the_run():\n"
+              f"        os.kill(os.getpid(), {int(signum)})\n"
+              "        time.sleep(5)\n"
+              "except (KeyboardInterrupt, RunInterrupted):\n"
+              "    sys.exit(3)\n")
+
+    def ignore_and_block():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT, signal.SIGTERM])
+
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          preexec_fn=ignore_and_block, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr

@@ -273,8 +273,12 @@ def _download_for_run(download: HubDownload, run_dir: Path, machines: int, say, 
 
 @contextlib.contextmanager
 def signals_stop_the_run() -> Iterator[None]:
-    """In the main thread, SIGTERM and SIGHUP raise :class:`RunInterrupted` while a run is followed, as SIGINT
-    raises KeyboardInterrupt; the ranks run in their own session, so tuner must stop them itself."""
+    """In the main thread, SIGTERM and SIGHUP raise :class:`RunInterrupted` while a run is followed, and SIGINT
+    raises KeyboardInterrupt; the ranks run in their own session, so tuner must stop them itself.
+
+    SIGINT's handler is set here, not inherited: a process started with SIGINT ignored (a background job of a
+    non-interactive shell, a worker of a parallel test runner) gets no KeyboardInterrupt from Python, and such a
+    tuner would ignore Ctrl-C and never stop its ranks; a stop signal blocked by the parent is unblocked likewise."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -282,10 +286,13 @@ def signals_stop_the_run() -> Iterator[None]:
     def interrupt(signum, frame):
         raise RunInterrupted(signum)
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in STOP_SIGNALS}
+    handlers = {signal.SIGINT: signal.default_int_handler, **{sig: interrupt for sig in STOP_SIGNALS}}
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, handlers)
     try:
         yield
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
