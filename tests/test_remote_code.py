@@ -26,6 +26,12 @@ def with_custom_code(model_dir, demo_model_path):
     return model_dir
 
 
+@pytest.fixture(autouse=True)
+def in_a_folder_of_its_own(tmp_path, monkeypatch):
+    """The payload writes ``pwned`` where it runs; a trusted test runs it, so never in the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture
 def custom_model(tmp_path, demo_model_path):
     return with_custom_code(tmp_path / "acme-model", demo_model_path)
