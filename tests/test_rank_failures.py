@@ -79,6 +79,18 @@ def test_a_single_process_killed_without_a_launcher_summary() -> None:
     assert message[-2:] == ["  loading model", "  step 10 loss 1.2"]
 
 
+def test_accelerate_chains_the_ranks_stderr_as_the_cause() -> None:
+    """accelerate >= 1.16 raises ``CalledProcessError(...) from RuntimeError(<stderr tail>)``: that cause is the
+    launcher's report, not the rank's last line, whether the rank wrote to stderr or not."""
+    report = ["", "The above exception was the direct cause of the following exception:", "",
+              "Traceback (most recent call last):", "  File \"launch.py\", line 1049, in _run_subprocess",
+              "subprocess.CalledProcessError: Command '['python', 'train.py']' died with <Signals.SIGKILL: 9>."]
+    quiet = describe_failure(["only rank working", "RuntimeError", *report], 1)
+    warned = describe_failure(["only rank working", "a warning", "RuntimeError: a warning", "", *report], 1)
+    assert quiet[0].startswith("training was killed by SIGKILL") and quiet[1:] == ["  only rank working"]
+    assert warned[1:] == ["  only rank working", "  a warning"]
+
+
 def test_without_tee_the_log_is_shown_as_it_is() -> None:
     """torch prefixes its own warnings with [rankN]:, but a rank's prints carry no prefix without --tee."""
     lines = ["[rank1]:[W1130 reducer.cpp:1529] Warning: find_unused_parameters=True", "step 5 loss 1.1",

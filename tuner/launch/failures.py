@@ -19,6 +19,8 @@ _RANK_PREFIX = re.compile(r"^\[[A-Za-z_]+(\d+)\]:")  # torchrun --tee: [default1
 _TEE_PREFIX = re.compile(r"^\[(?!rank\d)[A-Za-z_]+\d+\]:")
 _DIED = re.compile(r"died with <Signals\.\w+: (\d+)>|returned non-zero exit status (\d+)")
 _LAUNCHER = re.compile(r"torch/distributed/elastic/|ChildFailedError|^Traceback \(most recent call last\)")
+_CHAINED = "The above exception was the direct cause of the following exception:"
+_STDERR_CAUSE = re.compile(r"^RuntimeError(: |$)")
 
 
 @dataclass(frozen=True)
@@ -97,9 +99,14 @@ def lines_of_rank(lines: Iterable[str], local_rank: int) -> list[str]:
 
 
 def _before_launcher(lines: list[str]) -> list[str]:
-    """The ranks' own output: everything before the launcher starts reporting the failure."""
+    """The ranks' own output: everything before the launcher starts reporting the failure.
+
+    accelerate >= 1.16 raises its CalledProcessError ``from RuntimeError(<the rank's stderr tail>)``: that cause
+    prints without a traceback, as ``RuntimeError: <tail>``, before the chained one, and repeats what the rank said."""
     for index, line in enumerate(lines):
         summary = line.strip().startswith("=====") and index + 1 < len(lines) and lines[index + 1].rstrip().endswith("FAILED")
+        if line.strip() == _CHAINED:
+            return lines[:next((i for i in range(index - 1, -1, -1) if _STDERR_CAUSE.match(lines[i])), index)]
         if summary or _LAUNCHER.search(line):
             return lines[:index]
     return lines
