@@ -201,23 +201,23 @@ SHARED_INPUTS = (frozenset({"q_proj", "k_proj", "v_proj"}), frozenset({"gate_pro
 
 
 def _lora_bytes(s, kind) -> float:
-    """LoRA branches, per targeted nn.Linear (PEFT's ``Linear.forward``: ``lora_B(lora_A(dropout(x)))``): lora_A
-    keeps its input and lora_B its r-wide input, in the dtype the adapter's matmul runs in (autocast's, else the fp32
-    adapters'); lora_A's input is a copy of its own when the branch casts x (autocast, or 16-bit activations into the
-    fp32 adapters) or drops it out (with the dropout's mask, a byte), else it is x itself, kept once for the maps that
-    read the same x (q/k/v, gate/up).  Traced per tensor on the CPU: docs/memory.md, "LoRA branches"; a GPU recipe
-    keeps the earlier per-map term held to the H200 measurements, in x (compute + 2), which CUDA runs exceed the
-    CPU traces by."""
+    """LoRA branches, per targeted nn.Linear (PEFT's ``Linear.forward``: ``lora_B(lora_A(dropout(x)))``): lora_B keeps
+    its r-wide input in the dtype the adapter's matmul runs in (autocast's, else the fp32 adapters'), and lora_A its
+    input.  With a dropout, that input is the branch's own dropped-out copy beside its mask: in x (compute + 3), the
+    term fitted to the fake-tensor traces and held to the H200 measurements (tests/test_planner_simulation.py,
+    tests/test_planner_measured.py).  Without one (traced per tensor on the CPU: docs/memory.md, "LoRA branches"),
+    lora_A keeps a copy of its own only when the branch casts x (autocast, or 16-bit activations into the fp32
+    adapters): in x compute; else x itself, kept once for the maps that read the same x (q/k/v, gate/up).  GPU
+    recipes keep the fitted term, in x (compute + 2) without a dropout: the H200 runs exceed the CPU traces there."""
     return _lora_branch_bytes(s, [lin for lin in lora_linears(s, kind) if lin.is_nn_linear])
 
 
 def _lora_branch_bytes(s, targets) -> float:
     compute = 2 if s.mixed else 4
-    dropout = s.lora_dropout > 0
-    if s.on_gpu:  # the H200 measurements show 2 bytes more per input element than the CPU traces (not found why)
-        return sum(lin.in_features * (compute + 2 + (1 if dropout else 0)) + s.lora_r * compute for lin in targets)
-    if dropout or s.mixed or s.act_bytes != 4:
-        inputs = sum(lin.in_features * (compute + (1 if dropout else 0)) for lin in targets)
+    if s.lora_dropout > 0 or s.on_gpu:
+        inputs = sum(lin.in_features * (compute + 2 + (1 if s.lora_dropout > 0 else 0)) for lin in targets)
+    elif s.mixed or s.act_bytes != 4:
+        inputs = sum(lin.in_features * compute for lin in targets)
     else:
         inputs = sum(in_features * compute for in_features in _distinct_inputs(targets).values())
     return inputs + len(targets) * s.lora_r * compute
