@@ -14,7 +14,7 @@ from tuner.planner.memory import TRAINING_STEP
 from tuner.planner.simulate import simulate
 from tuner.recipe.io import validate_recipe
 
-TOLERANCE = 0.15  # as tests/test_planner_simulation.py; the measured errors are in docs/memory.md
+TOLERANCE = 0.08  # the bound; every cell's error is in docs/memory.md, "Layer kinds"
 
 _BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
              vocab_size=256, intermediate_size=96)
@@ -47,7 +47,8 @@ CELLS = [
     ("gpt_oss", "full", True, "eager"), ("gpt_oss", "lora", False, "eager"),
     ("llama4_text", "full", False, "eager"), ("llama4_text", "lora", True, "sdpa"),
     ("gemma3_text", "full", True, "sdpa"), ("gemma3_text", "full", False, "eager"),
-]  # Gemma 3 under LoRA is planned ~20% high (docs/memory.md, "Layer kinds"): not held here until understood
+    ("gemma3_text", "lora", False, "sdpa"), ("gpt_oss", "lora", True, "eager"),
+]  # (the last two: LoRA branches sharing q/k/v's input; checkpointed eager with its masks, the table's worst cell)
 
 
 @pytest.fixture(scope="module")

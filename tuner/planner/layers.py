@@ -93,13 +93,22 @@ def _mla_bytes(s, d: dict) -> float:
     heads = _split(d["heads"], s.tp)
     qk, kv_b, vo = heads * d["head_dim"], heads * (d["nope_dim"] + d["v_dim"]), heads * d["v_dim"]
     q_rank, kv_rank, rope = d["q_rank"], d["kv_rank"], d["rope_dim"]
-    total = a * (2 * qk + kv_b)
-    total += (4 * q_rank + 4 if q_rank else 0) + 4 * (kv_rank + rope) + 4
+    total = (4 * q_rank + 4 if q_rank else 0) + 4 * (kv_rank + rope) + 4
     if full:
         total += a * h + 2 * a * q_rank + 2 * a * kv_rank + a * vo
+    if _mla_sdpa_math(s, d):
+        return total + a * (2 * qk + vo) + 4 * heads * attention_span(s)
+    total += a * (2 * qk + kv_b)
     if not s.eager:
         total += 4 * heads
     return total
+
+
+def _mla_sdpa_math(s, d: dict) -> bool:
+    """Whether sdpa runs latent attention through torch's math fallback: on the CPU, whose fused kernel needs one head
+    width for q, k and v (DeepSeek's v is narrower than its q/k); the math path keeps the scaled q, k, a contiguous v
+    and the fp32 probabilities (traced).  CUDA's memory-efficient kernel takes a narrower v."""
+    return not (s.eager or s.flash or s.on_gpu) and d["head_dim"] != d["v_dim"]
 
 
 def _gated_delta_net_bytes(s, d: dict) -> float:
@@ -173,22 +182,64 @@ def _moe_bytes(s, kind) -> float:
 def per_layer_bytes(s, kind) -> float:
     """What one layer keeps whatever the tokens: PEFT's LoRA on fused experts (``target_parameters``) adds B x A to
     each adapted expert tensor on every forward (``_LoraFactorsProxy``: one baddbmm in the tensor's dtype), and the
-    merged copy is the weight grouped_mm saves for the backward: a whole expert tensor per adapted parameter."""
-    if s.kind == "full" or kind.mlp != "moe":
+    merged copy is the weight grouped_mm saves for the backward: a whole expert tensor per adapted parameter; and
+    autocast's copies of the adapters' weights."""
+    if s.kind == "full":
         return 0.0
+    if kind.mlp != "moe":
+        return lora_weight_casts_bytes(s, kind)
     weight = s.weight_bytes if s.quant_bits is None else 4  # k-bit preparation leaves experts in fp32
-    return sum(lin.weight_params / s.tp * weight for lin in lora_linears(s, kind) if not lin.is_nn_linear
-               and ".experts." in f".{lin.name}")
+    merged = sum(lin.weight_params / s.tp * weight for lin in lora_linears(s, kind)
+                 if not lin.is_nn_linear and ".experts." in f".{lin.name}")
+    return merged + lora_weight_casts_bytes(s, kind)
+
+
+# Linear maps that read one and the same input tensor (transformers' names): their LoRA branches share it too
+# unless each makes its own copy (a cast or a dropout)
+SHARED_INPUTS = (frozenset({"q_proj", "k_proj", "v_proj"}), frozenset({"gate_proj", "up_proj"}),
+                 frozenset({"q_a_proj", "kv_a_proj_with_mqa"}), frozenset({"in_proj_qkvz", "in_proj_ba"}))
 
 
 def _lora_bytes(s, kind) -> float:
-    """LoRA branches, per targeted nn.Linear: the adapter's input in its compute dtype and its dropped-out copy (with
-    the mask); fitted to fake-tensor traces and held to the H200 measurements: in x (a + 2), plus in bytes with
-    dropout, and r x a for the adapter's r-wide output."""
-    targets = [lin for lin in lora_linears(s, kind) if lin.is_nn_linear]
-    lora_act = 2 if s.mixed else 4
-    return sum(lin.in_features * (lora_act + 2 + (1 if s.lora_dropout > 0 else 0)) + s.lora_r * lora_act
-               for lin in targets)
+    """LoRA branches, per targeted nn.Linear (PEFT's ``Linear.forward``: ``lora_B(lora_A(dropout(x)))``): lora_B keeps
+    its r-wide input in the dtype the adapter's matmul runs in (autocast's, else the fp32 adapters'), and lora_A its
+    input.  With a dropout, that input is the branch's own dropped-out copy beside its mask: in x (compute + 3), the
+    term fitted to the fake-tensor traces and held to the H200 measurements (tests/test_planner_simulation.py,
+    tests/test_planner_measured.py).  Without one (traced per tensor on the CPU: docs/memory.md, "LoRA branches"),
+    lora_A keeps a copy of its own only when the branch casts x (autocast, or 16-bit activations into the fp32
+    adapters): in x compute; else x itself, kept once for the maps that read the same x (q/k/v, gate/up).  GPU
+    recipes keep the fitted term, in x (compute + 2) without a dropout: the H200 runs exceed the CPU traces there."""
+    return _lora_branch_bytes(s, [lin for lin in lora_linears(s, kind) if lin.is_nn_linear])
+
+
+def _lora_branch_bytes(s, targets) -> float:
+    compute = 2 if s.mixed else 4
+    if s.lora_dropout > 0 or s.on_gpu:
+        inputs = sum(lin.in_features * (compute + 2 + (1 if s.lora_dropout > 0 else 0)) for lin in targets)
+    elif s.mixed or s.act_bytes != 4:
+        inputs = sum(lin.in_features * compute for lin in targets)
+    else:
+        inputs = sum(in_features * compute for in_features in _distinct_inputs(targets).values())
+    return inputs + len(targets) * s.lora_r * compute
+
+
+def _distinct_inputs(targets) -> dict[str, int]:
+    """The distinct input tensors of these linear maps, keyed by the first map that reads each: its width."""
+    inputs: dict[str, int] = {}
+    for lin in targets:
+        parent, _, leaf = lin.name.rpartition(".")
+        group = next((sorted(names)[0] for names in SHARED_INPUTS if leaf in names), leaf)
+        inputs.setdefault(f"{parent}.{group}", lin.in_features)
+    return inputs
+
+
+def lora_weight_casts_bytes(s, kind) -> float:
+    """Autocast's cached 16-bit copies of the fp32 adapters' weights, kept for their backward: r x (in + out) x 2
+    per adapted nn.Linear."""
+    if not s.mixed:
+        return 0.0
+    return sum(2 * s.lora_r * (lin.in_features + lin.out_features) for lin in lora_linears(s, kind)
+               if lin.is_nn_linear)
 
 
 def span_bytes_per_token(s, kind) -> float:
@@ -213,11 +264,24 @@ def span_bytes_per_token(s, kind) -> float:
     return a * span
 
 
+def checkpointed_masks_bytes(s) -> float:
+    """eager attention's additive masks, built once per attention type (full, sliding, chunked) in the embeddings'
+    dtype and passed to every layer: under gradient checkpointing each checkpointed layer keeps them as inputs until
+    its recompute, so they live through the backward, b x s x span each (one packed row with data.packing).  sdpa
+    with no padding gets no mask at all (transformers lets the kernel's is_causal do it), flash-attention none."""
+    if not (s.checkpointing and s.eager):
+        return 0.0
+    types = {kind.attention_type for kind in kinds(s) if kind.mixer in ("attention", "mla")}
+    return len(types) * s.batch * s.seq * attention_span(s) * residual_bytes(s)
+
+
 def mlp_width(s, kind) -> float:
-    """The widest intermediate one token passes through in the layer's MLP (all k experts' for a MoE)."""
+    """The widest intermediate one token passes through in the layer's MLP (all k experts' for a MoE, every expert's
+    where every token runs through all of them: Llama 4)."""
     d = kind.dims
     if kind.mlp == "moe":
-        return _split(d["expert_width"], s.tp) * d["top_k"] + _split(d.get("shared_width", 0), s.tp)
+        routed = d["experts"] if d["dispatch"] == "all_experts" else d["top_k"]
+        return _split(d["expert_width"], s.tp) * routed + _split(d.get("shared_width", 0), s.tp)
     if kind.mlp == "dense":
         return _split(d["intermediate"], s.tp)
     return 0.0
@@ -235,11 +299,21 @@ def backward_bytes(s, kind, tokens: int) -> float:
     if targets and a == 2:
         mlp += 2 * 4 * max(lin.in_features for lin in targets)
     mixer = 0.0
-    if s.eager and kind.mixer in ("attention", "mla"):
-        mixer = 6 * _split(kind.dims["heads"], s.tp) * attention_span(s)
+    if (s.eager and kind.mixer in ("attention", "mla")) or (kind.mixer == "mla" and _mla_sdpa_math(s, kind.dims)):
+        mixer = (4 + a) * _split(kind.dims["heads"], s.tp) * attention_span(s)
     if kind.mixer == "gated_delta_net":
         mixer = 4 * _split(kind.dims["v_heads"], s.tp) * (4 * CHUNK + 2 * kind.dims["k_dim"])
-    return tokens * max(mlp, mixer - _mlp_bytes(s, kind)) + _merged_expert_gradient(s, kind)
+    return tokens * max(mlp, mixer - _after_mixer_bytes(s, kind)) + _merged_expert_gradient(s, kind)
+
+
+def _after_mixer_bytes(s, kind) -> float:
+    """What the layer keeps per token past its token mixer, freed by the time the mixer's backward runs: the MLP's
+    tensors, the LoRA branches outside the mixer's module, the norms after the first."""
+    a, full = s.act_bytes, s.kind == "full"
+    mixer_module = kind.linears[0].name.split(".")[0] if kind.linears else ""
+    outside = [lin for lin in lora_linears(s, kind) if lin.is_nn_linear and not lin.name.startswith(mixer_module + ".")]
+    norms = sum(4 * width + (a * width if full else 0) for width in kind.norms[1:])
+    return _mlp_bytes(s, kind) + _lora_branch_bytes(s, outside) + norms
 
 
 def _merged_expert_gradient(s, kind) -> float:

@@ -24,7 +24,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from tuner.catalog.models import ModelFacts, ParamCounts, model_facts
-from tuner.planner.layers import (all_layers_bytes, attention_span, backward_bytes, forward_transient_bytes, largest,
+from tuner.planner.layers import (all_layers_bytes, attention_span, backward_bytes, checkpointed_masks_bytes,
+                                  forward_transient_bytes, kinds, largest,
                                   layer_bytes, lora_linears, mlp_width, residual_bytes)
 
 GIB = 2**30
@@ -719,7 +720,11 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
     notes = []
     full = s.kind == "full"
     span = attention_span(s)
-    layer_backward = largest(backward_bytes, s, tokens)
+    if s.checkpointing:  # one layer is recomputed and then runs its backward: the worst layer kind for both at once
+        worst = max(kinds(s), key=lambda kind: layer_bytes(s, kind, tokens) + backward_bytes(s, kind, tokens))
+        recomputed, layer_backward = layer_bytes(s, worst, tokens), backward_bytes(s, worst, tokens)
+    else:
+        layer_backward = largest(backward_bytes, s, tokens)
     items, host = [], []
     sequence, split = _sequence_label(s), _activation_label(s)
     if s.checkpointing:
@@ -733,7 +738,11 @@ def _activation_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
         else:
             items.append(inputs)
         items.append(Item(f"one layer recomputed in backward{split and f' ({split})'}", "activations",
-                          largest(layer_bytes, s, tokens), LAYER_BACKWARD, source=_layer_source(s)))
+                          recomputed, LAYER_BACKWARD, source=_layer_source(s)))
+        masks = checkpointed_masks_bytes(s)
+        if masks:
+            items.append(Item("attention masks kept for the recompute", "activations", masks, BACKWARD,
+                              source="layer-kinds"))
     else:
         items.append(Item(f"saved activations ({f.num_layers} layers{split and f'; {split}'})", "activations",
                           all_layers_bytes(s, tokens), BACKWARD, source=_layer_source(s)))
