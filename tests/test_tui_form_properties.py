@@ -381,7 +381,7 @@ def steady(tmp_path, monkeypatch):
 
 # Each example drives a fresh wizard for seconds; on the code before the fix random ones found a box showing an
 # earlier recipe's text within 3 and 7 examples (seeds 2 and 3). TUNER_FORM_EXAMPLES=200 searches longer.
-EXAMPLES = int(os.environ.get("TUNER_FORM_EXAMPLES", "15"))
+EXAMPLES = int(os.environ.get("TUNER_FORM_EXAMPLES", "8"))
 
 
 # the reproductions, always tried first
