@@ -598,6 +598,10 @@ def _module_params(s: _Setup, name: str) -> tuple[int, int] | None:
         return head, head  # a tied head gets its own copy, untied from the embeddings
     if name in ("embed_tokens", "model.embed_tokens"):
         return counts.embeddings, counts.embeddings
+    if name in ("norm", "layernorm") and f.inventory is not None:
+        # every norm module whose path ends so, Qwen 3's q/k norms inside the attention too (counted there)
+        norms = [group for group in f.inventory.groups if group.kind == "norm" and group.pattern.endswith(name)]
+        return sum(group.numel for group in norms), max((group.own_numel for group in norms), default=0)
     if name in ("norm", "layernorm"):  # every norm's name ends so: the final one and each layer's
         return counts.norms, f.hidden_size
     if name == "model.norm":
