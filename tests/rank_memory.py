@@ -6,7 +6,9 @@ ENGINE: zero1, zero2, zero3 (DeepSpeed, given a torch AdamW as the Trainer gives
 every rank, ZeRO-1: the model split by ``deepspeed.tp_model_init`` as the Trainer splits it), fsdp2 (torch's
 ``fully_shard`` on every decoder layer and the root, as Accelerate's FSDP2 plugin wraps a model), or grpo-ddp and
 grpo-zero2 (one GRPO round of :data:`GRPO` under torch's DDP or DeepSpeed ZeRO-2, with a frozen reference: its
-generation and its training step, each with its own peak); PRECISION: fp32, or
+generation and its training step, each with its own peak); ``-lora`` after a DeepSpeed engine (zero3-lora) wraps the
+model first with the LoRA of the built-in recipe :data:`LORA_RECIPE` (PEFT, the Trainer's optimizer over the trainable
+parameters only); PRECISION: fp32, or
 bf16 (DeepSpeed's bf16 engine with fp32 master partitions; FSDP2's bf16 MixedPrecisionPolicy over fp32 parameters, as
 Accelerate sets it up). The model is built from MODEL_DIR/config.json in float32, a warm-up step creates the
 optimizer states, and the second step runs inside ``MemTracker`` (see :func:`trace` for what it is told to track).  Each rank writes OUT_DIR/rank<R>.json, for each
@@ -29,6 +31,27 @@ GRPO_BATCH = 2
 GRPO = {"kind": "grpo", "beta": 0.04, "grpo": {"num_generations": 2, "max_prompt_length": 16,
                                                "max_completion_length": 16, "steps_per_generation": 2,
                                                "rewards": [{"kind": "exact_match", "column": "answer"}]}}
+LORA_RECIPE = "demo-moe-lora"  # the -lora engines' adapters: its method.lora (LoRA on the fused experts)
+
+
+def traced_recipe(model_dir, run: str, ranks: int):
+    """The recipe whose plan a traced ENGINE:PRECISION run is held to (schema only: the recipe checks refuse FSDP on
+    the CPU, where Accelerate would fall back to DDP, which the worker sidesteps by calling fully_shard itself)."""
+    from tuner.recipe.io import load_recipe
+    from tuner.recipe.registry import builtin_path
+    from tuner.recipe.schema import Recipe
+
+    engine, precision = run.split(":")
+    lora = engine.endswith("-lora")
+    engine = engine.removesuffix("-lora")
+    memory = {"distributed": "fsdp"} if engine == "fsdp2" else {"distributed": "deepspeed", "zero_stage": int(engine[-1])}
+    method = load_recipe(builtin_path(LORA_RECIPE)).method.model_dump() if lora else {"kind": "full"}
+    return Recipe.model_validate({
+        "model": {"id": str(model_dir), "dtype": "float32"}, "method": method,
+        "hardware": {"gpus_per_machine": 0, "num_processes": ranks},
+        "memory": {**memory, "mixed_precision": precision if precision == "bf16" else "no", "max_seq_length": SEQ,
+                   "micro_batch_size": BATCH},
+        "data": {"eval_fraction": 0}})
 
 
 def grpo_recipe(model_dir: str, engine: str, ranks: int, precision: str):
@@ -74,7 +97,8 @@ def _deepspeed_engine(model, stage: int, bf16: bool, tp: int = 1):
     config = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1, "zero_optimization": zero,
               "bf16": {"enabled": bf16}, "steps_per_print": 10**9, "wall_clock_breakdown": False,
               **({"tensor_parallel": {"autotp_size": tp}} if tp > 1 else {})}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    trained = [parameter for parameter in model.parameters() if parameter.requires_grad]  # as the Trainer gives it
+    optimizer = torch.optim.AdamW(trained, lr=1e-4, foreach=False)
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
 
     def step(ids):
@@ -118,7 +142,7 @@ def _tensors(obj, depth: int = 0):
             yield from _tensors(item, depth + 1)
 
 
-def trace(engine_name: str, precision: str, config, rank: int) -> dict:
+def trace(engine_name: str, precision: str, config, rank: int, model_dir: str = "") -> dict:
     """One engine's traced step on this rank: the peak and the persistent tensors, bytes by MemTracker category.
 
     FSDP2 is built inside the tracker (its DTensor shards are seen as they are made). DeepSpeed is built and warmed
@@ -129,18 +153,29 @@ def trace(engine_name: str, precision: str, config, rank: int) -> dict:
     from torch.distributed._tools.mem_tracker import MemTracker
     from transformers import AutoModelForCausalLM
 
+    from tuner.planner.simulate import frozen_aware_tracker
+
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    lora = engine_name.endswith("-lora")
+    if lora:
+        from tuner.loading.model import apply_lora
+
+        engine_name = engine_name.removesuffix("-lora")
+        model = apply_lora(model, traced_recipe(model_dir, f"{engine_name}-lora:fp32", 1))
     tensor_parallel = engine_name.startswith("autotp")  # the ranks of a tp group compute one batch together
     seed = 0 if tensor_parallel else rank
     ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(seed))
-    tracker = MemTracker()
+    tracker = frozen_aware_tracker() if lora else MemTracker()  # LoRA's frozen base gets no gradient hooks
     elements = None
     if engine_name.startswith(("zero", "autotp")):
         tp = int(os.environ["WORLD_SIZE"]) if tensor_parallel else 1
         engine, step = _deepspeed_engine(model, int(engine_name[-1]), precision == "bf16", tp)
         step(ids)  # warm-up: creates the optimizer states
-        tracker.track_external(engine.module, engine.optimizer.optimizer, *_tensors(vars(engine.optimizer)))
+        # ZeRO-3 keeps each parameter's partition in ds_tensor: the optimizer's flat buffers hold the trained ones'
+        # (the same storage, counted once), nothing else holds a frozen one's (LoRA's base)
+        partitions = [p.ds_tensor for p in engine.module.parameters() if getattr(p, "ds_tensor", None) is not None]
+        tracker.track_external(engine.module, engine.optimizer.optimizer, *_tensors(vars(engine.optimizer)), *partitions)
         with tracker:
             step(ids)
             persistent = _snapshot(tracker, "current")
@@ -252,7 +287,7 @@ def main(out_dir: str, model_dir: str, *runs: str) -> int:
         if engine_name.startswith("grpo-"):
             results[run] = trace_grpo(engine_name, precision, config, model_dir)
         else:
-            results[run] = trace(engine_name, precision, config, rank)
+            results[run] = trace(engine_name, precision, config, rank, model_dir)
         dist.barrier()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     dist.barrier()

@@ -1,18 +1,40 @@
-"""Facts of the built-in demo model (``builtin:demo``): its architecture and where it is cached once built.
+"""Facts of the built-in models (``builtin:demo``, ``builtin:demo-moe``): their architecture and where each is cached
+once built.
 
-Nothing can be downloaded here, so tuner builds its own default (``tuner.loading.demo_model``); the
-planner, the renderers and the wizard read its shape from these numbers without building it.
+Nothing can be downloaded here, so tuner builds its own (``tuner.loading.demo_model``, one builder for every entry
+of :data:`BUILTIN_MODELS`); the planner, the renderers and the wizard read their shape from these numbers without
+building them.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tuner.home import tuner_home
 
 BUILTIN_PREFIX = "builtin:"
-DEMO_MODEL_ID = "builtin:demo"
-DEMO_ARCHITECTURE = "LlamaForCausalLM"  # what tuner.loading.demo_model builds
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+# one token per printable ASCII character plus newline, and the special tokens (every built-in model's tokenizer)
+DEMO_VOCAB_SIZE = 95 + 1 + len(SPECIAL_TOKENS)
 
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """One model tuner builds itself: a transformers class, its config, the character tokenizer."""
+
+    id: str
+    model_type: str  # transformers' config type (AutoConfig.for_model)
+    architecture: str  # the causal-LM class AutoModelForCausalLM builds from it
+    config: dict = field(default_factory=dict)  # beyond the vocabulary and the special tokens' ids
+    about: str = ""
+
+    def full_config(self) -> dict:
+        """The config.json mapping the builder makes it from (its saved config.json adds only what save_pretrained
+        writes), so its shipped inventory serves before and after it is built."""
+        return {"model_type": self.model_type, "vocab_size": DEMO_VOCAB_SIZE, **self.config}
+
+
+DEMO_MODEL_ID = "builtin:demo"
 # A Llama-shaped decoder of ~0.8M parameters: large enough to learn word reversal,
 # small enough to train in well under a minute on two CPU cores.
 DEMO_CONFIG = dict(
@@ -26,17 +48,45 @@ DEMO_CONFIG = dict(
     tie_word_embeddings=True,
     rope_theta=10000.0,
 )
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
-# one token per printable ASCII character plus newline, and the special tokens
-DEMO_VOCAB_SIZE = 95 + 1 + len(SPECIAL_TOKENS)
+DEMO_MOE_MODEL_ID = "builtin:demo-moe"
+# A Qwen3-MoE-shaped decoder of ~1.39M parameters: the demo's attention, and in every layer a router over 8 fused
+# experts of which each token uses 2 (transformers' grouped-mm experts, what PEFT's target_parameters adapts).
+DEMO_MOE_CONFIG = dict(
+    hidden_size=128,
+    intermediate_size=344,  # unused: no layer is dense (decoder_sparse_step 1, no mlp_only_layers)
+    moe_intermediate_size=96,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+)
+BUILTIN_MODELS = {model.id: model for model in (
+    BuiltinModel(DEMO_MODEL_ID, "llama", "LlamaForCausalLM", DEMO_CONFIG,
+                 "a tiny Llama (0.8M parameters) with a character tokenizer"),
+    BuiltinModel(DEMO_MOE_MODEL_ID, "qwen3_moe", "Qwen3MoeForCausalLM", DEMO_MOE_CONFIG,
+                 "a tiny Qwen3-MoE (1.4M parameters, 8 experts, top-2) with the same tokenizer"),
+)}
+DEMO_ARCHITECTURE = BUILTIN_MODELS[DEMO_MODEL_ID].architecture  # what tuner.loading.demo_model builds
 
 
 def is_builtin(model_id: str) -> bool:
     return model_id.startswith(BUILTIN_PREFIX)
 
 
+def builtin_model(model_id: str) -> BuiltinModel:
+    """The built-in model ``model_id``; refuses any other built-in name (ValueError), naming the ones there are."""
+    if model_id not in BUILTIN_MODELS:
+        raise ValueError(f"unknown built-in model {model_id!r}; the built-in models are {', '.join(BUILTIN_MODELS)}")
+    return BUILTIN_MODELS[model_id]
+
+
 def demo_model_dir(model_id: str = DEMO_MODEL_ID) -> Path:
     """Where the built-in model is (or will be) saved; refuses any other built-in name."""
-    if model_id != DEMO_MODEL_ID:
-        raise ValueError(f"unknown built-in model {model_id!r}; the built-in model is {DEMO_MODEL_ID}")
-    return tuner_home() / "models" / model_id.removeprefix(BUILTIN_PREFIX)
+    return tuner_home() / "models" / builtin_model(model_id).id.removeprefix(BUILTIN_PREFIX)

@@ -351,13 +351,13 @@ def _with_lora(group: ModuleGroup, paths: set[str], lora: dict) -> ModuleGroup:
 
 
 def ship_catalog_inventories() -> list[str]:
-    """Rebuild the shipped inventory of every catalog entry and of the built-in demo model, and remove the ones no
+    """Rebuild the shipped inventory of every catalog entry and of the built-in models, and remove the ones no
     entry uses any more (``make inventories``); returns the files written."""
     from tuner.catalog.inventory import SHIPPED_DIR, shipped_path
-    from tuner.catalog.models import catalog_config, catalog_ids, demo_config
+    from tuner.catalog.models import builtin_configs, catalog_config, catalog_ids
     from tuner.fileio import atomic_write_text
 
-    configs = {"builtin:demo": demo_config(), **{key: catalog_config(key) for key in catalog_ids()}}
+    configs = {**builtin_configs(), **{key: catalog_config(key) for key in catalog_ids()}}
     written = []
     for name, config in configs.items():
         path = shipped_path(config_key(config))

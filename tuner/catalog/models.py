@@ -439,26 +439,38 @@ def _catalog_key(model_id: str) -> str | None:
     return None
 
 
-def demo_config() -> dict:
-    """The built-in demo model's config: what tuner.loading.demo_model builds it from (its saved config.json adds
-    only what save_pretrained writes), so its shipped inventory serves before and after it is built."""
-    from tuner.catalog.demo import DEMO_CONFIG, DEMO_VOCAB_SIZE
+def builtin_config(model_id: str = "builtin:demo") -> dict:
+    """A built-in model's config: what tuner.loading.demo_model builds it from (its saved config.json adds only what
+    save_pretrained writes), so its shipped inventory serves before and after it is built.  Raises
+    :class:`UnknownModelError` for a built-in name there is not."""
+    from tuner.catalog.demo import builtin_model
 
-    return {"model_type": "llama", "vocab_size": DEMO_VOCAB_SIZE, **DEMO_CONFIG}
+    try:
+        return builtin_model(model_id).full_config()
+    except ValueError as exc:
+        raise UnknownModelError(f"{model_id}: {exc}.") from None
+
+
+def builtin_configs() -> dict[str, dict]:
+    """Every built-in model's config, by id."""
+    from tuner.catalog.demo import BUILTIN_MODELS
+
+    return {model_id: model.full_config() for model_id, model in BUILTIN_MODELS.items()}
+
+
+demo_config = builtin_config  # the demo's (builtin:demo) by default
 
 
 @lru_cache(maxsize=64)
 def model_facts(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> ModelFacts:
-    """Architecture facts for a recipe's ``model.id``: builtin:demo, a local directory, the catalog, or the hub's
+    """Architecture facts for a recipe's ``model.id``: a built-in model, a local directory, the catalog, or the hub's
     config.json (:mod:`tuner.catalog.hub`: kept under $TUNER_HOME once fetched; offline, the Hugging Face cache).
 
     Raises :class:`UnknownModelError` naming what was tried (:class:`~tuner.catalog.hub.HubError` when the hub was
     asked and could not answer).
     """
     if model_id.startswith("builtin:"):
-        if model_id != "builtin:demo":
-            raise UnknownModelError(f"{model_id}: unknown built-in model; the built-in model is builtin:demo.")
-        return facts_from_config(demo_config(), model_id, "builtin demo model")
+        return facts_from_config(builtin_config(model_id), model_id, "tuner's built-in model")
     path = user_path(model_id)
     if path.is_dir():
         config_file = path / "config.json"
@@ -491,8 +503,8 @@ def model_facts(model_id: str, revision: str | None = None, trust_remote_code: b
 def model_config(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> dict:
     """The config.json mapping of ``model_id`` as :func:`model_facts` finds it (builtin:demo, a local directory, the
     catalog entry, the config.json tuner keeps for a hub model), for building the model's real classes from it."""
-    if model_id == "builtin:demo":
-        return demo_config()
+    if model_id.startswith("builtin:"):
+        return builtin_config(model_id)
     path = user_path(model_id)
     if path.is_dir():
         try:

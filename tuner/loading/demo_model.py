@@ -1,6 +1,7 @@
-"""The built-in demo model: a tiny Llama with a character tokenizer trained on the fly.
+"""The built-in models (``builtin:demo``, a tiny Llama; ``builtin:demo-moe``, a tiny Qwen3-MoE): each a
+transformers class of :data:`tuner.catalog.demo.BUILTIN_MODELS` with a character tokenizer trained on the fly.
 
-Nothing can be downloaded here, so tuner builds its own default once, saves it in
+Nothing can be downloaded here, so tuner builds its own once, saves it in
 Hugging Face format under ``$TUNER_HOME/models/``, and from then on it is loaded
 through the ordinary ``from_pretrained`` path like any user model.  Ranks and machines that share the home build
 it once between them (:func:`tuner.build_once.build_once`).
@@ -13,7 +14,7 @@ import sys
 from pathlib import Path
 
 from tuner.build_once import build_once
-from tuner.catalog.demo import DEMO_CONFIG, SPECIAL_TOKENS, demo_model_dir
+from tuner.catalog.demo import SPECIAL_TOKENS, builtin_model, demo_model_dir
 
 # A compact template keeps the demo's sequences short: "reverse\nabc=cba</s>".
 CHAT_TEMPLATE = (
@@ -27,7 +28,7 @@ CHAT_TEMPLATE = (
 def builtin_model_path(model_id: str) -> Path:
     """Directory of a built-in model, complete: built on first use by one of the processes that ask for it at once."""
     path = demo_model_dir(model_id)
-    build_once(path, build_demo_model, what="the built-in demo model")
+    build_once(path, lambda folder: build_demo_model(folder, model_id), what=f"the built-in {path.name} model")
     return path
 
 
@@ -52,37 +53,41 @@ def _train_tokenizer():
     return fast
 
 
-def build_demo_model(path: Path) -> None:
-    """Build the demo model in the folder ``path`` in a fresh Python process (:func:`save_demo_model`).
+def build_demo_model(path: Path, model_id: str = "builtin:demo") -> None:
+    """Build the built-in model ``model_id`` in the folder ``path`` in a fresh Python process (:func:`save_demo_model`).
 
     Whichever rank gets there first builds it, and inside a rank transformers would save something else: with a
     process group up, ``save_pretrained`` writes no weights on any rank but 0 (the folder then held only the
     tokenizer), and a ZeRO-3 configuration partitions a model as it is made.  A process of its own has neither.
     """
-    built = subprocess.run([sys.executable, "-m", __name__, str(path)])
+    built = subprocess.run([sys.executable, "-m", __name__, str(path), model_id])
     if built.returncode != 0:
-        raise OSError(f"building the built-in demo model in {path} failed (exit code {built.returncode}); its error "
+        raise OSError(f"building the built-in model {model_id} in {path} failed (exit code {built.returncode}); its error "
                       "is printed above.")
 
 
-def save_demo_model(path: Path) -> None:
-    """Build the demo model with random weights (seeded) and save it, with its tokenizer, in the folder ``path``."""
+def save_demo_model(path: Path, model_id: str = "builtin:demo") -> None:
+    """Build the built-in model ``model_id`` with random weights (seeded) and save it, with its tokenizer, in the
+    folder ``path``."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     tokenizer = _train_tokenizer()
-    config = LlamaConfig(
+    built = builtin_model(model_id)
+    config = AutoConfig.for_model(
+        built.model_type,
         vocab_size=len(tokenizer),
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        **DEMO_CONFIG,
+        **built.config,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    model = AutoModelForCausalLM.from_config(config)
+    assert type(model).__name__ == built.architecture, (type(model).__name__, built.architecture)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
 
 
 if __name__ == "__main__":  # the process build_demo_model starts
-    save_demo_model(Path(sys.argv[1]))
+    save_demo_model(Path(sys.argv[1]), *sys.argv[2:3])

@@ -181,14 +181,14 @@ def _moe_bytes(s, kind) -> float:
 
 def per_layer_bytes(s, kind) -> float:
     """What one layer keeps whatever the tokens: PEFT's LoRA on fused experts (``target_parameters``) adds B x A to
-    each adapted expert tensor on every forward (``_LoraFactorsProxy``: one baddbmm in the tensor's dtype), and the
-    merged copy is the weight grouped_mm saves for the backward: a whole expert tensor per adapted parameter; and
-    autocast's copies of the adapters' weights."""
+    each adapted expert tensor on every forward (``_LoraFactorsProxy``: one baddbmm in the tensor's dtype, 16 bits once
+    a DeepSpeed bf16 engine has cast it), and the merged copy is the weight grouped_mm saves for the backward: a whole
+    expert tensor per adapted parameter; and autocast's copies of the adapters' weights."""
     if s.kind == "full":
         return 0.0
     if kind.mlp != "moe":
         return lora_weight_casts_bytes(s, kind)
-    weight = s.weight_bytes if s.quant_bits is None else 4  # k-bit preparation leaves experts in fp32
+    weight = s.held_weight_bytes if s.quant_bits is None else 4  # k-bit preparation leaves experts in fp32
     merged = sum(lin.weight_params / s.tp * weight for lin in lora_linears(s, kind)
                  if not lin.is_nn_linear and ".experts." in f".{lin.name}")
     return merged + lora_weight_casts_bytes(s, kind)

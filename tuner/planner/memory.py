@@ -275,6 +275,13 @@ class _Setup:
     kernel_notes: tuple[str, ...] = ()  # the kernels the plan assumes, and why (tuner.planner.kernels)
 
     @property
+    def held_weight_bytes(self) -> int:
+        """Bytes of an unquantised parameter as the run holds it: a DeepSpeed bf16/fp16 engine casts every floating
+        parameter, frozen ones too, to its 16-bit dtype (``_cast_module_mixed_precision``) `[zero]`; else
+        model.dtype."""
+        return 2 if self.distributed == "deepspeed" and self.zero is not None and self.mixed else self.weight_bytes
+
+    @property
     def tp_label(self) -> str:
         """' (tp 1/8)' after an item one tensor-parallel rank holds a share of; '' without tensor parallelism."""
         return f" (tp 1/{self.tp})" if self.tp > 1 else ""
@@ -440,6 +447,11 @@ def _model_state_items(s: _Setup) -> tuple[list[Item], list[Item], list[str]]:
             base = Item(("16-bit parameters" if s.mixed else "fp32 parameters") + s.tp_label, "weights",
                         counts.total * w16, source="zero")
             frozen_items = [base]
+        elif s.mixed and s.quant_bits is None:
+            # the engine casts every floating parameter, frozen ones too (_cast_module_mixed_precision): LoRA's
+            # base is 16-bit under a bf16/fp16 engine whatever model.dtype (traced on gloo ranks: the MoE demo)
+            frozen_items = [Item("base weights (frozen, cast to 16 bits by DeepSpeed)", "weights",
+                                 counts.total * s.held_weight_bytes, source="zero")]
         if s.zero == 3:
             for item in frozen_items:
                 place(Item(item.name + f" (ZeRO-3 shard 1/{n})", item.category, item.bytes / n, item.phase, item.source),
@@ -586,6 +598,10 @@ def _module_params(s: _Setup, name: str) -> tuple[int, int] | None:
         return head, head  # a tied head gets its own copy, untied from the embeddings
     if name in ("embed_tokens", "model.embed_tokens"):
         return counts.embeddings, counts.embeddings
+    if name in ("norm", "layernorm") and f.inventory is not None:
+        # every norm module whose path ends so, Qwen 3's q/k norms inside the attention too (counted there)
+        norms = [group for group in f.inventory.groups if group.kind == "norm" and group.pattern.endswith(name)]
+        return sum(group.numel for group in norms), max((group.own_numel for group in norms), default=0)
     if name in ("norm", "layernorm"):  # every norm's name ends so: the final one and each layer's
         return counts.norms, f.hidden_size
     if name == "model.norm":

@@ -96,7 +96,8 @@ class ModelSection(Section):
         "builtin:demo",
         min_length=1,
         description="What to fine-tune: a Hugging Face hub id (org/name), a local directory "
-        "holding config.json, or builtin:demo for the tiny model tuner builds itself.",
+        "holding config.json, or builtin:demo (a tiny Llama) or builtin:demo-moe (a tiny Qwen3-MoE), the models tuner "
+        "builds itself.",
     )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit) to load; ignored for local paths.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tuner.catalog.demo import DEMO_ARCHITECTURE, demo_model_dir, is_builtin
+from tuner.catalog.demo import builtin_model, is_builtin
 from tuner.fileio import user_path
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import ModelSection
@@ -26,8 +26,7 @@ def model_class(model: ModelSection):
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     if is_builtin(model.id):
-        demo_model_dir(model.id)  # refuses an unknown built-in name
-        return getattr(transformers, DEMO_ARCHITECTURE)  # known without building it
+        return getattr(transformers, builtin_model(model.id).architecture)  # known without building it
     source = _config_source(model)
     if Path(source).is_dir() and not (Path(source) / "config.json").is_file():
         raise RecipeError([f"model.id: {model.id}: the directory has no config.json; point at a saved Hugging Face "
