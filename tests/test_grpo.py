@@ -147,6 +147,22 @@ def test_preview_shows_each_prompt_and_its_reward_inputs(tuner_cli, demo_model_p
     assert "«reverse\n" in preview.stdout and ROW_COLUMN not in preview.stdout
 
 
+
+def test_reverse_run_prompts_are_words_no_other_builtin_source_holds():
+    """A letter, then a run of another: every such word of 5 and 6 letters, none in the SFT data, pairs or prompts."""
+    from tuner.data.reverse import _GENERATORS, BUILTIN_DATASETS
+
+    prompts = _GENERATORS["builtin:reverse-run-prompts"](BUILTIN_DATASETS["builtin:reverse-run-prompts"])
+    words = [prompt["prompt"][0]["content"].removeprefix("reverse\n") for prompt in prompts]
+    assert len(set(words)) == len(words) == 26 * 25 * 2
+    assert all(re.fullmatch(r"([a-z])(?!\1)([a-z])\2{3,4}", word) for word in words), words[:5]
+    assert [prompt["answer"] for prompt in prompts] == [word[::-1] for word in words]
+    others = [source for source in BUILTIN_DATASETS if source != "builtin:reverse-run-prompts"]
+    assert {"builtin:reverse", "builtin:reverse-pairs", "builtin:reverse-prompts"} <= set(others)
+    for source in others:  # every word of their samples, prompts and answers alike
+        held = set(re.findall(r"[a-z]+", json.dumps(_GENERATORS[source](BUILTIN_DATASETS[source]))))
+        assert len(held) > 1000 and not held & set(words), source
+
 # -- rewards --------------------------------------------------------------------------------------------------------
 
 def reward_section(**fields):
