@@ -142,7 +142,7 @@ def test_a_reward_column_the_data_lacks_is_refused(tmp_path):
 def test_preview_shows_each_prompt_and_its_reward_inputs(tuner_cli, demo_model_path):
     preview = tuner_cli("data", "preview", "demo-grpo", "--set", "model.id=builtin:demo", "-n", "2")
     assert preview.returncode == 0, preview.stderr
-    assert "grpo: 16 completions of up to 8 tokens are sampled after each prompt" in " ".join(preview.stdout.split())
+    assert "grpo: 8 completions of up to 8 tokens are sampled after each prompt" in " ".join(preview.stdout.split())
     assert preview.stdout.count("reward inputs: answer='") == 2 and "a prompt of " in preview.stdout
     assert "«reverse\n" in preview.stdout and ROW_COLUMN not in preview.stdout
 
