@@ -307,10 +307,7 @@ def test_the_run_screen_and_the_progress_line_show_the_reward():
 def test_demo_grpo_after_sft_raises_the_held_out_reward(trained_demo, tuner_cli):
     """`tuner run demo` (the shared trained demo), then `tuner demo --recipe demo-grpo` from its result."""
     workdir = trained_demo.parent.parent  # demo-grpo's model.id is runs/demo/final
-    demo = tuner_cli("demo", "--recipe", "demo-grpo", "-o", "runs/grpo", "--set", "training.max_steps=60",
-                     "--set", "training.eval_steps=60", "--set", "training.logging_steps=20", "--set",
-                     "data.eval_fraction=0.02", "--set", "objective.grpo.num_generations=8", "--set",
-                     "memory.micro_batch_size=32", "--set", "training.learning_rate=1e-4", cwd=workdir, timeout=900)
+    demo = tuner_cli("demo", "--recipe", "demo-grpo", "-o", "runs/grpo", cwd=workdir, timeout=900)  # as shipped
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     events = read_events(workdir / "runs" / "grpo" / "events.jsonl")
     steps = [e for e in events if e["event"] == "step" and "reward" in e]
@@ -323,7 +320,7 @@ def test_demo_grpo_after_sft_raises_the_held_out_reward(trained_demo, tuner_cli)
     scored = [re.search(r"^(before|after) training: held-out greedy reward ([-\d.]+), exact match\(answer\) ([\d.]+)%",
                         line) for line in demo.stdout.splitlines()]  # tuner eval's held-out task, the recipe's reward
     (_, before, before_match), (_, after, after_match) = (found.groups() for found in scored if found)
-    assert float(after) >= float(before) and float(after_match) >= float(before_match), demo.stdout
+    assert float(after) > float(before) and float(after_match) > float(before_match), demo.stdout
     assert list((workdir / "runs" / "grpo" / "eval").glob("eval-*.json")), "saved as tuner eval saves"
 
 
