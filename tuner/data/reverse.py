@@ -3,7 +3,10 @@
 Train and eval words are disjoint, so held-out exact match measures the skill, not memory.  The preference pairs
 (``builtin:reverse-pairs``) use other words again, so a DPO run after the SFT demo is judged on words neither saw;
 so do the prompts of ``builtin:reverse-prompts`` (GRPO after the SFT demo), 5 and 6 letters long, the demo's longest
-and hardest, each with its ``answer`` for an exact-match reward.
+and hardest, each with its ``answer`` for an exact-match reward.  ``builtin:reverse-run-prompts`` are prompts of
+another shape: one letter, then a run of another (``vrrrr``, ``qbbbbb``), every such word of 5 and 6 letters that no
+other built-in source holds.  Random words rarely repeat a letter, so the SFT demo still gets some of these wrong
+greedily (the run's length): room for GRPO to raise the greedy exact match, not only the sampled reward.
 """
 from __future__ import annotations
 
@@ -59,17 +62,44 @@ def reverse_pairs(count: int, seed: int = 1) -> list[dict]:
              "rejected": [{"role": "assistant", "content": near_miss(word[::-1], rng)}]} for word in words]
 
 
-def reverse_prompts(count: int, seed: int = 2) -> list[dict]:
-    """Conversational prompts of 5-6 letter words outside ``builtin:reverse`` and its pairs, each with its answer."""
-    taken = set(_all_words(0, BUILTIN_DATASETS["builtin:reverse"]))
-    taken |= {pair["prompt"][0]["content"].split("\n")[1] for pair in reverse_pairs(BUILTIN_DATASETS["builtin:reverse-pairs"])}
-    words = [word for word in _all_words(seed, 2 * count, min_len=5) if word not in taken][:count]
+def sample_word(sample: dict) -> str:
+    """The word a built-in sample asks to reverse (an instruction sample's input, a pair's or a prompt's last line)."""
+    return sample["input"] if "input" in sample else sample["prompt"][0]["content"].split("\n")[1]
+
+
+def builtin_words(*sources: str) -> set[str]:
+    """Every word the named built-in sources hold."""
+    return {sample_word(sample) for source in sources for sample in _GENERATORS[source](BUILTIN_DATASETS[source])}
+
+
+def _prompts(words: list[str]) -> list[dict]:
     return [{"prompt": [{"role": "user", "content": f"{INSTRUCTION}\n{word}"}], "answer": word[::-1]} for word in words]
 
 
-BUILTIN_DATASETS = {"builtin:reverse": 4000, "builtin:reverse-pairs": 2000, "builtin:reverse-prompts": 2000}
+def reverse_prompts(count: int, seed: int = 2) -> list[dict]:
+    """Conversational prompts of 5-6 letter words outside ``builtin:reverse`` and its pairs, each with its answer."""
+    taken = builtin_words("builtin:reverse", "builtin:reverse-pairs")
+    return _prompts([word for word in _all_words(seed, 2 * count, min_len=5) if word not in taken][:count])
+
+
+def run_words(seed: int = 3) -> list[str]:
+    """Every word of one letter then a run of another, 5 and 6 letters long (26 x 25 x 2), in a seeded order."""
+    words = [first + letter * (length - 1) for first in ALPHABET for letter in ALPHABET if letter != first
+             for length in (5, 6)]
+    random.Random(seed).shuffle(words)
+    return words
+
+
+def reverse_run_prompts(count: int, seed: int = 3) -> list[dict]:
+    """Conversational prompts of :func:`run_words` that no other built-in source holds, each with its answer."""
+    taken = builtin_words(*(source for source in BUILTIN_DATASETS if source != "builtin:reverse-run-prompts"))
+    return _prompts([word for word in run_words(seed) if word not in taken][:count])
+
+
+BUILTIN_DATASETS = {"builtin:reverse": 4000, "builtin:reverse-pairs": 2000, "builtin:reverse-prompts": 2000,
+                    "builtin:reverse-run-prompts": 1300}
 _GENERATORS = {"builtin:reverse": reverse_samples, "builtin:reverse-pairs": reverse_pairs,
-               "builtin:reverse-prompts": reverse_prompts}
+               "builtin:reverse-prompts": reverse_prompts, "builtin:reverse-run-prompts": reverse_run_prompts}
 SAMPLES_FILE = "samples.jsonl"  # in each built-in source's folder
 
 

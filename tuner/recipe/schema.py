@@ -462,8 +462,8 @@ class DataSection(Section):
         min_length=1,
         description="Training data: a local .json/.jsonl/.csv/.parquet file, a datasets name in the local cache, "
         "builtin:reverse (the demo's word-reversal task), builtin:reverse-pairs (its preference pairs: the right "
-        "reversal chosen, a near miss rejected) or builtin:reverse-prompts (its prompts with an answer column, for "
-        "grpo).",
+        "reversal chosen, a near miss rejected), builtin:reverse-prompts (its prompts with an answer column, for "
+        "grpo) or builtin:reverse-run-prompts (prompts of one letter then a run of another, held out from the others).",
     )
     format: Literal["auto", "text", "instruction", "chat", "preference", "unpaired_preference", "prompt"] = Field(
         "auto",
