@@ -59,10 +59,10 @@ def tuner_cli():
 
 @pytest.fixture(scope="session")
 def trained_demo(tmp_path_factory) -> Path:
-    """The demo recipe fine-tuned through `tuner run` for 200 steps (of its 594): it then reverses most unseen words
-    but only about a third of demo-grpo's held-out run words (`qbbbbb`) greedily, so GRPO has a signal to learn from
-    (at 150 steps it got 8%, at 300 steps 95%), holding out 2% of the words (80) for `tuner eval`.  Tests that use it share an xdist group ("trained-demo"), so one
-    worker trains it once."""
+    """The demo recipe fine-tuned through `tuner run` for 200 steps (of its 594), holding out 2% of the words (80)
+    for `tuner eval`. It then reverses most unseen words but only about a third of demo-grpo's held-out run words
+    (`qbbbbb`) greedily, so GRPO has a signal to learn from (at 150 steps it got 8%, at 300 steps 95%).  Tests that
+    use it share an xdist group ("trained-demo"), so one worker trains it once."""
     cwd = tmp_path_factory.mktemp("trained-demo")
     trained = run_tuner("run", "demo", "--set", "training.max_steps=200", "--set", "data.eval_fraction=0.02",
                         "--set", "memory.max_seq_length=24", cwd=cwd)
