@@ -34,7 +34,7 @@ SIZE = re.compile(r"(?:\d+x)?(\d+(?:\.\d+)?)([kmb])")  # 8b, 1.5b, 135m, 8x7b
 @dataclass(frozen=True)
 class ModelEntry:
     id: str
-    summary: str  # family, parameter count, context: one line for the list
+    summary: str  # family, parameter count, active parameters of a MoE model: one line for the list
     size: str = ""  # parameter count, e.g. 8.0B
     facts: dict[str, object] = field(default_factory=dict)
     source: str = ""
@@ -50,7 +50,7 @@ class ModelEntry:
     def matches(self, query: str) -> bool:
         """Every word of ``query`` is in the id or summary; a size ("8b", "1.5B") must be a whole size,
         so "8b" finds 8B models and not 3.8B, 14.8B or 32.8B ones."""
-        haystack = f"{self.id} {self.summary}".lower()
+        haystack = f"{self.id} {self.summary} {self.facts.get('family', '')}".lower()
         sizes = {_size(word) for word in re.split(r"[^a-z0-9.]+", haystack)} - {None}
         return all(_size(word) in sizes if _size(word) else word in haystack for word in query.lower().split())
 
@@ -79,10 +79,9 @@ def _entry(model_id: str, facts) -> ModelEntry:
     if facts.is_moe:  # a token runs through its routed experts only: what it computes, not what memory holds
         active = facts.active_params()
         shown["active / total"] = f"{_params(active)} of {_params(total)}"
-        moe = f"  MoE {_params(active)} active"
-    context = data.get("max_position_embeddings")
-    summary = f"{data['model_type']:<11} {_params(total):>6}{moe}" + (
-        f"  ctx {context // 1024}K" if context and context >= 1024 else f"  ctx {context}" if context else "")
+        moe = f"  MoE A{_params(active)}"  # as the model names say it (Qwen3-30B-A3B: 3B active)
+    # one row of the list: the context is on the facts panel (a wide row would wrap in 120 columns)
+    summary = f"{data['model_type']:<11.11} {_params(total):>6}{moe}"
     return ModelEntry(model_id, summary, size=_params(total), facts=shown, source=facts.source,
                       layer_kinds=tuple(data["layer_kinds"]), cannot_judge=tuple(data["unmodelled"]))
 

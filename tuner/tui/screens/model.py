@@ -17,6 +17,9 @@ from tuner.tui.widgets.fields import InputField
 from tuner.tui.widgets.lists import PickList
 
 
+HEADLINE = ("parameters", "active / total", "experts", "experts / token")  # shown before the layer kinds
+
+
 class ModelScreen(WizardScreen):
     STEP = "model"
 
@@ -111,15 +114,19 @@ class ModelScreen(WizardScreen):
 
 
 def facts_text(entry: ModelEntry) -> str:
-    """The side panel: the id, where its facts come from (or why there are none), the facts, the layer kinds and a
-    line per part the planner cannot judge."""
+    """The side panel: the id, where its facts come from (or why there are none); what the planner cannot judge
+    first, then the size (a MoE model's experts and active parameters), the layer kinds, the other facts (the
+    panel scrolls on a small terminal)."""
     if entry.error:
         return f"[b]{escape(entry.id)}[/b]\n\n[$error]{escape(entry.error)}[/]"
-    lines = [f"[b]{escape(entry.id)}[/b]", f"[dim]{escape(entry.source)}[/dim]", ""]
-    lines += [f"{label:<16} {escape(str(value))}" for label, value in entry.facts.items()]
-    if entry.layer_kinds:
-        lines += ["", "[b]layer kinds[/b]", *(escape(kind) for kind in entry.layer_kinds)]
+    lines = [f"[b]{escape(entry.id)}[/b]", f"[dim]{escape(entry.source)}[/dim]"]
     if entry.cannot_judge:
         lines += ["", *(f"[b $warning]{escape(line)}[/]" for line in entry.judgement_lines),
                   "[dim]every plan of it says cannot judge; tuner plan --simulate traces the real step[/dim]"]
+    first = [label for label in HEADLINE if label in entry.facts]
+    rest = [label for label in entry.facts if label not in HEADLINE]
+    lines += ["", *(f"{label:<15} {escape(str(entry.facts[label]))}" for label in first)]
+    if entry.layer_kinds:
+        lines += ["[b]layer kinds[/b]", *(escape(kind) for kind in entry.layer_kinds)]
+    lines += [f"{label:<15} {escape(str(entry.facts[label]))}" for label in rest]
     return "\n".join(lines)
