@@ -22,7 +22,8 @@ def with_custom_code(model_dir, demo_model_path):
     (model_dir / "configuration_acme.py").write_text(
         PAYLOAD + "from transformers import LlamaConfig\n\n\nclass AcmeConfig(LlamaConfig):\n    pass\n")
     (model_dir / "modeling_acme.py").write_text(
-        PAYLOAD + "from transformers import LlamaForCausalLM\n\n\nclass AcmeForCausalLM(LlamaForCausalLM):\n    pass\n")
+        PAYLOAD + "from transformers import LlamaForCausalLM\n\nfrom .configuration_acme import AcmeConfig\n\n\n"
+        "class AcmeForCausalLM(LlamaForCausalLM):\n    config_class = AcmeConfig\n")  # as a hub model's code names it
     return model_dir
 
 
@@ -114,9 +115,6 @@ def test_code_shipped_by_a_nested_config_is_found(nested, tmp_path, demo_model_p
     assert code == 2 and "model.trust_remote_code: " in err and "modeling_acme.AcmeForCausalLM" in err, err
 
 
-@pytest.mark.xfail(strict=True, reason="known bug since the meta-device inventory: a trusted local model with "
-                   "its own code is built with an empty repo id ('Repo id must use alphanumeric chars'), so the "
-                   "plan has no facts and --print vllm exits 2")
 def test_print_vllm_refuses_a_model_that_ships_code_unless_the_recipe_trusts_it(custom_model, capsys) -> None:
     vllm = ["serve", "demo", "--model", custom_model, "--print", "vllm", "--gpus", "1xA100-80GB"]
     code, err = run_cli(capsys, *vllm)

@@ -11,6 +11,7 @@ import math
 import re
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 from tuner.catalog.inventory import Inventory, ModuleGroup, canonical_config, collapse, config_key
 from tuner.catalog.model_config import ModelConfigError, check_resolved_config
@@ -42,16 +43,34 @@ def _quiet():
         logging.set_verbosity(verbosity)
 
 
+def _code_folder(config: dict, name: str, trust_remote_code: bool) -> Path | None:
+    """The local model folder whose own Python code builds ``config`` (its ``auto_map``), when the recipe trusts it:
+    ``name`` is the folder or its config.json.  transformers finds a model's code by the config's
+    ``_name_or_path``, which a config built from a mapping lacks (an empty repo id it refuses)."""
+    if not trust_remote_code or not isinstance(config.get("auto_map"), dict):
+        return None
+    try:
+        path = Path(name).expanduser()
+        folder = path.parent if path.name == "config.json" else path
+        return folder if (folder / "config.json").is_file() else None
+    except (OSError, ValueError):  # a source that is not a path (the catalog, the hub's kept config)
+        return None
+
+
 def config_object(config: dict, name: str, trust_remote_code: bool = False):
-    """transformers' config class for ``config`` (its defaults filled in), or :class:`ArchitectureError`."""
+    """transformers' config class for ``config`` (its defaults filled in), or :class:`ArchitectureError`.  A trusted
+    local model with its own code gets its own config class, read from its folder, so the model's own classes build."""
     from transformers import AutoConfig
 
     data = {key: value for key, value in config.items() if not key.startswith("_") and key != "transformers_version"}
     model_type = data.pop("model_type", None)
     if not isinstance(model_type, str) or not model_type:
         raise ArchitectureError(f"{name}: model_type: missing; transformers needs it to know which model to build.")
+    folder = _code_folder(config, name, trust_remote_code)
     try:
         with _quiet():
+            if folder is not None:
+                return AutoConfig.from_pretrained(str(folder), trust_remote_code=True)
             return AutoConfig.for_model(model_type, trust_remote_code=trust_remote_code, **data)
     except ValueError as exc:
         if "Unrecognized model" in str(exc) or "model type" in str(exc):

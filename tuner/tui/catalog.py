@@ -2,6 +2,9 @@
 
 Facts come from :func:`tuner.catalog.models.model_facts` (the same the planner uses):
 the demo model, local directories, the shipped catalog and hub configs (fetched once, kept under $TUNER_HOME).
+The layer kinds and the parts no memory term covers are the planner's own (``ModelFacts.layer_kinds`` and
+``ModelFacts.unmodelled``: a plan of such a model has the verdict ``cannot judge``), so the screen shows the
+same judgement ``tuner plan`` gives, without a rule of its own.
 """
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from tuner.catalog.models import UnknownModelError, catalog_ids, model_facts
+from tuner.planner.memory import CANNOT_JUDGE
 
 FACT_LABELS = (
     ("model_type", "family"),
@@ -20,6 +24,7 @@ FACT_LABELS = (
     ("vocab_size", "vocabulary"),
     ("max_position_embeddings", "context"),
     ("num_experts", "experts"),
+    ("experts_per_token", "experts / token"),
     ("tie_word_embeddings", "tied embeddings"),
 )
 DEMO_ID = "builtin:demo"
@@ -29,15 +34,23 @@ SIZE = re.compile(r"(?:\d+x)?(\d+(?:\.\d+)?)([kmb])")  # 8b, 1.5b, 135m, 8x7b
 @dataclass(frozen=True)
 class ModelEntry:
     id: str
-    summary: str  # family, parameter count, context: one line for the list
+    summary: str  # family, parameter count, active parameters of a MoE model: one line for the list
     size: str = ""  # parameter count, e.g. 8.0B
     facts: dict[str, object] = field(default_factory=dict)
     source: str = ""
+    layer_kinds: tuple[str, ...] = ()  # "48 x attention + MoE": the planner's grouping of the decoder layers
+    cannot_judge: tuple[str, ...] = ()  # parts no memory term covers: every plan of this model gives no verdict
+    error: str = ""  # why there are no facts (the CLI's words: an unknown id, a hub that refused or is unreachable)
+
+    @property
+    def judgement_lines(self) -> list[str]:
+        """One line per part the planner cannot judge, in the words of the plan's verdict."""
+        return [f"{CANNOT_JUDGE}: {part} — no memory terms, no fit verdict" for part in self.cannot_judge]
 
     def matches(self, query: str) -> bool:
         """Every word of ``query`` is in the id or summary; a size ("8b", "1.5B") must be a whole size,
         so "8b" finds 8B models and not 3.8B, 14.8B or 32.8B ones."""
-        haystack = f"{self.id} {self.summary}".lower()
+        haystack = f"{self.id} {self.summary} {self.facts.get('family', '')}".lower()
         sizes = {_size(word) for word in re.split(r"[^a-z0-9.]+", haystack)} - {None}
         return all(_size(word) in sizes if _size(word) else word in haystack for word in query.lower().split())
 
@@ -52,17 +65,25 @@ def _size(word: str) -> str | None:
 
 
 def _params(count: int) -> str:
-    return f"{count / 1e9:.1f}B" if count >= 1e9 else f"{count / 1e6:.0f}M" if count >= 1e6 else f"{count / 1e3:.0f}K"
+    """1.2B, 596M, 739K (rounded as shown: 999.9M is 1.0B)."""
+    return (f"{count / 1e9:.1f}B" if count >= 999.5e6 else f"{count / 1e6:.0f}M" if count >= 999.5e3
+            else f"{count / 1e3:.0f}K")
 
 
 def _entry(model_id: str, facts) -> ModelEntry:
     data = facts.as_dict()
     shown = {label: data[key] for key, label in FACT_LABELS if data.get(key) not in (None, 0) or key == "tie_word_embeddings"}
-    shown["parameters"] = f"{data['params']['total']:,}"
-    context = data.get("max_position_embeddings")
-    summary = f"{data['model_type']:<8} {_params(data['params']['total']):>6}" + (
-        f"  ctx {context // 1024}K" if context and context >= 1024 else f"  ctx {context}" if context else "")
-    return ModelEntry(model_id, summary, size=_params(data["params"]["total"]), facts=shown, source=facts.source)
+    total = data["params"]["total"]
+    shown["parameters"] = f"{total:,}"
+    moe = ""
+    if facts.is_moe:  # a token runs through its routed experts only: what it computes, not what memory holds
+        active = facts.active_params()
+        shown["active / total"] = f"{_params(active)} of {_params(total)}"
+        moe = f"  MoE A{_params(active)}"  # as the model names say it (Qwen3-30B-A3B: 3B active)
+    # one row of the list: the context is on the facts panel (a wide row would wrap in 120 columns)
+    summary = f"{data['model_type']:<11.11} {_params(total):>6}{moe}"
+    return ModelEntry(model_id, summary, size=_params(total), facts=shown, source=facts.source,
+                      layer_kinds=tuple(data["layer_kinds"]), cannot_judge=tuple(data["unmodelled"]))
 
 
 def catalog_entries() -> list[ModelEntry]:
@@ -70,13 +91,14 @@ def catalog_entries() -> list[ModelEntry]:
     return [_entry(model_id, model_facts(model_id)) for model_id in [DEMO_ID, *catalog_ids()]]
 
 
-def describe_model(model_id: str, entries: list[ModelEntry]) -> tuple[str, dict[str, object]]:
-    """(where the facts come from, facts) for any model id, or (why there are none, {})."""
+def describe_model(model_id: str, entries: list[ModelEntry]) -> ModelEntry:
+    """The entry of any model id: listed, or read as the planner reads it (a local directory, the hub's config.json),
+    or one whose ``error`` says why there are no facts, in the words ``tuner plan`` prints (a hub that refused or
+    cannot be reached: :class:`~tuner.catalog.hub.HubError`, asked once per process)."""
     for entry in entries:
         if entry.id == model_id:
-            return entry.source, entry.facts
+            return entry
     try:
-        entry = _entry(model_id, model_facts(model_id))
+        return _entry(model_id, model_facts(model_id))
     except UnknownModelError as exc:
-        return str(exc), {}
-    return entry.source, entry.facts
+        return ModelEntry(model_id, "", error=str(exc))

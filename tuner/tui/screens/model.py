@@ -1,19 +1,23 @@
-"""Model: pick from the offline catalog, or type a local path or hub id; see the facts used for planning."""
+"""Model: pick from the offline catalog, or type a local path or hub id; see the facts used for planning: the
+architecture, a MoE model's experts and active parameters, the layer kinds, and any part the planner cannot judge."""
 from __future__ import annotations
 
 from rich.markup import escape
 from textual import work
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Input, Label, OptionList, Static
 from textual.widgets.option_list import Option, OptionDoesNotExist
 
 from tuner.catalog.hub import is_hub_id
-from tuner.tui.catalog import catalog_entries, describe_model
+from tuner.tui.catalog import ModelEntry, catalog_entries, describe_model
 from tuner.tui.messages import FieldEdited
 from tuner.tui.screens.base import NARROW_BELOW, WizardScreen
 from tuner.tui.widgets.fields import InputField
 from tuner.tui.widgets.lists import PickList
+
+
+HEADLINE = ("parameters", "active / total", "experts", "experts / token")  # shown before the layer kinds
 
 
 class ModelScreen(WizardScreen):
@@ -30,7 +34,7 @@ class ModelScreen(WizardScreen):
                 yield InputField("Model", "model.id", placeholder="hub org/name, local directory or builtin:demo",
                                  help="What to fine-tune; the list above fills this in. Enter applies a typed id.",
                                  apply_on_enter=True)
-            with Vertical(id="model-facts", classes="side"):
+            with VerticalScroll(id="model-facts", classes="side"):
                 yield Label("Architecture", classes="section-title")
                 yield Static("", id="facts")
 
@@ -87,8 +91,8 @@ class ModelScreen(WizardScreen):
 
     @work(thread=True, exclusive=True)
     def look_up(self, model_id: str, typed: str | None) -> None:
-        describe_model(model_id, self.entries)  # warms the catalog's facts cache, so planning is quick
-        self.app.call_from_thread(self._take_model, model_id, typed)
+        describe_model(model_id, self.entries)  # warms the facts cache (a hub's answer, or its refusal), so
+        self.app.call_from_thread(self._take_model, model_id, typed)  # planning and sync() ask no network
 
     def _take_model(self, model_id: str, typed: str | None) -> None:
         self.app.draft.apply({"model.id": model_id}, typed=typed)
@@ -106,7 +110,23 @@ class ModelScreen(WizardScreen):
                 search.value = ""  # refills the list
         self._highlight_current()
         model_id = self.app.draft.value("model.id")
-        source, facts = describe_model(model_id, self.entries)
-        lines = [f"[b]{escape(model_id)}[/b]", f"[dim]{escape(source)}[/dim]", ""]
-        lines += [f"{label:<16} {escape(str(value))}" for label, value in facts.items()]
-        self.query_one("#facts", Static).update("\n".join(lines))
+        self.query_one("#facts", Static).update(facts_text(describe_model(model_id, self.entries)))
+
+
+def facts_text(entry: ModelEntry) -> str:
+    """The side panel: the id, where its facts come from (or why there are none); what the planner cannot judge
+    first, then the size (a MoE model's experts and active parameters), the layer kinds, the other facts (the
+    panel scrolls on a small terminal)."""
+    if entry.error:
+        return f"[b]{escape(entry.id)}[/b]\n\n[$error]{escape(entry.error)}[/]"
+    lines = [f"[b]{escape(entry.id)}[/b]", f"[dim]{escape(entry.source)}[/dim]"]
+    if entry.cannot_judge:
+        lines += ["", *(f"[b $warning]{escape(line)}[/]" for line in entry.judgement_lines),
+                  "[dim]every plan of it says cannot judge; tuner plan --simulate traces the real step[/dim]"]
+    first = [label for label in HEADLINE if label in entry.facts]
+    rest = [label for label in entry.facts if label not in HEADLINE]
+    lines += ["", *(f"{label:<15} {escape(str(entry.facts[label]))}" for label in first)]
+    if entry.layer_kinds:
+        lines += ["[b]layer kinds[/b]", *(escape(kind) for kind in entry.layer_kinds)]
+    lines += [f"{label:<15} {escape(str(entry.facts[label]))}" for label in rest]
+    return "\n".join(lines)
