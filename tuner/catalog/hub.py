@@ -231,6 +231,46 @@ def _from_hub_cache(model_id: str, revision: str) -> HubConfig | None:
                      f"the Hugging Face cache's config.json (commit {commit[:12]}; HF_HUB_OFFLINE is set)")
 
 
+RELATIVE_IMPORT = re.compile(r"^\s*(?:from\s+\.(\S+)\s+import|import\s+\.(\S+))", re.MULTILINE)  # as transformers reads them
+
+
+def code_folder(found: HubConfig) -> Path:
+    """The Hugging Face cache's snapshot of a hub model at ``found.commit`` holding its config.json and its own code
+    (the modules its ``auto_map`` names, and those they import relatively), for a recipe that trusts that code:
+    fetched through huggingface_hub when not cached yet, never any weights.  Offline and not cached:
+    :class:`UnknownModelError` naming the files; the hub failing: :class:`HubError`."""
+    from huggingface_hub import constants, hf_hub_download
+
+    from tuner.catalog.models import code_refs
+
+    wanted = [CONFIG_FILE] + sorted({ref.rsplit(".", 1)[0] + ".py" for ref in code_refs(found.config) if "--" not in ref})
+    model_id, revision, folder, done = found.model_id, found.commit, Path(), set()
+    while wanted:
+        name = wanted.pop(0)
+        if name in done:
+            continue
+        try:
+            path = Path(hf_hub_download(model_id, name, revision=revision))
+        except Exception as exc:
+            if constants.is_offline_mode():
+                files = ", ".join(sorted(done | {name, *wanted}))
+                raise UnknownModelError(
+                    f"{model_id}: model.trust_remote_code: its own code is not in the Hugging Face cache "
+                    f"({name} of commit {revision[:12]} is missing; it needs {files}) and HF_HUB_OFFLINE is set, so "
+                    f"the hub was not asked. Unset HF_HUB_OFFLINE to fetch those files (no weights), or fetch them "
+                    f"where there is network: hf download {model_id} {' '.join(sorted(done | {name, *wanted}))} "
+                    f"--revision {revision}") from None
+            raise hub_error(exc, model_id, revision, f"fetching {model_id}'s {name} (its own code, revision "
+                            f"{revision}) from {constants.ENDPOINT}") from None
+        done.add(name)
+        if name == CONFIG_FILE:
+            folder = path.parent  # the snapshot: the code files lie beside it
+        else:
+            modules = [a or b for a, b in RELATIVE_IMPORT.findall(path.read_text(encoding="utf-8", errors="replace"))]
+            wanted += [module.replace(".", "/") + ".py" for module in modules if not module.startswith(".")]
+    return folder
+
+
 def hub_error(exc: Exception, model_id: str, revision: str, what: str) -> HubError:
     """huggingface_hub's failure while ``what`` (e.g. "downloading ...") in one paragraph: the hub's own reason and
     what to do.  Anything unforeseen is named with its type, never a traceback."""
