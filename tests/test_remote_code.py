@@ -174,7 +174,8 @@ def test_a_trusted_hub_model_fetches_only_its_config_and_code_from_the_hub(demo_
     from hub_server import HubRepo, LocalHub
 
     repo = HubRepo.from_folder(with_custom_code(tmp_path / "acme", demo_model_path))
-    with LocalHub({"acme/online-7b": repo}) as hub:
+    broken = HubRepo({name: content for name, content in repo.files.items() if name != "configuration_acme.py"})
+    with LocalHub({"acme/online-7b": repo, "acme/broken-7b": broken}) as hub:
         env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "TUNER_HOME": str(tmp_path / "home"),
                "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
         monkeypatch.delenv("HF_TOKEN", raising=False)  # a developer's own token is nothing to send anywhere
@@ -182,4 +183,8 @@ def test_a_trusted_hub_model_fetches_only_its_config_and_code_from_the_hub(demo_
                            "--json", env=env, cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         assert sorted(hub.downloads()) == ["config.json", "configuration_acme.py", "modeling_acme.py"]  # no weights
+        incomplete = run_tuner("plan", "demo", "--set", "model.id=acme/broken-7b", "--set",
+                               "model.trust_remote_code=true", env=env, cwd=tmp_path)
+        assert incomplete.returncode == 2 and "Traceback" not in incomplete.stderr, incomplete.stderr
+        assert "acme/broken-7b: model.trust_remote_code: its code needs configuration_acme.py" in incomplete.stderr
     assert json.loads(result.stdout)["params"]["total"] == main_plan_total(demo_model_path, capsys)
