@@ -123,3 +123,68 @@ def test_print_vllm_refuses_a_model_that_ships_code_unless_the_recipe_trusts_it(
     code = main([str(arg) for arg in [*vllm, "--set", "model.trust_remote_code=true"]])
     out = capsys.readouterr().out
     assert code == 0 and out.startswith("vllm serve ") and "--trust-remote-code" in out, out
+
+
+
+def plan_trusted(model_id: str, capsys) -> tuple[int, str, str]:
+    code = main(["plan", "demo", "--set", f"model.id={model_id}", "--set", "model.trust_remote_code=true", "--json"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def fresh_home(tmp_path, monkeypatch):
+    """A tuner home with no inventory of the acme config, and no facts this process found before: built now."""
+    from tuner.catalog.models import model_facts
+
+    monkeypatch.setenv("TUNER_HOME", str(tmp_path / "home"))
+    model_facts.cache_clear()
+    yield
+    model_facts.cache_clear()
+
+
+def test_a_trusted_hub_model_with_its_own_code_is_planned_from_the_cache(cached_custom_model, demo_model_path,
+                                                                       fresh_home, capsys) -> None:
+    code, out, err = plan_trusted(cached_custom_model, capsys)
+    assert code == 0, err
+    assert json.loads(out)["params"]["total"] == main_plan_total(demo_model_path, capsys)  # a Llama of the demo's size
+
+
+def main_plan_total(model_id, capsys) -> int:
+    assert main(["plan", "demo", "--set", f"model.id={model_id}", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["params"]["total"]
+
+
+def test_a_trusted_hub_model_whose_code_is_not_cached_is_refused_offline_naming_the_files(
+        cached_custom_model, fresh_home, tmp_path, capsys) -> None:
+    snapshot = tmp_path / "hub" / "models--acme--custom-7b" / "snapshots" / ("a" * 40)
+    (snapshot / "configuration_acme.py").unlink()
+    code, out, err = plan_trusted(cached_custom_model, capsys)
+    assert code == 2 and "Traceback" not in err, err
+    assert f"{cached_custom_model}: model.trust_remote_code: its own code is not in the Hugging Face cache" in err
+    assert "config.json, configuration_acme.py, modeling_acme.py" in err and "Unset HF_HUB_OFFLINE" in err, err
+    assert f"hf download {cached_custom_model} config.json configuration_acme.py modeling_acme.py" in err, err
+    assert "Repo id" not in err and not list(tmp_path.rglob("pwned"))
+
+
+def test_a_trusted_hub_model_fetches_only_its_config_and_code_from_the_hub(demo_model_path, tmp_path, capsys,
+                                                                         monkeypatch) -> None:
+    from conftest import run_tuner
+
+    from hub_server import HubRepo, LocalHub
+
+    repo = HubRepo.from_folder(with_custom_code(tmp_path / "acme", demo_model_path))
+    broken = HubRepo({name: content for name, content in repo.files.items() if name != "configuration_acme.py"})
+    with LocalHub({"acme/online-7b": repo, "acme/broken-7b": broken}) as hub:
+        env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "TUNER_HOME": str(tmp_path / "home"),
+               "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
+        monkeypatch.delenv("HF_TOKEN", raising=False)  # a developer's own token is nothing to send anywhere
+        result = run_tuner("plan", "demo", "--set", "model.id=acme/online-7b", "--set", "model.trust_remote_code=true",
+                           "--json", env=env, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert sorted(hub.downloads()) == ["config.json", "configuration_acme.py", "modeling_acme.py"]  # no weights
+        incomplete = run_tuner("plan", "demo", "--set", "model.id=acme/broken-7b", "--set",
+                               "model.trust_remote_code=true", env=env, cwd=tmp_path)
+        assert incomplete.returncode == 2 and "Traceback" not in incomplete.stderr, incomplete.stderr
+        assert "acme/broken-7b: model.trust_remote_code: its code needs configuration_acme.py" in incomplete.stderr
+    assert json.loads(result.stdout)["params"]["total"] == main_plan_total(demo_model_path, capsys)

@@ -231,6 +231,55 @@ def _from_hub_cache(model_id: str, revision: str) -> HubConfig | None:
                      f"the Hugging Face cache's config.json (commit {commit[:12]}; HF_HUB_OFFLINE is set)")
 
 
+# a module's relative imports, as transformers reads them (dynamic_module_utils.get_relative_imports)
+RELATIVE_IMPORT = re.compile(r"^\s*(?:from\s+\.(\S+)\s+import|import\s+\.(\S+))", re.MULTILINE)
+
+
+def code_folder(found: HubConfig) -> Path:
+    """The Hugging Face cache's snapshot of a hub model at ``found.commit`` holding its config.json and its own code
+    (the modules its ``auto_map`` names, and those they import relatively), for a recipe that trusts that code:
+    fetched through huggingface_hub when not cached yet, never any weights.  Offline and not cached, or a file
+    the hub does not have: :class:`UnknownModelError` naming the files; the hub failing: :class:`HubError`."""
+    from huggingface_hub import constants, hf_hub_download
+    from huggingface_hub.errors import RemoteEntryNotFoundError
+
+    from tuner.catalog.models import code_refs
+
+    modules = {ref.rsplit(".", 1)[0] for ref in code_refs(found.config) if "--" not in ref}  # '--': another repo's
+    wanted = [CONFIG_FILE] + sorted(module + ".py" for module in modules)
+    model_id, revision, folder, done = found.model_id, found.commit, Path(), set()
+    while wanted:
+        name = wanted.pop(0)
+        if name in done:
+            continue
+        try:
+            path = Path(hf_hub_download(model_id, name, revision=revision))
+        except Exception as exc:
+            needed = sorted(done | {name, *wanted})
+            if constants.is_offline_mode():
+                raise UnknownModelError(
+                    f"{model_id}: model.trust_remote_code: its own code is not in the Hugging Face cache ({name} of "
+                    f"commit {revision[:12]} is missing; it needs {', '.join(needed)}) and HF_HUB_OFFLINE is set, so "
+                    "the hub was not asked. Unset HF_HUB_OFFLINE to fetch those files (no weights), or fetch them "
+                    f"where there is network: hf download {model_id} {' '.join(needed)} --revision {revision}"
+                ) from None
+            if isinstance(exc, RemoteEntryNotFoundError):
+                raise UnknownModelError(
+                    f"{model_id}: model.trust_remote_code: its code needs {name} (named by its config.json's auto_map "
+                    f"or imported by its code), which {constants.ENDPOINT} does not have at commit {revision[:12]}: "
+                    "the model's code is incomplete. Point model.id at a model whose code is complete, or at a local "
+                    "folder with it.") from None
+            raise hub_error(exc, model_id, revision, f"fetching {model_id}'s {name} (its own code, revision "
+                            f"{revision}) from {constants.ENDPOINT}") from None
+        done.add(name)
+        if name == CONFIG_FILE:
+            folder = path.parent  # the snapshot: the code files lie beside it
+        else:
+            imported = [a or b for a, b in RELATIVE_IMPORT.findall(path.read_text(encoding="utf-8", errors="replace"))]
+            wanted += [module.replace(".", "/") + ".py" for module in imported if not module.startswith(".")]
+    return folder
+
+
 def hub_error(exc: Exception, model_id: str, revision: str, what: str) -> HubError:
     """huggingface_hub's failure while ``what`` (e.g. "downloading ...") in one paragraph: the hub's own reason and
     what to do.  Anything unforeseen is named with its type, never a traceback."""

@@ -174,7 +174,8 @@ def installed_transformers() -> str | None:
         return None
 
 
-def inventory_for(config: dict, name: str, trust_remote_code: bool = False) -> Inventory:
+def inventory_for(config: dict, name: str, trust_remote_code: bool = False,
+                  code_folder: Path | None = None) -> Inventory:
     """The inventory of the model ``config`` describes: shipped, cached, or built now on the meta device (and
     cached, atomically).  ``name`` is where the config came from, for messages.  PEFT's targets are measured later,
     when a plan needs them (:func:`with_lora`)."""
@@ -193,16 +194,17 @@ def inventory_for(config: dict, name: str, trust_remote_code: bool = False) -> I
         return cached
     from tuner.catalog.meta_inventory import build_inventory
 
-    return store(build_inventory(config, name, trust_remote_code, lora=False))
+    return store(build_inventory(config, name, trust_remote_code, lora=False, code_folder=code_folder))
 
 
-def with_lora(inventory: Inventory, name: str, trust_remote_code: bool = False) -> Inventory:
+def with_lora(inventory: Inventory, name: str, trust_remote_code: bool = False,
+                  code_folder: Path | None = None) -> Inventory:
     """``inventory`` with PEFT's targets measured (once: the result replaces the cached inventory)."""
     if inventory.lora_measured:
         return inventory
     from tuner.catalog.meta_inventory import measure_lora
 
-    return store(measure_lora(inventory, name, trust_remote_code))
+    return store(measure_lora(inventory, name, trust_remote_code, code_folder))
 
 
 def store(inventory: Inventory) -> Inventory:

@@ -43,30 +43,18 @@ def _quiet():
         logging.set_verbosity(verbosity)
 
 
-def _code_folder(config: dict, name: str, trust_remote_code: bool) -> Path | None:
-    """The local model folder whose own Python code builds ``config`` (its ``auto_map``), when the recipe trusts it:
-    ``name`` is the folder or its config.json.  transformers finds a model's code by the config's
-    ``_name_or_path``, which a config built from a mapping lacks (an empty repo id it refuses)."""
-    if not trust_remote_code or not isinstance(config.get("auto_map"), dict):
-        return None
-    try:
-        path = Path(name).expanduser()
-        folder = path.parent if path.name == "config.json" else path
-        return folder if (folder / "config.json").is_file() else None
-    except (OSError, ValueError):  # a source that is not a path (the catalog, the hub's kept config)
-        return None
-
-
-def config_object(config: dict, name: str, trust_remote_code: bool = False):
+def config_object(config: dict, name: str, trust_remote_code: bool = False, code_folder: Path | None = None):
     """transformers' config class for ``config`` (its defaults filled in), or :class:`ArchitectureError`.  A trusted
-    local model with its own code gets its own config class, read from its folder, so the model's own classes build."""
+    model with its own code gets its own config class, read from ``code_folder`` (the local model, or the Hugging
+    Face cache's snapshot of a hub model): transformers finds a model's code by the config's ``_name_or_path``,
+    which a config built from a mapping lacks (an empty repo id it refuses)."""
     from transformers import AutoConfig
 
     data = {key: value for key, value in config.items() if not key.startswith("_") and key != "transformers_version"}
     model_type = data.pop("model_type", None)
     if not isinstance(model_type, str) or not model_type:
         raise ArchitectureError(f"{name}: model_type: missing; transformers needs it to know which model to build.")
-    folder = _code_folder(config, name, trust_remote_code)
+    folder = code_folder if trust_remote_code else None
     try:
         with _quiet():
             if folder is not None:
@@ -96,13 +84,13 @@ def meta_model(config, trust_remote_code: bool = False):
 
 
 def build_inventory(config: dict, name: str, trust_remote_code: bool = False, lora: bool = True,
-                    model=None) -> Inventory:
+                    model=None, code_folder: Path | None = None) -> Inventory:
     """Instantiate the model of ``config`` on the meta device (or take ``model``, built from it) and record its
     parameters per module path pattern; with ``lora``, also what PEFT adapts for each target (:func:`measure_lora`,
     a few more builds)."""
     import transformers
 
-    config_obj = config_object(config, name, trust_remote_code)
+    config_obj = config_object(config, name, trust_remote_code, code_folder)
     text = _text_config(config_obj)
     check_resolved_config(text, name)
     if model is None:
@@ -124,16 +112,17 @@ def build_inventory(config: dict, name: str, trust_remote_code: bool = False, lo
         peft_moe_mapping=peft_moe_mapping, peft_fused_targets=peft_fused,
         tp_plan={str(k): str(v) for k, v in (getattr(text, "base_model_tp_plan", None) or {}).items()},
     )
-    return measure_lora(inventory, name, trust_remote_code) if lora else inventory
+    return measure_lora(inventory, name, trust_remote_code, code_folder) if lora else inventory
 
 
-def measure_lora(inventory: Inventory, name: str, trust_remote_code: bool = False) -> Inventory:
+def measure_lora(inventory: Inventory, name: str, trust_remote_code: bool = False,
+                 code_folder: Path | None = None) -> Inventory:
     """The inventory with what PEFT adapts per module group: LoRA parameters per unit of rank when target_modules
     names the group's leaf, under all-linear, and per target parameter; measured with get_peft_model on fresh
     meta models (adapters on the meta device too)."""
     import peft
 
-    config_obj = config_object(inventory.source_config, name, trust_remote_code)
+    config_obj = config_object(inventory.source_config, name, trust_remote_code, code_folder)
     model = meta_model(config_obj, trust_remote_code)
     paths = dict(_group_paths(model, inventory))
     lora = _lora_coefficients(config_obj, trust_remote_code, inventory.groups, inventory.peft_moe_mapping)

@@ -79,6 +79,7 @@ class ModelFacts:
     inventory_key: str = ""  # the config's sha256: two facts with equal numbers but other trees differ here
     tp: int = 1  # the tensor-parallel ranks this is one rank's share for (tuner.planner.memory.rank_facts)
     trust_remote_code: bool = False  # what building it again (to measure PEFT's targets) may run
+    code_folder: str = ""  # where its own code is (config.json and the .py files its auto_map names), if trusted
     inventory: Inventory | None = field(default=None, compare=False, hash=False, repr=False)
 
     @property
@@ -143,7 +144,7 @@ class ModelFacts:
     def lora_inventory(self) -> Inventory:
         """The inventory with PEFT's targets measured (built on the meta device the first time a LoRA plan of an
         uncatalogued model asks; shipped for the catalog)."""
-        return with_lora(self.inventory, self.source, self.trust_remote_code)
+        return with_lora(self.inventory, self.source, self.trust_remote_code, self.code_folder or None)
 
     def peft_targets(self, target_modules: list[str] | str, target_parameters=()) -> PeftTargets:
         return peft_targets(self.inventory, target_modules, tuple(target_parameters))
@@ -385,15 +386,17 @@ def facts_from_inventory(inventory: Inventory, name: str, source: str, trust_rem
     return replace(facts, notes=tuple(notes))
 
 
-def facts_from_config(config: dict, name: str, source: str, trust_remote_code: bool = False) -> ModelFacts:
+def facts_from_config(config: dict, name: str, source: str, trust_remote_code: bool = False,
+                      code_folder: Path | None = None) -> ModelFacts:
     """Architecture facts from a config.json mapping: checked, then its inventory (shipped, cached or built on the
-    meta device)."""
+    meta device; a trusted model's own code is read from ``code_folder``)."""
     check_config(config, source)
     try:
-        inventory = inventory_for(config, source, trust_remote_code)
+        inventory = inventory_for(config, source, trust_remote_code, code_folder)
     except ModelConfigError as exc:
         raise UnknownModelError(str(exc)) from None
-    return facts_from_inventory(inventory, name, source, trust_remote_code)
+    return replace(facts_from_inventory(inventory, name, source, trust_remote_code),
+                   code_folder=str(code_folder) if code_folder else "")
 
 
 
@@ -480,7 +483,8 @@ def model_facts(model_id: str, revision: str | None = None, trust_remote_code: b
             config = read_config(config_file)
         except ModelConfigError as exc:
             raise UnknownModelError(str(exc)) from None
-        return facts_from_config(config, model_id, f"{config_file}", trust_remote_code)
+        return facts_from_config(config, model_id, f"{config_file}", trust_remote_code,
+                                 path if trust_remote_code and code_refs(config) else None)
     if model_id.count("/") > 1 or model_id.startswith((".", "/", "~")):  # a path (a hub id is org/name)
         raise UnknownModelError(f"{model_id}: no such directory; point model.id at a folder save_pretrained wrote, "
                                 "such as a finished run's final/ or merged/, or train that run first.")
@@ -491,7 +495,10 @@ def model_facts(model_id: str, revision: str | None = None, trust_remote_code: b
 
     found = hub_config(model_id, revision)  # kept by tuner, else its config.json from the hub (offline: the HF cache)
     if found is not None:
-        return facts_from_config(found.config, model_id, found.source, trust_remote_code)
+        from tuner.catalog.hub import code_folder
+
+        folder = code_folder(found) if trust_remote_code and code_refs(found.config) else None
+        return facts_from_config(found.config, model_id, found.source, trust_remote_code, folder)
     why = ("not kept by tuner nor in the local Hugging Face cache, and HF_HUB_OFFLINE is set so the hub was not "
            "asked. Unset HF_HUB_OFFLINE to fetch its config.json" if is_hub_id(model_id) else
            "and not a hub id (org/name). Give the hub id")
@@ -557,15 +564,6 @@ def custom_code(model_id: str, revision: str | None = None) -> list[str]:
 
     if model_id.startswith("builtin:"):
         return []
-
-    def auto_maps(config, depth: int = 4) -> list[dict]:
-        """Every ``auto_map`` of a config and of the configs nested in it (``text_config``, ``vision_config``):
-        a composite model's sub-model may ship the code."""
-        if not isinstance(config, dict) or depth == 0:
-            return []
-        own = [config["auto_map"]] if isinstance(config.get("auto_map"), dict) else []
-        return own + [nested for value in config.values() for nested in auto_maps(value, depth - 1)]
-
     found: set[str] = set()
     for name in CODE_CONFIGS:
         path = _local_or_cached(model_id, revision, name)
@@ -573,7 +571,16 @@ def custom_code(model_id: str, revision: str | None = None) -> list[str]:
             config = json.loads(read_limited(path, MAX_CONFIG_BYTES, pipes=False)) if path else None
         except (OSError, ValueError, RecursionError):
             continue  # unreadable here; loading it reports that in its own words
-        for auto_map in auto_maps(config):
-            for value in auto_map.values():
-                found.update(ref for ref in (value if isinstance(value, list) else [value]) if isinstance(ref, str) and ref)
+        found.update(code_refs(config))
     return sorted(found)
+
+
+def code_refs(config, depth: int = 4) -> set[str]:
+    """The classes (``module.Class``) every ``auto_map`` of a config names, and those of the configs nested in it
+    (``text_config``, ``vision_config``): a composite model's sub-model may ship the code."""
+    if not isinstance(config, dict) or depth == 0:
+        return set()
+    found: set[str] = set()
+    for value in (config["auto_map"].values() if isinstance(config.get("auto_map"), dict) else ()):
+        found.update(ref for ref in (value if isinstance(value, list) else [value]) if isinstance(ref, str) and ref)
+    return found.union(*(code_refs(value, depth - 1) for value in config.values()))
