@@ -20,13 +20,13 @@ from textual.widgets.option_list import Option
 from tuner.planner import Advice
 from tuner.planner.advisor import change_label
 from tuner.recipe.schema import (
+    PREFERENCE_OBJECTIVES,
+    TRL_LOSS_TYPES,
     FsdpSection,
     GrpoSection,
     MemorySection,
     MethodSection,
     ObjectiveSection,
-    PREFERENCE_OBJECTIVES,
-    TRL_LOSS_TYPES,
     ParallelismSection,
     Recipe,
 )
