@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from tuner.recipe import RecipeError, load_recipe, recipe_from_yaml, recipe_to_yaml
+from tuner.recipe.io import NotASection, set_dotted
 from tuner.recipe.registry import builtin_names, builtin_path, recipes_dir
 
 
@@ -55,6 +56,20 @@ def test_set_without_equals_explains_the_syntax():
 def test_set_into_a_value_is_refused():
     with pytest.raises(RecipeError, match="is a value, not a section"):
         load_recipe(builtin_path("demo"), ["name.first=x"])
+
+
+def test_the_one_dotted_setter_keeps_each_callers_rules_for_none_and_a_value_in_the_way():
+    """--set writes YAML's null and refuses to go through a value; the wizard removes the key and replaces it."""
+    for_set = {"name": "x", "training": {"eval_steps": 10}}
+    set_dotted(for_set, ("training", "eval_steps"), None, none_removes=False, replace_values=False)
+    set_dotted(for_set, ("memory", "fsdp", "sharding_strategy"), "full_shard", none_removes=False, replace_values=False)
+    assert for_set == {"name": "x", "training": {"eval_steps": None}, "memory": {"fsdp": {"sharding_strategy": "full_shard"}}}
+    with pytest.raises(NotASection, match="^name$"):
+        set_dotted(for_set, ("name", "first"), "y", none_removes=False, replace_values=False)
+    for_wizard = {"name": "x", "training": {"eval_steps": 10}}
+    set_dotted(for_wizard, ("training", "eval_steps"), None, none_removes=True, replace_values=True)
+    set_dotted(for_wizard, ("name", "first"), "y", none_removes=True, replace_values=True)
+    assert for_wizard == {"name": {"first": "y"}, "training": {}}
 
 
 def test_cross_field_conflict_from_override_names_the_flag():

@@ -14,15 +14,12 @@ from tuner.launch.run import prepare_run
 from tuner.planner.advisor import change_label
 from tuner.recipe.io import load_recipe
 from tuner.recipe.schema import OBJECTIVE_DATA
-from tuner.tui.draft import Draft, schema_values
+from tuner.tui.draft import Draft, field_value, schema_values
 from tuner.tui.screens.method import OBJECTIVES
 from tuner.tui.screens.confirm import ConfirmScreen
-from tuner.tui.widgets.fields import ChoiceField
+from tuner.tui.widgets.fields import Choice, ChoiceField, schema_choices, schema_labels
 
 STEPS = ["model", "hardware", "method", "data", "training", "review"]
-# degrees, sections and grpo's starting values (a Literal's value inside them is not a choice of its own)
-NOT_LITERALS = {"parallelism.tp", "parallelism.cp", "parallelism.sp", "method.quantization", "objective.grpo",
-                "objective.grpo.rewards", "memory.micro_batch_size"}
 
 
 @pytest.fixture(autouse=True)
@@ -48,26 +45,72 @@ async def choose(pilot, field: str, label: str) -> None:
     await settle(pilot)
 
 
+def offered_values(choices) -> dict[str, list]:
+    """Field -> the values ``choices`` set it to, in the order offered, each once (None, which removes the key,
+    is no value)."""
+    offered: dict[str, list] = {}
+    for choice in choices:
+        for field, value in choice.changes.items():
+            if value is not None and value not in offered.setdefault(field, []):
+                offered[field].append(value)
+    return offered
+
+
+def literal_items(values: list) -> list:
+    """The Literal values among ``values``, a list field's items in place of its lists (the tracker's [] is none)."""
+    items = [item for value in values for item in (value if isinstance(value, list) else [value])]
+    return list(dict.fromkeys(items))
+
+
+def literal_values(field: str) -> tuple | None:
+    """The schema's Literal values of ``field``, or None for a field that has no Literal (a number, a section)."""
+    try:
+        return schema_values(field)
+    except TypeError:
+        return None
+
+
 @pilot_test
 async def test_every_choice_offers_exactly_its_schema_fields_values():
+    """Every choice field of every step, against the schema: a Literal field offers all its values in the schema's
+    order (a screen that retypes the list, with one missing, one extra or reordered, fails), any other value a
+    choice sets passes its field's own rule (a reward kind, a quantization's bits)."""
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         walked = set()
         for mode in STEPS:
             await visit(pilot, mode)
             for widget in app.screen.query(ChoiceField):
-                offered: dict[str, set] = {}
-                for choice in widget.choices:
-                    for field, value in choice.changes.items():
-                        if field in NOT_LITERALS:
-                            continue
-                        values = value if isinstance(value, list) else [value]
-                        offered.setdefault(field, set()).update(item for item in values if item is not None)
-                for field, values in offered.items():
-                    walked.add(field)
-                    assert values == set(schema_values(field)), (widget.id, field)
+                for field, values in offered_values(widget.choices).items():
+                    allowed = literal_values(field)
+                    if allowed is None:
+                        assert [field_value(field, value)[1] for value in values] == [None] * len(values), field
+                    else:
+                        walked.add(field)
+                        assert literal_items(values) == list(allowed), (widget.id, field)
     assert {"data.format", "objective.kind", "memory.distributed", "memory.zero_stage", "memory.optimizer",
-            "training.report_to", "training.lr_scheduler", "method.kind"} <= walked
+            "memory.attention", "memory.mixed_precision", "memory.offload_optimizer", "memory.offload_params",
+            "memory.fsdp.sharding_strategy", "training.report_to", "training.lr_scheduler", "method.kind"} <= walked
+
+
+def test_the_walk_refuses_a_retyped_list_that_differs_from_the_schema():
+    """What the walk above compares: a hand-typed list missing one value, or in another order, is not the
+    schema's; a reward of a kind the schema lacks fails its field's rule."""
+    assert offered_values(schema_choices("data.format")) == {"data.format": list(schema_values("data.format"))}
+    retyped = [Choice(value, {"data.format": value}) for value in ("auto", "text", "instruction", "chat")]
+    assert literal_items(offered_values(retyped)["data.format"]) != list(literal_values("data.format"))
+    reordered = [Choice(value, {"memory.attention": value}) for value in reversed(schema_values("memory.attention"))]
+    assert literal_items(offered_values(reordered)["memory.attention"]) != list(literal_values("memory.attention"))
+    assert literal_values("objective.grpo.rewards") is None
+    assert field_value("objective.grpo.rewards", [{"kind": "exact", "column": "answer"}])[1] is not None
+
+
+def test_labels_for_other_values_than_the_schemas_fail():
+    with pytest.raises(ValueError, match="method.kind"):
+        schema_labels("method.kind", {"full": "Full", "lora": "LoRA"})  # qlora missing
+    with pytest.raises(ValueError, match="memory.distributed"):
+        schema_labels("memory.distributed", {"none": "Single", "ddp": "DDP", "fsdp": "FSDP", "deepspeed": "ZeRO",
+                                             "megatron": "Megatron"})  # a value the schema lacks
 
 
 @pytest.mark.parametrize("kind", [kind for kind, data in OBJECTIVE_DATA.items() if data.example])

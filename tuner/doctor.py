@@ -453,7 +453,9 @@ def checkpoint_disk_gib(recipe: Recipe, planned=None) -> float | None:
             planned = plan(recipe)
         except Exception:
             return None
-    weight_bytes = {"float32": 4}.get(recipe.model.dtype, 2)
+    from tuner.planner.memory import DTYPE_BYTES
+
+    weight_bytes = DTYPE_BYTES[recipe.model.dtype]  # a validated recipe's dtype is never auto
     saved = planned.params["total"] if recipe.output.save in ("full", "merged") else planned.trainable_params
     per_checkpoint = saved * weight_bytes + planned.trainable_params * 12
     kept = (recipe.training.save_total_limit or 2) + 1

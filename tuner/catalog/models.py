@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
 
+from tuner.catalog.demo import DEMO_MODEL_ID
 from tuner.catalog.inventory import Inventory, ModuleGroup, inventory_for, with_lora
 from tuner.catalog.layer_kinds import LayerKind, LinearLayer, classify
 from tuner.catalog.model_config import MAX_CONFIG_BYTES, ModelConfigError, check_config, read_config
@@ -442,7 +443,7 @@ def _catalog_key(model_id: str) -> str | None:
     return None
 
 
-def builtin_config(model_id: str = "builtin:demo") -> dict:
+def builtin_config(model_id: str = DEMO_MODEL_ID) -> dict:
     """A built-in model's config: what tuner.loading.demo_model builds it from (its saved config.json adds only what
     save_pretrained writes), so its shipped inventory serves before and after it is built.  Raises
     :class:`UnknownModelError` for a built-in name there is not."""

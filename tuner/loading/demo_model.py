@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from tuner.build_once import build_once
-from tuner.catalog.demo import SPECIAL_TOKENS, builtin_model, demo_model_dir
+from tuner.catalog.demo import DEMO_MODEL_ID, SPECIAL_TOKENS, builtin_model, demo_model_dir
 
 # A compact template keeps the demo's sequences short: "reverse\nabc=cba</s>".
 CHAT_TEMPLATE = (
@@ -53,7 +53,7 @@ def _train_tokenizer():
     return fast
 
 
-def build_demo_model(path: Path, model_id: str = "builtin:demo") -> None:
+def build_demo_model(path: Path, model_id: str = DEMO_MODEL_ID) -> None:
     """Build the built-in model ``model_id`` in the folder ``path`` in a fresh Python process (:func:`save_demo_model`).
 
     Whichever rank gets there first builds it, and inside a rank transformers would save something else: with a
@@ -66,7 +66,7 @@ def build_demo_model(path: Path, model_id: str = "builtin:demo") -> None:
                       "is printed above.")
 
 
-def save_demo_model(path: Path, model_id: str = "builtin:demo") -> None:
+def save_demo_model(path: Path, model_id: str = DEMO_MODEL_ID) -> None:
     """Build the built-in model ``model_id`` with random weights (seeded) and save it, with its tokenizer, in the
     folder ``path``."""
     import torch

@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -186,6 +186,34 @@ def parse_override(assignment: str) -> tuple[tuple[str, ...], Any]:
     return parts, value
 
 
+class NotASection(ValueError):
+    """A dotted key runs through a value; ``str()`` is the dotted key of that value."""
+
+
+def set_dotted(data: dict[str, Any], parts: Sequence[str], value: Any, *, none_removes: bool,
+               replace_values: bool) -> None:
+    """Set the key ``parts`` (``("memory", "micro_batch_size")``) of ``data`` to ``value`` in place, making the
+    sections on the way (a missing or null one becomes ``{}``).
+
+    The two callers differ, and each states how: ``none_removes``: None deletes the key, so the field is back to its
+    default (the wizard's changes), instead of writing YAML's null for the schema to judge (``--set key=null``);
+    ``replace_values``: a value where a section belongs gives way to the section (the wizard: the change wins)
+    instead of raising :class:`NotASection` (``--set`` tells the user which key they typed through).
+    """
+    target = data
+    for depth, part in enumerate(parts[:-1]):
+        child = target.get(part)
+        if child is None or (replace_values and not isinstance(child, dict)):
+            child = target[part] = {}
+        elif not isinstance(child, dict):
+            raise NotASection(".".join(parts[: depth + 1]))
+        target = child
+    if value is None and none_removes:
+        target.pop(parts[-1], None)
+    else:
+        target[parts[-1]] = value
+
+
 def apply_overrides(data: dict[str, Any], overrides: Iterable[str], source: RecipeSource) -> dict[str, Any]:
     """Return a copy of ``data`` with each ``dotted.key=value`` applied, recording them in ``source``."""
     import copy
@@ -194,15 +222,10 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str], source: Reci
     for assignment in overrides:
         parts, value = parse_override(assignment)
         raw_value = assignment.partition("=")[2]
-        target = result
-        for depth, part in enumerate(parts[:-1]):
-            child = target.get(part)
-            if child is None:
-                child = target[part] = {}
-            if not isinstance(child, dict):
-                raise RecipeError([f"--set {assignment}: {'.'.join(parts[: depth + 1])} is a value, not a section."])
-            target = child
-        target[parts[-1]] = value
+        try:
+            set_dotted(result, parts, value, none_removes=False, replace_values=False)
+        except NotASection as exc:
+            raise RecipeError([f"--set {assignment}: {exc} is a value, not a section."]) from None
         source.overridden.add(parts)
         if value is not None and not isinstance(value, (str, dict, list)):
             source.texts[parts] = raw_value.strip()

@@ -14,6 +14,8 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from tuner.catalog.demo import DEMO_MODEL_ID, DEMO_MOE_MODEL_ID
+
 SCHEMA_VERSION = 1
 # Experiment trackers the Trainer reports to (its own integrations); each is also the name of tuner's pip extra.
 Tracker = Literal["tensorboard", "mlflow", "wandb", "trackio"]
@@ -93,11 +95,11 @@ class Section(BaseModel):
 
 class ModelSection(Section):
     id: str = Field(
-        "builtin:demo",
+        DEMO_MODEL_ID,
         min_length=1,
         description="What to fine-tune: a Hugging Face hub id (org/name), a local directory "
-        "holding config.json, or builtin:demo (a tiny Llama) or builtin:demo-moe (a tiny Qwen3-MoE), the models tuner "
-        "builds itself.",
+        f"holding config.json, or {DEMO_MODEL_ID} (a tiny Llama) or {DEMO_MOE_MODEL_ID} (a tiny Qwen3-MoE), the models "
+        "tuner builds itself.",
     )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit) to load; ignored for local paths.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from tuner.catalog.demo import DEMO_MODEL_ID
 from tuner.catalog.models import UnknownModelError, catalog_ids, model_facts
 from tuner.planner.memory import CANNOT_JUDGE
 
@@ -27,7 +28,6 @@ FACT_LABELS = (
     ("experts_per_token", "experts / token"),
     ("tie_word_embeddings", "tied embeddings"),
 )
-DEMO_ID = "builtin:demo"
 SIZE = re.compile(r"(?:\d+x)?(\d+(?:\.\d+)?)([kmb])")  # 8b, 1.5b, 135m, 8x7b
 
 
@@ -88,7 +88,7 @@ def _entry(model_id: str, facts) -> ModelEntry:
 
 def catalog_entries() -> list[ModelEntry]:
     """The demo model first, then the offline catalog."""
-    return [_entry(model_id, model_facts(model_id)) for model_id in [DEMO_ID, *catalog_ids()]]
+    return [_entry(model_id, model_facts(model_id)) for model_id in [DEMO_MODEL_ID, *catalog_ids()]]
 
 
 def describe_model(model_id: str, entries: list[ModelEntry]) -> ModelEntry:

@@ -28,7 +28,7 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tuner.recipe.io import RecipeError, parse_yaml, read_recipe_text, section_model, validate_recipe
+from tuner.recipe.io import RecipeError, parse_yaml, read_recipe_text, section_model, set_dotted, validate_recipe
 from tuner.recipe.schema import OBJECTIVE_DATA, DataSection, Recipe
 
 Changes = Mapping[str, Any]  # dotted field -> value; None removes the key (back to the default)
@@ -37,19 +37,10 @@ _MISSING = object()
 
 
 def _apply(data: dict[str, Any], changes: Changes) -> dict[str, Any]:
+    """A copy of ``data`` with ``changes``: a change wins over a value in its way, None removes the key."""
     result = copy.deepcopy(data)
     for dotted, value in changes.items():
-        *parents, leaf = dotted.split(".")
-        target = result
-        for part in parents:
-            child = target.get(part)
-            if not isinstance(child, dict):
-                child = target[part] = {}
-            target = child
-        if value is None:
-            target.pop(leaf, None)
-        else:
-            target[leaf] = copy.deepcopy(value)
+        set_dotted(result, dotted.split("."), copy.deepcopy(value), none_removes=True, replace_values=True)
     return _prune(result)
 
 

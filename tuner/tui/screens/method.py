@@ -20,6 +20,8 @@ from textual.widgets.option_list import Option
 from tuner.planner import Advice
 from tuner.planner.advisor import change_label
 from tuner.recipe.schema import (
+    PREFERENCE_OBJECTIVES,
+    TRL_LOSS_TYPES,
     FsdpSection,
     GrpoSection,
     MemorySection,
@@ -33,20 +35,20 @@ from tuner.tui.messages import DiskChecked, PlanUpdated
 from tuner.tui.planning import CannotPlan, worth_showing
 from tuner.tui.screens.base import WizardScreen
 from tuner.tui.widgets.fields import (Choice, ChoiceField, InputField, ObjectiveChoice, ToggleField, schema_choices,
-                                      value_choices)
+                                      schema_labels, value_choices)
 from tuner.tui.widgets.lists import PickList
 from tuner.tui.widgets.plan_bar import PlanPanel
 
-# every value of the schema's Literal, in its order (a value without a label here fails at import)
+# every value of the schema's Literal, in its order (labels for other values than the schema's fail at import)
 METHOD_LABELS = {"full": "Full", "lora": "LoRA", "qlora": "QLoRA 4-bit"}
-METHODS = [Choice(METHOD_LABELS[kind], {"method.kind": kind, "method.quantization": {"bits": 4} if kind == "qlora"
-                                        else None}) for kind in schema_values("method.kind")]
-DISTRIBUTED_LABELS = {"none": "Single", "ddp": "DDP", "fsdp": "FSDP"}  # deepspeed: one choice per ZeRO stage
-DISTRIBUTION = [
-    choice for kind in schema_values("memory.distributed") for choice in (
-        [Choice(f"ZeRO-{stage}", {"memory.distributed": kind, "memory.zero_stage": stage})
+METHODS = [Choice(label, {"method.kind": kind, "method.quantization": {"bits": 4} if kind == "qlora" else None})
+           for kind, label in schema_labels("method.kind", METHOD_LABELS).items()]
+DISTRIBUTED_LABELS = {"none": "Single", "ddp": "DDP", "deepspeed": "ZeRO-{stage}", "fsdp": "FSDP"}
+DISTRIBUTION = [  # deepspeed: one choice per ZeRO stage
+    choice for kind, label in schema_labels("memory.distributed", DISTRIBUTED_LABELS).items() for choice in (
+        [Choice(label.format(stage=stage), {"memory.distributed": kind, "memory.zero_stage": stage})
          for stage in schema_values("memory.zero_stage")] if kind == "deepspeed"
-        else [Choice(DISTRIBUTED_LABELS[kind], {"memory.distributed": kind, "memory.zero_stage": None})])
+        else [Choice(label, {"memory.distributed": kind, "memory.zero_stage": None})])
 ]
 
 # every objective of the schema; sft, dpo and kto drop grpo's section; grpo starts with one group (its default 8
@@ -163,8 +165,8 @@ class MethodScreen(WizardScreen):
         self.query_one("#autofit", Button).disabled = bool(app.draft.invalid)
         self.query_one("#fsdp-sharding").display = app.draft.value("memory.distributed") == "fsdp"
         kind = app.draft.value("objective.kind")
-        self.query_one("#preference").display = kind in ("dpo", "kto", "grpo")
-        self.query_one("#objective-precompute_ref_log_probs").display = kind in ("dpo", "kto")
+        self.query_one("#preference").display = kind in TRL_LOSS_TYPES  # beta: dpo, kto and grpo
+        self.query_one("#objective-precompute_ref_log_probs").display = kind in PREFERENCE_OBJECTIVES
         self.query_one("#grpo").display = self.query_one("#grpo-rewards").display = kind == "grpo"
         self._follow_draft()
 

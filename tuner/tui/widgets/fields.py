@@ -49,13 +49,20 @@ class ObjectiveChoice(Choice):
         return draft.value("objective.kind") == self.changes["objective.kind"]
 
 
-def schema_choices(field: str, labels: Mapping[Any, str] | None = None, choice=Choice) -> list[Choice]:
-    """One choice per value the schema allows for ``field`` (its Literal), labelled by ``labels`` or the value
-    itself; a value ``labels`` does not name fails here, so a new schema value cannot go missing from a screen."""
+def schema_labels(field: str, labels: Mapping[Any, str]) -> dict[Any, str]:
+    """``labels`` in the order of the schema's values for ``field``; labels for other values than the schema's fail
+    here (at import), so a new schema value cannot go missing from a screen nor a removed one linger."""
     values = schema_values(field)
-    if labels is not None and set(labels) != set(values):
+    if set(labels) != set(values):
         raise ValueError(f"{field}: labels for {sorted(map(str, labels))}, the schema has {sorted(map(str, values))}")
-    return [choice(str(value) if labels is None else labels[value], {field: value}) for value in values]
+    return {value: labels[value] for value in values}
+
+
+def schema_choices(field: str, labels: Mapping[Any, str] | None = None, choice=Choice) -> list[Choice]:
+    """One choice per value the schema allows for ``field`` (its Literal), labelled by ``labels`` (see
+    :func:`schema_labels`) or the value itself."""
+    named = schema_labels(field, labels) if labels is not None else {value: str(value) for value in schema_values(field)}
+    return [choice(label, {field: value}) for value, label in named.items()]
 
 
 def value_choices(field: str, values: list) -> list[Choice]:
