@@ -125,8 +125,8 @@ def facts_text(entry: ModelEntry) -> str:
                   "[dim]every plan of it says cannot judge; tuner plan --simulate traces the real step[/dim]"]
     first = [label for label in HEADLINE if label in entry.facts]
     rest = [label for label in entry.facts if label not in HEADLINE]
-    lines += ["", *(f"{label:<15} {escape(str(entry.facts[label]))}" for label in first)]
+    lines += ["", *(f"{label:<16} {escape(str(entry.facts[label]))}" for label in first)]
     if entry.layer_kinds:
         lines += ["[b]layer kinds[/b]", *(escape(kind) for kind in entry.layer_kinds)]
-    lines += [f"{label:<15} {escape(str(entry.facts[label]))}" for label in rest]
+    lines += [f"{label:<16} {escape(str(entry.facts[label]))}" for label in rest]
     return "\n".join(lines)
