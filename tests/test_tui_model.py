@@ -63,8 +63,8 @@ async def test_a_moe_model_is_found_and_shows_its_experts_active_parameters_and_
         await settle(pilot)
         facts = model_facts("Qwen/Qwen3-30B-A3B")
         shown = facts_shown(app)
-        assert "experts         128" in shown and "experts / token 8" in shown
-        assert f"active / total  {facts.active_params() / 1e9:.1f}B of {facts.total_params / 1e9:.1f}B" in shown
+        assert "experts          128" in shown and "experts / token  8" in shown
+        assert f"active / total   {facts.active_params() / 1e9:.1f}B of {facts.total_params / 1e9:.1f}B" in shown
         assert "layer kinds\n48 x attention + MoE" in shown and CANNOT_JUDGE not in shown
 
 
