@@ -73,6 +73,43 @@ def test_a_python_error_on_another_node_names_global_rank_and_host() -> None:
     assert lines_of_rank(lines, 1) == ["step 3"]
 
 
+def two_failures(killed_at: str) -> list[str]:
+    """torchrun's summary when rank 1 was SIGKILLed and rank 0 then failed its collective (exit code 1)."""
+    return textwrap.dedent(f"""\
+        step 3
+        =======================================================
+        train.py FAILED
+        -------------------------------------------------------
+        Failures:
+        [1]:
+          time      : {killed_at}
+          host      : localhost
+          rank      : 1 (local_rank: 1)
+          exitcode  : -9 (pid: 2)
+          error_file: <N/A>
+          traceback : Signal 9 (SIGKILL) received by PID 2
+        -------------------------------------------------------
+        Root Cause (first observed failure):
+        [0]:
+          time      : 2026-12-02_16:54:21
+          host      : localhost
+          rank      : 0 (local_rank: 0)
+          exitcode  : 1 (pid: 1)
+          error_file: <N/A>
+        =======================================================
+        """).splitlines()
+
+
+def test_a_rank_killed_in_the_root_causes_second_is_the_story() -> None:
+    """torchrun times failures in whole seconds and breaks a tie by local rank, so a peer's exit code 1 after a
+    rank was SIGKILLed can be its "root cause" (CI saw this race); the killed rank is named first."""
+    message = describe_failure(two_failures("2026-12-02_16:54:21"), 1)
+    assert message[0].startswith("rank 1 (local rank 1 on localhost) was killed by SIGKILL")
+    assert message[1] == "then the launcher stopped rank 0."
+    later = describe_failure(two_failures("2026-12-02_16:54:52"), 1)  # e.g. the launcher's SIGKILL after SIGTERM
+    assert later[0] == "rank 0 (local rank 0 on localhost) exited with code 1."
+
+
 def test_a_single_process_killed_without_a_launcher_summary() -> None:
     message = describe_failure(["loading model", "step 10 loss 1.2"], -9)
     assert message[0].startswith("training was killed by SIGKILL")

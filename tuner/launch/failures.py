@@ -30,6 +30,7 @@ class RankFailure:
     exit_code: int
     host: str = ""
     root_cause: bool = False
+    time: str = ""  # torchrun's timestamp of the failure, to the second
 
     @property
     def signal_name(self) -> str | None:
@@ -55,8 +56,22 @@ class RankFailure:
         return f"was killed by {name}" + (f": {reason}" if reason else "")
 
 
+def first_to_fail(failures: list[RankFailure]) -> list[RankFailure]:
+    """``failures`` with the rank whose failure set off the others first.  torchrun's root cause is the earliest
+    timestamp, in whole seconds, and a tie goes to the lower local rank; but a rank whose peer was killed fails its
+    collective at once and exits with a code, so among failures of the root cause's second one killed by a signal
+    (other than the launcher's SIGTERM) came first."""
+    if not failures:
+        return failures
+    root = failures[0]
+    killed = [f for f in failures[1:] if f.time == root.time and f.signal_name not in (None, "SIGTERM")]
+    if root.signal_name is not None or not killed:
+        return failures
+    return [killed[0], *(f for f in failures if f is not killed[0])]
+
+
 def rank_failures(lines: Iterable[str]) -> list[RankFailure]:
-    """Every failed rank in torchrun's summary, the root cause first."""
+    """Every failed rank in torchrun's summary, the one that failed first (:func:`first_to_fail`) first."""
     failures: list[RankFailure] = []
     section: str | None = None  # "failures" or "root" while inside those parts of the summary
     entry: dict[str, str] | None = None
@@ -66,7 +81,7 @@ def rank_failures(lines: Iterable[str]) -> list[RankFailure]:
             rank, exit_code = _RANK.match(entry.get("rank", "")), _EXIT.match(entry.get("exitcode", ""))
             if rank and exit_code:
                 failures.append(RankFailure(int(rank[1]), int(rank[2]), int(exit_code[1]), entry.get("host", ""),
-                                            root_cause=section == "root"))
+                                            root_cause=section == "root", time=entry.get("time", "")))
 
     for line in lines:
         text = line.strip()
@@ -85,7 +100,7 @@ def rank_failures(lines: Iterable[str]) -> list[RankFailure]:
         elif entry is not None and (match := _FIELD.match(line)):
             entry[match[1]] = match[2].strip()
     close()
-    return sorted(failures, key=lambda failure: (not failure.root_cause, failure.rank))
+    return first_to_fail(sorted(failures, key=lambda failure: (not failure.root_cause, failure.rank)))
 
 
 def lines_of_rank(lines: Iterable[str], local_rank: int) -> list[str]:
