@@ -148,7 +148,7 @@ def folders(tmp_path_factory, demo_model_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tuner.launch.checkpoints import resume_settings
-    from tuner.launch.integrity import file_digests
+    from tuner.launch.integrity import saved_files
     from tuner.recipe.io import load_recipe, recipe_to_yaml
     from tuner.recipe.registry import builtin_path
     from tuner.render.run_directory import write_run_directory
@@ -175,7 +175,7 @@ def folders(tmp_path_factory, demo_model_path):
         {"metadata": {"total_size": 1}, "weight_map": {"model.embed_tokens.weight": "model.safetensors"}}))
     (checkpoint / LOCK_FILE).write_text(recipe_to_yaml(recipe))
     (checkpoint / CHECKPOINT_INFO).write_text(json.dumps(
-        {"step": 4, "settings": resume_settings(recipe, 1), "files": file_digests(checkpoint)}))
+        {"step": 4, "settings": resume_settings(recipe, 1), "files": saved_files(checkpoint)[0]}))
     return {"model": model, "adapter": adapter, "run": run, "checkpoint": checkpoint}
 
 

@@ -1,4 +1,4 @@
-"""``tuner run RECIPE [--set k=v] [--dry-run] [--force] [--resume] [--probe]``: check, render, launch, follow, summarise
+"""``tuner run RECIPE [--set k=v] [--dry-run] [--force] [--resume [--verify]] [--probe]``: check, render, launch, follow, summarise
 (``--probe``: measure the recipe with ``tuner probe`` first)."""
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ def register(subparsers) -> None:
                         help="launch even if the plan does not fit or the disk is small; replace tuner's files in an "
                              "existing run directory")
     parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    parser.add_argument("--verify", action="store_true",
+                        help="with --resume: read every byte of the checkpoint first (its recorded SHA-256, zip CRCs); "
+                             "without it sizes, headers and zip directories are checked")
     parser.add_argument("--probe", action="store_true",
                         help="first probe the recipe on this machine (tuner probe: a few steps on worst-case batches, "
                              "measured beside the plan) and launch only if the probe ran")
@@ -82,6 +85,10 @@ def check_resumed_lock(args, recipe) -> None:
 
 
 def run(args) -> int:
+    if args.verify and not args.resume:
+        from tuner.recipe.io import RecipeError
+
+        raise RecipeError(["--verify checks the checkpoint a run resumes from: pass it with --resume."])
     recipe = recipe_from_args(args)
     if args.resume:
         check_resumed_lock(args, recipe)
@@ -94,7 +101,8 @@ def run(args) -> int:
         code = probe_and_report(recipe, steps=None, force=args.force)
         if code:
             return code
-    prepared = prepare_or_refuse(recipe, force=args.force, resume=args.resume, dry_run=args.dry_run)
+    prepared = prepare_or_refuse(recipe, force=args.force, resume=args.resume, verify=args.verify,
+                                 dry_run=args.dry_run)
     if args.dry_run:
         for path in sorted(prepared.run_dir.iterdir()):
             if path.is_file():

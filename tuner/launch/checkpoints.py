@@ -57,11 +57,12 @@ def resume_settings(recipe: Recipe, world_size: int) -> dict[str, Any]:
     return settings
 
 
-def incomplete_reason(checkpoint: Path) -> str | None:
-    """Why a checkpoint cannot be resumed from (None: it can): no marker, or a file cut short after it."""
+def incomplete_reason(checkpoint: Path, verify: bool = False) -> str | None:
+    """Why a checkpoint cannot be resumed from (None: it can): no marker, or a file cut short after it (``verify``:
+    or any byte damaged that a recorded digest or a zip CRC shows)."""
     if not (checkpoint / CHECKPOINT_INFO).is_file():
         return f"incomplete, no {CHECKPOINT_INFO} (the run stopped while saving it)"
-    return checkpoint_problem(checkpoint)
+    return checkpoint_problem(checkpoint, verify)
 
 
 def checkpoints_newest_first(directory: Path) -> list[Path]:
@@ -109,8 +110,9 @@ def check_resumable(recipe: Recipe, checkpoint: Path, world_size: int) -> None:
         ])
 
 
-def resume_checkpoint(recipe: Recipe, run_dir: Path, world_size: int) -> Path | None:
-    """The checkpoint to resume from (checked against the recipe), or None to start fresh."""
+def resume_checkpoint(recipe: Recipe, run_dir: Path, world_size: int, verify: bool = False) -> Path | None:
+    """The checkpoint to resume from (checked against the recipe), or None to start fresh; ``verify`` reads every
+    byte of the one named explicitly."""
     resume = recipe.training.resume
     if resume == "never":
         return None
@@ -124,7 +126,7 @@ def resume_checkpoint(recipe: Recipe, run_dir: Path, world_size: int) -> Path | 
         if not (checkpoint / "trainer_state.json").is_file():
             raise RecipeError([f"training.resume: {resume}: not a complete checkpoint folder (no trainer_state.json); "
                                "give a checkpoints/checkpoint-N folder, or use auto."])
-        damaged = checkpoint_problem(checkpoint)
+        damaged = checkpoint_problem(checkpoint, verify)
         if damaged:
             raise RecipeError([f"training.resume: {resume}: {damaged}; give an earlier checkpoint, or use auto "
                                "(which skips damaged ones)."])

@@ -32,6 +32,7 @@ JSON_OBJECTS = ("config.json", "generation_config.json", "tokenizer_config.json"
                 "adapter_config.json", "tokenizer.json", "preprocessor_config.json", "processor_config.json",
                 CHECKPOINT_INFO, TRAINER_STATE, *WEIGHT_INDEXES)
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
+READ_CHUNK = 8 * 1024 * 1024
 ADAPTER_KIND = "LORA"  # the adapters tuner trains, merges and serves
 
 
@@ -137,20 +138,58 @@ def _weights_problem(directory: Path) -> str | None:
     return "no model weights"
 
 
-def file_digests(directory: Path) -> dict[str, dict]:
-    """Size and SHA-256 of every file in a checkpoint (relative path -> {size, sha256}), but its tuner info file:
-    recorded when it is saved, so a resume can tell a file that changed since, whatever its size."""
-    digests = {}
+def _structure(path: Path) -> str | None:
+    """The name of the cheap structural check a file's kind has (its header or directory only), or None."""
+    if path.suffix == ".safetensors":
+        return "safetensors header"
+    if path.suffix in (".pt", ".bin", ".pth"):
+        return "zip directory"
+    return "json" if path.suffix == ".json" else None
+
+
+def saved_files(directory: Path) -> tuple[dict[str, dict], str | None]:
+    """What the info file records of a checkpoint just saved (relative path -> {size, checked}), and the first
+    file that fails its cheap check (then the checkpoint is not marked complete).  Headers and directories only: a
+    full hash of a 1 TB checkpoint would keep every other rank waiting in a collective for minutes."""
+    records = {}
     for path in sorted(directory.rglob("*")):
         if path.is_file() and path.name != CHECKPOINT_INFO:
-            with open(path, "rb") as stream:
-                digest = hashlib.file_digest(stream, "sha256").hexdigest()
-            digests[path.relative_to(directory).as_posix()] = {"size": path.stat().st_size, "sha256": digest}
-    return digests
+            name = path.relative_to(directory).as_posix()
+            why = _file_problem(path)
+            if why:
+                return records, f"{name}: {why}"
+            records[name] = {"size": path.stat().st_size, "checked": _structure(path)}
+    return records, None
 
 
-def _digest_problem(directory: Path) -> str | None:
-    """The first file that differs from what the info file recorded at save time (none recorded: nothing to check)."""
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as stream:
+        return hashlib.file_digest(stream, "sha256").hexdigest()
+
+
+def _every_byte_problem(path: Path, expected: dict) -> str | None:
+    """``--verify``: the SHA-256 a checkpoint saved before tuner stopped hashing in the loop recorded, or else the
+    checks that read every byte: each zip member against its CRC-32; a safetensors file read through (a read error
+    shows, a flipped bit in tensor data cannot: the format stores no checksum)."""
+    if "sha256" in expected:
+        return None if _sha256(path) == expected["sha256"] else "changed since it was saved (its SHA-256 differs)"
+    if path.suffix in (".pt", ".bin", ".pth") and zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                bad = archive.testzip()
+        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+            return f"unreadable zip member ({exc})"
+        return f"damaged (zip member {bad} fails its CRC-32)" if bad else None
+    if path.suffix == ".safetensors":
+        with open(path, "rb") as stream:
+            while stream.read(READ_CHUNK):  # every byte: an I/O error is the damage
+                pass
+    return None
+
+
+def _recorded_problem(directory: Path, verify: bool) -> str | None:
+    """The first file that differs from what the info file recorded at save time (none recorded: nothing to
+    check): missing or another size, and with ``verify`` the check of every byte (:func:`_every_byte_problem`)."""
     info = directory / CHECKPOINT_INFO
     if not info.is_file():
         return None
@@ -169,14 +208,16 @@ def _digest_problem(directory: Path) -> str | None:
             return f"{name}: missing"
         if path.stat().st_size != expected.get("size"):
             return f"{name}: {path.stat().st_size} bytes, saved as {expected.get('size')}"
-        with open(path, "rb") as stream:
-            if hashlib.file_digest(stream, "sha256").hexdigest() != expected.get("sha256"):
-                return f"{name}: changed since it was saved (its SHA-256 differs)"
+        why = _every_byte_problem(path, expected) if verify else None
+        if why:
+            return f"{name}: {why}"
     return None
 
 
-def checkpoint_problem(directory: str | Path) -> str | None:
-    """None when the checkpoint is complete; otherwise the first thing wrong with it, naming the file."""
+def checkpoint_problem(directory: str | Path, verify: bool = False) -> str | None:
+    """None when the checkpoint is complete; otherwise the first thing wrong with it, naming the file.  Headers,
+    directories, JSON and the sizes saved, in milliseconds; ``verify`` (``tuner run --resume --verify``) reads every
+    byte too."""
     directory = Path(directory)
     if not directory.is_dir():
         return "not a directory"
@@ -196,7 +237,7 @@ def checkpoint_problem(directory: str | Path) -> str | None:
             why = _file_problem(path)
             if why:
                 return f"{path.relative_to(directory)}: {why}"
-    return _digest_problem(directory)
+    return _recorded_problem(directory, verify)
 
 
 def template_problem(text: str) -> str | None:

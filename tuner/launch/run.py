@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from tuner.doctor import require_trackers
-from tuner.launch.checkpoints import check_resumable, checkpoint_states, latest_complete_checkpoint, resume_checkpoint
+from tuner.launch.checkpoints import (check_resumable, checkpoint_states, incomplete_reason, latest_complete_checkpoint,
+                                      resume_checkpoint)
 from tuner.launch.failures import describe_failure
 from tuner.launch.runner import Launch, log_tail
 from tuner.launch.summary import RunSummary, summarize_run
@@ -161,18 +162,24 @@ def _check_data(recipe: Recipe) -> str:
     return f"data: {data.train} {data.data_format} samples to train on{held_out}"
 
 
-def _resume_notes(recipe: Recipe, run_dir: Path) -> list[str]:
-    """Which checkpoint the ranks will resume from and why newer ones are skipped; refuses an incompatible one."""
+def _resume_notes(recipe: Recipe, run_dir: Path, verify: bool = False) -> list[str]:
+    """Which checkpoint the ranks will resume from and why newer ones are skipped; refuses an incompatible one.
+    ``verify`` reads every byte of that checkpoint, here once: the ranks repeat only the cheap checks, so one whose
+    bytes are damaged is refused rather than skipped (they would pick it)."""
     resume = recipe.training.resume
     if resume == "never":
         return []
     if resume != "auto":  # a checkpoint named explicitly: damaged or incompatible, it is refused now, not by a rank
-        return [f"resuming from {resume_checkpoint(recipe, run_dir, recipe.world_size)}"]
+        return [f"resuming from {resume_checkpoint(recipe, run_dir, recipe.world_size, verify)}"]
     notes = []
     for checkpoint, problem in checkpoint_states(run_dir / CHECKPOINTS_DIR):
         if problem is None:
+            damaged = incomplete_reason(checkpoint, verify=True) if verify else None
+            if damaged:
+                raise RecipeError([f"--verify: {checkpoint}: {damaged}. Move it out of {run_dir / CHECKPOINTS_DIR} "
+                                   "to resume from the one before, or name one with --set training.resume=PATH."])
             check_resumable(recipe, checkpoint, recipe.world_size)
-            return notes + [f"resuming from {checkpoint}"]
+            return notes + [f"resuming from {checkpoint}" + (" (verified: every byte read)" if verify else "")]
         notes.append(f"skipping {checkpoint}: {problem}")
     return notes + [f"no complete checkpoint in {run_dir / CHECKPOINTS_DIR}: starting from the beginning"]
 
@@ -181,8 +188,8 @@ def _say_on_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dry_run: bool = False,
-                output_dir: str | Path | None = None, say: Callable[[str], None] = _say_on_stderr,
+def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, verify: bool = False,
+                dry_run: bool = False, output_dir: str | Path | None = None, say: Callable[[str], None] = _say_on_stderr,
                 progress: bool = True) -> PreparedRun:
     """Check everything, then write the run directory (and hold its lock unless ``dry_run``); a hub model is
     downloaded once, here, before any rank starts (``say`` the line, and with ``progress`` a bar on stderr).
@@ -190,7 +197,8 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
     ``force`` is the user's explicit override of the plan, disk and existing-directory refusals: a new run in the
     directory of an earlier one first moves the earlier run's outputs (checkpoints, events, log, final model ...) into
     ``previous/N/``, so the new run neither deletes them (the Trainer's checkpoint rotation would) nor mixes with them
-    (events, a later resume).  ``resume`` continues from the newest complete checkpoint.  Raises RecipeError/DataError
+    (events, a later resume).  ``resume`` continues from the newest complete checkpoint; ``verify`` first reads
+    every byte of it (recorded SHA-256, zip CRCs).  Raises RecipeError/DataError
     for what cannot be overridden, HubError when the hub refuses the model, and :class:`RunRefused` (all overridable
     refusals at once) for the rest; nothing is written before.
     """
@@ -216,7 +224,7 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, dr
         refusals.append(f"{run_dir}: the run directory already exists; overriding starts a new run there and moves "
                         f"the earlier run's checkpoints, events and log into {run_dir / PREVIOUS_RUNS_DIR}/N/ (resume "
                         "continues it instead, or change output.dir).")
-    notes = _resume_notes(recipe, run_dir) if resuming else []
+    notes = _resume_notes(recipe, run_dir, verify) if resuming else []
     require_trackers(recipe)  # a tracker training.report_to names must be installed: said now, not by every rank
     data_note = _check_data(recipe)
     if refusals and not force:
