@@ -212,3 +212,16 @@ def test_no_checkpoint_at_all(tmp_path) -> None:
     assert latest_complete_checkpoint(tmp_path / "none") is None
     (tmp_path / "checkpoint-3").mkdir()
     assert latest_complete_checkpoint(tmp_path) is None
+
+
+def test_a_file_damaged_at_save_leaves_the_checkpoint_unmarked(tmp_path) -> None:
+    from tuner.launch.integrity import saved_files
+
+    checkpoint = tmp_path / "checkpoint-7"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text('{"global_step": 7}')
+    (checkpoint / "optimizer.pt").write_bytes(b"PK\x03\x04 cut short")
+    files, problem = saved_files(checkpoint)
+    assert problem == "optimizer.pt: truncated (its zip directory is missing)"
+    (checkpoint / "optimizer.pt").unlink()
+    assert saved_files(checkpoint) == ({"trainer_state.json": {"size": 18, "checked": "json"}}, None)
