@@ -188,10 +188,12 @@ def test_an_old_checkpoint_with_digests_resumes_and_verify_checks_them(checkpoin
     with_digests(newest)
     recipe = resumed(load_recipe(builtin_path("demo")), "auto")
     assert resume_checkpoint(recipe, checkpoints.parent, 1) == newest
-    assert _resume_notes(recipe, checkpoints.parent, verify=True) == [f"resuming from {newest} (verified: every byte read)"]
+    verified = _resume_notes(recipe, checkpoints.parent, verify=True)
+    assert verified == [f"resuming from {newest} (verified: every byte read)"]
     flip_bytes(newest / "model.safetensors", 0.6)
     assert incomplete_reason(newest) is None, "without --verify the digests are not read"
-    assert incomplete_reason(newest, verify=True) == "model.safetensors: changed since it was saved (its SHA-256 differs)"
+    assert incomplete_reason(newest, verify=True) == \
+        "model.safetensors: changed since it was saved (its SHA-256 differs)"
 
 
 def test_verify_without_resume_is_refused(capsys) -> None:

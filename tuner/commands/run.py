@@ -1,5 +1,5 @@
-"""``tuner run RECIPE [--set k=v] [--dry-run] [--force] [--resume [--verify]] [--probe]``: check, render, launch, follow, summarise
-(``--probe``: measure the recipe with ``tuner probe`` first)."""
+"""``tuner run RECIPE [--set k=v] [--dry-run] [--force] [--resume [--verify]] [--probe]``: check, render, launch,
+follow, summarise (``--probe``: measure the recipe with ``tuner probe`` first)."""
 from __future__ import annotations
 
 import sys

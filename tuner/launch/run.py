@@ -189,8 +189,8 @@ def _say_on_stderr(message: str) -> None:
 
 
 def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, verify: bool = False,
-                dry_run: bool = False, output_dir: str | Path | None = None, say: Callable[[str], None] = _say_on_stderr,
-                progress: bool = True) -> PreparedRun:
+                dry_run: bool = False, output_dir: str | Path | None = None,
+                say: Callable[[str], None] = _say_on_stderr, progress: bool = True) -> PreparedRun:
     """Check everything, then write the run directory (and hold its lock unless ``dry_run``); a hub model is
     downloaded once, here, before any rank starts (``say`` the line, and with ``progress`` a bar on stderr).
 
