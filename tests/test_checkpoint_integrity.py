@@ -10,7 +10,7 @@ from tuner.launch.checkpoints import checkpoint_states, incomplete_reason, lates
 from tuner.launch.integrity import checkpoint_problem
 from tuner.recipe.io import load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
-from tuner.run_layout import CHECKPOINT_INFO
+from tuner.rundir.layout import CHECKPOINT_INFO
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import builds_of
-from tuner.events import read_events
+from tuner.rundir.events import read_events
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ranks")]  # one multi-rank run at a time
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.events import read_events
+from tuner.rundir.events import read_events
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.events import read_events
+from tuner.rundir.events import read_events
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.render.run_directory import write_run_directory

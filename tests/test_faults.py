@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.events import read_events
+from tuner.rundir.events import read_events
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tuner.data.prompts import ROW_COLUMN
-from tuner.events import read_events
+from tuner.rundir.events import read_events
 from tuner.recipe.io import load_recipe, validate_recipe
 from tuner.recipe.registry import builtin_path
 
@@ -380,7 +380,7 @@ def test_launch_script_starts_the_vllm_server_on_its_own_gpus(tmp_path):
     import subprocess
 
     from tuner.render.run_directory import render_run_files
-    from tuner.run_layout import LAUNCH_SCRIPT, SLURM_SCRIPT
+    from tuner.rundir.layout import LAUNCH_SCRIPT, SLURM_SCRIPT
 
     recipe = make_recipe(tmp_path, hardware=SERVER, memory={"distributed": "ddp", "micro_batch_size": 2},
                          grpo={"generation": "vllm_server", "vllm_server_gpus": 2, "vllm_server_port": 8123})

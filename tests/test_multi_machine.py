@@ -20,10 +20,10 @@ from test_cpu_ranks import check_data_parallel_run, free_port
 from conftest import REPO, builds_of
 from tuner.build_once import is_built, lock_path
 from tuner.cli import main
-from tuner.events import read_events
+from tuner.rundir.events import read_events
 from tuner.preflight import check_interfaces, fingerprint_difference, machine_checks
 from tuner.recipe.io import validate_recipe
-from tuner.run_layout import EVENTS_FILE, LAUNCH_SCRIPT, SLURM_SCRIPT
+from tuner.rundir.layout import EVENTS_FILE, LAUNCH_SCRIPT, SLURM_SCRIPT
 
 TWO_CPU_MACHINES = {"machines": 2, "main_process_ip": "127.0.0.1", "main_process_port": 29400}
 

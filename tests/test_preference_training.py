@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tuner.events import read_events
-from tuner.launch.checkpoints import check_resumable, resume_settings
+from tuner.rundir.events import read_events
+from tuner.launch.checkpoints import check_resumable
+from tuner.rundir.checkpoints import resume_settings
 from tuner.recipe.io import RecipeError, load_recipe, validate_recipe
 from tuner.recipe.registry import builtin_path
-from tuner.run_layout import CHECKPOINT_INFO
+from tuner.rundir.layout import CHECKPOINT_INFO
 
 CHAT_PAIRS = [{"prompt": [{"role": "user", "content": f"reverse\n{word}"}],
                "chosen": [{"role": "assistant", "content": word[::-1]}],

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import REPO, process_running
-from tuner.events import read_events
+from tuner.rundir.events import read_events
 
 
 def sets(*settings: str) -> list[str]:

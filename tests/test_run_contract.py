@@ -12,12 +12,12 @@ import time
 import pytest
 from conftest import REPO, process_running
 
-from tuner.events import read_events, write_event
+from tuner.rundir.events import read_events, write_event
 from tuner.launch.run import RunRefused, prepare_run
-from tuner.launch.summary import summarize_run
+from tuner.rundir.summary import summarize_run
 from tuner.recipe.io import RecipeError, load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
-from tuner.run_lock import RunLock, lock_path
+from tuner.rundir.lock import RunLock, lock_path
 
 FAST = ["data.max_samples=64", "data.eval_fraction=0", "memory.micro_batch_size=8", "training.warmup_steps=0"]
 
@@ -85,7 +85,7 @@ def test_a_stale_lock_is_taken_over(tmp_path):
 
 def test_a_refused_resume_leaves_the_run_directory_as_it_was(tmp_path):
     """Resume compatibility is checked before the lock recipe is rewritten (the refusal used to come after launch)."""
-    from tuner.launch.checkpoints import resume_settings
+    from tuner.rundir.checkpoints import resume_settings
 
     full = demo(tmp_path)
     prepared = prepare_run(full, dry_run=True)

@@ -14,7 +14,7 @@ import pytest
 
 from tuner.data.prepare import check_data, split_samples
 from tuner.data.sources import DataError
-from tuner.events import read_events
+from tuner.rundir.events import read_events
 from tuner.recipe.io import validate_recipe
 
 

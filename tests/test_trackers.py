@@ -12,7 +12,7 @@ import pytest
 
 from conftest import run_tuner
 from tuner.cli import main
-from tuner.events import read_events
+from tuner.rundir.events import read_events
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.train.trackers import tracker_arguments, tracker_environment

@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tuner.events import read_events
-from tuner.launch.checkpoints import latest_complete_checkpoint, resume_settings
+from tuner.rundir.events import read_events
+from tuner.launch.checkpoints import latest_complete_checkpoint
+from tuner.rundir.checkpoints import resume_settings
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import recipes_dir
 from tuner.render.run_directory import write_run_directory
-from tuner.run_layout import CHECKPOINT_INFO
+from tuner.rundir.layout import CHECKPOINT_INFO
 from tuner.train.__main__ import main as train_main
 
 REPO = Path(__file__).resolve().parents[1]

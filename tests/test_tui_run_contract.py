@@ -11,9 +11,9 @@ from textual.widgets import Button, Static
 from conftest import process_running
 from tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, pilot_test, wait_until
 
-from tuner.events import read_events
+from tuner.rundir.events import read_events
 from tuner.launch.run import RunRefused, prepare_run
-from tuner.run_lock import lock_path
+from tuner.rundir.lock import lock_path
 
 
 @pytest.fixture

@@ -53,9 +53,9 @@ def _print_score(title: str, result: ModelResult) -> list[str]:
 
 def _reward_lines(run_dir: Path) -> list[str]:
     """The held-out reward metrics of a dpo/kto/grpo run, first evaluation (before training) to last."""
-    from tuner.events import read_events
+    from tuner.rundir.events import read_events
     from tuner.recipe.io import load_recipe
-    from tuner.run_layout import EVENTS_FILE, LOCK_FILE
+    from tuner.rundir.layout import EVENTS_FILE, LOCK_FILE
 
     recipe = load_recipe(run_dir / LOCK_FILE)
     key = "eval_reward" if recipe.objective.kind == "grpo" else "eval_rewards/margins"
@@ -87,7 +87,7 @@ def run(args) -> int:
     from tuner.loading.model import resolve_model_path
     from tuner.recipe.io import load_recipe, with_model_id
     from tuner.recipe.registry import builtin_path, starting_recipe
-    from tuner.run_layout import FINAL_DIR
+    from tuner.rundir.layout import FINAL_DIR
 
     start = time.monotonic()
     path = Path(args.recipe) if Path(args.recipe).exists() else builtin_path(args.recipe)

@@ -17,8 +17,8 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from tuner.loading.merge import find_adapter, merge_adapter, run_of
     from tuner.recipe.io import RecipeError, load_recipe
-    from tuner.run_layout import LOCK_FILE, MERGED_DIR
-    from tuner.run_lock import RunLock
+    from tuner.rundir.layout import LOCK_FILE, MERGED_DIR
+    from tuner.rundir.lock import RunLock
 
     from tuner.launch.integrity import saved_model_problem
     from tuner.loading.model import ModelLoadError

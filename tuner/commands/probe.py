@@ -111,7 +111,7 @@ def tune_and_report(recipe, args) -> int:
     from tuner.fileio import atomic_write_text
     from tuner.launch.batch_tuning import DEFAULT_MARGIN, MARGIN_REASON, MAX_PROBES, tune_batch
     from tuner.launch.probe import PROBE_STEPS
-    from tuner.run_layout import PROBE_DIR, PROBE_REPORT
+    from tuner.rundir.layout import PROBE_DIR, PROBE_REPORT
 
     planned(recipe)  # a model the planner cannot read is one message, before any search
     margin = args.margin or DEFAULT_MARGIN

@@ -14,7 +14,7 @@ from tuner.loading.model import ModelLoadError, resolve_model_path
 from tuner.recipe.io import RecipeSource, apply_overrides, load_recipe, validate_recipe
 from tuner.recipe.registry import resolve_recipe_argument
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import FINAL_DIR, LOCK_FILE, OFFLOAD_DIR
+from tuner.rundir.layout import FINAL_DIR, LOCK_FILE, OFFLOAD_DIR
 
 ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CONFIG = "config.json"

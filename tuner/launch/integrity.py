@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 from tuner.fileio import TooLarge, json_kind, read_limited, special_kind
-from tuner.run_layout import CHECKPOINT_INFO
+from tuner.rundir.layout import CHECKPOINT_INFO
 
 TRAINER_STATE = "trainer_state.json"
 # bytes per element of each safetensors dtype (the format's own names)

@@ -36,8 +36,8 @@ from tuner.planner.memory import TRAINING_STEP
 from tuner.launch.runner import log_tail
 from tuner.recipe.io import RecipeError, validate_recipe
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import CHECKPOINTS_DIR, LOG_FILE, PROBE_DIR, PROBE_REPORT, PROBE_REQUEST
-from tuner.run_lock import RunLock, RunLocked
+from tuner.rundir.layout import CHECKPOINTS_DIR, LOG_FILE, PROBE_DIR, PROBE_REPORT, PROBE_REQUEST
+from tuner.rundir.lock import RunLock, RunLocked
 
 PROBE_STEPS = 3  # the first creates the optimizer states and warms caches; the others are timed
 ERROR_GRACE_S = 5.0  # after a rank's error, the time the others get to stop on their own before all are stopped

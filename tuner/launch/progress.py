@@ -9,7 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 def step_summary(event: dict) -> str:
-    from tuner.events import rollout_summary
+    from tuner.rundir.events import rollout_summary
 
     parts = [f"step {event.get('step')}/{event.get('max_steps')}"]
     if "loss" in event:

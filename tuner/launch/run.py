@@ -25,7 +25,7 @@ from tuner.doctor import require_trackers
 from tuner.launch.checkpoints import check_resumable, checkpoint_states, latest_complete_checkpoint, resume_checkpoint
 from tuner.launch.failures import describe_failure
 from tuner.launch.runner import Launch, log_tail
-from tuner.launch.summary import RunSummary, summarize_run
+from tuner.rundir.summary import RunSummary, summarize_run
 from tuner.loading.hub_download import HubDownload, plan_download
 from tuner.recipe.io import RecipeError, validate_recipe, with_output_dir
 from tuner.recipe.schema import STREAM_SHUFFLE_BUFFER, Recipe
@@ -38,8 +38,8 @@ from tuner.render.run_directory import (
     move_earlier_run_aside,
     write_run_directory,
 )
-from tuner.run_layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, MODEL_SNAPSHOT, PREVIOUS_RUNS_DIR, SLURM_SCRIPT
-from tuner.run_lock import RunLock, RunLocked
+from tuner.rundir.layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, MODEL_SNAPSHOT, PREVIOUS_RUNS_DIR, SLURM_SCRIPT
+from tuner.rundir.lock import RunLock, RunLocked
 
 EXIT_SIGNAL_BASE = 128  # a run stopped by signal N exits 128 + N, as a shell reports it
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # beside SIGINT (KeyboardInterrupt): each stops every rank

@@ -13,10 +13,10 @@ import os
 import sys
 from pathlib import Path
 
-from tuner.events import write_event
+from tuner.rundir.events import write_event
 from tuner.recipe import RecipeError, load_recipe
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import DEEPSPEED_CONFIG, EVENTS_FILE, FINAL_DIR, MEMORY_REPORT, MERGED_DIR, PROFILE_DIR
+from tuner.rundir.layout import DEEPSPEED_CONFIG, EVENTS_FILE, FINAL_DIR, MEMORY_REPORT, MERGED_DIR, PROFILE_DIR
 
 log = logging.getLogger("tuner")
 
@@ -38,7 +38,7 @@ def training_arguments(recipe: Recipe, run_dir: Path):
     settings (which may replace the common ones)."""
     from transformers import TrainingArguments
 
-    from tuner.run_layout import CHECKPOINTS_DIR
+    from tuner.rundir.layout import CHECKPOINTS_DIR
     from tuner.train.parallelism import loads_sharded
     from tuner.train.trackers import tracker_arguments
 
@@ -161,7 +161,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from tuner.launch.checkpoints import resume_checkpoint
     from tuner.loading.hub_download import run_snapshot
     from tuner.loading.model import load_tokenizer
-    from tuner.run_layout import LOCK_FILE
+    from tuner.rundir.layout import LOCK_FILE
     from tuner.train.callbacks import EventsCallback, ProfilerCallback, memory_per_rank
     from tuner.train.checkpoints import CheckpointInfoCallback
     from tuner.train.probe import ProbeCallback, probe_request, worst_case_data

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from tuner.events import write_event
+from tuner.rundir.events import write_event
 from tuner.fileio import atomic_write_text
 
 log = logging.getLogger("tuner")

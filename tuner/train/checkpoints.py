@@ -1,5 +1,5 @@
 """The checkpoint writer's half: after the Trainer saves a checkpoint, tuner adds the lock recipe and the settings
-file that marks it complete (read back by :mod:`tuner.launch.checkpoints`)."""
+file that marks it complete (read back by :mod:`tuner.rundir.checkpoints`)."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,10 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from tuner.fileio import atomic_write_text, umask_permissions
-from tuner.launch.checkpoints import resume_settings
 from tuner.launch.integrity import file_digests
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import CHECKPOINT_INFO, CHECKPOINT_PREFIX, LOCK_FILE
+from tuner.rundir.checkpoints import resume_settings
+from tuner.rundir.layout import CHECKPOINT_INFO, CHECKPOINT_PREFIX, LOCK_FILE
 from tuner.train.supervision import supervisor_alive
 
 

@@ -18,12 +18,12 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from tuner.events import write_event
+from tuner.rundir.events import write_event
 from tuner.fileio import write_control_file
 from tuner.launch.probe_record import cpu_name
 from tuner.planner.memory import EVAL, GIB, LOAD, SAVE, TRAINING_STEP
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import PROBE_REQUEST
+from tuner.rundir.layout import PROBE_REQUEST
 
 POOL_PER_SAMPLE = 4  # longest real samples kept per worst-case sample: enough to fill one, and varied
 

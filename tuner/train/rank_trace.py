@@ -9,7 +9,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from tuner.events import write_event
+from tuner.rundir.events import write_event
 
 TRACE_RANKS_VARIABLE = "TUNER_TRACE_RANKS"
 

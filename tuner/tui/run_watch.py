@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.events import rollout_summary
-from tuner.run_layout import LOCK_FILE
+from tuner.rundir.events import rollout_summary
+from tuner.rundir.layout import LOCK_FILE
 
 LOG_LINES = 400
 TUNER_PREFIX = "[tuner] "
@@ -176,8 +176,8 @@ class RunWatch:
 
 def replay(run_dir: Path) -> RunWatch:
     """The state of a run from its events file (recent runs on the Start screen)."""
-    from tuner.events import read_events
-    from tuner.run_layout import EVENTS_FILE
+    from tuner.rundir.events import read_events
+    from tuner.rundir.layout import EVENTS_FILE
 
     watch = RunWatch(run_dir=run_dir, status="not started")
     events = read_events(run_dir / EVENTS_FILE)

@@ -8,9 +8,9 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner.events import read_events
+from tuner.rundir.events import read_events
 from tuner.fileio import read_limited
-from tuner.run_layout import EVAL_DIR, EVENTS_FILE, MEMORY_REPORT
+from tuner.rundir.layout import EVAL_DIR, EVENTS_FILE, MEMORY_REPORT
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's file: its presence makes a saved model an adapter
 EVAL_READ_LIMIT = 16 << 20  # an eval/ result of tuner eval is kilobytes; more is not one it wrote
