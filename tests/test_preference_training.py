@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.rundir.events import read_events
+from tuner.rundir.events import read_records
 from tuner.launch.checkpoints import check_resumable
 from tuner.rundir.checkpoints import resume_settings
 from tuner.recipe.io import RecipeError, load_recipe, validate_recipe
@@ -124,7 +124,7 @@ def test_demo_dpo_after_sft_raises_held_out_reward_accuracy_and_margin(trained_d
                     "--set", "data.max_samples=320", "--set", "memory.micro_batch_size=8", cwd=workdir, timeout=300)
     assert dpo.returncode == 0, dpo.stdout + dpo.stderr
     run_dir = workdir / "runs" / "demo-dpo"
-    events = read_events(run_dir / "events.jsonl")
+    events = read_records(run_dir / "events.jsonl")
     accuracy, margin = eval_metric(events, "rewards/accuracies"), eval_metric(events, "rewards/margins")
     assert len(accuracy) == len(margin) == 3  # before training (step 0), at step 6 and at the end
     assert accuracy[0] == margin[0] == 0  # the model is its own reference before the first step

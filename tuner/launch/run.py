@@ -38,6 +38,7 @@ from tuner.render.run_directory import (
     move_earlier_run_aside,
     write_run_directory,
 )
+from tuner.rundir.events import Event
 from tuner.rundir.layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, MODEL_SNAPSHOT, PREVIOUS_RUNS_DIR, SLURM_SCRIPT
 from tuner.rundir.lock import RunLock, RunLocked
 
@@ -297,7 +298,7 @@ def signals_stop_the_run() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[dict], list[str]], None] | None = None,
+def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[Event], list[str]], None] | None = None,
                stop: threading.Event | None = None, say: Callable[[str], None] = _say_on_stderr,
                stop_grace_s: float = STOP_GRACE_S) -> RunOutcome:
     """Launch the run and follow it to its end; ``on_update(events, log_lines)`` gets what arrives.

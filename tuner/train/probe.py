@@ -18,7 +18,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from tuner.rundir.events import write_event
+from tuner.rundir.events import Probe, ProbePhase, write_event
 from tuner.fileio import write_control_file
 from tuner.launch.probe_record import cpu_name
 from tuner.planner.memory import EVAL, GIB, LOAD, SAVE, TRAINING_STEP
@@ -216,15 +216,15 @@ class ProbeCallback(TrainerCallback):
     def _start(self, phase: str, samples: int | None) -> None:
         self.phase = phase
         batch = batch_description(self.recipe, samples) if samples else None
-        write_event(self.path, "probe_phase", rank=self.rank, pid=os.getpid(), phase=phase, batch=batch)
+        write_event(self.path, ProbePhase(rank=self.rank, pid=os.getpid(), phase=phase, batch=batch))
 
     def _measured(self, phase: str, **extra) -> None:
         if self.device is None:
             self.device = self.meter.device()
         name, capacity = self.device
-        write_event(self.path, "probe", rank=self.rank, pid=os.getpid(), phase=phase, device=name,
-                    capacity_gib=round(capacity, 3), resets_peak=self.meter.resets_rss,
-                    **self.meter.peak(), **extra)
+        write_event(self.path, Probe(rank=self.rank, pid=os.getpid(), phase=phase, device=name,
+                                     capacity_gib=round(capacity, 3), resets_peak=self.meter.resets_rss,
+                                     extra={**self.meter.peak(), **extra}))
         self.meter.reset()
 
     def on_train_begin(self, args, state, control, **kwargs):
