@@ -6,6 +6,7 @@ from pathlib import Path
 
 from tui_helpers import device, memory_plan
 from tuner.rundir.events import parse_event
+from tuner.rundir.summary import summarize_run
 from tuner.tui.run_watch import RunWatch, recent_runs
 from tuner.tui.widgets.plan_bar import TERM_STYLES, plan_text, stacked_bar
 
@@ -85,8 +86,10 @@ def test_recent_runs_replay_their_events(tmp_path):
         (run / "recipe.lock.yaml").write_text("version: 1\n")
         (run / "events.jsonl").write_text("".join(
             json.dumps({"event": kind, "step": 3, "max_steps": 9, "loss": 1.0, "time": 1.0}) + "\n" for kind in events))
-    statuses = {watch.run_dir.name: watch.status for watch in recent_runs(tmp_path)}
-    assert statuses == {"done": "finished", "stopped": "stopped at step 3"}
+    watches = {watch.run_dir.name: watch for watch in recent_runs(tmp_path)}
+    assert {name: watch.status for name, watch in watches.items()} == {"done": "finished", "stopped": "stopped at step 3"}
+    assert watches["done"].outcome == summarize_run(tmp_path / "done").lines(), "the summary tuner run printed"
+    assert watches["stopped"].outcome == []
     assert recent_runs(Path(tmp_path / "missing")) == []
 
 

@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner.rundir.events import Finished, Step, read_events
+from tuner.rundir.events import Event, Finished, Step, read_events
 from tuner.fileio import read_limited
 from tuner.rundir.layout import EVAL_DIR, EVENTS_FILE, MEMORY_REPORT
 
@@ -90,10 +90,13 @@ def latest_evaluation(run_dir: Path, since: float = 0.0) -> str | None:
     return f"{'; '.join(parts)} ({labels}; {newest.relative_to(run_dir)})"
 
 
-def summarize_run(run_dir: str | Path, since: float = 0.0, wall_s: float | None = None) -> RunSummary | None:
-    """The summary of the run's last finished training (events at or after ``since``), or None if none finished."""
+def summarize_run(run_dir: str | Path, since: float = 0.0, wall_s: float | None = None,
+                  events: list[Event] | None = None) -> RunSummary | None:
+    """The summary of the run's last finished training (events at or after ``since``), or None if none finished;
+    ``events``: the run's events when the caller has read them already."""
     run_dir = Path(run_dir)
-    events = [e for e in read_events(run_dir / EVENTS_FILE) if e.time is None or e.time >= since]
+    events = read_events(run_dir / EVENTS_FILE) if events is None else events
+    events = [e for e in events if e.time is None or e.time >= since]
     finished = next((e for e in reversed(events) if isinstance(e, Finished)), None)
     if finished is None:
         return None

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.rundir.events import Error, Eval, Event, Finished, Started, Step, describe, rollout_summary
-from tuner.rundir.layout import LOCK_FILE
+from tuner.rundir.events import Error, Eval, Event, Finished, Started, Step, describe, read_events, rollout_summary
+from tuner.rundir.layout import EVENTS_FILE, LOCK_FILE
+from tuner.rundir.summary import summarize_run
 
 LOG_LINES = 400
 TUNER_PREFIX = "[tuner] "
@@ -152,17 +153,16 @@ class RunWatch:
 
 
 def replay(run_dir: Path) -> RunWatch:
-    """The state of a run from its events file (recent runs on the Start screen)."""
-    from tuner.rundir.events import read_events
-    from tuner.rundir.layout import EVENTS_FILE
-
+    """The state of a run from its events file (recent runs on the Start screen); a finished one ends with the
+    summary ``tuner run`` printed."""
     watch = RunWatch(run_dir=run_dir, status="not started")
     events = read_events(run_dir / EVENTS_FILE)
     watch.absorb(events)
-    last = events[-1] if events else None
-    if isinstance(last, Finished):
-        watch.status = "finished"
-    elif isinstance(last, Error) or watch.error:
+    last_start = next((event.time for event in reversed(events) if isinstance(event, Started)), None)
+    summary = summarize_run(run_dir, since=last_start or 0.0, events=events)
+    if summary is not None:
+        watch.status, watch.outcome = "finished", summary.lines()
+    elif isinstance(events[-1] if events else None, Error) or watch.error:
         watch.status = "failed"
     elif events:
         watch.status = f"stopped at step {watch.step}"
