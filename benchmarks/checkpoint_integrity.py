@@ -4,9 +4,9 @@ Writes one checkpoint of 3 GiB of safetensors weights and a 1 GiB optimizer stat
 archive), plus the small JSON files a Trainer writes, in a temporary folder under /tmp (deleted after), then times:
 
 - save: the old callback's SHA-256 of every file (rank 0, inside the loop, every other rank waiting in a
-  collective) against :func:`tuner.launch.integrity.saved_files` (sizes, safetensors header, zip directory, JSON);
+  collective) against :func:`tuner.rundir.integrity.saved_files` (sizes, safetensors header, zip directory, JSON);
 - resume: the old check (the same structure checks, then the SHA-256 of every file, on every rank) against
-  :func:`tuner.launch.integrity.checkpoint_problem` (sizes and structure) and against ``verify=True`` (what
+  :func:`tuner.rundir.integrity.checkpoint_problem` (sizes and structure) and against ``verify=True`` (what
   ``tuner run --resume --verify`` does, once, before launch), for a new checkpoint and for an old one with digests.
 
 Each is timed warm (the files just written, in the page cache) and cold: each file's cached pages are dropped
@@ -52,7 +52,7 @@ def old_file_digests(directory: Path) -> dict[str, dict]:
 
 def old_resume_check(directory: Path, digests: dict[str, dict]) -> str | None:
     """The resume-side check before issue 29: every structure check, then every recorded SHA-256."""
-    from tuner.launch.integrity import checkpoint_problem
+    from tuner.rundir.integrity import checkpoint_problem
 
     problem = checkpoint_problem(directory)
     if problem:
@@ -124,7 +124,7 @@ def timed(action, directory: Path, cold: bool) -> float:
 
 
 def main() -> None:
-    from tuner.launch.integrity import checkpoint_problem, saved_files
+    from tuner.rundir.integrity import checkpoint_problem, saved_files
     from tuner.run_layout import CHECKPOINT_INFO
 
     with tempfile.TemporaryDirectory(dir="/tmp") as scratch:

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from tuner.render.launch_command import launch_argv, preflight_argv
-from tuner.run_layout import LAUNCH_SCRIPT, SLURM_SCRIPT
+from tuner.rundir.layout import LAUNCH_SCRIPT, SLURM_SCRIPT
 
 END_OF_CALL = "--end-of-call--"
 FIRST_HOST = "node001"

@@ -143,7 +143,7 @@ def test_render_refuses_to_overwrite_without_force(tmp_path, capsys) -> None:
 # -- the rule itself -------------------------------------------------------------------------------------------
 
 # Append-only streams are safe without a rename: readers skip a partly written last line.
-APPEND_ONLY = {"tuner/events.py", "tuner/launch/runner.py"}
+APPEND_ONLY = {"tuner/rundir/events.py", "tuner/launch/runner.py"}
 # (a YAML or JSON dump to a stream needs one of these opens too)
 WRITES = re.compile(r"\.write_(text|bytes)\(|\bopen\([^)]*[\"'][wax]b?\+?[\"']|\bos\.open\(|json\.dump\(")
 

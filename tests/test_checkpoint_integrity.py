@@ -11,12 +11,13 @@ import zipfile
 import pytest
 
 from tuner.cli import main
-from tuner.launch.checkpoints import checkpoint_states, incomplete_reason, latest_complete_checkpoint, resume_checkpoint
-from tuner.launch.integrity import checkpoint_problem
+from tuner.rundir.checkpoints import (CheckpointRefused, checkpoint_states, incomplete_reason, latest_complete_checkpoint,
+                                     resume_checkpoint)
+from tuner.rundir.integrity import checkpoint_problem
 from tuner.launch.run import _resume_notes
 from tuner.recipe.io import RecipeError, load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
-from tuner.run_layout import CHECKPOINT_INFO
+from tuner.rundir.layout import CHECKPOINT_INFO
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +133,7 @@ def resumed(recipe, resume):
 def test_a_named_damaged_checkpoint_is_refused_without_verify(checkpoints, damage, expected) -> None:
     newest = checkpoints / "checkpoint-2"
     damage(newest)
-    with pytest.raises(RecipeError) as refused:
+    with pytest.raises(CheckpointRefused) as refused:
         resume_checkpoint(resumed(load_recipe(builtin_path("demo")), str(newest)), checkpoints.parent, 1)
     assert str(newest) in str(refused.value) and expected in str(refused.value)
     notes = _resume_notes(resumed(load_recipe(builtin_path("demo")), "auto"), checkpoints.parent)
@@ -166,7 +167,7 @@ def test_a_flipped_byte_in_tensor_data_is_caught_only_with_verify(checkpoints) -
     assert _resume_notes(recipe, checkpoints.parent) == [f"resuming from {newest}"]
     with pytest.raises(RecipeError, match=r"--verify: .*checkpoint-2: optimizer.pt: damaged"):
         _resume_notes(recipe, checkpoints.parent, verify=True)
-    with pytest.raises(RecipeError, match="optimizer.pt: damaged"):
+    with pytest.raises(CheckpointRefused, match="optimizer.pt: damaged"):
         resume_checkpoint(resumed(recipe, str(newest)), checkpoints.parent, 1, verify=True)
     older = checkpoints / "checkpoint-1"
     assert incomplete_reason(older, verify=True) is None
@@ -217,7 +218,7 @@ def test_no_checkpoint_at_all(tmp_path) -> None:
 
 
 def test_a_file_damaged_at_save_leaves_the_checkpoint_unmarked(tmp_path) -> None:
-    from tuner.launch.integrity import saved_files
+    from tuner.rundir.integrity import saved_files
 
     checkpoint = tmp_path / "checkpoint-7"
     checkpoint.mkdir()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import builds_of
-from tuner.events import read_events
+from tuner.rundir.events import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ranks")]  # one multi-rank run at a time
 
@@ -60,7 +60,7 @@ def test_two_ranks_train_on_different_samples_and_agree(name, tactic, tmp_path, 
 
 
 def check_data_parallel_run(run_dir: Path, initial_model: Path) -> None:
-    events = read_events(run_dir / "events.jsonl")
+    events = read_records(run_dir / "events.jsonl")
     started = next(e for e in events if e["event"] == "started")
     assert started["world_size"] == 2
 
@@ -105,5 +105,5 @@ def test_zero2_with_optimizer_offloaded_to_cpu(tmp_path, tuner_cli, demo_model_p
     run_dir = tmp_path / "runs" / "zero2_offload"
     assert result.returncode == 0, result.stdout + result.stderr + (run_dir / "train.log").read_text()[-3000:]
     check_data_parallel_run(run_dir, demo_model_path)
-    optimizers = {e["optimizer"] for e in read_events(run_dir / "events.jsonl") if e["event"] == "rank_finished"}
+    optimizers = {e["optimizer"] for e in read_records(run_dir / "events.jsonl") if e["event"] == "rank_finished"}
     assert optimizers == {"DeepSpeedCPUAdam"}

@@ -14,7 +14,7 @@ from tuner.cli import main
 from tuner.recipe.io import load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
 from tuner.render.run_directory import write_run_directory
-from tuner.run_layout import CHECKPOINT_INFO, CHECKPOINTS_DIR, FINAL_DIR, LOCK_FILE
+from tuner.rundir.layout import CHECKPOINT_INFO, CHECKPOINTS_DIR, FINAL_DIR, LOCK_FILE
 
 INFER = ["--prompt", "reverse\nabc", "--greedy", "--max-new-tokens", "2"]
 
@@ -135,7 +135,7 @@ CHECKPOINT_DAMAGE = {  # what is written where in a checkpoint that otherwise lo
 
 
 def damaged_checkpoint(run, name, text):
-    from tuner.launch.checkpoints import resume_settings
+    from tuner.rundir.checkpoints import resume_settings
 
     checkpoint = run / CHECKPOINTS_DIR / "checkpoint-2"
     checkpoint.mkdir(parents=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.events import read_events
+from tuner.rundir.events import read_records
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def run_demo(tuner_cli, recipe: str, cwd: Path) -> tuple[Path, list[float], str]
     result = tuner_cli("run", recipe, *FEW_STEPS, cwd=cwd, timeout=600)
     run_dir = cwd / "runs" / recipe
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    losses = [e["loss"] for e in read_events(run_dir / "events.jsonl") if e["event"] == "step" and "loss" in e]
+    losses = [e["loss"] for e in read_records(run_dir / "events.jsonl") if e["event"] == "step" and "loss" in e]
     assert len(losses) == 8, losses
     return run_dir, losses, result.stdout
 

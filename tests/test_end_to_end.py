@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.events import read_events
+from tuner.rundir.events import read_records
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.render.run_directory import write_run_directory
@@ -30,10 +30,10 @@ def test_tuner_run_trains_through_accelerate_launch(tmp_path, tuner_cli, demo_mo
     assert "accelerate launch --config_file" in result.stdout
 
     run_dir = tmp_path / "run"
-    losses = [e["loss"] for e in read_events(run_dir / "events.jsonl") if e["event"] == "step" and "loss" in e]
+    losses = [e["loss"] for e in read_records(run_dir / "events.jsonl") if e["event"] == "step" and "loss" in e]
     assert len(losses) >= 5
     assert sum(losses[-2:]) / 2 < 0.8 * losses[0], f"loss did not go down: {losses}"
-    finished = [e for e in read_events(run_dir / "events.jsonl") if e["event"] == "finished"]
+    finished = [e for e in read_records(run_dir / "events.jsonl") if e["event"] == "finished"]
     assert finished and finished[0]["step"] == 40
 
     # it ends with the summary: where the model is, the losses, plan beside measured memory, time, what next

@@ -15,7 +15,7 @@ from tuner.cli import main
 from tuner.export.check import LOGIT_TOLERANCE, read_back
 from tuner.recipe.io import load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
-from tuner.run_layout import FINAL_DIR, LOCK_FILE, TUNER_FILES
+from tuner.rundir.layout import FINAL_DIR, LOCK_FILE, TUNER_FILES
 
 PROMPTS = ["reverse\nkayak=", "reverse\nstone=", "reverse\nhello world="]
 

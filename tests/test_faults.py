@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.events import read_events
+from tuner.rundir.events import read_records
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def test_a_rank_killed_with_sigkill_is_reported_by_tuner_run(tmp_path, demo_mode
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     events = tmp_path / "runs" / "killed" / "events.jsonl"
-    wait_for(lambda: any(e["event"] == "step" for e in read_events(events)), 300, "the first step", process)
+    wait_for(lambda: any(e["event"] == "step" for e in read_records(events)), 300, "the first step", process)
     victim = wait_for(lambda: training_rank(process, 1), 30, "rank 1's process", process)
     victim.send_signal(signal.SIGKILL)
     _, err = process.communicate(timeout=180)
@@ -95,9 +95,9 @@ def test_a_truncated_checkpoint_is_skipped_on_resume_with_a_message(tmp_path, ca
     assert told[0].startswith(f"skipping {run_dir / 'checkpoints' / 'checkpoint-4'}: model.safetensors: truncated (")
     assert told[1] == f"resuming from {run_dir / 'checkpoints' / 'checkpoint-2'}"
     assert train_main([str(run_dir / "recipe.lock.yaml")]) == 0
-    started = [e for e in read_events(run_dir / "events.jsonl") if e["event"] == "started"][-1]
+    started = [e for e in read_records(run_dir / "events.jsonl") if e["event"] == "started"][-1]
     assert started["resumed_from_step"] == 2
-    assert read_events(run_dir / "events.jsonl")[-1]["event"] == "finished"
+    assert read_records(run_dir / "events.jsonl")[-1]["event"] == "finished"
 
 
 def test_out_of_memory_mid_run_is_answered_with_the_next_rung(tmp_path, capsys, monkeypatch, demo_model_path) -> None:
@@ -121,7 +121,7 @@ def test_out_of_memory_mid_run_is_answered_with_the_next_rung(tmp_path, capsys, 
     assert "Traceback" not in err
     assert "error: out of GPU memory. Next step on the memory ladder (chunked_loss): the chunked loss" in err
     assert f"tuner run {lock} --set memory.chunked_loss=true --resume" in err
-    error = read_events(run_dir / "events.jsonl")[-1]
+    error = read_records(run_dir / "events.jsonl")[-1]
     assert (error["event"], error["kind"], error["next_rung"]) == ("error", "out_of_memory", "chunked_loss")
 
 
@@ -152,7 +152,7 @@ def test_ranks_stop_without_saving_when_tuner_run_is_killed(tmp_path, demo_model
     anyway, a quiet one trained on."""
     import psutil
 
-    from tuner.launch.checkpoints import checkpoint_states
+    from tuner.rundir.checkpoints import checkpoint_states
 
     settings = ["name=orphan", "hardware.num_processes=2", "memory.distributed=ddp",
                 f"hardware.main_process_port={free_port()}", "training.max_steps=100000", "training.logging_steps=100000",

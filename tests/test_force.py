@@ -16,7 +16,7 @@ from tuner.cli import main
 from tuner.recipe.io import load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
 from tuner.render.run_directory import holds_only_rendered_files
-from tuner.run_layout import CHECKPOINTS_DIR, EVENTS_FILE, FINAL_DIR, LOCK_FILE, LOG_FILE, MERGED_DIR, TUNER_FILES
+from tuner.rundir.layout import CHECKPOINTS_DIR, EVENTS_FILE, FINAL_DIR, LOCK_FILE, LOG_FILE, MERGED_DIR, TUNER_FILES
 
 
 def cli(capsys, *args: str) -> tuple[int, str]:

@@ -147,12 +147,12 @@ def folders(tmp_path_factory, demo_model_path):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tuner.launch.checkpoints import resume_settings
-    from tuner.launch.integrity import saved_files
+    from tuner.rundir.checkpoints import resume_settings
+    from tuner.rundir.integrity import saved_files
     from tuner.recipe.io import load_recipe, recipe_to_yaml
     from tuner.recipe.registry import builtin_path
     from tuner.render.run_directory import write_run_directory
-    from tuner.run_layout import CHECKPOINT_INFO, CHECKPOINTS_DIR, LOCK_FILE
+    from tuner.rundir.layout import CHECKPOINT_INFO, CHECKPOINTS_DIR, LOCK_FILE
 
     root = tmp_path_factory.mktemp("fuzz-files")
     model = root / "model"
@@ -275,7 +275,7 @@ def test_damaged_adapter_files(folders, data, name) -> None:
 def test_damaged_checkpoint_metadata(folders, data, name) -> None:
     """`tuner run --resume` (auto: the damaged checkpoint is skipped, or resumed when still whole) and the
     checkpoint named explicitly (refused with one message when damaged), before launch as on every rank."""
-    from tuner.launch.checkpoints import checkpoint_states, resume_checkpoint
+    from tuner.rundir.checkpoints import checkpoint_states, resume_checkpoint
     from tuner.recipe.io import load_recipe
 
     CASES["checkpoint metadata"] += 1
@@ -301,7 +301,7 @@ def test_damaged_checkpoint_metadata(folders, data, name) -> None:
 def test_damaged_lock_files(folders, data, tmp_path_factory) -> None:
     import psutil
 
-    from tuner.run_lock import RunLock, lock_path
+    from tuner.rundir.lock import RunLock, lock_path
 
     CASES["lock files"] += 1
     run = tmp_path_factory.mktemp("lock") / "run"

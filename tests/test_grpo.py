@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tuner.data.prompts import ROW_COLUMN
-from tuner.events import read_events
+from tuner.rundir.events import read_records
 from tuner.recipe.io import load_recipe, validate_recipe
 from tuner.recipe.registry import builtin_path
 
@@ -287,14 +287,14 @@ def test_a_reward_model_scores_beside_the_functions(tmp_path, demo_model_path):
 
 
 def test_the_run_screen_and_the_progress_line_show_the_reward():
-    from tuner.launch.progress import step_summary
+    from tuner.rundir.events import describe, parse_event
     from tuner.tui.run_watch import RunWatch
     from tuner.tui.screens.run import status_line
 
-    event = {"event": "step", "step": 5, "max_steps": 10, "loss": 0.01, "reward": 0.75, "reward_std": 0.25,
-             "kl": 0.002, "completions/mean_length": 6.5, "time": 1.0}
-    assert "reward 0.750 ± 0.250  kl 0.0020  completion 6.5 tokens" in step_summary(event)
-    assert "eval reward 0.800" in step_summary({"event": "eval", "step": 5, "eval_reward": 0.8})
+    event = parse_event({"event": "step", "step": 5, "max_steps": 10, "loss": 0.01, "reward": 0.75, "reward_std": 0.25,
+             "kl": 0.002, "completions/mean_length": 6.5, "time": 1.0})
+    assert "reward 0.750 ± 0.250  kl 0.0020  completion 6.5 tokens" in describe(event)
+    assert "eval reward 0.800" in describe(parse_event({"event": "eval", "step": 5, "eval_reward": 0.8}))
     watch = RunWatch(run_dir=Path("run"))
     watch.absorb([event])
     assert "reward 0.750 ± 0.250" in status_line(watch)
@@ -309,7 +309,7 @@ def test_demo_grpo_after_sft_raises_the_held_out_reward(trained_demo, tuner_cli)
     workdir = trained_demo.parent.parent  # demo-grpo's model.id is runs/demo/final
     demo = tuner_cli("demo", "--recipe", "demo-grpo", "-o", "runs/grpo", cwd=workdir, timeout=900)  # as shipped
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-    events = read_events(workdir / "runs" / "grpo" / "events.jsonl")
+    events = read_records(workdir / "runs" / "grpo" / "events.jsonl")
     steps = [e for e in events if e["event"] == "step" and "reward" in e]
     assert steps and all({"reward", "reward_std", "kl", "completions/mean_length"} <= set(e) for e in steps)
     rewards = [e["eval_reward"] for e in events if e["event"] == "eval" and "eval_reward" in e]
@@ -347,7 +347,7 @@ def test_grpo_trains_on_two_ranks(tmp_path, tuner_cli, demo_model_path, memory):
     recipe = two_rank_recipe(tmp_path, "{kind: exact_match, column: answer}", memory)
     run = tuner_cli("run", str(recipe), "--set", f"output.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    events = read_events(tmp_path / "run" / "events.jsonl")
+    events = read_records(tmp_path / "run" / "events.jsonl")
     assert events[-1]["event"] == "finished" and events[-1]["step"] == 4
     steps = [e for e in events if e["event"] == "step" and "reward" in e]
     assert steps and all("kl" in e and len(e["peak_rss_gib_per_rank"]) == 2 for e in steps)
@@ -364,7 +364,7 @@ def test_a_failing_reward_stops_both_ranks_naming_it(tmp_path, tuner_cli, demo_m
     recipe = two_rank_recipe(tmp_path, "{kind: function, function: rewards.py:picky}")
     run = tuner_cli("run", str(recipe), "--set", f"output.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=600)
     assert run.returncode != 0 and "exited with code 2" in run.stdout + run.stderr, run.stdout[-2000:] + run.stderr
-    errors = [e for e in read_events(tmp_path / "run" / "events.jsonl") if e["event"] == "error"]
+    errors = [e for e in read_records(tmp_path / "run" / "events.jsonl") if e["event"] == "error"]
     assert sorted(e["rank"] for e in errors) == [0, 1]
     for error in errors:
         assert "the reward 'picky' raised ValueError: no such word on a completion of prompt row 2 of " in \
@@ -380,7 +380,7 @@ def test_launch_script_starts_the_vllm_server_on_its_own_gpus(tmp_path):
     import subprocess
 
     from tuner.render.run_directory import render_run_files
-    from tuner.run_layout import LAUNCH_SCRIPT, SLURM_SCRIPT
+    from tuner.rundir.layout import LAUNCH_SCRIPT, SLURM_SCRIPT
 
     recipe = make_recipe(tmp_path, hardware=SERVER, memory={"distributed": "ddp", "micro_batch_size": 2},
                          grpo={"generation": "vllm_server", "vllm_server_gpus": 2, "vllm_server_port": 8123})

@@ -19,8 +19,8 @@ from tuner.loading.model import ModelLoadError
 from tuner.recipe.io import load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
 from tuner.render.run_directory import write_run_directory
-from tuner.run_lock import RunLocked, lock_path
-from tuner.run_layout import ACCELERATE_CONFIG, FINAL_DIR, LAUNCH_SCRIPT, LOCK_FILE, SERVE_DIR
+from tuner.rundir.lock import RunLocked, lock_path
+from tuner.rundir.layout import ACCELERATE_CONFIG, FINAL_DIR, LAUNCH_SCRIPT, LOCK_FILE, SERVE_DIR
 
 USER_FILES = {"config.json": '{"mine": true}', "tokenizer.json": '{"mine": true}', "notes.md": "my notes"}
 
@@ -244,17 +244,17 @@ def test_force_over_an_earlier_run_moves_it_aside_and_resume_never_mixes_the_two
     """The earlier run (checkpoints 2 and 4) survives a new run with --force in its directory (whose checkpoint
     rotation would delete them), the new events are the new run's alone, and a resume takes the new checkpoint-2,
     never the earlier run's newer checkpoint-4."""
-    from tuner.events import read_events
-    from tuner.launch.checkpoints import checkpoint_states
+    from tuner.rundir.events import read_records
+    from tuner.rundir.checkpoints import checkpoint_states
     from tuner.launch.run import RunRefused, prepare_run
-    from tuner.run_layout import CHECKPOINTS_DIR, EVENTS_FILE, PREVIOUS_RUNS_DIR
+    from tuner.rundir.layout import CHECKPOINTS_DIR, EVENTS_FILE, PREVIOUS_RUNS_DIR
     from tuner.train.__main__ import main as train_main
 
     run = tmp_path / "run"
     earlier = load_recipe(builtin_path("demo"), [*SMALL, "training.max_steps=4", f"output.dir={run}"])
     write_run_directory(earlier)
     assert train_main([str(run / LOCK_FILE)]) == 0
-    earlier_events = read_events(run / EVENTS_FILE)
+    earlier_events = read_records(run / EVENTS_FILE)
     later = load_recipe(builtin_path("demo"), [*SMALL, "training.max_steps=2", "training.save_total_limit=1",
                                                 "training.seed=7", f"output.dir={run}"])
     with pytest.raises(RunRefused, match="moves the earlier run's checkpoints, events and log"):
@@ -268,9 +268,9 @@ def test_force_over_an_earlier_run_moves_it_aside_and_resume_never_mixes_the_two
     assert train_main([str(run / LOCK_FILE)]) == 0
     assert [path.name for path, _ in checkpoint_states(aside / CHECKPOINTS_DIR)] == ["checkpoint-4", "checkpoint-2"]
     assert all(problem is None for _, problem in checkpoint_states(aside / CHECKPOINTS_DIR)), "kept whole"
-    assert read_events(aside / EVENTS_FILE) == earlier_events
+    assert read_records(aside / EVENTS_FILE) == earlier_events
     assert "seed: 42" in (aside / LOCK_FILE).read_text(), "the recipe the earlier run was trained under"
-    events = read_events(run / EVENTS_FILE)
+    events = read_records(run / EVENTS_FILE)
     assert [event["event"] for event in events].count("started") == 1 and events[-1]["step"] == 2
 
     resumed = prepare_run(later, resume=True, dry_run=True)
@@ -283,7 +283,7 @@ def test_a_probe_folder_stays_the_probes_through_reprobes_and_a_forced_run(tmp_p
     run's outputs aside but leaves the probe it was just measured by."""
     from tuner.launch.probe import probe_recipe
     from tuner.launch.run import prepare_run
-    from tuner.run_layout import EVENTS_FILE, LOG_FILE, PREVIOUS_RUNS_DIR, PROBE_DIR, PROBE_REPORT, PROBE_REQUEST
+    from tuner.rundir.layout import EVENTS_FILE, LOG_FILE, PREVIOUS_RUNS_DIR, PROBE_DIR, PROBE_REPORT, PROBE_REQUEST
 
     run = tmp_path / "run"
     recipe = load_recipe(builtin_path("demo"), [f"output.dir={run}"])

@@ -17,7 +17,7 @@ from render_cases import CASES, case_recipe
 from tuner.cli import main
 from tuner.recipe.io import RecipeError, with_output_dir
 from tuner.render.run_directory import render_run_files
-from tuner.run_layout import LAUNCH_SCRIPT, SLURM_SCRIPT
+from tuner.rundir.layout import LAUNCH_SCRIPT, SLURM_SCRIPT
 
 # Run directories a shell would read as code if any copy of them went unquoted (comments included).
 HOSTILE_DIRS = [

@@ -8,7 +8,7 @@ from tuner.infer.load import load_for_inference
 from tuner.infer.target import resolve_target
 from tuner.loading.model import ModelLoadError
 from tuner.recipe.io import recipe_to_yaml, validate_recipe
-from tuner.run_layout import LOCK_FILE
+from tuner.rundir.layout import LOCK_FILE
 
 PROMPTS = ["reverse\nabc=", "reverse\nhello="]
 FLOAT32 = ["model.dtype=float32", "memory.mixed_precision=no"]

@@ -17,8 +17,8 @@ import tomllib
 
 CORE_MODULES = [
     "tuner.recipe", "tuner.recipe.registry", "tuner.recipe.docs", "tuner.catalog.gpus", "tuner.catalog.demo",
-    "tuner.events", "tuner.render.run_directory", "tuner.render.presets", "tuner.render.launch_command",
-    "tuner.launch.run", "tuner.launch.checkpoints", "tuner.run_lock", "tuner.cli", "tuner.planner", "tuner.catalog.models", "tuner.catalog.hub", "tuner.launch.runner",
+    "tuner.rundir.events", "tuner.render.run_directory", "tuner.render.presets", "tuner.render.launch_command",
+    "tuner.launch.run", "tuner.rundir.checkpoints", "tuner.rundir.checkpoints", "tuner.rundir.summary", "tuner.rundir.lock", "tuner.cli", "tuner.planner", "tuner.catalog.models", "tuner.catalog.hub", "tuner.launch.runner",
     "tuner.doctor", "tuner.commands.plan", "tuner.commands.run", "tuner.data.sources",
 ]
 

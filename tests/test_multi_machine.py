@@ -20,10 +20,10 @@ from test_cpu_ranks import check_data_parallel_run, free_port
 from conftest import REPO, builds_of
 from tuner.build_once import is_built, lock_path
 from tuner.cli import main
-from tuner.events import read_events
+from tuner.rundir.events import read_records
 from tuner.preflight import check_interfaces, fingerprint_difference, machine_checks
 from tuner.recipe.io import validate_recipe
-from tuner.run_layout import EVENTS_FILE, LAUNCH_SCRIPT, SLURM_SCRIPT
+from tuner.rundir.layout import EVENTS_FILE, LAUNCH_SCRIPT, SLURM_SCRIPT
 
 TWO_CPU_MACHINES = {"machines": 2, "main_process_ip": "127.0.0.1", "main_process_port": 29400}
 
@@ -60,7 +60,7 @@ def render_two_machine_run(project: Path, tuner_cli) -> Path:
 
 def check_two_machine_run(run_dir: Path, initial_model: Path) -> None:
     check_data_parallel_run(run_dir, initial_model)
-    (joined,) = [event for event in read_events(run_dir / EVENTS_FILE) if event["event"] == "machines"]
+    (joined,) = [event for event in read_records(run_dir / EVENTS_FILE) if event["event"] == "machines"]
     assert [machine["machine_rank"] for machine in joined["machines"]] == [0, 1]
 
 

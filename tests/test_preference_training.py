@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner.events import read_events
-from tuner.launch.checkpoints import check_resumable, resume_settings
+from tuner.rundir.events import read_records
+from tuner.rundir.checkpoints import CheckpointRefused, check_resumable, resume_settings
 from tuner.recipe.io import RecipeError, load_recipe, validate_recipe
 from tuner.recipe.registry import builtin_path
-from tuner.run_layout import CHECKPOINT_INFO
+from tuner.rundir.layout import CHECKPOINT_INFO
 
 CHAT_PAIRS = [{"prompt": [{"role": "user", "content": f"reverse\n{word}"}],
                "chosen": [{"role": "assistant", "content": word[::-1]}],
@@ -90,12 +90,12 @@ def test_resume_is_refused_across_objectives_and_old_checkpoints_count_as_sft(tm
     checkpoint = tmp_path / "checkpoint-4"
     checkpoint.mkdir()
     (checkpoint / CHECKPOINT_INFO).write_text(json.dumps({"step": 4, "settings": resume_settings(sft, 1)}))
-    with pytest.raises(RecipeError, match="objective.kind: saved with 'sft', the recipe now has 'dpo'"):
+    with pytest.raises(CheckpointRefused, match="objective.kind: saved with 'sft', the recipe now has 'dpo'"):
         check_resumable(dpo, checkpoint, 1)
     older = {key: value for key, value in resume_settings(sft, 1).items() if key != "objective.kind"}
     (checkpoint / CHECKPOINT_INFO).write_text(json.dumps({"step": 4, "settings": older}))
     check_resumable(sft, checkpoint, 1)  # saved before objectives existed: SFT
-    with pytest.raises(RecipeError, match="objective.kind: saved with 'sft'"):
+    with pytest.raises(CheckpointRefused, match="objective.kind: saved with 'sft'"):
         check_resumable(dpo, checkpoint, 1)
 
 
@@ -123,7 +123,7 @@ def test_demo_dpo_after_sft_raises_held_out_reward_accuracy_and_margin(trained_d
                     "--set", "data.max_samples=320", "--set", "memory.micro_batch_size=8", cwd=workdir, timeout=300)
     assert dpo.returncode == 0, dpo.stdout + dpo.stderr
     run_dir = workdir / "runs" / "demo-dpo"
-    events = read_events(run_dir / "events.jsonl")
+    events = read_records(run_dir / "events.jsonl")
     accuracy, margin = eval_metric(events, "rewards/accuracies"), eval_metric(events, "rewards/margins")
     assert len(accuracy) == len(margin) == 3  # before training (step 0), at step 6 and at the end
     assert accuracy[0] == margin[0] == 0  # the model is its own reference before the first step

@@ -23,11 +23,12 @@ from test_cpu_ranks import free_port
 
 from tuner.launch.batch_tuning import batch_candidates, effective_per_rank
 from tuner.launch.probe import failure_line, probe_recipe, _failure
-from tuner.launch.probe_record import MeasuredRecord, measured_record, save_record
+from tuner.planner.measured import MeasuredRecord, measured_record, save_record
 from tuner.launch.probe_report import group_rows, phase_rows, probe_peak
 from tuner.planner import plan
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import builtin_path
+from tuner.rundir.events import Event, parse_event
 from tuner.render.run_directory import holds_only_rendered_files, render_run_files
 
 SMALL = ["data.max_samples=200", "training.max_steps=2"]
@@ -84,7 +85,7 @@ def test_worst_case_samples_are_max_seq_length_long_and_made_of_the_longest_samp
     assert chosen["input_ids"][0] == [5] * 5 + [4] * 4 + [3] * 3  # a selection's own samples, not its table's
 
 
-def gpu_events(world: int = 1) -> list[dict]:
+def gpu_events(world: int = 1) -> list[Event]:
     """What the ranks of a GPU probe write (shapes of tuner.train.probe's events, values made up)."""
     events = []
     for rank in range(world):
@@ -100,7 +101,7 @@ def gpu_events(world: int = 1) -> list[dict]:
             {**common, "phase": "saving", "peak_allocated_gib": 16.0, "peak_reserved_gib": 44.0, "device_gib": 44.8,
              "outside_allocator_gib": 0.8},
         ]
-    return events
+    return [parse_event(event) for event in events]
 
 
 def test_gpu_measurements_are_compared_at_torchs_three_levels_and_by_term_group():
@@ -132,7 +133,8 @@ def test_the_peak_is_the_busiest_gpu_or_every_cpu_process_together():
     gpu_recipe = load_recipe(builtin_path("llama3.1/8b-lora"))
     peak = probe_peak(by_rank_and_phase(gpu_events(world=2)), plan(gpu_recipe))
     assert (peak.measured_gib, peak.rank, peak.phase) == (45.8, 1, "training step")
-    cpu_events = [{"event": "probe", "rank": rank, "phase": phase, "peak_rss_gib": value, "capacity_gib": 16.0}
+    cpu_events = [parse_event({"event": "probe", "rank": rank, "phase": phase, "peak_rss_gib": value,
+                               "capacity_gib": 16.0})
                   for rank in (0, 1) for phase, value in (("loading", 0.5), ("training step", 0.7 + rank / 10))]
     cpu_recipe = load_recipe(builtin_path("demo"), ["hardware.num_processes=2", "memory.distributed=ddp"])
     peak = probe_peak(by_rank_and_phase(cpu_events), plan(cpu_recipe))
@@ -141,16 +143,16 @@ def test_the_peak_is_the_busiest_gpu_or_every_cpu_process_together():
 
 
 def test_a_failed_rank_is_named_with_its_phase_and_batch(tmp_path):
-    events = [
+    events = [parse_event(event) for event in [
         {"event": "probe_phase", "rank": 1, "phase": "loading", "batch": None},
         {"event": "probe_phase", "rank": 1, "phase": "training step",
          "batch": {"samples": 64, "tokens_per_sample": 256, "packed": False, "text": "64 x 256 tokens"}},
         {"event": "probe_phase", "rank": 0, "phase": "training step", "batch": None},
         {"event": "error", "rank": 1, "kind": "out_of_memory", "message": "out of memory. Next step ...", "time": 1.0},
-    ]
+    ]]
     failure = _failure(events, tmp_path / "train.log", [])
     assert failure_line(failure) == "rank 1 ran out of memory during the training step on a batch of 64 x 256 tokens"
-    events[-1] = {"event": "error", "rank": 1, "message": "ValueError: bad batch", "time": 1.0}
+    events[-1] = parse_event({"event": "error", "rank": 1, "message": "ValueError: bad batch", "time": 1.0})
     assert failure_line(_failure(events, tmp_path / "train.log", [])).endswith("tokens: ValueError: bad batch")
 
 

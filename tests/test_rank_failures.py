@@ -166,10 +166,12 @@ def test_error_events_with_brackets_are_printed_not_parsed() -> None:
     from rich.console import Console
 
     from tuner.launch.progress import ProgressView
+    from tuner.rundir.events import parse_event
 
     out = io.StringIO()
     view = ProgressView(Console(file=out, width=200))
-    view.update([{"event": "error", "message": "RuntimeError: [/__w/pytorch/gloo/pair.cc:537] Read error [127.0.0.1]:55524"},
-                 {"event": "checkpoint", "path": "runs/[odd]/checkpoint-2"}])
+    view.update([parse_event({"event": "error", "message": "RuntimeError: [/__w/pytorch/gloo/pair.cc:537] Read error "
+                                                       "[127.0.0.1]:55524"}),
+                 parse_event({"event": "checkpoint", "path": "runs/[odd]/checkpoint-2"})])
     assert "[/__w/pytorch/gloo/pair.cc:537] Read error [127.0.0.1]:55524" in out.getvalue()
     assert "runs/[odd]/checkpoint-2" in out.getvalue()

@@ -12,7 +12,7 @@ from render_cases import CASES, case_recipe
 
 from tuner.render.launch_command import launch_argv, preflight_argv
 from tuner.render.run_directory import render_run_files, write_run_directory
-from tuner.run_layout import ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, LOCK_FILE, SLURM_SCRIPT
+from tuner.rundir.layout import ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, LOCK_FILE, SLURM_SCRIPT
 
 GOLDEN = Path(__file__).parent / "golden" / "render"
 UPDATE = os.environ.get("TUNER_UPDATE_GOLDEN") == "1"

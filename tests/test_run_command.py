@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import REPO, process_running
-from tuner.events import read_events
+from tuner.rundir.events import read_records
 
 
 def sets(*settings: str) -> list[str]:
@@ -78,11 +78,11 @@ def test_ctrl_c_stops_every_rank_and_names_the_last_checkpoint(tmp_path, demo_mo
     tuner = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     events_file = tmp_path / "runs" / "stop" / "events.jsonl"
     deadline = time.monotonic() + 240
-    while not any(e["event"] == "checkpoint" for e in read_events(events_file)):
+    while not any(e["event"] == "checkpoint" for e in read_records(events_file)):
         assert tuner.poll() is None, tuner.communicate()
         assert time.monotonic() < deadline, "no checkpoint within 240 s"
         time.sleep(0.5)
-    rank_pids = [e["pid"] for e in read_events(events_file) if e["event"] == "rank_batch"]
+    rank_pids = [e["pid"] for e in read_records(events_file) if e["event"] == "rank_batch"]
     assert len(rank_pids) == 2
 
     tuner.send_signal(signal.SIGINT)  # what Ctrl-C in the terminal sends to the foreground process

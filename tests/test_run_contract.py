@@ -12,12 +12,12 @@ import time
 import pytest
 from conftest import REPO, process_running
 
-from tuner.events import read_events, write_event
+from tuner.rundir.events import Eval, Finished, Step, read_records, write_event
 from tuner.launch.run import RunRefused, prepare_run
-from tuner.launch.summary import summarize_run
+from tuner.rundir.summary import summarize_run
 from tuner.recipe.io import RecipeError, load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
-from tuner.run_lock import RunLock, lock_path
+from tuner.rundir.lock import RunLock, lock_path
 
 FAST = ["data.max_samples=64", "data.eval_fraction=0", "memory.micro_batch_size=8", "training.warmup_steps=0"]
 
@@ -85,7 +85,7 @@ def test_a_stale_lock_is_taken_over(tmp_path):
 
 def test_a_refused_resume_leaves_the_run_directory_as_it_was(tmp_path):
     """Resume compatibility is checked before the lock recipe is rewritten (the refusal used to come after launch)."""
-    from tuner.launch.checkpoints import resume_settings
+    from tuner.rundir.checkpoints import resume_settings
 
     full = demo(tmp_path)
     prepared = prepare_run(full, dry_run=True)
@@ -114,10 +114,10 @@ def test_the_summary_says_where_the_model_is_the_losses_memory_speed_and_what_ne
     final.mkdir(parents=True)
     (final / "adapter_config.json").write_text("{}")
     events = run_dir / "events.jsonl"
-    write_event(events, "step", step=1, loss=4.5, tokens_per_s=900.0)
-    write_event(events, "step", step=10, loss=2.25, tokens_per_s=1234.5)
-    write_event(events, "eval", step=10, eval_loss=2.5)
-    write_event(events, "finished", step=10, final_dir=str(final), merged_dir=None, truncated=3, train_runtime=12.0)
+    write_event(events, Step(step=1, extra={"loss": 4.5, "tokens_per_s": 900.0}))
+    write_event(events, Step(step=10, extra={"loss": 2.25, "tokens_per_s": 1234.5}))
+    write_event(events, Eval(step=10, extra={"eval_loss": 2.5}))
+    write_event(events, Finished(step=10, final_dir=str(final), truncated=3, extra={"train_runtime": 12.0}))
     (run_dir / "memory.json").write_text(json.dumps({"line": "plan predicted 1.00 GiB of CPU RAM, measured 0.60 GiB"}))
 
     assert summarize_run(run_dir).lines() == [
@@ -144,7 +144,7 @@ def test_the_summary_says_where_the_model_is_the_losses_memory_speed_and_what_ne
 
 
 def _training_pids(events_file) -> list[int]:
-    return [e["pid"] for e in read_events(events_file) if e["event"] == "rank_batch"]
+    return [e["pid"] for e in read_records(events_file) if e["event"] == "rank_batch"]
 
 
 @pytest.mark.slow

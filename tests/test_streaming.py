@@ -14,7 +14,7 @@ import pytest
 
 from tuner.data.prepare import check_data, split_samples
 from tuner.data.sources import DataError
-from tuner.events import read_events
+from tuner.rundir.events import read_records
 from tuner.recipe.io import validate_recipe
 
 
@@ -185,7 +185,7 @@ def test_tuner_run_trains_on_a_stream_and_prepares_nothing(processes, tmp_path, 
     log = (run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""
     assert result.returncode == 0, result.stdout + result.stderr + log[-3000:]
     assert "data: 400 instruction samples, streamed" in result.stderr + result.stdout
-    events = read_events(run_dir / "events.jsonl")
+    events = read_records(run_dir / "events.jsonl")
     losses = [e["loss"] for e in events if e["event"] == "step" and "loss" in e]
     finished = events[-1]
     assert finished["event"] == "finished" and finished["step"] == 4

@@ -15,7 +15,7 @@ from test_cpu_ranks import free_port
 
 from conftest import builds_of
 
-from tuner.events import read_events
+from tuner.rundir.events import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ranks")]  # one multi-rank run at a time
 
@@ -69,7 +69,7 @@ def test_demo_tp_trains_with_two_tensor_parallel_ranks(tmp_path, tuner_cli, monk
     ranks_log = (run_dir / "train.log").read_text()
     assert builds_of(ranks_log, "the built-in demo model") == 1 and builds_of(ranks_log, "the prepared dataset") == 1
     monkeypatch.setenv("TUNER_HOME", str(home))  # what the checks below prepare or load is the run's
-    events = read_events(run_dir / "events.jsonl")
+    events = read_records(run_dir / "events.jsonl")
     assert next(e for e in events if e["event"] == "started")["world_size"] == 2
 
     batches = {e["rank"]: e["samples"] for e in events if e["event"] == "rank_batch"}

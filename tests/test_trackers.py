@@ -12,7 +12,7 @@ import pytest
 
 from conftest import run_tuner
 from tuner.cli import main
-from tuner.events import read_events
+from tuner.rundir.events import read_records
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.train.trackers import tracker_arguments, tracker_environment
@@ -76,7 +76,7 @@ def test_doctor_says_which_trackers_are_installed(capsys):
 
 
 def _events_losses(run_dir: Path) -> dict[int, float]:
-    return {e["step"]: e["loss"] for e in read_events(run_dir / "events.jsonl") if e["event"] == "step" and "loss" in e}
+    return {e["step"]: e["loss"] for e in read_records(run_dir / "events.jsonl") if e["event"] == "step" and "loss" in e}
 
 
 @pytest.fixture(scope="module")

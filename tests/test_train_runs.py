@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tuner.events import read_events
-from tuner.launch.checkpoints import latest_complete_checkpoint, resume_settings
+from tuner.rundir.events import read_records
+from tuner.rundir.checkpoints import latest_complete_checkpoint
+from tuner.rundir.checkpoints import resume_settings
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import recipes_dir
 from tuner.render.run_directory import write_run_directory
-from tuner.run_layout import CHECKPOINT_INFO
+from tuner.rundir.layout import CHECKPOINT_INFO
 from tuner.train.__main__ import main as train_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,11 +40,11 @@ def make_run(tmp_path: Path, recipe: str, *overrides: str) -> Path:
 
 
 def steps(run_dir: Path) -> list[dict]:
-    return [e for e in read_events(run_dir / "events.jsonl") if e["event"] == "step" and "loss" in e]
+    return [e for e in read_records(run_dir / "events.jsonl") if e["event"] == "step" and "loss" in e]
 
 
 def check_finished_run(run_dir: Path) -> dict:
-    events = read_events(run_dir / "events.jsonl")
+    events = read_records(run_dir / "events.jsonl")
     finished = events[-1]
     assert finished["event"] == "finished" and finished["step"] == 6
     logged = steps(run_dir)
@@ -140,14 +141,14 @@ def test_resume_after_sigkill_continues_the_same_loss_curve(tmp_path, caplog):
                                stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         deadline = time.monotonic() + 240
-        while not any(e["event"] == "checkpoint" for e in read_events(killed.parent / "events.jsonl")):
+        while not any(e["event"] == "checkpoint" for e in read_records(killed.parent / "events.jsonl")):
             assert process.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
             time.sleep(0.05)
         os.kill(process.pid, signal.SIGKILL)
     finally:
         process.kill()
         process.wait()
-    events = read_events(killed.parent / "events.jsonl")
+    events = read_records(killed.parent / "events.jsonl")
     assert not any(e["event"] == "finished" for e in events), "killed too late: the run had finished"
     saved = max(e["step"] for e in events if e["event"] == "checkpoint")
     # a checkpoint the kill interrupted while saving: no tuner_checkpoint.json, so resume must skip it
@@ -160,14 +161,14 @@ def test_resume_after_sigkill_continues_the_same_loss_curve(tmp_path, caplog):
         assert train_main([str(killed)]) == 0
     assert "data: reusing the prepared dataset" in caplog.text  # the killed run's, not prepared again
     assert train_main([str(straight)]) == 0
-    resumed = [e for e in read_events(killed.parent / "events.jsonl") if e["event"] == "started"][-1]
+    resumed = [e for e in read_records(killed.parent / "events.jsonl") if e["event"] == "started"][-1]
     assert resumed["resumed_from_step"] == saved
     after = {e["step"]: e["loss"] for e in steps(killed.parent) if e["time"] >= resumed["time"]}
     reference = {e["step"]: e["loss"] for e in steps(straight.parent)}
     assert sorted(after) == list(range(saved + 1, 13))
     for step, loss in after.items():
         assert loss == pytest.approx(reference[step], rel=1e-3, abs=1e-4), step
-    finals = [read_events(lock.parent / "events.jsonl")[-1] for lock in (killed, straight)]
+    finals = [read_records(lock.parent / "events.jsonl")[-1] for lock in (killed, straight)]
     assert finals[0]["event"] == finals[1]["event"] == "finished" and finals[0]["step"] == finals[1]["step"] == 12
 
 
@@ -192,7 +193,7 @@ def test_resume_refused_when_the_world_size_changed(tmp_path, capsys):
     assert "cannot resume from" in message and "checkpoint-4" in message
     assert "hardware.num_processes: saved with 2, the recipe now has 1" in message
     assert "method.lora.r: saved with 8, the recipe now has 16" in message
-    error = read_events(lock.parent / "events.jsonl")[-1]
+    error = read_records(lock.parent / "events.jsonl")[-1]
     assert error["event"] == "error" and "hardware.num_processes" in error["message"]
 
 
@@ -205,7 +206,7 @@ def test_resume_refused_when_the_tensor_parallel_split_changed(tmp_path, capsys)
 
 
 def test_resume_accepts_unchanged_settings(tmp_path):
-    from tuner.launch.checkpoints import resume_checkpoint
+    from tuner.rundir.checkpoints import resume_checkpoint
 
     lock = make_run(tmp_path, "demo-qlora.yaml", "training.resume=auto")
     checkpoint = fake_checkpoint(lock, 3)

@@ -10,6 +10,7 @@ from textual.widgets import Button, Input, OptionList, ProgressBar, RichLog, Sel
 
 from tui_helpers import demo_draft, make_app, pilot_test, settle, wait_until
 from tuner.recipe.io import recipe_to_yaml
+from tuner.rundir.events import parse_event
 from tuner.tui.draft import Draft
 from tuner.tui.run_watch import RunWatch
 from tuner.tui.screens.confirm import ConfirmScreen
@@ -297,8 +298,9 @@ async def test_8_the_run_screen_shows_events_not_noise(size, in_tmp):
         now = 1_000_000.0
         watch = RunWatch(run_dir=in_tmp / "runs" / "demo", live=True, status="running", since=0.0, clock=lambda: now)
         app.run_watch = watch
-        watch.absorb([{"event": "started", "max_steps": 12, "time": now - 5},
-                      {"event": "step", "step": 1, "max_steps": 12, "loss": 4.6, "eta_s": 12.0, "time": now - 5}],
+        watch.absorb([parse_event({"event": "started", "max_steps": 12, "time": now - 5}),
+                      parse_event({"event": "step", "step": 1, "max_steps": 12, "loss": 4.6, "eta_s": 12.0,
+                                   "time": now - 5})],
                      TQDM_AND_DICTS)
         app.screen.show_run()
         await wait_until(pilot, lambda: "ETA 7 s" in shown(app, "#run-status"))  # counted down from the event
@@ -308,7 +310,7 @@ async def test_8_the_run_screen_shows_events_not_noise(size, in_tmp):
         assert not any("it/s" in line or "{'loss'" in line for line in logged)
         assert "data: 190 training and 10 held-out instruction samples" in " ".join(logged)
         assert "step 1/12  loss 4.6000  eta 12s" in " ".join(logged)
-        watch.absorb([{"event": "step", "step": 2, "max_steps": 12, "loss": 4.2, "time": now}])
+        watch.absorb([parse_event({"event": "step", "step": 2, "max_steps": 12, "loss": 4.2, "time": now})])
         app.screen.show_run()
         await wait_until(pilot, lambda: app.screen.query_one("#loss", Sparkline).display)
         assert app.screen.query_one("#progress", ProgressBar).display

@@ -11,9 +11,9 @@ from textual.widgets import Button, Static
 from conftest import process_running
 from tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, pilot_test, wait_until
 
-from tuner.events import read_events
+from tuner.rundir.events import read_records
 from tuner.launch.run import RunRefused, prepare_run
-from tuner.run_lock import lock_path
+from tuner.rundir.lock import lock_path
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ async def test_sigterm_to_the_wizard_stops_every_rank_before_it_exits(in_tmp, de
         await pilot.pause()
         await pilot.press("ctrl+r")
         await wait_until(pilot, lambda: app.run_watch.step >= 1, timeout=150)
-        pids = {e["pid"] for e in read_events(run_dir / "events.jsonl") if e["event"] == "rank_batch"}
+        pids = {e["pid"] for e in read_records(run_dir / "events.jsonl") if e["event"] == "rank_batch"}
         assert pids
         app.handle_stop_signal(signal.SIGTERM)  # what the loop's SIGTERM handler calls
         await wait_until(pilot, lambda: not app.is_running, timeout=60)

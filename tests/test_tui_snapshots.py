@@ -12,6 +12,7 @@ import pytest
 from textual.widgets import Input
 
 from tui_helpers import FIXED_PLANNER, SIZE, demo_draft, make_app as make_live_app, settle
+from tuner.rundir.events import parse_event
 from tuner.tui.draft import Draft
 from tuner.tui.run_watch import RunWatch
 
@@ -40,7 +41,7 @@ def finished_run() -> RunWatch:
         events.append({"event": "step", "step": step, "max_steps": 12, "loss": loss, "tokens_per_s": 2048.0,
                        "eta_s": 12.0 - step, "peak_rss_gib": 0.61, "time": 1.0 + step})
     events.append({"event": "finished", "step": 12, "final_dir": "runs/demo/final", "time": 14.0})
-    watch.absorb(events, ["[tuner] data: 3800 training and 200 held-out instruction samples",
+    watch.absorb([parse_event(event) for event in events], ["[tuner] data: 3800 training and 200 held-out instruction samples",
                           "Writing model shards: 100%|██████████| 1/1 [00:00<00:00, 138.07it/s]",
                           "{'loss': '4.6', 'grad_norm': '6.9', 'learning_rate': '0.003', 'epoch': '0.1'}"])
     watch.finish(0)

@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 
 from tui_helpers import device, memory_plan
+from tuner.rundir.events import parse_event
+from tuner.rundir.summary import summarize_run
 from tuner.tui.run_watch import RunWatch, recent_runs
 from tuner.tui.widgets.plan_bar import TERM_STYLES, plan_text, stacked_bar
 
@@ -59,19 +61,19 @@ def test_a_disk_that_cannot_hold_the_checkpoints_is_named():
 
 def test_run_watch_keeps_the_latest_state_and_ignores_an_earlier_run(tmp_path):
     watch = RunWatch(run_dir=tmp_path, since=100.0)
-    watch.absorb([
+    watch.absorb([parse_event(event) for event in [
         {"event": "step", "step": 50, "loss": 9.0, "time": 50.0},  # the previous run in this directory
         {"event": "started", "max_steps": 4, "time": 101.0},
         {"event": "step", "step": 1, "max_steps": 4, "loss": 2.0, "tokens_per_s": 10.0, "peak_rss_gib": 0.5, "time": 102.0},
         {"event": "step", "step": 2, "max_steps": 4, "loss": 1.5, "eta_s": 3.0, "time": 103.0},
-    ], ["[tuner] data: 190 training samples"])
+    ]], ["[tuner] data: 190 training samples"])
     assert (watch.step, watch.max_steps, watch.losses) == (2, 4, [2.0, 1.5])
     assert watch.memory_gib == {"rss": 0.5} and watch.tokens_per_s == 10.0
     assert list(watch.log) == ["data: 190 training samples", "started: 4 steps, 1 process(es)",
                                "step 1/4  loss 2.0000  10 tok/s", "step 2/4  loss 1.5000  eta 3s"]
     assert watch.eta_left(now=104.5) == 1.5 and watch.eta_left(now=200.0) == 0.0  # counts down between events
-    watch.absorb([{"event": "step", "step": 3, "max_steps": 4, "peak_allocated_gib": 9.5,
-                   "peak_allocated_gib_per_rank": [9.1, 9.5], "time": 104.0}])
+    watch.absorb([parse_event({"event": "step", "step": 3, "max_steps": 4, "peak_allocated_gib": 9.5,
+                               "peak_allocated_gib_per_rank": [9.1, 9.5], "time": 104.0})])
     assert watch.memory_gib["allocated"] == 9.5 and watch.memory_per_rank == {"allocated": [9.1, 9.5]}
     watch.finish(0)
     assert watch.status == "finished" and watch.step == 4
@@ -84,8 +86,10 @@ def test_recent_runs_replay_their_events(tmp_path):
         (run / "recipe.lock.yaml").write_text("version: 1\n")
         (run / "events.jsonl").write_text("".join(
             json.dumps({"event": kind, "step": 3, "max_steps": 9, "loss": 1.0, "time": 1.0}) + "\n" for kind in events))
-    statuses = {watch.run_dir.name: watch.status for watch in recent_runs(tmp_path)}
-    assert statuses == {"done": "finished", "stopped": "stopped at step 3"}
+    watches = {watch.run_dir.name: watch for watch in recent_runs(tmp_path)}
+    assert {name: watch.status for name, watch in watches.items()} == {"done": "finished", "stopped": "stopped at step 3"}
+    assert watches["done"].outcome == summarize_run(tmp_path / "done").lines(), "the summary tuner run printed"
+    assert watches["stopped"].outcome == []
     assert recent_runs(Path(tmp_path / "missing")) == []
 
 

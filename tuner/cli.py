@@ -42,9 +42,10 @@ def user_errors() -> tuple[type[Exception], ...]:
     from tuner.export import ExportRefused
     from tuner.loading.model import ModelLoadError
     from tuner.recipe.io import RecipeError
-    from tuner.run_lock import RunLocked
+    from tuner.rundir.checkpoints import CheckpointRefused
+    from tuner.rundir.lock import RunLocked
 
-    return RecipeError, DataError, ModelLoadError, RunLocked, ExportRefused
+    return RecipeError, CheckpointRefused, DataError, ModelLoadError, RunLocked, ExportRefused
 
 
 def environment_errors() -> tuple[type[Exception], ...]:

@@ -175,7 +175,7 @@ def fetch_run_model(run_dir: Path) -> Check | None:
     from tuner.catalog.hub import HubError
     from tuner.doctor import check_download_room
     from tuner.loading.hub_download import HubDownload, download
-    from tuner.run_layout import MODEL_SNAPSHOT
+    from tuner.rundir.layout import MODEL_SNAPSHOT
 
     record = run_dir / MODEL_SNAPSHOT
     if not record.is_file():

@@ -53,9 +53,9 @@ def _print_score(title: str, result: ModelResult) -> list[str]:
 
 def _reward_lines(run_dir: Path) -> list[str]:
     """The held-out reward metrics of a dpo/kto/grpo run, first evaluation (before training) to last."""
-    from tuner.events import read_events
     from tuner.recipe.io import load_recipe
-    from tuner.run_layout import EVENTS_FILE, LOCK_FILE
+    from tuner.rundir.events import read_events
+    from tuner.rundir.layout import EVENTS_FILE, LOCK_FILE
 
     recipe = load_recipe(run_dir / LOCK_FILE)
     key = "eval_reward" if recipe.objective.kind == "grpo" else "eval_rewards/margins"
@@ -65,16 +65,16 @@ def _reward_lines(run_dir: Path) -> list[str]:
     first, last = evals[0], evals[-1]
 
     def change(key: str, percent: bool = False) -> str:
-        return " -> ".join(f"{e[key]:.1%}" if percent else f"{e[key]:.3f}" for e in (first, last))
+        return " -> ".join(f"{e.get(key):.1%}" if percent else f"{e.get(key):.3f}" for e in (first, last))
 
     if recipe.objective.kind == "grpo":
         grpo = recipe.objective.grpo
-        return [f"held-out mean reward {change('eval_reward')} (steps {first['step']} -> {last['step']}; "
+        return [f"held-out mean reward {change('eval_reward')} (steps {first.step} -> {last.step}; "
                 f"{grpo.num_generations} completions per prompt sampled at temperature {grpo.temperature:g}, as in "
                 "training)"]
 
     return [f"held-out reward accuracy {change('eval_rewards/accuracies', True)}, reward margin "
-            f"{change('eval_rewards/margins')} (steps {first['step']} -> {last['step']}; the rewards are 0 before "
+            f"{change('eval_rewards/margins')} (steps {first.step} -> {last.step}; the rewards are 0 before "
             "training, when the model is its own reference)",
             f"held-out log-probability of the chosen answers {change('eval_logps/chosen')}, of the rejected ones "
             f"{change('eval_logps/rejected')}"]
@@ -87,7 +87,7 @@ def run(args) -> int:
     from tuner.loading.model import resolve_model_path
     from tuner.recipe.io import load_recipe, with_model_id
     from tuner.recipe.registry import builtin_path, starting_recipe
-    from tuner.run_layout import FINAL_DIR
+    from tuner.rundir.layout import FINAL_DIR
 
     start = time.monotonic()
     path = Path(args.recipe) if Path(args.recipe).exists() else builtin_path(args.recipe)

@@ -17,10 +17,10 @@ def register(subparsers) -> None:
 def run(args) -> int:
     from tuner.loading.merge import find_adapter, merge_adapter, run_of
     from tuner.recipe.io import RecipeError, load_recipe
-    from tuner.run_layout import LOCK_FILE, MERGED_DIR
-    from tuner.run_lock import RunLock
+    from tuner.rundir.layout import LOCK_FILE, MERGED_DIR
+    from tuner.rundir.lock import RunLock
 
-    from tuner.launch.integrity import saved_model_problem
+    from tuner.rundir.integrity import saved_model_problem
     from tuner.loading.model import ModelLoadError
 
     run_dir = Path(args.run_dir)

@@ -109,7 +109,7 @@ def run(args) -> int:
         if recipe.memory.chunked_loss:
             from tuner.loading.chunked_loss import enable_chunked_loss as adapt
         simulation = simulate(recipe, adapt)
-    from tuner.launch.probe_record import measured_record
+    from tuner.planner.measured import measured_record
 
     measured = measured_record(recipe)  # a probe of this setup on this machine, shown beside the plan
     if args.json:

@@ -42,6 +42,7 @@ def probe_and_report(recipe, *, steps: int | None, force: bool) -> int:
     from tuner.launch.probe import PROBE_STEPS, keep_results, launch_probe, report_lines
     from tuner.launch.run import RunRefused
     from tuner.recipe.io import RecipeError
+    from tuner.rundir.events import Probe
     from tuner.train.oom import EXIT_OUT_OF_MEMORY
 
     memory_plan = planned(recipe)
@@ -58,9 +59,9 @@ def probe_and_report(recipe, *, steps: int | None, force: bool) -> int:
 
     def measured(events, _lines):
         for event in events:
-            if event.get("event") == "probe":
+            if isinstance(event, Probe):
                 value = event.get("device_gib", event.get("peak_rss_gib"))
-                print(f"  rank {event['rank']}: {event['phase']} measured, peak {value:.3f} GiB", file=sys.stderr)
+                print(f"  rank {event.rank}: {event.phase} measured, peak {value:.3f} GiB", file=sys.stderr)
 
     try:
         result = launch_probe(recipe, steps=steps, force=force, notes=said, on_update=measured)
@@ -111,7 +112,7 @@ def tune_and_report(recipe, args) -> int:
     from tuner.fileio import atomic_write_text
     from tuner.launch.batch_tuning import DEFAULT_MARGIN, MARGIN_REASON, MAX_PROBES, tune_batch
     from tuner.launch.probe import PROBE_STEPS
-    from tuner.run_layout import PROBE_DIR, PROBE_REPORT
+    from tuner.rundir.layout import PROBE_DIR, PROBE_REPORT
 
     planned(recipe)  # a model the planner cannot read is one message, before any search
     margin = args.margin or DEFAULT_MARGIN

@@ -67,7 +67,7 @@ def check_resumed_lock(args, recipe) -> None:
 
     from tuner.recipe.io import RecipeError
     from tuner.recipe.registry import resolve_recipe_argument
-    from tuner.run_layout import CHECKPOINTS_DIR, FINAL_DIR, LOCK_FILE, MERGED_DIR
+    from tuner.rundir.layout import CHECKPOINTS_DIR, FINAL_DIR, LOCK_FILE, MERGED_DIR
 
     lock = resolve_recipe_argument(args.recipe)
     chosen = any(override.split("=", 1)[0].strip() == "output.dir" for override in args.overrides)

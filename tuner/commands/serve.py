@@ -109,8 +109,8 @@ def print_vllm(args, target) -> int:
     from tuner.infer.vllm import VllmPlanError, adapter_modules_to_save, plan_vllm, vllm_serve_argv
     from tuner.loading.model import ModelLoadError, load_tokenizer, refuse_custom_code
     from tuner.recipe.io import RecipeError
-    from tuner.run_layout import SERVE_DIR
-    from tuner.run_lock import RunLock
+    from tuner.rundir.layout import SERVE_DIR
+    from tuner.rundir.lock import RunLock
 
     target = merged_if_any(target)
     recipe = target.recipe

@@ -9,9 +9,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tuner.evaluate.harness import ModelResult
-from tuner.run_layout import EVAL_DIR
+from tuner.rundir.layout import EVAL_DIR
 
-EVAL_FILE = "eval-{stamp}.json"  # in EVAL_DIR; tuner/launch/summary.py reads the newest
+EVAL_FILE = "eval-{stamp}.json"  # in EVAL_DIR; tuner/rundir/summary.py reads the newest
 
 
 def write_results(run_dir: Path, results: list[ModelResult]) -> Path:

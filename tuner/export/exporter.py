@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuner.export import ExportRefused
 from tuner.infer.target import InferenceTarget
-from tuner.run_layout import CHECKPOINTS_DIR, EXPORT_DIR, FINAL_DIR, TUNER_FILES
+from tuner.rundir.layout import CHECKPOINTS_DIR, EXPORT_DIR, FINAL_DIR, TUNER_FILES
 
 MODELFILE = "Modelfile"
 CHECK_PROMPTS = 8

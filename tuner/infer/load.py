@@ -14,7 +14,7 @@ from tuner.infer.placement import DISK, GIB, Placement, hardware_memory_map, pla
 from tuner.infer.target import InferenceTarget
 from tuner.loading.model import ModelLoadError, load_model, load_tokenizer, quantization_config
 from tuner.recipe.schema import QuantizationSection
-from tuner.run_layout import OFFLOAD_DIR
+from tuner.rundir.layout import OFFLOAD_DIR
 
 log = logging.getLogger("tuner")
 

@@ -23,8 +23,8 @@ from pathlib import Path
 from tuner.fileio import FILE, LINK, DestinationRefused, atomic_write_text, check_destination
 from tuner.infer.target import MODEL_CONFIG, InferenceTarget
 from tuner.loading.model import ModelLoadError, cannot_load, load_tokenizer
-from tuner.run_layout import MERGED_DIR, SERVE_DIR
-from tuner.run_lock import RunLock
+from tuner.rundir.layout import MERGED_DIR, SERVE_DIR
+from tuner.rundir.lock import RunLock
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers saves and finds a tokenizer's chat template
 REQUEST_TIMEOUT_S = 60  # default time budget of one request's generation (generate's max_time)

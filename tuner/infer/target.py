@@ -14,7 +14,7 @@ from tuner.loading.model import ModelLoadError, resolve_model_path
 from tuner.recipe.io import RecipeSource, apply_overrides, load_recipe, validate_recipe
 from tuner.recipe.registry import resolve_recipe_argument
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import FINAL_DIR, LOCK_FILE, OFFLOAD_DIR
+from tuner.rundir.layout import FINAL_DIR, LOCK_FILE, OFFLOAD_DIR
 
 ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CONFIG = "config.json"
@@ -93,8 +93,8 @@ def _run_directory_target(run_dir: Path, overrides: list[str]) -> InferenceTarge
 
 def check_saved_files(target: InferenceTarget) -> None:
     """Refuse, before anything loads, a local model, adapter or tokenizer folder with a damaged file, naming it
-    (:func:`tuner.launch.integrity.saved_model_problem`): transformers would fail somewhere inside, or not at all."""
-    from tuner.launch.integrity import saved_model_problem
+    (:func:`tuner.rundir.integrity.saved_model_problem`): transformers would fail somewhere inside, or not at all."""
+    from tuner.rundir.integrity import saved_model_problem
 
     folders = dict.fromkeys(Path(path) for path in (target.model_path, target.adapter, target.tokenizer_path)
                             if path is not None and Path(path).is_dir())

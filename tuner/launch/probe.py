@@ -36,8 +36,9 @@ from tuner.planner.memory import TRAINING_STEP
 from tuner.launch.runner import log_tail
 from tuner.recipe.io import RecipeError, validate_recipe
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import CHECKPOINTS_DIR, LOG_FILE, PROBE_DIR, PROBE_REPORT, PROBE_REQUEST
-from tuner.run_lock import RunLock, RunLocked
+from tuner.rundir.events import Error, Event, ProbePhase
+from tuner.rundir.layout import CHECKPOINTS_DIR, LOG_FILE, PROBE_DIR, PROBE_REPORT, PROBE_REQUEST
+from tuner.rundir.lock import RunLock, RunLocked
 
 PROBE_STEPS = 3  # the first creates the optimizer states and warms caches; the others are timed
 ERROR_GRACE_S = 5.0  # after a rank's error, the time the others get to stop on their own before all are stopped
@@ -61,7 +62,7 @@ class ProbeResult:
     run_dir: Path  # the probe's run directory
     status: str  # measured, failed, stopped
     exit_code: int
-    events: list[dict]
+    events: list[Event]
     failure: dict | None = None  # rank, phase, batch, message of the first rank that failed
     lines: list[str] = field(default_factory=list)  # what to tell the user
     stopped_after_s: float | None = None  # from the first rank's error to every rank gone
@@ -74,13 +75,13 @@ class ProbeResult:
         return probe_peak(self.measured, memory_plan)
 
 
-def _failure(events: list[dict], log_path: Path, outcome_lines: list[str]) -> dict | None:
+def _failure(events: list[Event], log_path: Path, outcome_lines: list[str]) -> dict | None:
     """The first rank that failed: from its error event, else from torchrun's summary; with its phase and batch."""
     from tuner.launch.failures import rank_failures
 
-    error = next((event for event in events if event.get("event") == "error"), None)
+    error = next((event for event in events if isinstance(event, Error)), None)
     if error is not None:
-        rank, message, kind = int(error.get("rank", 0)), str(error.get("message", "")), error.get("kind")
+        rank, message, kind = int(error.rank or 0), str(error.message or ""), error.error_kind
     else:
         failures = rank_failures(log_tail(log_path)) if log_path.exists() else []
         if not failures and not outcome_lines:
@@ -90,10 +91,10 @@ def _failure(events: list[dict], log_path: Path, outcome_lines: list[str]) -> di
         kind = None
     if kind is None and any(text in message for text in ("out of memory", "can't allocate memory", "MemoryError")):
         kind = "out_of_memory"
-    started = [event for event in events if event.get("event") == "probe_phase" and event.get("rank") == rank]
-    last = started[-1] if started else {}
-    return {"rank": rank, "phase": last.get("phase", "start-up"), "batch": last.get("batch"), "message": message,
-            "kind": kind, "time": error.get("time") if error else None}
+    started = [event for event in events if isinstance(event, ProbePhase) and event.rank == rank]
+    last = started[-1] if started else ProbePhase(phase="start-up")
+    return {"rank": rank, "phase": last.phase or "start-up", "batch": last.batch, "message": message,
+            "kind": kind, "time": error.time if error else None}
 
 
 def failure_line(failure: dict) -> str:
@@ -112,7 +113,7 @@ def _the(phase: str) -> str:
 
 
 def launch_probe(recipe: Recipe, *, steps: int = PROBE_STEPS, force: bool = False,
-                 on_update: Callable[[list[dict], list[str]], None] | None = None,
+                 on_update: Callable[[list[Event], list[str]], None] | None = None,
                  stop: threading.Event | None = None, say: Callable[[str], None] | None = None,
                  notes: Callable[[list[str]], None] | None = None, progress: bool = True) -> ProbeResult:
     """Probe ``recipe``: prepare and follow its probe run, stop every rank soon after one fails, remove the probe's
@@ -141,13 +142,13 @@ def launch_probe(recipe: Recipe, *, steps: int = PROBE_STEPS, force: bool = Fals
 
 def _follow(recipe, prepared, on_update, stop, said: dict) -> ProbeResult:
     stop = stop or threading.Event()
-    events: list[dict] = []
+    events: list[Event] = []
     first_error: list[float] = []
     watchdog: list[threading.Timer] = []
 
-    def collect(new_events: list[dict], lines: list[str]) -> None:
+    def collect(new_events: list[Event], lines: list[str]) -> None:
         events.extend(new_events)
-        if not first_error and any(event.get("event") == "error" for event in new_events):
+        if not first_error and any(isinstance(event, Error) for event in new_events):
             first_error.append(time.monotonic())
             timer = threading.Timer(ERROR_GRACE_S, stop.set)  # the other ranks may be blocked in a collective
             timer.daemon = True
@@ -206,7 +207,7 @@ def report_lines(result: ProbeResult, memory_plan) -> list[str]:
 
 def probe_report(result: ProbeResult, memory_plan) -> dict:
     """probe.json: every rank's measurements per phase, the comparison with the plan, versions and devices."""
-    from tuner.launch.probe_record import library_versions, machine_devices
+    from tuner.planner.measured import library_versions, machine_devices
 
     measured = result.measured
     world = result.recipe.world_size
@@ -232,7 +233,7 @@ def probe_report(result: ProbeResult, memory_plan) -> dict:
 
 def keep_results(result: ProbeResult, memory_plan) -> Path:
     """Write probe.json into the probe's run directory and, for a complete probe, the record ``tuner plan`` shows."""
-    from tuner.launch.probe_record import MeasuredRecord, save_record
+    from tuner.planner.measured import MeasuredRecord, save_record
 
     report = probe_report(result, memory_plan)
     path = atomic_write_text(result.run_dir / PROBE_REPORT, json.dumps(report, indent=2, default=str) + "\n")

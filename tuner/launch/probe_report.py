@@ -28,6 +28,7 @@ from tuner.planner.memory import (
     DevicePlan,
     MemoryPlan,
 )
+from tuner.rundir.events import Event, Probe
 
 MEASURED_PHASES = (LOAD, TRAINING_STEP, EVAL, SAVE)  # in the order a probe runs them
 GPU_LEVELS = {"allocated": "peak_allocated_gib", "reserved": "peak_reserved_gib", "device": "device_gib"}
@@ -57,12 +58,12 @@ class Row:
         return {**asdict(self), "error": None if error is None else round(error, 4)}
 
 
-def by_rank_and_phase(events: list[dict]) -> dict[int, dict[str, dict]]:
-    """rank -> phase -> that rank's ``probe`` event for the phase."""
+def by_rank_and_phase(events: list[Event]) -> dict[int, dict[str, dict]]:
+    """rank -> phase -> that rank's ``probe`` event for the phase, as written (probe.json keeps it)."""
     measured: dict[int, dict[str, dict]] = {}
     for event in events:
-        if event.get("event") == "probe":
-            measured.setdefault(int(event["rank"]), {})[event["phase"]] = event
+        if isinstance(event, Probe):
+            measured.setdefault(int(event.rank), {})[event.phase] = event.to_json()
     return dict(sorted(measured.items()))
 
 

@@ -7,21 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-
-def step_summary(event: dict) -> str:
-    from tuner.events import rollout_summary
-
-    parts = [f"step {event.get('step')}/{event.get('max_steps')}"]
-    if "loss" in event:
-        parts.append(f"loss {event['loss']:.4f}")
-    if "eval_loss" in event:
-        parts.append(f"eval_loss {event['eval_loss']:.4f}")
-    parts += [summary for summary in (rollout_summary(event), rollout_summary(event, "eval_")) if summary]
-    if "tokens_per_s" in event:
-        parts.append(f"{event['tokens_per_s']:.0f} tok/s")
-    if "eta_s" in event:
-        parts.append(f"eta {event['eta_s']:.0f}s")
-    return "  ".join(parts)
+from tuner.rundir.events import CheckpointSaved, Error, Event, Step, describe
 
 
 class ProgressView:
@@ -45,17 +31,16 @@ class ProgressView:
         if self.progress:
             self.progress.stop()
 
-    def update(self, events: list[dict]) -> None:
+    def update(self, events: list[Event]) -> None:
         for event in events:
-            kind = event.get("event")
-            if kind in ("step", "eval"):
+            if isinstance(event, Step):  # and Eval
                 if self.progress:
                     if self.task is None:
-                        self.task = self.progress.add_task("train", total=event.get("max_steps"), info="")
-                    self.progress.update(self.task, completed=event.get("step", 0), info=step_summary(event))
+                        self.task = self.progress.add_task("train", total=event.max_steps, info="")
+                    self.progress.update(self.task, completed=event.step or 0, info=describe(event))
                 else:
-                    self.console.print(step_summary(event), highlight=False)
-            elif kind == "checkpoint":
-                self.console.print(f"checkpoint saved: {event.get('path')}", highlight=False, markup=False)
-            elif kind == "error":  # messages quote paths and C++ sources in brackets: never markup
-                self.console.print(f"[red]error:[/] {escape(str(event.get('message')))}", highlight=False)
+                    self.console.print(describe(event), highlight=False)
+            elif isinstance(event, CheckpointSaved):
+                self.console.print(describe(event), highlight=False, markup=False)
+            elif isinstance(event, Error):  # messages quote paths and C++ sources in brackets: never markup
+                self.console.print(f"[red]error:[/] {escape(str(event.message))}", highlight=False)

@@ -22,11 +22,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from tuner.doctor import require_trackers
-from tuner.launch.checkpoints import (check_resumable, checkpoint_states, incomplete_reason, latest_complete_checkpoint,
-                                      resume_checkpoint)
 from tuner.launch.failures import describe_failure
 from tuner.launch.runner import Launch, log_tail
-from tuner.launch.summary import RunSummary, summarize_run
 from tuner.loading.hub_download import HubDownload, plan_download
 from tuner.recipe.io import RecipeError, validate_recipe, with_output_dir
 from tuner.recipe.schema import STREAM_SHUFFLE_BUFFER, Recipe
@@ -39,8 +36,12 @@ from tuner.render.run_directory import (
     move_earlier_run_aside,
     write_run_directory,
 )
-from tuner.run_layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, MODEL_SNAPSHOT, PREVIOUS_RUNS_DIR, SLURM_SCRIPT
-from tuner.run_lock import RunLock, RunLocked
+from tuner.rundir.checkpoints import (CheckpointRefused, check_resumable, checkpoint_states, incomplete_reason,
+                                      latest_complete_checkpoint, resume_checkpoint)
+from tuner.rundir.events import Event
+from tuner.rundir.layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, MODEL_SNAPSHOT, PREVIOUS_RUNS_DIR, SLURM_SCRIPT
+from tuner.rundir.lock import RunLock, RunLocked
+from tuner.rundir.summary import RunSummary, summarize_run
 
 EXIT_SIGNAL_BASE = 128  # a run stopped by signal N exits 128 + N, as a shell reports it
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # beside SIGINT (KeyboardInterrupt): each stops every rank
@@ -224,7 +225,10 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, ve
         refusals.append(f"{run_dir}: the run directory already exists; overriding starts a new run there and moves "
                         f"the earlier run's checkpoints, events and log into {run_dir / PREVIOUS_RUNS_DIR}/N/ (resume "
                         "continues it instead, or change output.dir).")
-    notes = _resume_notes(recipe, run_dir, verify) if resuming else []
+    try:
+        notes = _resume_notes(recipe, run_dir, verify) if resuming else []
+    except CheckpointRefused as exc:
+        raise RecipeError(exc.lines) from None
     require_trackers(recipe)  # a tracker training.report_to names must be installed: said now, not by every rank
     data_note = _check_data(recipe)
     if refusals and not force:
@@ -305,7 +309,7 @@ def signals_stop_the_run() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[dict], list[str]], None] | None = None,
+def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[Event], list[str]], None] | None = None,
                stop: threading.Event | None = None, say: Callable[[str], None] = _say_on_stderr,
                stop_grace_s: float = STOP_GRACE_S) -> RunOutcome:
     """Launch the run and follow it to its end; ``on_update(events, log_lines)`` gets what arrives.

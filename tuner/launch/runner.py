@@ -15,9 +15,9 @@ import time
 from collections import deque
 from pathlib import Path
 
-from tuner.events import EventFollower
-from tuner.run_layout import EVENTS_FILE, LOG_FILE
-from tuner.run_lock import supervisor_environment
+from tuner.rundir.events import Event, EventFollower
+from tuner.rundir.layout import EVENTS_FILE, LOG_FILE
+from tuner.rundir.lock import supervisor_environment
 
 
 def executable_argv(argv: list[str]) -> list[str]:
@@ -75,7 +75,7 @@ class Launch:
             self._new.append(line.rstrip("\n"))
         self._log.close()
 
-    def poll_events(self) -> list[dict]:
+    def poll_events(self) -> list[Event]:
         return self.events.poll()
 
     def new_lines(self) -> list[str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tuner.catalog.hub import INDEX_FILE, SINGLE_WEIGHTS_FILE, HubError, human_bytes, hub_error, is_hub_id
 from tuner.loading.model import ModelLoadError
-from tuner.run_layout import MODEL_SNAPSHOT
+from tuner.rundir.layout import MODEL_SNAPSHOT
 
 LOADER_SUFFIXES = (".json", ".jinja", ".model", ".tiktoken", ".txt")  # config, tokenizer, chat template, merges
 CODE_SUFFIX = ".py"  # a model's own classes: fetched only under trust_remote_code

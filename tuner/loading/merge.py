@@ -16,7 +16,7 @@ from pathlib import Path
 from tuner.fileio import FILE, DestinationRefused, atomic_write_text, check_destination, staged_directory
 from tuner.loading.model import ModelLoadError, load_model, load_tokenizer
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import CHECKPOINTS_DIR, FINAL_DIR, LOCK_FILE, TUNER_FILES
+from tuner.rundir.layout import CHECKPOINTS_DIR, FINAL_DIR, LOCK_FILE, TUNER_FILES
 
 
 def find_adapter(run: Path) -> Path:

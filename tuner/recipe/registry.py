@@ -50,7 +50,7 @@ def starting_recipe(recipe):
     """The built-in recipe whose result ``recipe`` starts from (its ``model.id`` is that recipe's ``final/``, e.g.
     demo-dpo after demo), when that result is not there yet; None when the model exists or is no such result."""
     from tuner.recipe.io import load_recipe
-    from tuner.run_layout import FINAL_DIR
+    from tuner.rundir.layout import FINAL_DIR
 
     start = Path(recipe.model.id)
     if start.exists() or start.name != FINAL_DIR:

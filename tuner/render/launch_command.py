@@ -4,7 +4,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from tuner.run_layout import ACCELERATE_CONFIG, LOCK_FILE
+from tuner.rundir.layout import ACCELERATE_CONFIG, LOCK_FILE
 
 
 def launch_argv(run_dir: str | Path, machine_rank: int | str | None = None,

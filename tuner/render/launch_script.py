@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tuner.recipe.schema import Recipe
 from tuner.render.launch_command import launch_argv, preflight_argv, shell_command
-from tuner.run_layout import LAUNCH_SCRIPT, SLURM_LOG, SLURM_SCRIPT
+from tuner.rundir.layout import LAUNCH_SCRIPT, SLURM_LOG, SLURM_SCRIPT
 
 MAIN_PROCESS_IP_VARIABLE = "MAIN_PROCESS_IP"
 TRAINING_GPUS_VARIABLE, VLLM_GPUS_VARIABLE = "TUNER_TRAINING_GPUS", "TUNER_VLLM_GPUS"  # grpo's vllm_server split

@@ -20,7 +20,7 @@ from tuner.recipe.schema import Recipe
 from tuner.render.accelerate_config import render_accelerate_config
 from tuner.render.deepspeed_config import render_deepspeed_config
 from tuner.render.launch_script import has_slurm_script, render_launch_script, render_slurm_script
-from tuner.run_layout import (
+from tuner.rundir.layout import (
     ACCELERATE_CONFIG,
     CHECKPOINTS_DIR,
     DEEPSPEED_CONFIG,
@@ -40,7 +40,7 @@ from tuner.run_layout import (
     SLURM_LOG,
     SLURM_SCRIPT,
 )
-from tuner.run_lock import RunLock, RunLocked, lock_path
+from tuner.rundir.lock import RunLock, RunLocked, lock_path
 
 EXECUTABLES = (LAUNCH_SCRIPT, SLURM_SCRIPT)
 # What a probe leaves in its own run directory (its checkpoint, when a kill kept the probe from removing it)

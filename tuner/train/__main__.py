@@ -13,10 +13,11 @@ import os
 import sys
 from pathlib import Path
 
-from tuner.events import write_event
 from tuner.recipe import RecipeError, load_recipe
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import DEEPSPEED_CONFIG, EVENTS_FILE, FINAL_DIR, MEMORY_REPORT, MERGED_DIR, PROFILE_DIR
+from tuner.rundir.checkpoints import CheckpointRefused
+from tuner.rundir.events import Error, Finished, Machines, Memory, write_event
+from tuner.rundir.layout import DEEPSPEED_CONFIG, EVENTS_FILE, FINAL_DIR, MEMORY_REPORT, MERGED_DIR, PROFILE_DIR
 
 log = logging.getLogger("tuner")
 
@@ -38,7 +39,7 @@ def training_arguments(recipe: Recipe, run_dir: Path):
     settings (which may replace the common ones)."""
     from transformers import TrainingArguments
 
-    from tuner.run_layout import CHECKPOINTS_DIR
+    from tuner.rundir.layout import CHECKPOINTS_DIR
     from tuner.train.parallelism import loads_sharded
     from tuner.train.trackers import tracker_arguments
 
@@ -150,7 +151,7 @@ def same_machines(args, events: Path) -> None:
     fingerprints = check_same_machines()
     if args.process_index == 0:
         machines = {each["machine_rank"]: each for each in fingerprints}
-        write_event(events, "machines", machines=[machines[rank] for rank in sorted(machines)])
+        write_event(events, Machines(machines=[machines[rank] for rank in sorted(machines)]))
 
 
 def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
@@ -158,10 +159,10 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
 
     from tuner.data.prepare import data_collator, prepare_data
     from tuner.fileio import atomic_write_text, umask_permissions
-    from tuner.launch.checkpoints import resume_checkpoint
+    from tuner.rundir.checkpoints import resume_checkpoint
     from tuner.loading.hub_download import run_snapshot
     from tuner.loading.model import load_tokenizer
-    from tuner.run_layout import LOCK_FILE
+    from tuner.rundir.layout import LOCK_FILE
     from tuner.train.callbacks import EventsCallback, ProfilerCallback, memory_per_rank
     from tuner.train.checkpoints import CheckpointInfoCallback
     from tuner.train.probe import ProbeCallback, probe_request, worst_case_data
@@ -245,10 +246,11 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
         merged = merge_adapter(recipe, final, run_dir / MERGED_DIR, force=True)
     atomic_write_text(run_dir / MEMORY_REPORT, json.dumps(report, indent=2) + "\n")
     log.info("%s", report["line"])
-    write_event(events, "memory", **report)
-    write_event(events, "finished", step=trainer.state.global_step, final_dir=str(final),
-                merged_dir=str(merged) if merged else None, truncated=data.truncated, dropped=data.dropped,
-                **{k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+    write_event(events, Memory.of(report))
+    write_event(events, Finished(step=trainer.state.global_step, final_dir=str(final),
+                                 merged_dir=str(merged) if merged else None, truncated=data.truncated,
+                                 dropped=data.dropped,
+                                 extra={k: v for k, v in metrics.items() if isinstance(v, (int, float))}))
     return 0
 
 
@@ -277,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         if not needs_bitsandbytes(recipe):  # peft imports it anyway; its missing-kernel notes concern no one here
             logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
         return train(recipe, lock.parent, args.profile)
-    except (RecipeError, DataError, ModelLoadError, RewardError, BuildTimeout) as exc:
-        write_event(events, "error", message=str(exc), rank=int(os.environ.get("RANK", 0)))
+    except (RecipeError, CheckpointRefused, DataError, ModelLoadError, RewardError, BuildTimeout) as exc:
+        write_event(events, Error(message=str(exc), rank=int(os.environ.get("RANK", 0))))
         print(f"error: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, BuildTimeout) else 2  # a cache another process holds: the machine's problem
     except Exception as exc:
@@ -286,11 +288,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if recipe is not None and is_out_of_memory(exc):  # answered with the advisor's next rung, not a stack
             rung, message = out_of_memory_advice(recipe, str(lock), exhausted_memory(exc))
-            write_event(events, "error", kind="out_of_memory", next_rung=rung, message=message,
-                        rank=int(os.environ.get("RANK", 0)))
+            write_event(events, Error(message=message, rank=int(os.environ.get("RANK", 0)), error_kind="out_of_memory",
+                                      next_rung=rung))
             print(f"error: {message}", file=sys.stderr)
             return EXIT_OUT_OF_MEMORY
-        write_event(events, "error", message=f"{type(exc).__name__}: {exc}", rank=int(os.environ.get("RANK", 0)))
+        write_event(events, Error(message=f"{type(exc).__name__}: {exc}", rank=int(os.environ.get("RANK", 0))))
         raise
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from tuner.events import write_event
+from tuner.rundir.events import CheckpointSaved, Eval, Started, Step, write_event
 from tuner.fileio import atomic_write_text
 
 log = logging.getLogger("tuner")
@@ -70,8 +70,8 @@ class EventsCallback(TrainerCallback):
         self._first_step = state.global_step
         self._first_tokens = state.num_input_tokens_seen
         if state.is_world_process_zero:
-            write_event(self.path, "started", max_steps=state.max_steps, world_size=args.world_size,
-                        resumed_from_step=state.global_step, pid=os.getpid())
+            write_event(self.path, Started(max_steps=state.max_steps, world_size=args.world_size,
+                                           resumed_from_step=state.global_step, pid=os.getpid()))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         memory = memory_fields(memory_per_rank())  # a collective: every rank takes part
@@ -89,14 +89,15 @@ class EventsCallback(TrainerCallback):
                                        * args.world_size / self.same_batch_ranks / seconds_per_step, 2),
                 "eta_s": round(seconds_per_step * max(state.max_steps - state.global_step, 0), 1),
             }
-        kind = "eval" if any(key.startswith("eval_") for key in logs) else "step"
+        kind = Eval if any(key.startswith("eval_") for key in logs) else Step
         values = {key: (round(value, 6) if isinstance(value, float) else value) for key, value in logs.items()}
-        write_event(self.path, kind, step=state.global_step, max_steps=state.max_steps, **values, **speed, **memory)
+        write_event(self.path, kind(step=state.global_step, max_steps=state.max_steps,
+                                    extra={**values, **speed, **memory}))
 
     def on_save(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            write_event(self.path, "checkpoint", step=state.global_step,
-                        path=str(Path(args.output_dir) / f"checkpoint-{state.global_step}"))
+            write_event(self.path, CheckpointSaved(
+                step=state.global_step, path=str(Path(args.output_dir) / f"checkpoint-{state.global_step}")))
 
 
 class ProfilerCallback(TrainerCallback):

@@ -1,6 +1,6 @@
 """The checkpoint writer's half: after the Trainer saves a checkpoint, tuner adds the lock recipe and the settings
 file that marks it complete, with each file's size once its header or directory reads (read back by
-:mod:`tuner.launch.checkpoints`)."""
+:mod:`tuner.rundir.checkpoints`)."""
 from __future__ import annotations
 
 import json
@@ -10,10 +10,10 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from tuner.fileio import atomic_write_text, umask_permissions
-from tuner.launch.checkpoints import resume_settings
-from tuner.launch.integrity import saved_files
+from tuner.rundir.integrity import saved_files
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import CHECKPOINT_INFO, CHECKPOINT_PREFIX, LOCK_FILE
+from tuner.rundir.checkpoints import resume_settings
+from tuner.rundir.layout import CHECKPOINT_INFO, CHECKPOINT_PREFIX, LOCK_FILE
 from tuner.train.supervision import supervisor_alive
 
 log = logging.getLogger("tuner")

@@ -18,12 +18,12 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from tuner.events import write_event
+from tuner.rundir.events import Probe, ProbePhase, write_event
 from tuner.fileio import write_control_file
-from tuner.launch.probe_record import cpu_name
+from tuner.planner.measured import cpu_name
 from tuner.planner.memory import EVAL, GIB, LOAD, SAVE, TRAINING_STEP
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import PROBE_REQUEST
+from tuner.rundir.layout import PROBE_REQUEST
 
 POOL_PER_SAMPLE = 4  # longest real samples kept per worst-case sample: enough to fill one, and varied
 
@@ -216,15 +216,15 @@ class ProbeCallback(TrainerCallback):
     def _start(self, phase: str, samples: int | None) -> None:
         self.phase = phase
         batch = batch_description(self.recipe, samples) if samples else None
-        write_event(self.path, "probe_phase", rank=self.rank, pid=os.getpid(), phase=phase, batch=batch)
+        write_event(self.path, ProbePhase(rank=self.rank, pid=os.getpid(), phase=phase, batch=batch))
 
     def _measured(self, phase: str, **extra) -> None:
         if self.device is None:
             self.device = self.meter.device()
         name, capacity = self.device
-        write_event(self.path, "probe", rank=self.rank, pid=os.getpid(), phase=phase, device=name,
-                    capacity_gib=round(capacity, 3), resets_peak=self.meter.resets_rss,
-                    **self.meter.peak(), **extra)
+        write_event(self.path, Probe(rank=self.rank, pid=os.getpid(), phase=phase, device=name,
+                                     capacity_gib=round(capacity, 3), resets_peak=self.meter.resets_rss,
+                                     extra={**self.meter.peak(), **extra}))
         self.meter.reset()
 
     def on_train_begin(self, args, state, control, **kwargs):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from tuner.events import write_event
+from tuner.rundir.events import RankBatch, RankFinished, write_event
 
 TRACE_RANKS_VARIABLE = "TUNER_TRACE_RANKS"
 
@@ -47,13 +47,14 @@ class RankTrace(TrainerCallback):
         if not self._first_seen:
             self._first_seen = True
             samples = [hashlib.sha1(str(list(f["input_ids"])).encode()).hexdigest()[:12] for f in features]
-            write_event(self.path, "rank_batch", rank=self.rank, pid=os.getpid(), samples=samples)
+            write_event(self.path, RankBatch(rank=self.rank, pid=os.getpid(), samples=samples))
         return self.collator(features)
 
     def on_train_end(self, args, state, control, model=None, optimizer=None, **kwargs):
         inner = optimizer  # Accelerate's and DeepSpeed's wrappers each hold the next one in .optimizer
         while getattr(inner, "optimizer", inner) is not inner:
             inner = inner.optimizer
-        write_event(self.path, "rank_finished", rank=self.rank, world_size=args.world_size,
-                    optimizer=type(inner).__name__, parameters_checksum=parameters_checksum(model),
-                    shapes={name: list(parameter.shape) for name, parameter in model.named_parameters()})
+        write_event(self.path, RankFinished(
+            rank=self.rank, world_size=args.world_size, optimizer=type(inner).__name__,
+            parameters_checksum=parameters_checksum(model),
+            shapes={name: list(parameter.shape) for name, parameter in model.named_parameters()}))

@@ -1,7 +1,7 @@
 """A rank never trains on after the ``tuner run`` that launched it has died (a SIGKILL, a lost terminal, the OOM
 killer): nobody would follow it, stop it, or know which checkpoint it left.
 
-``tuner run`` names itself in the environment of what it launches (:data:`tuner.run_lock.SUPERVISOR_VARIABLE`);
+``tuner run`` names itself in the environment of what it launches (:data:`tuner.rundir.lock.SUPERVISOR_VARIABLE`);
 between them sit ``accelerate launch`` and torchrun, which starts every rank in a session of its own, so a
 parent-death signal set by tuner would reach only the launcher and a process-group kill would miss the ranks.
 Each rank therefore watches the supervisor itself: a thread checks once a second that the process (its PID and
@@ -17,7 +17,7 @@ import os
 import signal
 import threading
 
-from tuner.run_lock import supervisor
+from tuner.rundir.lock import supervisor
 
 log = logging.getLogger("tuner")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Mapping
 
 from tuner.recipe.schema import Recipe
-from tuner.run_layout import MLFLOW_DIR, TENSORBOARD_DIR, TRACKIO_DIR
+from tuner.rundir.layout import MLFLOW_DIR, TENSORBOARD_DIR, TRACKIO_DIR
 
 
 def tracker_environment(recipe: Recipe, run_dir: Path, environ: Mapping[str, str] = os.environ) -> dict[str, str]:

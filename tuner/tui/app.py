@@ -276,7 +276,7 @@ class TunerApp(App[int]):
     def start_probe(self, force: bool = False) -> RunWatch:
         """Probe the recipe on this machine as ``tuner probe`` does (the same run contract); the peak it measures
         then marks the plan bar beside the prediction."""
-        from tuner.run_layout import PROBE_DIR
+        from tuner.rundir.layout import PROBE_DIR
 
         recipe = self._launchable()
         self._stop_run = threading.Event()

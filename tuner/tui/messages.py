@@ -9,6 +9,7 @@ from textual.message import Message
 if TYPE_CHECKING:  # the draft (the schema) and the planner load after the first screen is painted
     from tuner.doctor import Check
     from tuner.planner import MemoryPlan
+    from tuner.rundir.events import Event
     from tuner.tui.draft import Changes
 
 
@@ -46,7 +47,7 @@ class DiskChecked(Message):
 class RunEventsArrived(Message):
     """New events and log lines from the launched run."""
 
-    events: list[dict]
+    events: list[Event]
     log_lines: list[str]
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # imported when first used: the first screen paints before the schema and the planner load
     from tuner.doctor import Check
-    from tuner.launch.probe_record import MeasuredRecord
+    from tuner.planner.measured import MeasuredRecord
     from tuner.planner import Advice, MemoryPlan
     from tuner.recipe.schema import Recipe
 
@@ -32,7 +32,7 @@ class Planner:
 
     def _defaults(self) -> None:
         from tuner.doctor import check_disk
-        from tuner.launch.probe_record import measured_record
+        from tuner.planner.measured import measured_record
         from tuner.planner import advise, plan
 
         self._plan, self._advise, self._disk = self._plan or plan, self._advise or advise, self._disk or check_disk

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.events import rollout_summary
-from tuner.run_layout import LOCK_FILE
+from tuner.rundir.events import Error, Eval, Event, Finished, Started, Step, describe, read_events, rollout_summary
+from tuner.rundir.layout import EVENTS_FILE, LOCK_FILE
+from tuner.rundir.summary import summarize_run
 
 LOG_LINES = 400
 TUNER_PREFIX = "[tuner] "
@@ -30,29 +31,6 @@ NOISE = re.compile("|".join((
     r"real_accelerator\.py.*Setting accelerator to CPU",  # DeepSpeed finding no GPU on a CPU run
 )))
 RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")  # torchrun's tee of each rank's output
-
-
-def event_line(event: dict) -> str | None:
-    """The log line for one event (None: the event shows elsewhere, e.g. the progress bar)."""
-    from tuner.launch.progress import step_summary  # rich.progress: loaded with the first run, not at startup
-
-    kind = event.get("event")
-    if kind == "started":
-        resumed = event.get("resumed_from_step")
-        head = f"started: {event.get('max_steps', '?')} steps, {event.get('world_size', 1)} process(es)"
-        return head + (f", resuming at step {resumed}" if resumed else "")
-    if kind in ("step", "eval"):
-        return step_summary(event)
-    if kind == "checkpoint":
-        return f"checkpoint saved: {event.get('path')}"
-    if kind == "finished":
-        return f"finished: {event.get('final_dir') or 'the final model is saved'}"
-    if kind == "error":
-        return f"error: {event.get('message')}"
-    if kind == "probe":  # tuner probe: a rank measured a phase
-        peak = event.get("device_gib", event.get("peak_rss_gib"))
-        return f"probe: rank {event.get('rank')} measured {event.get('phase')}, peak {peak:.3f} GiB"
-    return None
 
 
 @dataclass
@@ -93,40 +71,40 @@ class RunWatch:
             return None
         return max(self.eta_s - ((now or self.clock()) - self.eta_at), 0.0)
 
-    def absorb(self, events: list[dict], log_lines: list[str] = ()) -> None:
+    def absorb(self, events: list[Event], log_lines: list[str] = ()) -> None:
         for line in log_lines:
             self._take_log_line(line)
         for event in events:
-            if event.get("time", self.since) < self.since:
+            if event.time is not None and event.time < self.since:
                 continue
-            kind = event.get("event")
-            if "step" in event:
-                self.step = int(event["step"])
-            if event.get("max_steps"):
-                self.max_steps = int(event["max_steps"])
-            if kind == "started":
+            if event.number("step") is not None:
+                self.step = int(event.number("step"))
+            if event.number("max_steps"):
+                self.max_steps = int(event.number("max_steps"))
+            if isinstance(event, Started):
                 self.status = "running"
-            elif kind == "step":
+            elif isinstance(event, Eval):
+                if event.number("eval_loss") is not None:
+                    self.eval_losses.append(event.number("eval_loss"))
+            elif isinstance(event, Step):
                 self.status = "running"
-                if "loss" in event:
-                    self.losses.append(float(event["loss"]))
+                if event.number("loss") is not None:
+                    self.losses.append(event.number("loss"))
                 self.rollout = rollout_summary(event) or self.rollout
-            elif kind == "eval" and "eval_loss" in event:
-                self.eval_losses.append(float(event["eval_loss"]))
-            elif kind == "finished":
-                self.final_dir = event.get("final_dir")
-            elif kind == "error":
-                self.error = str(event.get("message"))
-            if "tokens_per_s" in event:
-                self.tokens_per_s = float(event["tokens_per_s"])
-            if "eta_s" in event:
-                self.eta_s, self.eta_at = float(event["eta_s"]), float(event.get("time", self.clock()))
-            for key, value in event.items():
-                if key.startswith("peak_") and key.endswith("_gib"):
+            elif isinstance(event, Finished):
+                self.final_dir = event.final_dir
+            elif isinstance(event, Error):
+                self.error = str(event.message)
+            if event.number("tokens_per_s") is not None:
+                self.tokens_per_s = event.number("tokens_per_s")
+            if event.number("eta_s") is not None:
+                self.eta_s, self.eta_at = event.number("eta_s"), event.time if event.time is not None else self.clock()
+            for key, value in event.peaks().items():
+                if key.endswith("_gib"):
                     self.memory_gib[key.removeprefix("peak_").removesuffix("_gib")] = float(value)
-                elif key.startswith("peak_") and key.endswith("_gib_per_rank"):
+                elif key.endswith("_gib_per_rank"):
                     self.memory_per_rank[key.removeprefix("peak_").removesuffix("_gib_per_rank")] = list(value)
-            line = event_line(event)
+            line = describe(event)
             if line:
                 self.log.append(line)
 
@@ -175,17 +153,16 @@ class RunWatch:
 
 
 def replay(run_dir: Path) -> RunWatch:
-    """The state of a run from its events file (recent runs on the Start screen)."""
-    from tuner.events import read_events
-    from tuner.run_layout import EVENTS_FILE
-
+    """The state of a run from its events file (recent runs on the Start screen); a finished one ends with the
+    summary ``tuner run`` printed."""
     watch = RunWatch(run_dir=run_dir, status="not started")
     events = read_events(run_dir / EVENTS_FILE)
     watch.absorb(events)
-    last = events[-1]["event"] if events else None
-    if last == "finished":
-        watch.status = "finished"
-    elif last == "error" or watch.error:
+    last_start = next((event.time for event in reversed(events) if isinstance(event, Started)), None)
+    summary = summarize_run(run_dir, since=last_start or 0.0, events=events)
+    if summary is not None:
+        watch.status, watch.outcome = "finished", summary.lines()
+    elif isinstance(events[-1] if events else None, Error) or watch.error:
         watch.status = "failed"
     elif events:
         watch.status = f"stopped at step {watch.step}"

@@ -12,7 +12,7 @@ from textual.widgets import Footer, Header, Input, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from tuner.recipe.registry import builtin_names, builtin_path, describe
-from tuner.run_layout import LOCK_FILE
+from tuner.rundir.layout import LOCK_FILE
 from tuner.tui.run_watch import recent_runs
 from tuner.tui.widgets.lists import PickList
 

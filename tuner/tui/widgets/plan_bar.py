@@ -129,7 +129,7 @@ def legend(terms: dict[str, float], width: int) -> Text:
 
 def plan_text(plan: MemoryPlan, width: int, disk: Check | None = None, measured=None) -> Text:
     """The whole panel as text: the verdict, then per device a bar against its capacity and its legend; a probe's
-    ``measured`` peak (tuner.launch.probe_record.MeasuredRecord) as a marker under the training device's bar."""
+    ``measured`` peak (tuner.planner.measured.MeasuredRecord) as a marker under the training device's bar."""
     out = verdict_text(plan, disk)
     out.append("\n")
     devices = list(plan.devices)

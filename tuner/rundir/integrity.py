@@ -4,7 +4,7 @@ loader tries to read it.
 The Trainer writes a checkpoint in place: weights, then optimizer/scheduler/RNG state, then
 ``trainer_state.json`` last.  A crash, a kill or a full disk in between leaves a directory that looks
 like the newest checkpoint but fails (or silently misloads) on resume; this module says what is wrong
-with one, and :mod:`tuner.launch.checkpoints` skips such checkpoints on resume.  The same file checks, and those of
+with one, and :mod:`tuner.rundir.checkpoints` skips such checkpoints on resume.  The same file checks, and those of
 the files a model folder holds (config, tokenizer, chat template, adapter settings), tell why a run's ``final/``
 or a ``--model`` folder cannot be loaded, naming the file, before transformers fails on it somewhere inside.
 """
@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 from tuner.fileio import TooLarge, json_kind, read_limited, special_kind
-from tuner.run_layout import CHECKPOINT_INFO
+from tuner.rundir.layout import CHECKPOINT_INFO
 
 TRAINER_STATE = "trainer_state.json"
 # bytes per element of each safetensors dtype (the format's own names)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.fileio import FILE, create_exclusive_text, entry_kind, read_limited
-from tuner.run_layout import RUN_LOCK
+from tuner.rundir.layout import RUN_LOCK
 
 
 class RunLocked(Exception):

@@ -8,9 +8,9 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner.events import read_events
+from tuner.rundir.events import Event, Finished, Step, read_events
 from tuner.fileio import read_limited
-from tuner.run_layout import EVAL_DIR, EVENTS_FILE, MEMORY_REPORT
+from tuner.rundir.layout import EVAL_DIR, EVENTS_FILE, MEMORY_REPORT
 
 ADAPTER_CONFIG = "adapter_config.json"  # peft's file: its presence makes a saved model an adapter
 EVAL_READ_LIMIT = 16 << 20  # an eval/ result of tuner eval is kilobytes; more is not one it wrote
@@ -90,34 +90,37 @@ def latest_evaluation(run_dir: Path, since: float = 0.0) -> str | None:
     return f"{'; '.join(parts)} ({labels}; {newest.relative_to(run_dir)})"
 
 
-def summarize_run(run_dir: str | Path, since: float = 0.0, wall_s: float | None = None) -> RunSummary | None:
-    """The summary of the run's last finished training (events at or after ``since``), or None if none finished."""
+def summarize_run(run_dir: str | Path, since: float = 0.0, wall_s: float | None = None,
+                  events: list[Event] | None = None) -> RunSummary | None:
+    """The summary of the run's last finished training (events at or after ``since``), or None if none finished;
+    ``events``: the run's events when the caller has read them already."""
     run_dir = Path(run_dir)
-    events = [e for e in read_events(run_dir / EVENTS_FILE) if e.get("time", since) >= since]
-    finished = next((e for e in reversed(events) if e.get("event") == "finished"), None)
+    events = read_events(run_dir / EVENTS_FILE) if events is None else events
+    events = [e for e in events if e.time is None or e.time >= since]
+    finished = next((e for e in reversed(events) if isinstance(e, Finished)), None)
     if finished is None:
         return None
-    losses = [e["loss"] for e in events if e.get("event") == "step" and isinstance(e.get("loss"), (int, float))]
-    evals = [e["eval_loss"] for e in events if isinstance(e.get("eval_loss"), (int, float))]
-    speeds = [e["tokens_per_s"] for e in events if isinstance(e.get("tokens_per_s"), (int, float))]
+    losses = [e.number("loss") for e in events if type(e) is Step and e.number("loss") is not None]
+    evals = [e.number("eval_loss") for e in events if e.number("eval_loss") is not None]
+    speeds = [e.number("tokens_per_s") for e in events if e.number("tokens_per_s") is not None]
     memory_line = None
     try:
         memory_line = json.loads((run_dir / MEMORY_REPORT).read_text(encoding="utf-8")).get("line")
     except (OSError, ValueError, AttributeError):
         pass
     notes = []
-    if finished.get("truncated"):
-        notes.append(f"{finished['truncated']} training samples were cut to memory.max_seq_length")
-    if finished.get("dropped"):
-        notes.append(f"{finished['dropped']} training samples had no token to learn from and were dropped")
-    if "truncated" in finished and finished["truncated"] is None:
+    if finished.truncated:
+        notes.append(f"{finished.truncated} training samples were cut to memory.max_seq_length")
+    if finished.dropped:
+        notes.append(f"{finished.dropped} training samples had no token to learn from and were dropped")
+    if finished.truncated is None:  # every finished event carries the count; None: the data was streamed
         notes.append("samples cut to memory.max_seq_length or dropped with no token to learn from were not counted "
                      "(the data was streamed)")
-    runtime = finished.get("train_runtime")
+    runtime = finished.number("train_runtime")
     return RunSummary(
-        run_dir=run_dir, final_dir=finished.get("final_dir"), merged_dir=finished.get("merged_dir"),
+        run_dir=run_dir, final_dir=finished.final_dir, merged_dir=finished.merged_dir,
         first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None,
         eval_loss=evals[-1] if evals else None, memory_line=memory_line,
-        wall_s=wall_s if wall_s is not None else (float(runtime) if isinstance(runtime, (int, float)) else None),
-        tokens_per_s=speeds[-1] if speeds else None, steps=finished.get("step"), notes=notes,
-        evaluation=latest_evaluation(run_dir, since=finished.get("time", 0)))
+        wall_s=wall_s if wall_s is not None else (float(runtime) if runtime is not None else None),
+        tokens_per_s=speeds[-1] if speeds else None, steps=finished.step, notes=notes,
+        evaluation=latest_evaluation(run_dir, since=finished.time or 0))

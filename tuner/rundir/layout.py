@@ -23,7 +23,7 @@ runs/<name>/
                      asked to measure) and probe.json (the measurements beside the plan)
   tensorboard/       TensorBoard event files (training.report_to: [tensorboard])
   mlruns/            the MLflow file store (report_to: [mlflow]);  wandb/  W&B offline runs;  trackio/  trackio's database
-and beside it, runs/.<name>.tuner-run.lock while a tuner writes or runs it (tuner/run_lock.py).
+and beside it, runs/.<name>.tuner-run.lock while a tuner writes or runs it (tuner/rundir/lock.py).
 """
 
 LOCK_FILE = "recipe.lock.yaml"

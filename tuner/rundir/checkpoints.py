@@ -1,6 +1,6 @@
-"""A run's checkpoints, read without torch: which are complete, which is the newest one to resume from, and
-whether a resume under the recipe's settings is allowed.  One scan decides for the Ctrl-C message, ``--resume``,
-the wizard and the training entrypoint alike.
+"""A run's checkpoints by name and by the settings a resume must share, read without torch; whether one is
+complete and resumable is judged from its files (:mod:`tuner.rundir.integrity`).  One scan decides for the Ctrl-C
+message, ``--resume``, the wizard and the training entrypoint alike.
 
 The Trainer writes each ``checkpoint-N`` (weights or adapter, optimizer, scheduler, RNG, trainer state, tokenizer);
 then tuner's callback adds the lock recipe and ``tuner_checkpoint.json`` with the settings a resume must share.
@@ -15,14 +15,21 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from tuner.fileio import user_path
-from tuner.launch.integrity import checkpoint_problem, read_json
-from tuner.recipe.io import RecipeError
-from tuner.recipe.schema import Recipe
-from tuner.run_layout import CHECKPOINT_INFO, CHECKPOINT_PREFIX, CHECKPOINTS_DIR
+from tuner.rundir.integrity import checkpoint_problem, read_json
+from tuner.rundir.layout import CHECKPOINT_INFO, CHECKPOINT_PREFIX, CHECKPOINTS_DIR
 
 log = logging.getLogger("tuner")
 
 _CHECKPOINT_NAME = re.compile(rf"^{re.escape(CHECKPOINT_PREFIX)}(\d+)$")
+
+
+class CheckpointRefused(Exception):
+    """A checkpoint the recipe cannot resume from; ``lines`` name the recipe field to change (the launcher and the
+    ranks report it as a recipe error: this floor sits below tuner.recipe)."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("\n".join(lines))
+        self.lines = lines
 
 
 # settings added after checkpoints were first written, with the value every older checkpoint was saved under
@@ -30,7 +37,8 @@ SAVED_BEFORE = {"objective.kind": "sft", "parallelism.tp": 1, "parallelism.sp": 
 
 
 def resume_settings(recipe: Recipe, world_size: int) -> dict[str, Any]:
-    """The settings a checkpoint's optimizer and RNG state depend on, keyed by the recipe field to change."""
+    """The settings a checkpoint's optimizer and RNG state depend on, keyed by the recipe field to change.  The
+    recipe is read by attribute: this floor sits below tuner.recipe."""
     mem, method = recipe.memory, recipe.method
     settings: dict[str, Any] = {
         "objective.kind": recipe.objective.kind,
@@ -57,18 +65,18 @@ def resume_settings(recipe: Recipe, world_size: int) -> dict[str, Any]:
     return settings
 
 
+def checkpoints_newest_first(directory: Path) -> list[Path]:
+    found = [(int(m.group(1)), path) for path in directory.glob(f"{CHECKPOINT_PREFIX}*")
+             if path.is_dir() and (m := _CHECKPOINT_NAME.match(path.name))]
+    return [path for _, path in sorted(found, reverse=True)]
+
+
 def incomplete_reason(checkpoint: Path, verify: bool = False) -> str | None:
     """Why a checkpoint cannot be resumed from (None: it can): no marker, or a file cut short after it (``verify``:
     or any byte damaged that a recorded digest or a zip CRC shows)."""
     if not (checkpoint / CHECKPOINT_INFO).is_file():
         return f"incomplete, no {CHECKPOINT_INFO} (the run stopped while saving it)"
     return checkpoint_problem(checkpoint, verify)
-
-
-def checkpoints_newest_first(directory: Path) -> list[Path]:
-    found = [(int(m.group(1)), path) for path in directory.glob(f"{CHECKPOINT_PREFIX}*")
-             if path.is_dir() and (m := _CHECKPOINT_NAME.match(path.name))]
-    return [path for _, path in sorted(found, reverse=True)]
 
 
 def checkpoint_states(directory: Path) -> Iterator[tuple[Path, str | None]]:
@@ -87,7 +95,7 @@ def latest_complete_checkpoint(directory: Path) -> Path | None:
 
 
 def check_resumable(recipe: Recipe, checkpoint: Path, world_size: int) -> None:
-    """Raise RecipeError naming every setting that differs from the one the checkpoint was saved with."""
+    """Raise CheckpointRefused naming every setting that differs from the one the checkpoint was saved with."""
     info_path = checkpoint / CHECKPOINT_INFO
     if not info_path.is_file():
         log.warning("%s has no %s (not saved by tuner); cannot check that its settings match", checkpoint, CHECKPOINT_INFO)
@@ -95,14 +103,14 @@ def check_resumable(recipe: Recipe, checkpoint: Path, world_size: int) -> None:
     data, problem = read_json(info_path)
     saved = data.get("settings") if isinstance(data, dict) else None
     if problem or not isinstance(saved, dict):
-        raise RecipeError([f"training.resume: {info_path}: {problem or 'has no settings map (damaged)'}; give another "
+        raise CheckpointRefused([f"training.resume: {info_path}: {problem or 'has no settings map (damaged)'}; give another "
                            "checkpoint, or use auto (which skips damaged ones)."])
     current = resume_settings(recipe, world_size)
     saved = {**SAVED_BEFORE, **saved}
     changed = [f"  {field}: saved with {saved.get(field)!r}, the recipe now has {value!r}"
                for field, value in current.items() if saved.get(field) != value]
     if changed:
-        raise RecipeError([
+        raise CheckpointRefused([
             f"training.resume: cannot resume from {checkpoint}: it was saved under different settings:",
             *changed,
             "Its optimizer, RNG and sharded states only fit the settings they were saved with. Restore those settings "
@@ -124,11 +132,11 @@ def resume_checkpoint(recipe: Recipe, run_dir: Path, world_size: int, verify: bo
     else:
         checkpoint = user_path(resume)
         if not (checkpoint / "trainer_state.json").is_file():
-            raise RecipeError([f"training.resume: {resume}: not a complete checkpoint folder (no trainer_state.json); "
+            raise CheckpointRefused([f"training.resume: {resume}: not a complete checkpoint folder (no trainer_state.json); "
                                "give a checkpoints/checkpoint-N folder, or use auto."])
         damaged = checkpoint_problem(checkpoint, verify)
         if damaged:
-            raise RecipeError([f"training.resume: {resume}: {damaged}; give an earlier checkpoint, or use auto "
+            raise CheckpointRefused([f"training.resume: {resume}: {damaged}; give an earlier checkpoint, or use auto "
                                "(which skips damaged ones)."])
     check_resumable(recipe, checkpoint, world_size)
     log.info("resuming from %s", checkpoint)
