@@ -80,7 +80,9 @@ async def test_incompatible_choices_are_disabled_with_the_reason():
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("method")
         await wait_until(pilot, lambda: app.screen.query("#distribution ChoiceField, #distribution RadioButton")
-                         and app.screen.query_one("#distribution", ChoiceField).button("FSDP").disabled)
+                         and app.screen.query_one("#distribution", ChoiceField).button("FSDP").disabled
+                         and app.screen.query_one("#attention", ChoiceField).button("flash").disabled
+                         and app.screen.query_one("#offload-optimizer", ChoiceField).button("cpu").disabled)
         distribution = app.screen.query_one("#distribution", ChoiceField)
         fsdp = distribution.button("FSDP")
         assert fsdp.disabled and "FSDP needs GPUs" in str(fsdp.tooltip)

@@ -304,7 +304,11 @@ async def test_the_run_screen_shows_events_not_noise(size, in_tmp):
         await wait_until(pilot, lambda: "ETA 7 s" in shown(app, "#run-status"))  # counted down from the event
         assert not app.screen.query_one("#loss", Sparkline).display  # one point is not a chart
         assert "first logged step" in shown(app, "#loss-line")
-        logged = [line.text for line in app.screen.query_one("#log", RichLog).lines]
+
+        def logged() -> list[str]:
+            return [line.text for line in app.screen.query_one("#log", RichLog).lines]
+        await wait_until(pilot, lambda: "step 1/12  loss 4.6000  eta 12s" in " ".join(logged()))
+        logged = logged()
         assert not any("it/s" in line or "{'loss'" in line for line in logged)
         assert "data: 190 training and 10 held-out instruction samples" in " ".join(logged)
         assert "step 1/12  loss 4.6000  eta 12s" in " ".join(logged)
