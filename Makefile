@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tuner-installed
 
-.PHONY: install demo test docs recipe-peaks inventories clean
+.PHONY: install demo test test-fast docs recipe-peaks inventories clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup
+
+# The inner loop while editing: everything but the tests marked slow (real launches, training runs, the terminal).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
 
 docs: $(STAMP)
 	$(PY) -m tuner.recipe.docs > docs/recipes.md

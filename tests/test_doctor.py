@@ -8,12 +8,12 @@ import json
 import os
 
 import pytest
+import torch
 
 from tuner.cli import main
 from tuner.doctor import CHECKS, Check, check_accelerate_config, check_disk, check_gpus, run_checks
 from tuner.recipe.io import validate_recipe
 
-torch = pytest.importorskip("torch")
 NO_GPU = not torch.cuda.is_available()
 GPU_RECIPE = ["--set", "hardware.gpus_per_machine=1", "--set", "hardware.gpu=A100-80GB"]
 
@@ -121,7 +121,6 @@ def test_gpu_machine_reports_its_gpus() -> None:
 
 
 def test_host_ram_is_checked_against_the_plans_offload() -> None:
-    pytest.importorskip("tuner.planner")
     import psutil
 
     from tuner.doctor import check_host_ram
@@ -140,7 +139,6 @@ def test_host_ram_is_checked_against_the_plans_offload() -> None:
 
 
 def test_disk_is_checked_against_the_checkpoints_the_run_will_write(tmp_path) -> None:
-    pytest.importorskip("tuner.planner")
     small = check_disk(validate_recipe({"output": {"dir": str(tmp_path / "run")}}))
     assert small.status == "ok" and "checkpoints need ~" in small.detail
     huge = check_disk(validate_recipe({"model": {"id": "meta-llama/Llama-3.1-405B"}, "output": {"dir": str(tmp_path / "run")},

@@ -290,7 +290,6 @@ PLAN_MODELS = st.sampled_from(["builtin:demo", "meta-llama/Llama-3.1-8B", "Qwen/
 def test_well_typed_recipes_validate_plan_and_render_or_name_a_field(recipe, model, advise) -> None:
     """Right types in random combinations reach the cross-field rules, the planner and the renderers:
     each says no with a field and a line, or works (plan exit 1 = does not fit)."""
-    pytest.importorskip("tuner.planner")
     CASES["well-typed: validate, plan, render"] += 1
     recipe.setdefault("model", {})
     if isinstance(recipe["model"], dict):

@@ -6,15 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from tuner.planner import next_step
+from tuner.planner.advisor import REASONS
 from tuner.recipe.io import RecipeSource, apply_overrides, load_recipe, validate_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.recipe.schema import Recipe
 from tuner.recipe.tactics import KEEPS_CHECKPOINTS, LADDER, Rung
-
-pytest.importorskip("tuner.planner")
-from tuner.planner import next_step  # noqa: E402
-from tuner.planner.advisor import REASONS  # noqa: E402
-from tuner.train.oom import out_of_memory_advice  # noqa: E402
+from tuner.train.oom import out_of_memory_advice
 
 GPU = {"hardware": {"gpus_per_machine": 4, "gpu": "A100-80GB"}, "model": {"id": "meta-llama/Llama-3.1-8B"}}
 

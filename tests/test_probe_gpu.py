@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 GIB = 2**30

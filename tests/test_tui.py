@@ -42,13 +42,10 @@ async def test_wizard_end_to_end_saves_what_review_showed(in_tmp, demo_model_pat
         assert app.current_mode == "method"
         assert app.focused is app.screen.query_one("#method-kind", ChoiceField).radio_set
         await pilot.press("right", "enter")  # Full -> LoRA
-        await pilot.pause()
-        assert app.draft.value("method.kind") == "lora"
+        await wait_until(pilot, lambda: app.draft.value("method.kind") == "lora")
         await pilot.press("f")  # Auto-fit: the demo fits as it is, so the first entry changes nothing
-        await app.workers.wait_for_complete()
-        await pilot.pause()
-        assert app.focused is app.screen.query_one("#alternatives", OptionList)
-        assert "as it is now" in str(app.screen.query_one("#proposal", Static).render())
+        await wait_until(pilot, lambda: app.focused is app.screen.query_one("#alternatives", OptionList)
+                         and "as it is now" in str(app.screen.query_one("#proposal", Static).render()))
         before = dict(app.draft.data)
         await pilot.press("enter")
         await pilot.pause()
@@ -58,16 +55,14 @@ async def test_wizard_end_to_end_saves_what_review_showed(in_tmp, demo_model_pat
         for _ in range(3):  # Data, Training, Review
             await pilot.press("ctrl+n")
         assert app.current_mode == "review"
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await wait_until(pilot, lambda: set(app.screen.files) == {"recipe.lock.yaml", "accelerate.yaml", "launch.sh"})
         shown = dict(app.screen.files)
-        assert set(shown) == {"recipe.lock.yaml", "accelerate.yaml", "launch.sh"}
         box = app.screen.query_one("#save-path", Input)
         box.value = "saved.yaml"
         await pilot.press("ctrl+s")
-        await pilot.pause()
+        saved = in_tmp / "saved.yaml"
+        await wait_until(pilot, saved.exists)
 
-    saved = in_tmp / "saved.yaml"
     assert load_recipe(saved).method.kind == "lora"
     result = run_tuner("render", str(saved), cwd=in_tmp)
     assert result.returncode == 0, result.stderr
@@ -80,7 +75,9 @@ async def test_incompatible_choices_are_disabled_with_the_reason():
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("method")
         await wait_until(pilot, lambda: app.screen.query("#distribution ChoiceField, #distribution RadioButton")
-                         and app.screen.query_one("#distribution", ChoiceField).button("FSDP").disabled)
+                         and app.screen.query_one("#distribution", ChoiceField).button("FSDP").disabled
+                         and app.screen.query_one("#attention", ChoiceField).button("flash").disabled
+                         and app.screen.query_one("#offload-optimizer", ChoiceField).button("cpu").disabled)
         distribution = app.screen.query_one("#distribution", ChoiceField)
         fsdp = distribution.button("FSDP")
         assert fsdp.disabled and "FSDP needs GPUs" in str(fsdp.tooltip)

@@ -59,7 +59,7 @@ def visible(app, widget, within: str | None = None) -> bool:
 # 1 ------------------------------------------------------------------------------------------
 @SIZES
 @pilot_test
-async def test_1_the_form_keeps_typed_values_and_marks_the_conflict(size):
+async def test_the_form_keeps_typed_values_and_marks_the_conflict(size):
     app = make_app()
     async with app.run_test(size=size) as pilot:
         await pilot.press("enter", "ctrl+n")  # New recipe, then Hardware
@@ -86,7 +86,7 @@ async def test_1_the_form_keeps_typed_values_and_marks_the_conflict(size):
 # 2 ------------------------------------------------------------------------------------------
 @SIZES
 @pilot_test
-async def test_2_autofit_follows_the_draft_and_never_touches_model_or_hardware(size):
+async def test_autofit_follows_the_draft_and_never_touches_model_or_hardware(size):
     app = make_app(Draft({"model": {"id": "meta-llama/Llama-3.1-8B"}, "hardware": EIGHT_A100,
                           "memory": {"distributed": "ddp"}}))
     async with app.run_test(size=size) as pilot:
@@ -141,7 +141,7 @@ async def test_2_autofit_follows_the_draft_and_never_touches_model_or_hardware(s
 # 3 ------------------------------------------------------------------------------------------
 @SIZES
 @pilot_test
-async def test_3_after_autofit_defaults_stay_implicit(size):
+async def test_after_autofit_defaults_stay_implicit(size):
     app = make_app(Draft(EIGHT_B_ON_A_4090))
     async with app.run_test(size=size) as pilot:
         app.switch_mode("method")
@@ -167,7 +167,7 @@ async def test_3_after_autofit_defaults_stay_implicit(size):
 # 4 ------------------------------------------------------------------------------------------
 @SIZES
 @pilot_test
-async def test_4_the_verdict_names_what_is_short_and_the_advice_has_its_field(size):
+async def test_the_verdict_names_what_is_short_and_the_advice_has_its_field(size):
     app = make_app(Draft({"model": {"id": "meta-llama/Llama-3.1-70B"}, "hardware": EIGHT_A100,
                           "memory": {"distributed": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu",
                                      "offload_params": "cpu"}}))
@@ -191,7 +191,7 @@ async def test_4_the_verdict_names_what_is_short_and_the_advice_has_its_field(si
 # 5 ------------------------------------------------------------------------------------------
 @SIZES
 @pilot_test
-async def test_5_refused_choices_look_refused_and_every_reason_can_be_read(size):
+async def test_refused_choices_look_refused_and_every_reason_can_be_read(size):
     app = make_app()
     async with app.run_test(size=size) as pilot:
         app.switch_mode("method")
@@ -218,7 +218,7 @@ async def test_5_refused_choices_look_refused_and_every_reason_can_be_read(size)
 # 6 ------------------------------------------------------------------------------------------
 @SIZES
 @pilot_test
-async def test_6_save_as_follows_the_recipe_and_the_question_is_whole(size, in_tmp):
+async def test_save_as_follows_the_recipe_and_the_question_is_whole(size, in_tmp):
     app = make_app()
     async with app.run_test(size=size) as pilot:
         starts = app.screen.query_one("#actions", OptionList)
@@ -251,7 +251,7 @@ async def test_6_save_as_follows_the_recipe_and_the_question_is_whole(size, in_t
 # 7 ------------------------------------------------------------------------------------------
 @SIZES
 @pilot_test
-async def test_7_every_option_and_autofit_fit_the_terminal(size):
+async def test_every_option_and_autofit_fit_the_terminal(size):
     app = make_app(Draft(EIGHT_B_ON_A_4090))
     async with app.run_test(size=size) as pilot:
         await settle(pilot)
@@ -289,7 +289,7 @@ TQDM_AND_DICTS = ["Loading weights:  50%|█████     | 19/38 [00:00<00:0
 
 @SIZES
 @pilot_test
-async def test_8_the_run_screen_shows_events_not_noise(size, in_tmp):
+async def test_the_run_screen_shows_events_not_noise(size, in_tmp):
     app = make_app(demo_draft())
     async with app.run_test(size=size) as pilot:
         app.switch_mode("run")
@@ -306,7 +306,11 @@ async def test_8_the_run_screen_shows_events_not_noise(size, in_tmp):
         await wait_until(pilot, lambda: "ETA 7 s" in shown(app, "#run-status"))  # counted down from the event
         assert not app.screen.query_one("#loss", Sparkline).display  # one point is not a chart
         assert "first logged step" in shown(app, "#loss-line")
-        logged = [line.text for line in app.screen.query_one("#log", RichLog).lines]
+
+        def logged() -> list[str]:
+            return [line.text for line in app.screen.query_one("#log", RichLog).lines]
+        await wait_until(pilot, lambda: "step 1/12  loss 4.6000  eta 12s" in " ".join(logged()))
+        logged = logged()
         assert not any("it/s" in line or "{'loss'" in line for line in logged)
         assert "data: 190 training and 10 held-out instruction samples" in " ".join(logged)
         assert "step 1/12  loss 4.6000  eta 12s" in " ".join(logged)
@@ -319,7 +323,7 @@ async def test_8_the_run_screen_shows_events_not_noise(size, in_tmp):
 # 9 ------------------------------------------------------------------------------------------
 @SIZES
 @pilot_test
-async def test_9_chat_with_a_finished_run_one_line_per_speaker(size, in_tmp, demo_model_path):
+async def test_chat_with_a_finished_run_one_line_per_speaker(size, in_tmp, demo_model_path):
     run = in_tmp / "runs" / "demo"
     shutil.copytree(demo_model_path, run / "final")
     recipe = demo_draft({"output.dir": str(run), "inference.max_new_tokens": 6}).recipe
@@ -353,7 +357,7 @@ async def test_9_chat_with_a_finished_run_one_line_per_speaker(size, in_tmp, dem
 # 10 -----------------------------------------------------------------------------------------
 @SIZES
 @pilot_test
-async def test_10_lists_take_tab_then_enter_and_search_by_size(size):
+async def test_lists_take_tab_then_enter_and_search_by_size(size):
     app = make_app()
     async with app.run_test(size=size) as pilot:
         await pilot.press("enter")  # New recipe: the Model screen
@@ -382,7 +386,7 @@ async def test_10_lists_take_tab_then_enter_and_search_by_size(size):
 # 11 -----------------------------------------------------------------------------------------
 @SIZES
 @pilot_test
-async def test_11_the_preview_of_a_model_not_on_this_machine_fails_at_once(size):
+async def test_the_preview_of_a_model_not_on_this_machine_fails_at_once(size):
     app = make_app(demo_draft({"model.id": "someorg/not-downloaded"}))
     async with app.run_test(size=size) as pilot:
         app.switch_mode("data")
@@ -394,7 +398,7 @@ async def test_11_the_preview_of_a_model_not_on_this_machine_fails_at_once(size)
 # 12 -----------------------------------------------------------------------------------------
 @SIZES
 @pilot_test
-async def test_12_the_small_things(size):
+async def test_the_plan_counts_gpus_once_fits_once_keeps_host_ram_and_opens_help(size):
     app = make_app(Draft({"hardware": {"gpus_per_machine": 8, "gpu": "A100-40GB"}, "memory": {"distributed": "ddp"}}))
     async with app.run_test(size=size) as pilot:
         app.switch_mode("method")
@@ -422,7 +426,7 @@ async def test_12_the_small_things(size):
 
 @SIZES
 @pilot_test
-async def test_12_an_offload_bar_without_a_known_capacity_says_so(size):
+async def test_an_offload_bar_without_a_known_capacity_says_so(size):
     app = make_app(Draft({"model": {"id": "meta-llama/Llama-3.1-8B"}, "hardware": {"gpus_per_machine": 1, "gpu": "RTX4090"},
                           "memory": {"distributed": "deepspeed", "zero_stage": 2, "offload_optimizer": "cpu",
                                      "gradient_checkpointing": True}}))

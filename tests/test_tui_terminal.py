@@ -15,7 +15,7 @@ import yaml
 from conftest import REPO
 from tuner.recipe.registry import builtin_names, builtin_path
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
 
 
 class Tmux:
