@@ -14,7 +14,7 @@ from tuner.catalog.hub import HUB_ID
 from tuner.fileio import user_path
 from tuner.loading.demo_model import builtin_model_path
 from tuner.recipe.adapters import lora_config
-from tuner.recipe.checks import remote_code_problem
+from tuner.recipe.model_checks import remote_code_problem
 from tuner.recipe.schema import Recipe
 
 log = logging.getLogger("tuner")
