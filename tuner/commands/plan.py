@@ -73,7 +73,8 @@ def load_plan_recipe(args):
 
 def _adapts_fused_experts(model_id: str) -> bool:
     """Whether all-linear makes PEFT adapt the model's fused experts as parameters (lora.ParamWrapper)."""
-    from tuner.catalog.models import UnknownModelError, model_facts
+    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.models import model_facts
 
     try:
         return model_facts(model_id).adapts_parameters("all-linear")
@@ -82,8 +83,8 @@ def _adapts_fused_experts(model_id: str) -> bool:
 
 
 def run(args) -> int:
+    from tuner.catalog.facts import UnknownModelError
     from tuner.catalog.hub import HubError
-    from tuner.catalog.models import UnknownModelError
     from tuner.recipe.io import RecipeError
 
     recipe = load_plan_recipe(args)

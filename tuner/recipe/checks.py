@@ -167,7 +167,8 @@ def _lora_targets(recipe: Recipe) -> list[Problem]:
     lora = recipe.method.lora
     if recipe.method.kind == "full":
         return []
-    from tuner.catalog.models import UnknownModelError, model_facts
+    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.models import model_facts
 
     try:
         facts = model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code)
@@ -339,7 +340,8 @@ def _heads_divisible(recipe: Recipe) -> list[Problem]:
     par = recipe.parallelism
     if par.tp == 1 and par.sp == 1:
         return []
-    from tuner.catalog.models import UnknownModelError, model_facts
+    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.models import model_facts
 
     try:
         facts = model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code)
