@@ -6,6 +6,7 @@ Exit code 0 when the plan (or, with --advise, the best advice) fits, 1 when noth
 """
 from __future__ import annotations
 
+from tuner.catalog.demo import DEMO_MODEL_ID
 from tuner.commands._recipe_args import add_recipe_arguments
 from tuner.commands._types import gpus, recipe_field
 
@@ -16,7 +17,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("plan", help="predict GPU memory per device; --advise finds the cheapest plan that fits")
     add_recipe_arguments(parser, required=False)
     adhoc = parser.add_argument_group("ad hoc planning (each flag is a recipe override)")
-    adhoc.add_argument("--model", help="model.id: hub id, local directory or builtin:demo")
+    adhoc.add_argument("--model", help=f"model.id: hub id, local directory or {DEMO_MODEL_ID}")
     adhoc.add_argument("--gpus", type=gpus, help="hardware: N x GPU type, e.g. 8xA100-80GB, 1xRTX4090 or 2x48GB")
     adhoc.add_argument("--seq", type=recipe_field("memory.max_seq_length"), help="memory.max_seq_length")
     adhoc.add_argument("--batch", type=recipe_field("memory.micro_batch_size"), help="memory.micro_batch_size")
