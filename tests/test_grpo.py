@@ -166,7 +166,7 @@ def test_reverse_run_prompts_are_words_no_other_builtin_source_holds():
 # -- rewards --------------------------------------------------------------------------------------------------------
 
 def reward_section(**fields):
-    from tuner.recipe.schema import RewardSection
+    from tuner.recipe.objective import RewardSection
 
     return RewardSection(**fields)
 

@@ -6,7 +6,8 @@ import argparse
 import pytest
 from rich.console import Console
 
-from tuner.catalog.models import facts_from_config, model_facts
+from tuner.catalog.facts import facts_from_config
+from tuner.catalog.models import model_facts
 from tuner.commands._types import memory_budget
 from tuner.infer.placement import (
     GIB,

@@ -13,7 +13,7 @@ from tui_helpers import SIZE, make_app, pilot_test, settle, wait_until
 from tuner.launch.run import prepare_run
 from tuner.planner.advisor import change_label
 from tuner.recipe.io import load_recipe
-from tuner.recipe.schema import OBJECTIVE_DATA
+from tuner.recipe.objective import OBJECTIVE_DATA
 from tuner.tui.draft import Draft, field_value, schema_values
 from tuner.tui.screens.method import OBJECTIVES
 from tuner.tui.screens.confirm import ConfirmScreen

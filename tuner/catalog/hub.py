@@ -15,7 +15,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from tuner.catalog.model_config import MAX_CONFIG_BYTES
-from tuner.catalog.models import UnknownModelError
+from tuner.catalog.facts import UnknownModelError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # 'name' or 'org/name'
 CONFIG_FILE = "config.json"

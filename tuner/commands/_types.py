@@ -95,7 +95,7 @@ def gpus(text: str) -> tuple[int, str]:
 
 def host(text: str) -> str:
     """An IP address or a host name to listen on (what hardware.main_process_ip accepts)."""
-    from tuner.recipe.schema import is_host
+    from tuner.recipe.section import is_host
 
     if not is_host(text):
         raise argparse.ArgumentTypeError(f"must be a host name or an IP address, e.g. 127.0.0.1 or 0.0.0.0 (got {text!r})")

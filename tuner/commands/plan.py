@@ -6,6 +6,7 @@ Exit code 0 when the plan (or, with --advise, the best advice) fits, 1 when noth
 """
 from __future__ import annotations
 
+from tuner.catalog.demo import DEMO_MODEL_ID
 from tuner.commands._recipe_args import add_recipe_arguments
 from tuner.commands._types import gpus, recipe_field
 
@@ -16,7 +17,7 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser("plan", help="predict GPU memory per device; --advise finds the cheapest plan that fits")
     add_recipe_arguments(parser, required=False)
     adhoc = parser.add_argument_group("ad hoc planning (each flag is a recipe override)")
-    adhoc.add_argument("--model", help="model.id: hub id, local directory or builtin:demo")
+    adhoc.add_argument("--model", help=f"model.id: hub id, local directory or {DEMO_MODEL_ID}")
     adhoc.add_argument("--gpus", type=gpus, help="hardware: N x GPU type, e.g. 8xA100-80GB, 1xRTX4090 or 2x48GB")
     adhoc.add_argument("--seq", type=recipe_field("memory.max_seq_length"), help="memory.max_seq_length")
     adhoc.add_argument("--batch", type=recipe_field("memory.micro_batch_size"), help="memory.micro_batch_size")
@@ -73,7 +74,8 @@ def load_plan_recipe(args):
 
 def _adapts_fused_experts(model_id: str) -> bool:
     """Whether all-linear makes PEFT adapt the model's fused experts as parameters (lora.ParamWrapper)."""
-    from tuner.catalog.models import UnknownModelError, model_facts
+    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.models import model_facts
 
     try:
         return model_facts(model_id).adapts_parameters("all-linear")
@@ -82,8 +84,8 @@ def _adapts_fused_experts(model_id: str) -> bool:
 
 
 def run(args) -> int:
+    from tuner.catalog.facts import UnknownModelError
     from tuner.catalog.hub import HubError
-    from tuner.catalog.models import UnknownModelError
     from tuner.recipe.io import RecipeError
 
     recipe = load_plan_recipe(args)

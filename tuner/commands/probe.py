@@ -80,7 +80,7 @@ def probe_and_report(recipe, *, steps: int | None, force: bool) -> int:
 
 
 def planned(recipe):
-    from tuner.catalog.models import UnknownModelError
+    from tuner.catalog.facts import UnknownModelError
     from tuner.planner import plan
     from tuner.recipe.io import RecipeError
 

@@ -27,7 +27,7 @@ from tuner.data.preference import PREFERENCE_COLUMNS, preference_problem
 from tuner.data.prompts import PROMPT_COLUMNS, prompt_problem
 from tuner.data.sources import DataError, Samples, load_split
 from tuner.home import tuner_home
-from tuner.recipe.checks import OBJECTIVE_FORMATS
+from tuner.recipe.objective_checks import OBJECTIVE_FORMATS
 from tuner.recipe.schema import STREAM_SHUFFLE_BUFFER, Recipe
 
 log = logging.getLogger("tuner")

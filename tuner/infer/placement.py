@@ -17,7 +17,7 @@ CPU = "cpu"
 def kv_cache_bytes(facts, batch: int, context: int, bytes_per_value: int, layers: int | None = None) -> int:
     """Keys and values of every token: 2 · layers · kv_heads · head_dim · bytes · batch · context.
 
-    ``facts`` is the planner's :class:`~tuner.catalog.models.ModelFacts` (num_layers, num_kv_heads, head_dim);
+    ``facts`` is the planner's :class:`~tuner.catalog.facts.ModelFacts` (num_layers, num_kv_heads, head_dim);
     ``layers`` counts only some of the layers (those computing on one device).
     """
     layers = facts.num_layers if layers is None else layers
@@ -210,7 +210,7 @@ def placement_of(model, batch: int, context: int, max_memory: dict[int | str, in
     ``facts``: the planner's model facts for the model (tuner.catalog.models.model_facts); without them they
     are read from the loaded model's config through the same function.
     """
-    from tuner.catalog.models import facts_from_config
+    from tuner.catalog.facts import facts_from_config
 
     device_map = getattr(model, "hf_device_map", None) or {"": _device_key(model.device)}
     tensors = dict(model.named_parameters())
@@ -331,7 +331,7 @@ def tensor_parallel_placement(model, held: list[tuple[str, int, int, int | None]
     """The placement of a tensor-parallel model from rank 0's model and what every rank holds
     (``held[rank]``: device, split bytes, replicated bytes, budget); k_proj and v_proj split the KV heads, so
     each rank keeps 1/tp of the KV cache."""
-    from tuner.catalog.models import facts_from_config
+    from tuner.catalog.facts import facts_from_config
 
     facts = facts or facts_from_config(model.config.to_dict(), model.name_or_path, "the model config")
     kv = kv_cache_bytes(facts, batch, context, _kv_bytes_per_value(model)) // len(held)

@@ -14,7 +14,7 @@ from tuner.catalog.hub import HUB_ID
 from tuner.fileio import user_path
 from tuner.loading.demo_model import builtin_model_path
 from tuner.recipe.adapters import lora_config
-from tuner.recipe.checks import remote_code_problem
+from tuner.recipe.model_checks import remote_code_problem
 from tuner.recipe.schema import Recipe
 
 log = logging.getLogger("tuner")
@@ -102,7 +102,8 @@ def choose_attention(requested: str, model_type: str | None = None) -> tuple[str
 def model_type_of(recipe: Recipe, source: str) -> str | None:
     """The model_type of the model loaded from ``source`` (its config.json, the catalog or the hub cache); None
     where tuner cannot read it before loading (transformers then meets its own checks)."""
-    from tuner.catalog.models import UnknownModelError, model_facts
+    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.models import model_facts
 
     model_id = recipe.model.id if source == resolve_model_path(recipe.model.id) else source
     try:

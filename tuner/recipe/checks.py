@@ -5,18 +5,11 @@ conflict is reported at that field's line rather than at the top of the file.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tuner.catalog.gpus import AmbiguousGpuError, known_gpu_names, lookup_gpu
-from tuner.catalog.models import custom_code
-from tuner.recipe.schema import GRPO_LOSS_TYPES, LOSS_TYPES, OBJECTIVE_DATA, Recipe
-
-
-@dataclass(frozen=True)
-class Problem:
-    field: str
-    message: str
-    anchor: str | None = None  # key whose line to show when ``field`` itself is not in the file
+from tuner.recipe.model_checks import _loads, _model
+from tuner.recipe.objective_checks import _grpo, _objective, _streaming
+from tuner.recipe.problem import Problem
+from tuner.recipe.schema import Recipe
 
 
 def _topology(recipe: Recipe) -> list[Problem]:
@@ -174,7 +167,8 @@ def _lora_targets(recipe: Recipe) -> list[Problem]:
     lora = recipe.method.lora
     if recipe.method.kind == "full":
         return []
-    from tuner.catalog.models import UnknownModelError, model_facts
+    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.models import model_facts
 
     try:
         facts = model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code)
@@ -346,7 +340,8 @@ def _heads_divisible(recipe: Recipe) -> list[Problem]:
     par = recipe.parallelism
     if par.tp == 1 and par.sp == 1:
         return []
-    from tuner.catalog.models import UnknownModelError, model_facts
+    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.models import model_facts
 
     try:
         facts = model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code)
@@ -366,252 +361,6 @@ def _heads_divisible(recipe: Recipe) -> list[Problem]:
             f"{facts.num_kv_heads} KV heads.", anchor="parallelism"))
     return problems
 
-
-def _known_facts(recipe: Recipe):
-    """The model's facts (catalog, local files, hub cache), or None when tuner has none or the model ships its own
-    code (whose classes transformers' table does not describe)."""
-    from tuner.catalog.models import UnknownModelError, model_facts
-
-    if custom_code(recipe.model.id, recipe.model.revision):
-        return None
-    try:
-        return model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code)
-    except UnknownModelError:
-        return None  # the plan says the model is unknown; the loader meets transformers' own checks
-
-
-def _loads(recipe: Recipe) -> list[Problem]:
-    """What transformers and PEFT refuse when this model loads or is wrapped, refused first, in their words: an
-    attention implementation the model class does not support (transformers' ``_supports_sdpa`` /
-    ``_supports_flash_attn``, from :mod:`tuner.catalog.model_classes`), and for qlora a ``modules_to_save`` layer
-    bitsandbytes quantises (its copy cannot train).  LoRA dropout on fused experts, which PEFT refuses, is
-    :func:`_lora_targets`' check."""
-    facts = _known_facts(recipe)
-    if facts is None:
-        return []
-    from tuner.catalog.model_classes import model_class
-
-    problems = []
-    attention, cls = recipe.memory.attention, model_class(facts.model_type)
-    if cls is not None and not cls.supports(attention):
-        fallback = "sdpa" if attention == "flash" and cls.sdpa else "eager"
-        problems.append(Problem(
-            "memory.attention", f"transformers {cls.transformers_version} refuses attention {attention} for "
-            f"{cls.name} ({recipe.model.id}): \"{cls.refusals.get(attention, '')}\" Set attention: {fallback}, or "
-            f"auto (flash-attention where flash-attn is installed and {cls.name} supports it, else "
-            f"{'sdpa' if cls.sdpa else 'eager'})."))
-    if recipe.memory.chunked_loss and facts.final_logit_softcapping:
-        problems.append(Problem(
-            "memory.chunked_loss", f"{recipe.model.id} soft-caps its logits (final_logit_softcapping "
-            f"{facts.final_logit_softcapping:g}), which the chunked loss cannot do: set chunked_loss: false."))
-    lora = recipe.method.lora
-    if recipe.method.kind == "qlora" and lora.modules_to_save:
-        # bitsandbytes quantises the decoder layers' nn.Linear maps (lm_head and embeddings stay in model.dtype)
-        quantised = sorted({lin.name.split(".")[-1] for kind in facts.layer_kinds for lin in kind.linears
-                            if lin.quantized and any(lin.name == name or lin.name.endswith("." + name)
-                                                     or lin.name.split(".")[-1] == name
-                                                     for name in lora.modules_to_save)})
-        if quantised:
-            bits = recipe.method.quantization.bits if recipe.method.quantization else 4
-            problems.append(Problem(
-                "method.lora.modules_to_save", f"bitsandbytes quantises {', '.join(quantised)} of {recipe.model.id} "
-                f"to {bits}-bit, and PEFT's trained copy of a quantised layer cannot take gradients: \"only Tensors "
-                "of floating point dtype can require gradients\" Adapt it with target_modules instead, keep "
-                "modules_to_save to unquantised modules (lm_head, embed_tokens, norms), or set method.kind: lora."))
-    return problems
-
-
-def remote_code_problem(model_id: str, revision: str | None, trust_remote_code: bool) -> str | None:
-    """Why a model cannot be loaded as the recipe stands: it ships code (config.json's auto_map) the recipe does not
-    allow to run.  Read from a local folder or the Hugging Face cache, before anything runs it."""
-    classes = custom_code(model_id, revision)
-    if not classes or trust_remote_code:
-        return None
-    return (f"{model_id} ships its own Python code ({', '.join(classes)}), which runs on every rank when the model "
-            "loads; set model.trust_remote_code: true if you trust its author (and pin model.revision to a commit "
-            "you reviewed), or use a model without custom code.")
-
-
-def _model(recipe: Recipe) -> list[Problem]:
-    model = recipe.model
-    problem = remote_code_problem(model.id, model.revision, model.trust_remote_code)
-    problems = [Problem("model.trust_remote_code", problem, anchor="model.id")] if problem else []
-    damaged = model_config_problem(model.id)
-    return problems + ([Problem("model.id", damaged)] if damaged else [])
-
-
-def model_config_problem(model_id: str) -> str | None:
-    """What is wrong with a local model folder's config.json (not a mapping, impossible sizes, too deep), named
-    with the file and the key; None when it is sound or model.id is not a local folder."""
-    from pathlib import Path
-
-    from tuner.catalog.model_config import ModelConfigError, read_config
-
-    try:
-        config_file = Path(model_id).expanduser() / "config.json"
-        if not config_file.is_file():
-            return None
-    except (OSError, RuntimeError, ValueError):  # a name the filesystem cannot hold: not a folder
-        return None
-    try:
-        read_config(config_file)
-    except ModelConfigError as exc:
-        return str(exc)
-    return None
-
-
-# the data layouts each objective reads (auto detects among them), from the schema
-OBJECTIVE_FORMATS = {kind: data.formats for kind, data in OBJECTIVE_DATA.items()}
-
-
-def _objective(recipe: Recipe) -> list[Problem]:
-    objective, data = recipe.objective, recipe.data
-    kind = objective.kind
-    problems = []
-    if data.format != "auto" and data.format not in OBJECTIVE_FORMATS[kind]:
-        wanted = " or ".join(OBJECTIVE_FORMATS[kind])
-        owner = next(name for name, formats in OBJECTIVE_FORMATS.items() if data.format in formats)
-        problems.append(Problem(
-            "data.format", f"objective {kind} reads {wanted} data, not {data.format}: set data.format to {wanted} "
-                           f"(or auto), or set objective.kind: {owner}."))
-    if not objective.preference:
-        if objective.loss_type is not None and kind == "sft":
-            problems.append(Problem(
-                "objective.loss_type", "loss_type is a dpo/kto/grpo setting: remove it, or set objective.kind: dpo, "
-                                       "kto or grpo."))
-        return problems
-    if objective.beta == 0:
-        problems.append(Problem("objective.beta", f"{kind} measures how far the policy moved from the reference "
-                                                  f"with beta: set it above 0 (e.g. 0.1)."))
-    if objective.loss_type not in LOSS_TYPES[kind]:
-        problems.append(Problem(
-            "objective.loss_type",
-            f"{objective.loss_type} is not a {kind} loss; use one of {', '.join(LOSS_TYPES[kind])}."))
-    if objective.loss_type == "exo_pair" and objective.label_smoothing == 0:
-        problems.append(Problem("objective.label_smoothing", "exo_pair needs label_smoothing above 0 (the EXO paper uses 1e-3).",
-                                anchor="objective.loss_type"))
-    if objective.sft_weight and kind != "dpo":
-        problems.append(Problem("objective.sft_weight", "sft_weight adds the chosen answers' NLL to a dpo loss; "
-                                                        "remove it, or set objective.kind: dpo."))
-    if kind == "kto" and objective.loss_type == "kto" and recipe.memory.micro_batch_size < 2:
-        problems.append(Problem(
-            "memory.micro_batch_size",
-            "KTO estimates its KL term from the other samples of a micro-batch: set micro_batch_size to 2 or more "
-            "(or loss_type: apo_zero_unpaired, which has no KL term).", anchor="objective.kind"))
-    if data.packing:
-        problems.append(Problem(
-            "data.packing", f"{kind} pads each micro-batch (TRL 1.16 turns padding_free off): set packing: false."))
-    if data.train_on_prompt:
-        problems.append(Problem(
-            "data.train_on_prompt", f"{kind} compares the completions only: set train_on_prompt: false."))
-    return problems
-
-
-def _streaming(recipe: Recipe) -> list[Problem]:
-    """A stream (data.streaming) has no length: nothing can be counted, split off or prepared whole up front."""
-    data = recipe.data
-    if not data.streaming:
-        return []
-    problems = []
-    if recipe.training.max_steps is None:
-        problems.append(Problem(
-            "training.max_steps", "a stream has no length, so epochs cannot be counted: set max_steps (optimizer "
-            "steps to train for), or data.streaming: false.", anchor="data.streaming"))
-    if data.eval_fraction > 0:
-        problems.append(Problem(
-            "data.eval_fraction", "a stream has no length to hold a fraction of out: set eval_fraction: 0, or "
-            "data.streaming: false to evaluate on held-out samples.", anchor="data.streaming"))
-    if data.num_proc and data.num_proc > 1:
-        problems.append(Problem(
-            "data.num_proc", "a stream is tokenised by each rank as training reads it, not by a pool of processes "
-            "up front: remove num_proc, or set data.streaming: false.", anchor="data.streaming"))
-    if recipe.parallelism.model_parallel > 1:
-        problems.append(Problem(
-            "data.streaming", "a stream is read by each rank for its own batches (tested with data parallelism), but "
-            "tensor-, context- and sequence-parallel ranks must share theirs: set streaming: false, or tp, cp and sp "
-            "to 1."))
-    if recipe.objective.preference:
-        problems.append(Problem(
-            "data.streaming", f"{recipe.objective.kind} trains on a dataset TRL's trainer tokenises whole before the "
-            "first step, not on a stream: set streaming: false, or objective.kind: sft."))
-    return problems
-
-
-DPO_KTO_FIELDS = {"label_smoothing": 0.0, "sft_weight": 0.0, "precompute_ref_log_probs": False,
-                  "desirable_weight": 1.0, "undesirable_weight": 1.0}  # and their defaults
-
-
-def _grpo(recipe: Recipe) -> list[Problem]:
-    """grpo's sizes (whole groups in every generation round, prompt + completion within the planned length), its
-    rewards, its generation backend, and the settings of other objectives or tactics it cannot use."""
-    from tuner.recipe.rewards import reward_problems
-
-    objective, mem, data = recipe.objective, recipe.memory, recipe.data
-    if objective.kind != "grpo":
-        return [Problem("objective.grpo", "objective.grpo holds grpo settings: remove it, or set objective.kind: "
-                                          "grpo.")] if objective.grpo is not None else []
-    grpo, problems = objective.grpo, []
-    for field, default in DPO_KTO_FIELDS.items():
-        if getattr(objective, field) != default:
-            problems.append(Problem(f"objective.{field}", f"{field} is a dpo/kto setting: remove it, or set "
-                                                          "objective.kind: dpo or kto."))
-    if objective.loss_type not in GRPO_LOSS_TYPES:
-        problems.append(Problem("objective.loss_type", f"{objective.loss_type} is not a grpo loss; use one of "
-                                                       f"{', '.join(GRPO_LOSS_TYPES)}."))
-    prompt, completion = grpo.max_prompt_length, grpo.max_completion_length
-    if prompt + completion > mem.max_seq_length:
-        problems.append(Problem(
-            "objective.grpo.max_completion_length", f"max_prompt_length + max_completion_length = {prompt} + "
-            f"{completion} = {prompt + completion} tokens, more than memory.max_seq_length ({mem.max_seq_length}), "
-            "which the memory plan is made for: lower one of them, or raise max_seq_length.",
-            anchor="objective.grpo"))
-    groups, ranks = grpo.num_generations, recipe.data_parallel
-    round_size = mem.micro_batch_size * ranks * grpo.steps_per_generation
-    if round_size % groups:
-        problems.append(Problem(
-            "objective.grpo.num_generations", f"a generation round samples micro_batch_size x data-parallel ranks x "
-            f"steps_per_generation = {mem.micro_batch_size} x {ranks} x {grpo.steps_per_generation} = {round_size} "
-            f"completions, which must be whole groups of num_generations ({groups}): make num_generations divide "
-            f"{round_size}, or change micro_batch_size or steps_per_generation.", anchor="objective.grpo"))
-    elif data.eval_fraction > 0 and (mem.micro_batch_size * ranks) % groups:
-        problems.append(Problem(
-            "memory.micro_batch_size", f"evaluation samples micro_batch_size x data-parallel ranks = "
-            f"{mem.micro_batch_size * ranks} completions at a time, which must be whole groups of num_generations "
-            f"({groups}): make it a multiple of {groups}, or set data.eval_fraction: 0.", anchor="objective.grpo"))
-    if not grpo.rewards:
-        problems.append(Problem("objective.grpo.rewards", "grpo scores completions with rewards: add at least one, "
-                                                          "e.g. rewards: [{kind: exact_match, column: answer}].",
-                                anchor="objective.grpo"))
-    for index, reward in enumerate(grpo.rewards):
-        for field, message in reward_problems(reward):
-            problems.append(Problem(f"objective.grpo.rewards.{index}.{field}", message,
-                                    anchor=f"objective.grpo.rewards.{index}"))
-        if reward.kind == "model":
-            problem = remote_code_problem(reward.model, None, recipe.model.trust_remote_code)
-            if problem:
-                problems.append(Problem(f"objective.grpo.rewards.{index}.model", problem))
-    vllm = grpo.generation != "transformers"
-    if vllm and not recipe.uses_gpu:
-        problems.append(Problem("objective.grpo.generation", f"{grpo.generation} runs vLLM, which needs CUDA GPUs: "
-                                                             "set hardware.gpus_per_machine, or generation: "
-                                                             "transformers."))
-    if grpo.vllm_sleep_mode and grpo.generation != "vllm_colocate":
-        problems.append(Problem("objective.grpo.vllm_sleep_mode", "sleep mode frees the GPU memory of a vLLM engine "
-                                                                  "inside the training process: set generation: "
-                                                                  "vllm_colocate, or vllm_sleep_mode: false."))
-    for field, why in (("packing", "pads its completions (TRL's GRPOTrainer packs nothing)"),
-                       ("train_on_prompt", "learns from its completions only"),
-                       ("streaming", "samples its prompts from a dataset TRL indexes (its RepeatSampler)")):
-        if getattr(data, field):
-            problems.append(Problem(f"data.{field}", f"grpo {why}: set {field}: false."))
-    if recipe.parallelism.model_parallel > 1:
-        problems.append(Problem("parallelism", "grpo is trained with data parallelism here: TRL 1.16's GRPOTrainer "
-                                               "refuses cp and sp, and tp is not tested with it: set tp, cp and sp "
-                                               "to 1."))
-    if mem.chunked_loss:
-        problems.append(Problem("memory.chunked_loss", "TRL's fused log-prob head already builds no full logits for "
-                                                       "grpo: set chunked_loss: false."))
-    return problems
 
 
 RULES = (_model, _topology, _sharding, _parallelism, _method, _lora_targets, _loads, _precision, _training,

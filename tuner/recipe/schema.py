@@ -6,91 +6,18 @@ fields live in :mod:`tuner.recipe.checks` so each can name the field to change.
 """
 from __future__ import annotations
 
-import ipaddress
-import re
-import typing
-import unicodedata
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tuner.catalog.demo import DEMO_MODEL_ID, DEMO_MOE_MODEL_ID
+from tuner.recipe.objective import DPO_DEFAULT_BETA, TRL_LOSS_TYPES, GrpoSection, ObjectiveSection
+from tuner.recipe.section import Section, is_host
 
 SCHEMA_VERSION = 1
 # Experiment trackers the Trainer reports to (its own integrations); each is also the name of tuner's pip extra.
 Tracker = Literal["tensorboard", "mlflow", "wandb", "trackio"]
 TRACKERS: tuple[str, ...] = get_args(Tracker)
-
-_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
-_ZONE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-
-
-def _admits_only_numbers(annotation) -> bool:
-    """int/float fields and Literal[0, 1, ...]: where YAML's true/false would silently read as 1/0."""
-    if annotation in (int, float):
-        return True
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is Literal:
-        return all(isinstance(arg, (int, float)) and not isinstance(arg, bool) for arg in args)
-    if args and origin is not list:  # a union: numbers (or none) only
-        return any(_admits_only_numbers(arg) for arg in args) and all(
-            arg is type(None) or _admits_only_numbers(arg) for arg in args)
-    return False
-
-
-MAX_NAME_BYTES = 255  # one file or folder name (every text may become part of a path)
-_NOT_TEXT = {"Cc": "a control character", "Cs": "a byte that is not UTF-8"}  # unicodedata categories
-
-
-def not_text(text: str) -> str | None:
-    """What in ``text`` cannot be one line of text -- a control character (newline, tab, NUL, ESC, ...) or a lone
-    surrogate (a byte that was not UTF-8, or a YAML "\\ud800") -- escaped for a message; None when nothing."""
-    for character in text:
-        kind = _NOT_TEXT.get(unicodedata.category(character))
-        if kind:
-            return f"{kind} ({ascii(character)[1:-1]})"
-    return None
-
-
-def is_host(text: str) -> bool:
-    """An IPv4/IPv6 address or a DNS host name (RFC 1123 labels): nothing a shell or a URL would read twice."""
-    address, _, zone = text.partition("%")  # an IPv6 zone (fe80::1%eth0) names an interface, nothing more
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        ip = None
-    if ip is not None:
-        return not zone or (ip.version == 6 and bool(_ZONE.match(zone)))
-    return len(text) <= 253 and all(_HOST_LABEL.match(label) for label in text.removesuffix(".").split("."))
-
-
-class Section(BaseModel):
-    """Base for every recipe section: unknown keys are errors, assignments are validated; true/false are not
-    numbers, every number is finite (an infinite weight decay trains to nan and still "finishes"), and no text holds
-    a control character (every value may end up in a script, a path or a log line)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _booleans_are_not_numbers(cls, value, info: ValidationInfo):
-        if isinstance(value, bool) and _admits_only_numbers(cls.model_fields[info.field_name].annotation):
-            raise ValueError(f"must be a number, not {str(value).lower()}")
-        return value
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _one_line_of_text(cls, value):
-        for text in (value if isinstance(value, list) else [value]):
-            if not isinstance(text, str):
-                continue
-            found = not_text(text)
-            if found:
-                raise ValueError(f"contains {found}; remove it (names and paths are one line of text)")
-            if any(len(part.encode()) > MAX_NAME_BYTES for part in text.split("/")):
-                raise ValueError(f"has a part longer than {MAX_NAME_BYTES} bytes between slashes; a file system "
-                                 "allows no longer file name: shorten it")
-        return value
 
 
 class ModelSection(Section):
@@ -309,150 +236,6 @@ class ParallelismSection(Section):
         """Ranks that work on one batch together (tp x cp x sp); 1 when only data is parallel."""
         return self.tp * self.cp * self.sp
 
-
-# TRL 1.16's loss variants, per trainer (DPOConfig.loss_type, KTOConfig.loss_type); "sft" is objective.sft_weight
-DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
-                  "aot_unpaired", "apo_zero", "apo_down", "discopop", "sigmoid_norm")
-KTO_LOSS_TYPES = ("kto", "apo_zero_unpaired")
-LOSS_TYPES = {"dpo": DPO_LOSS_TYPES, "kto": KTO_LOSS_TYPES}
-PREFERENCE_OBJECTIVES = tuple(LOSS_TYPES)  # objectives trained with a TRL trainer and a reference model
-# GRPOConfig.loss_type of TRL 1.16, its default (dapo) first: how the per-token losses of a batch are averaged
-GRPO_LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo")
-TRL_LOSS_TYPES = {**LOSS_TYPES, "grpo": GRPO_LOSS_TYPES}  # every objective with a loss_type, its default first
-DPO_DEFAULT_BETA = 0.1
-GENERATION_BACKENDS = ("transformers", "vllm_colocate", "vllm_server")
-REWARD_KINDS = ("exact_match", "regex_match", "format", "length", "function", "model")
-
-
-class RewardSection(Section):
-    kind: Literal[REWARD_KINDS] = Field(  # type: ignore[valid-type]
-        description="exact_match: 1 when the completion (stripped) equals the data column named by column, else 0. "
-        "regex_match: 1 when pattern is found in the completion and its first group (or the whole match) equals "
-        "the column, else 0. format: 1 when the whole completion matches pattern, else 0. length: a penalty of "
-        "-(completion tokens beyond target_tokens) / max_completion_length. function: your own Python function "
-        "(function: path/to/file.py:name, next to the recipe). model: a sequence-classification reward model "
-        "(model: its directory or hub id), scoring prompt + completion.")
-    weight: float = Field(1.0, ge=-1000, le=1000, description="Weight of this reward in the sum GRPO normalises.")
-    column: str | None = Field(
-        None, min_length=1, description="exact_match, regex_match: the data column holding each prompt's expected "
-        "answer (a reward input: preview shows it).")
-    pattern: str | None = Field(
-        None, min_length=1, description="regex_match: the regular expression that finds the answer in a completion "
-        "(its first group, if any, is the answer); format: the expression a whole completion must match.")
-    target_tokens: int | None = Field(
-        None, ge=0, description="length: completion tokens allowed before the penalty starts (default 0).")
-    function: str | None = Field(
-        None, min_length=1, description="function: path/to/file.py:name, the path relative to the recipe's folder. "
-        "The file is your own code: tuner imports it on every rank only because the recipe names it (never to "
-        "validate or plan). The function is called as TRL calls reward functions, fn(prompts=, completions=, "
-        "completion_ids=, **columns), and returns one number per completion.")
-    model: str | None = Field(
-        None, min_length=1, description="model: a sequence-classification checkpoint (one output, as TRL's reward "
-        "models), a local directory or a hub id in the local cache, loaded in model.dtype beside the policy.")
-
-
-class GrpoSection(Section):
-    num_generations: int = Field(
-        8, ge=2, le=1024, description="Completions sampled per prompt; their rewards are compared within the group "
-        "(the group's mean is the baseline). The global generation batch must hold whole groups.")
-    max_prompt_length: int | None = Field(
-        None, ge=1, description="Prompts longer than this many tokens are dropped (with a count in the log). "
-        "Default: max_seq_length - max_completion_length.")
-    max_completion_length: int | None = Field(
-        None, ge=1, description="Tokens generated per completion at most. Default: max_seq_length / 2, at most 512.")
-    steps_per_generation: int | None = Field(
-        None, ge=1, le=65536, description="Micro-batches trained on one generation round: each device generates "
-        "micro_batch_size x steps_per_generation completions at once. Default: gradient_accumulation_steps.")
-    importance_sampling_level: Literal["token", "sequence"] = Field(
-        "token", description="token: one importance ratio per token (GRPO); sequence: one per completion (GSPO).")
-    temperature: float = Field(1.0, gt=0, le=100, description="Sampling temperature of the completions.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling of the completions (1: off).")
-    generation: Literal[GENERATION_BACKENDS] = Field(  # type: ignore[valid-type]
-        "transformers", description="What samples the completions: transformers (the policy's own generate, on "
-        "every device: CPU and GPU); vllm_colocate (a vLLM engine inside each training process, sharing its GPU: "
-        "vllm_gpu_memory_utilization of it); vllm_server (a trl vllm-serve process on vllm_server_gpus more GPUs "
-        "of machine 0, started by launch.sh). vLLM needs GPUs and the vllm package.")
-    vllm_gpu_memory_utilization: float = Field(
-        0.3, gt=0, lt=1, description="vllm_colocate: the share of each GPU vLLM takes for its weights and KV cache; "
-        "vllm_server: the share of the server's GPUs.")
-    vllm_sleep_mode: bool = Field(
-        False, description="vllm_colocate: put vLLM to sleep during the training step (its weights to CPU RAM, its "
-        "KV cache freed), waking it for each generation round: less GPU memory, a transfer each way per round.")
-    vllm_server_gpus: int = Field(
-        1, ge=1, le=64, description="vllm_server: GPUs of machine 0 beyond gpus_per_machine that serve vLLM "
-        "(its tensor-parallel size).")
-    vllm_server_port: int = Field(8000, ge=1, le=65535, description="vllm_server: the server's port on machine 0.")
-    rewards: list[RewardSection] = Field(
-        default_factory=list, description="What each completion is scored by (at least one), summed with their "
-        "weights. A reward that raises, returns the wrong number of values or something not a number stops the "
-        "run, on every rank, naming the reward and the prompt.")
-
-
-class ObjectiveData(typing.NamedTuple):
-    """What an objective trains on: the data layouts it reads (data.format auto detects among them, the first when
-    it reads one) and a built-in data source to try it on (None: none yet)."""
-
-    formats: tuple[str, ...]
-    example: str | None
-
-
-# every objective.kind (a test holds them to the Literal below), each data.format but auto belonging to one
-OBJECTIVE_DATA = {"sft": ObjectiveData(("text", "instruction", "chat"), "builtin:reverse"),
-                  "dpo": ObjectiveData(("preference",), "builtin:reverse-pairs"),
-                  "kto": ObjectiveData(("unpaired_preference",), None),
-                  "grpo": ObjectiveData(("prompt",), "builtin:reverse-prompts")}
-
-
-class ObjectiveSection(Section):
-    kind: Literal["sft", "dpo", "kto", "grpo"] = Field(
-        "sft",
-        description="What the model learns. sft: the completions of the data (transformers Trainer). dpo: to prefer "
-        "each pair's chosen answer to its rejected one, relative to the starting model (TRL DPOTrainer). kto: to "
-        "raise desirable and lower undesirable completions (TRL KTOTrainer). dpo and kto start from model.id, "
-        "usually an SFT result, which also serves as the frozen reference. grpo: online RL (TRL GRPOTrainer): "
-        "completions sampled for each prompt are scored by objective.grpo.rewards and the better ones made likelier.",
-    )
-    beta: float | None = Field(
-        None, ge=0, le=1000,
-        description=f"dpo/kto: how far the policy may move from the reference (higher stays closer; above 0), ipo's "
-        f"tau; default {DPO_DEFAULT_BETA}. grpo: the weight of the KL penalty to the starting model; 0 (the default, "
-        "TRL's) loads no reference model.",
-    )
-    loss_type: Literal[DPO_LOSS_TYPES + KTO_LOSS_TYPES + GRPO_LOSS_TYPES] | None = Field(  # type: ignore[valid-type]
-        None,
-        description="dpo: sigmoid (DPO), hinge, ipo, exo_pair, nca_pair, robust, bco_pair, sppo_hard, aot, "
-        "aot_unpaired, apo_zero, apo_down, discopop or sigmoid_norm; kto: kto or apo_zero_unpaired; grpo: dapo, "
-        "grpo, dr_grpo, bnpo, cispo, sapo, luspo or vespo. Default: sigmoid for dpo, kto for kto, dapo for grpo.",
-    )
-    label_smoothing: float = Field(
-        0.0, ge=0, lt=0.5,
-        description="dpo: probability that a pair's preference is flipped (robust, aot) or EXO's epsilon (exo_pair, needs > 0).",
-    )
-    sft_weight: float = Field(
-        0.0, ge=0, le=1000,
-        description="dpo: add this weight times the NLL of the chosen answers to the loss (RPO; TRL loss_type "
-        "[<loss_type>, sft]). 0: the preference loss alone.",
-    )
-    precompute_ref_log_probs: bool = Field(
-        False,
-        description="dpo/kto: compute the reference log-probabilities of every sample in one pass before training, "
-        "so full fine-tuning keeps no reference copy of the model while it trains.",
-    )
-    desirable_weight: float = Field(1.0, gt=0, le=1000, description="kto: weight of the desirable (label true) losses.")
-    undesirable_weight: float = Field(
-        1.0, gt=0, le=1000, description="kto: weight of the undesirable (label false) losses.")
-    grpo: GrpoSection | None = Field(
-        None, description="grpo: generation, rewards and the rollout's sizes (filled in with its defaults for grpo).")
-
-    @property
-    def preference(self) -> bool:
-        """Trained on preferences with a reference model (dpo, kto), not on completions (sft)."""
-        return self.kind in PREFERENCE_OBJECTIVES
-
-    @property
-    def reference_model(self) -> bool:
-        """The objective compares the policy with the starting model: dpo, kto, and grpo with a KL penalty."""
-        return self.preference or (self.kind == "grpo" and bool(self.beta))
 
 
 STREAM_SHUFFLE_BUFFER = 10_000  # samples a stream is shuffled within (a stream has no global shuffle)

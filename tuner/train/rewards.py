@@ -18,8 +18,9 @@ import re
 from typing import Any, Callable
 
 from tuner.data.prompts import ROW_COLUMN
+from tuner.recipe.objective import RewardSection
 from tuner.recipe.rewards import reward_names, split_function
-from tuner.recipe.schema import Recipe, RewardSection
+from tuner.recipe.schema import Recipe
 
 TRL_CONTEXT = ("trainer_state", "log_extra", "log_metric", "environments")  # what TRL adds beside the columns
 

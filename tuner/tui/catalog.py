@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass, field
 
 from tuner.catalog.demo import DEMO_MODEL_ID
-from tuner.catalog.models import UnknownModelError, catalog_ids, model_facts
+from tuner.catalog.facts import UnknownModelError
+from tuner.catalog.models import catalog_ids, model_facts
 from tuner.planner.memory import CANNOT_JUDGE
 
 FACT_LABELS = (

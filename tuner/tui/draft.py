@@ -29,7 +29,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from tuner.recipe.io import RecipeError, parse_yaml, read_recipe_text, section_model, set_dotted, validate_recipe
-from tuner.recipe.schema import OBJECTIVE_DATA, DataSection, Recipe
+from tuner.recipe.objective import OBJECTIVE_DATA
+from tuner.recipe.schema import DataSection, Recipe
 
 Changes = Mapping[str, Any]  # dotted field -> value; None removes the key (back to the default)
 KEPT_BY_PROPOSALS = ("model", "hardware")  # what the user has, not what the advisor may change

@@ -17,6 +17,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Input, Label, Static
 
+from tuner.catalog.demo import DEMO_MODEL_ID
 from tuner.tui.screens.base import WizardScreen
 
 SPEAKER_STYLES = {"you": "bold cyan", "model": "bold green"}
@@ -83,7 +84,7 @@ class ChatScreen(WizardScreen):
         self.turns: list[list[str]] = []  # [speaker, text]: one line each, the model's grows as tokens arrive
         with Vertical(classes="body"):
             yield Label("Model, recipe or run directory", classes="section-title")
-            yield Input(placeholder="runs/demo, demo or builtin:demo, then enter", id="chat-model", compact=True)
+            yield Input(placeholder=f"runs/demo, demo or {DEMO_MODEL_ID}, then enter", id="chat-model", compact=True)
             yield Static("", id="placement")
             with VerticalScroll(id="conversation-box"):
                 yield Static("", id="conversation")

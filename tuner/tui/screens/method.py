@@ -19,17 +19,8 @@ from textual.widgets.option_list import Option
 
 from tuner.planner import Advice
 from tuner.planner.advisor import change_label
-from tuner.recipe.schema import (
-    PREFERENCE_OBJECTIVES,
-    TRL_LOSS_TYPES,
-    FsdpSection,
-    GrpoSection,
-    MemorySection,
-    MethodSection,
-    ObjectiveSection,
-    ParallelismSection,
-    Recipe,
-)
+from tuner.recipe.objective import PREFERENCE_OBJECTIVES, TRL_LOSS_TYPES, GrpoSection, ObjectiveSection
+from tuner.recipe.schema import FsdpSection, MemorySection, MethodSection, ParallelismSection, Recipe
 from tuner.tui.draft import Changes, schema_values
 from tuner.tui.messages import DiskChecked, PlanUpdated
 from tuner.tui.planning import CannotPlan, worth_showing

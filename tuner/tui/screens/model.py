@@ -9,6 +9,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Input, Label, OptionList, Static
 from textual.widgets.option_list import Option, OptionDoesNotExist
 
+from tuner.catalog.demo import DEMO_MODEL_ID
 from tuner.catalog.hub import is_hub_id
 from tuner.tui.catalog import ModelEntry, catalog_entries, describe_model
 from tuner.tui.messages import FieldEdited
@@ -31,7 +32,7 @@ class ModelScreen(WizardScreen):
                 yield Input(placeholder="search: family, size (8b) or name",
                             id="model-search", compact=True)
                 yield PickList(id="model-list")
-                yield InputField("Model", "model.id", placeholder="hub org/name, local directory or builtin:demo",
+                yield InputField("Model", "model.id", placeholder=f"hub org/name, local directory or {DEMO_MODEL_ID}",
                                  help="What to fine-tune; the list above fills this in. Enter applies a typed id.",
                                  apply_on_enter=True)
             with VerticalScroll(id="model-facts", classes="side"):
