@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 from tuner.doctor import require_trackers
 from tuner.launch.checkpoints import check_resumable, checkpoint_states, latest_complete_checkpoint, resume_checkpoint
-from tuner.launch.failures import describe_failure
+from tuner.launch.failures import ELASTIC_LOG_DIR, explain_failure, raised_at, rank_errors
 from tuner.launch.runner import Launch, log_tail
 from tuner.launch.summary import RunSummary, summarize_run
 from tuner.loading.hub_download import HubDownload, plan_download
@@ -38,7 +38,8 @@ from tuner.render.run_directory import (
     move_earlier_run_aside,
     write_run_directory,
 )
-from tuner.run_layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, MODEL_SNAPSHOT, PREVIOUS_RUNS_DIR, SLURM_SCRIPT
+from tuner.events import read_events
+from tuner.run_layout import CHECKPOINTS_DIR, EVENTS_FILE, LAUNCH_SCRIPT, LOCK_FILE, MODEL_SNAPSHOT, PREVIOUS_RUNS_DIR, SLURM_SCRIPT
 from tuner.run_lock import RunLock, RunLocked
 
 EXIT_SIGNAL_BASE = 128  # a run stopped by signal N exits 128 + N, as a shell reports it
@@ -317,7 +318,8 @@ def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[dict], list[s
     try:
         with signals_stop_the_run():
             try:
-                launch = Launch(launch_argv(run_dir), run_dir)
+                argv = launch_argv(run_dir)  # torchrun keeps each rank's error file under the run directory
+                launch = Launch([*argv[:2], "--log_dir", str(run_dir / ELASTIC_LOG_DIR), *argv[2:]], run_dir)
                 while (code := launch.wait(POLL_S)) is None:
                     _deliver(launch, on_update)
                     if stop is not None and stop.is_set():
@@ -341,11 +343,17 @@ def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[dict], list[s
     if stopped_by:
         return _stopped(prepared, EXIT_SIGNAL_BASE + signum, stopped_by)
     if code != 0:
-        lines = describe_failure(log_tail(launch.log_path), code) + [f"full log: {launch.log_path}"]
+        lines = _explain(run_dir, since, log_tail(launch.log_path), code) + [f"full log: {launch.log_path}"]
         return RunOutcome(run_dir, code, "failed", lines)
     summary = summarize_run(run_dir, since=since, wall_s=wall_s)
     lines = summary.lines() if summary else [f"finished; see {run_dir}"]
     return RunOutcome(run_dir, 0, "finished", lines, summary)
+
+
+def _explain(run_dir: Path, since: float, log: list[str], code: int) -> list[str]:
+    """Why the launch failed: the ranks' error events of this launch and their elastic error files first."""
+    errors = rank_errors(read_events(run_dir / EVENTS_FILE), since)
+    return explain_failure(errors, raised_at(run_dir / ELASTIC_LOG_DIR), log, code)
 
 
 def _deliver(launch: Launch, on_update) -> None:
