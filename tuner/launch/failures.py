@@ -163,12 +163,15 @@ def rank_errors(events: Iterable[dict[str, Any]], since: float = 0.0) -> list[Ra
             for event in events if event.get("event") == "error" and event.get("time", 0) >= since]
 
 
-def raised_at(log_dir: Path) -> dict[str, str]:
-    """``file:line`` of the innermost frame of each exception a rank recorded in its elastic ``error.json``,
-    keyed by that exception's ``Type: message`` (what the rank's error event says too)."""
+def raised_at(log_dir: Path, since: float = 0.0) -> dict[str, str]:
+    """``file:line`` of the innermost frame of each exception a rank recorded in its elastic ``error.json`` at or
+    after ``since`` (a resumed run's folder keeps earlier launches'), keyed by its ``Type: message``, what the
+    rank's error event says too."""
     found: dict[str, str] = {}
     for path in sorted(log_dir.glob("*/attempt_*/*/error.json")) if log_dir.is_dir() else ():
         try:
+            if path.stat().st_mtime < since:
+                continue
             message = json.loads(path.read_text(encoding="utf-8"))["message"]
             stack = message["extraInfo"]["py_callstack"].splitlines()
         except (OSError, ValueError, KeyError, TypeError, AttributeError):

@@ -353,7 +353,7 @@ def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[dict], list[s
 def _explain(run_dir: Path, since: float, log: list[str], code: int) -> list[str]:
     """Why the launch failed: the ranks' error events of this launch and their elastic error files first."""
     errors = rank_errors(read_events(run_dir / EVENTS_FILE), since)
-    return explain_failure(errors, raised_at(run_dir / ELASTIC_LOG_DIR), log, code)
+    return explain_failure(errors, raised_at(run_dir / ELASTIC_LOG_DIR, since), log, code)
 
 
 def _deliver(launch: Launch, on_update) -> None:
