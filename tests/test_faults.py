@@ -69,6 +69,36 @@ def test_a_rank_killed_with_sigkill_is_reported_by_tuner_run(tmp_path, demo_mode
     assert "Traceback" not in err.split("rank 1 (local rank 1")[0]  # the report comes first, not a stack
 
 
+RAISE_ON_RANK_1 = """\
+import os
+if os.environ.get("RANK") == "1":  # only in the rank: the tuner run that launched it stays as it is
+    from tuner.train.callbacks import EventsCallback
+
+    def bad_batch(self, args, state, control, **kwargs):
+        raise ValueError("bad batch on purpose")
+
+    EventsCallback.on_step_end = bad_batch
+"""
+
+
+def test_an_exception_in_a_rank_is_reported_with_its_type_and_where(tmp_path, demo_model_path) -> None:
+    """Two real gloo ranks, rank 1 raising after its first step: the report is the rank's own, not the log."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(RAISE_ON_RANK_1)
+    settings = ["name=raised", "hardware.num_processes=2", "memory.distributed=ddp", f"hardware.main_process_port={free_port()}",
+                "training.max_steps=20", "training.logging_steps=1", "data.max_samples=64", "data.eval_fraction=0",
+                "memory.micro_batch_size=4"]
+    result = subprocess.run(
+        [sys.executable, "-m", "tuner", "run", "demo", *[a for s in settings for a in ("--set", s)]],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(inject), str(REPO)])},
+    )
+    assert result.returncode != 0
+    assert "rank 1 failed: ValueError: bad batch on purpose (raised at " in result.stderr, result.stderr
+    assert "sitecustomize.py:" in result.stderr.split("raised at ")[1].split(")")[0]
+
+
 SMALL = ["data.max_samples=64", "data.eval_fraction=0", "memory.micro_batch_size=8", "training.warmup_steps=0",
          "training.logging_steps=1", "training.save_steps=2", "training.resume=auto"]
 

@@ -7,7 +7,8 @@ import textwrap
 
 import pytest
 
-from tuner.launch.failures import describe_failure, lines_of_rank, rank_failures
+from tuner.launch.failures import RankError, describe_failure, explain_failure, rank_errors, rank_failures
+from tuner.rundir.events import Error, Step
 
 DYING_RANK = textwrap.dedent("""
     import os, signal, time
@@ -26,24 +27,22 @@ def test_a_rank_killed_with_sigkill_is_named_with_its_last_lines(tmp_path) -> No
     script = tmp_path / "train.py"
     script.write_text(DYING_RANK)
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--tee", "3", str(script)],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120, cwd=tmp_path,
     )
     assert result.returncode != 0
-    lines = (result.stdout + result.stderr).splitlines()
+    lines = result.stdout.splitlines()
     root = rank_failures(lines)[0]
     assert (root.rank, root.exit_code, root.signal_name, root.root_cause) == (1, -9, "SIGKILL", True)
     message = describe_failure(lines, result.returncode)
     assert message[0].startswith("rank 1 (local rank 1") and "killed by SIGKILL" in message[0]
     assert "out-of-memory killer" in message[0]
-    assert message[-1] == "  rank 1 last words"
-    assert not any("rank 0" in line for line in message[message.index("last lines of rank 1:"):])
+    assert "  rank 1 last words" in message[message.index("last lines of the log:"):]
 
 
 SUMMARY = """\
-[default0]:Traceback (most recent call last):
-[default0]:ValueError: bad batch
-[default1]:step 3
+step 3 loss 2.0
+ValueError: bad batch
 E1130 00:07:18.727000 1 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0
 =======================================================
 train.py FAILED
@@ -69,8 +68,18 @@ def test_a_python_error_on_another_node_names_global_rank_and_host() -> None:
     assert len(failures) == 1 and failures[0].rank == 8 and failures[0].root_cause
     message = describe_failure(lines, 1)
     assert message[0] == "rank 8 (local rank 0 on node-a) exited with code 1."
-    assert message[1:] == ["last lines of rank 8:", "  Traceback (most recent call last):", "  ValueError: bad batch"]
-    assert lines_of_rank(lines, 1) == ["step 3"]
+    assert message[1:] == ["last lines of the log:", "  step 3 loss 2.0", "  ValueError: bad batch"]
+
+
+def test_a_rank_that_spoke_is_explained_by_its_own_error() -> None:
+    errors = rank_errors([Step(time=5.0), Error(time=1.0, rank=0, message="old"),
+                          Error(time=6.0, rank=1, message="ValueError: bad batch"),
+                          Error(time=7.0, rank=0, message="RuntimeError: peer gone")], since=2.0)
+    assert errors == [RankError(1, "ValueError: bad batch"), RankError(0, "RuntimeError: peer gone")]
+    assert explain_failure(errors, {"ValueError: bad batch": "train.py:7"}, SUMMARY.splitlines(), 1) == [
+        "rank 1 failed: ValueError: bad batch (raised at train.py:7)"]
+    killed = two_failures("2026-12-02_16:54:21")  # a rank killed by a signal: its peers' errors only echo it
+    assert explain_failure(errors, {}, killed, 1)[0].startswith("rank 1 (local rank 1 on localhost) was killed")
 
 
 def two_failures(killed_at: str) -> list[str]:
@@ -128,10 +137,10 @@ def test_accelerate_chains_the_ranks_stderr_as_the_cause() -> None:
     assert warned[1:] == ["  only rank working", "  a warning"]
 
 
-def test_without_tee_the_log_is_shown_as_it_is() -> None:
-    """torch prefixes its own warnings with [rankN]:, but a rank's prints carry no prefix without --tee."""
+def test_other_ranks_warnings_are_left_out_of_the_log() -> None:
+    """torch prefixes its own warnings with [rankN]:; a rank's prints carry no prefix."""
     lines = ["[rank1]:[W1130 reducer.cpp:1529] Warning: find_unused_parameters=True", "step 5 loss 1.1",
-             *SUMMARY.splitlines()[4:]]
+             *SUMMARY.splitlines()[3:]]
     message = describe_failure(lines, 1)  # local rank 0 failed: rank 1's warning is not its story
     assert message[1].startswith("last lines of the log") and message[2:] == ["  step 5 loss 1.1"]
 

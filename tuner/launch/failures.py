@@ -1,22 +1,27 @@
-"""Why a launch failed: which rank died, how, and its last log lines, read from the launch's own output.
+"""Why a launch failed, told by the ranks themselves where they could speak.
 
-torchrun (under ``accelerate launch``) ends a failed run with a ChildFailedError summary naming each
-rank's exit code and the "Root Cause (first observed failure)"; with ``--tee 3`` every line a rank
-prints is prefixed ``[<role><local rank>]:``.  Pure: text in, lines for the user out.
+A rank that raised wrote an ``error`` event and, under torch elastic's ``@record``, an ``error.json`` with its
+traceback in the launch's elastic log folder: those name the rank, the exception and where it was raised.  A rank
+that died without a word (SIGKILL, the OOM killer) is found in torchrun's printed ChildFailedError summary, its
+exit code and the "Root Cause (first observed failure)", and shown with the log's last lines.
 """
 from __future__ import annotations
 
+import json
 import re
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
+
+from tuner.rundir.events import Error, Event
 
 _ENTRY = re.compile(r"^\s*\[(\d+)\]:\s*$")
 _FIELD = re.compile(r"^\s*(\w+)\s*:\s*(.*)$")
 _RANK = re.compile(r"^(\d+) \(local_rank: (\d+)\)")
 _EXIT = re.compile(r"^(-?\d+)")
-_RANK_PREFIX = re.compile(r"^\[[A-Za-z_]+(\d+)\]:")  # torchrun --tee: [default1]:, torch's warnings: [rank1]:
-_TEE_PREFIX = re.compile(r"^\[(?!rank\d)[A-Za-z_]+\d+\]:")
+_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:")  # torch's own warnings
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
 _DIED = re.compile(r"died with <Signals\.\w+: (\d+)>|returned non-zero exit status (\d+)")
 _LAUNCHER = re.compile(r"torch/distributed/elastic/|ChildFailedError|^Traceback \(most recent call last\)")
 _CHAINED = "The above exception was the direct cause of the following exception:"
@@ -103,16 +108,6 @@ def rank_failures(lines: Iterable[str]) -> list[RankFailure]:
     return first_to_fail(sorted(failures, key=lambda failure: (not failure.root_cause, failure.rank)))
 
 
-def lines_of_rank(lines: Iterable[str], local_rank: int) -> list[str]:
-    """What one rank printed, from a log whose lines carry torchrun's ``[role<N>]:`` prefix."""
-    found = []
-    for line in lines:
-        match = _RANK_PREFIX.match(line)
-        if match and int(match[1]) == local_rank and line[match.end():].strip():
-            found.append(line[match.end():].rstrip("\n"))
-    return found
-
-
 def _before_launcher(lines: list[str]) -> list[str]:
     """The ranks' own output: everything before the launcher starts reporting the failure.
 
@@ -143,12 +138,55 @@ def describe_failure(lines: list[str], exit_code: int, last: int = 15) -> list[s
     others = [f"rank {f.rank}" for f in failures[1:]]
     if others:
         message.append(f"then the launcher stopped {', '.join(others)}.")
-    own = lines_of_rank(lines, first.local_rank)
-    if own and any(_TEE_PREFIX.match(line) for line in lines):
-        message.append(f"last lines of rank {first.rank}:")
-    else:  # without --tee only torch's own "[rankN]:" lines carry a rank: show the rest, less other ranks' lines
-        own = [line.rstrip("\n") for line in _before_launcher(lines) if line.strip()
-               and not ((match := _RANK_PREFIX.match(line)) and int(match[1]) != first.local_rank)]
-        message.append("last lines of the log:")
+    own = [line.rstrip("\n") for line in _before_launcher(lines) if line.strip()  # less other ranks' warnings
+           and not ((match := _RANK_PREFIX.match(line)) and int(match[1]) != first.local_rank)]
+    message.append("last lines of the log:")
     message.extend(f"  {line}" for line in own[-last:])
     return message
+
+
+@dataclass(frozen=True)
+class RankError:
+    """What a rank said as it failed: its ``error`` event, and where the exception was raised (``file:line``,
+    from its elastic error file) when it raised one."""
+    rank: int
+    message: str
+    where: str = ""
+
+    def lines(self) -> list[str]:
+        return [f"rank {self.rank} failed: {self.message}" + (f" (raised at {self.where})" if self.where else "")]
+
+
+def rank_errors(events: Iterable[Event], since: float = 0.0) -> list[RankError]:
+    """The ``error`` events ranks wrote at or after ``since``, first written first."""
+    return [RankError(event.rank or 0, event.message or "")
+            for event in events if isinstance(event, Error) and (event.time or 0) >= since]
+
+
+def raised_at(log_dir: Path, since: float = 0.0) -> dict[str, str]:
+    """``file:line`` of the innermost frame of each exception a rank recorded in its elastic ``error.json`` at or
+    after ``since`` (a resumed run's folder keeps earlier launches'), keyed by its ``Type: message``, what the
+    rank's error event says too."""
+    found: dict[str, str] = {}
+    for path in sorted(log_dir.glob("*/attempt_*/*/error.json")) if log_dir.is_dir() else ():
+        try:
+            if path.stat().st_mtime < since:
+                continue
+            message = json.loads(path.read_text(encoding="utf-8"))["message"]
+            stack = message["extraInfo"]["py_callstack"].splitlines()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        frames = [match for line in stack if (match := _FRAME.match(line))]
+        if frames:
+            found.setdefault(str(message.get("message", "")), f"{frames[-1][1]}:{frames[-1][2]}")
+    return found
+
+
+def explain_failure(errors: list[RankError], where: dict[str, str], lines: list[str], exit_code: int) -> list[str]:
+    """The first rank's own error when a rank spoke, unless torchrun saw a rank killed by a signal (its peers'
+    errors are then only the echo of its death); otherwise the launcher's summary and the log's tail."""
+    killed = any(failure.signal_name not in (None, "SIGTERM") for failure in rank_failures(lines))
+    if not errors or killed:
+        return describe_failure(lines, exit_code)
+    first = errors[0]
+    return RankError(first.rank, first.message, where.get(first.message, "")).lines()

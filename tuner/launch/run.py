@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from tuner.doctor import require_trackers
-from tuner.launch.failures import describe_failure
+from tuner.launch.failures import explain_failure, raised_at, rank_errors
 from tuner.launch.runner import Launch, log_tail
 from tuner.loading.hub_download import HubDownload, plan_download
 from tuner.recipe.io import RecipeError, validate_recipe, with_output_dir
@@ -38,8 +38,9 @@ from tuner.render.run_directory import (
 )
 from tuner.rundir.checkpoints import (CheckpointRefused, check_resumable, checkpoint_states, incomplete_reason,
                                       latest_complete_checkpoint, resume_checkpoint)
-from tuner.rundir.events import Event
-from tuner.rundir.layout import CHECKPOINTS_DIR, LAUNCH_SCRIPT, LOCK_FILE, MODEL_SNAPSHOT, PREVIOUS_RUNS_DIR, SLURM_SCRIPT
+from tuner.rundir.events import Event, read_events
+from tuner.rundir.layout import (CHECKPOINTS_DIR, ELASTIC_LOG_DIR, EVENTS_FILE, LAUNCH_SCRIPT, LOCK_FILE, MODEL_SNAPSHOT,
+                                 PREVIOUS_RUNS_DIR, SLURM_SCRIPT)
 from tuner.rundir.lock import RunLock, RunLocked
 from tuner.rundir.summary import RunSummary, summarize_run
 
@@ -329,7 +330,8 @@ def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[Event], list[
     try:
         with signals_stop_the_run():
             try:
-                launch = Launch(launch_argv(run_dir), run_dir)
+                argv = launch_argv(run_dir)  # torchrun keeps each rank's error file under the run directory
+                launch = Launch([*argv[:2], "--log_dir", str(run_dir / ELASTIC_LOG_DIR), *argv[2:]], run_dir)
                 while (code := launch.wait(POLL_S)) is None:
                     _deliver(launch, on_update)
                     if stop is not None and stop.is_set():
@@ -353,11 +355,17 @@ def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[Event], list[
     if stopped_by:
         return _stopped(prepared, EXIT_SIGNAL_BASE + signum, stopped_by)
     if code != 0:
-        lines = describe_failure(log_tail(launch.log_path), code) + [f"full log: {launch.log_path}"]
+        lines = _explain(run_dir, since, log_tail(launch.log_path), code) + [f"full log: {launch.log_path}"]
         return RunOutcome(run_dir, code, "failed", lines)
     summary = summarize_run(run_dir, since=since, wall_s=wall_s)
     lines = summary.lines() if summary else [f"finished; see {run_dir}"]
     return RunOutcome(run_dir, 0, "finished", lines, summary)
+
+
+def _explain(run_dir: Path, since: float, log: list[str], code: int) -> list[str]:
+    """Why the launch failed: the ranks' error events of this launch and their elastic error files first."""
+    errors = rank_errors(read_events(run_dir / EVENTS_FILE), since)
+    return explain_failure(errors, raised_at(run_dir / ELASTIC_LOG_DIR, since), log, code)
 
 
 def _deliver(launch: Launch, on_update) -> None:

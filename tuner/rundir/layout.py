@@ -61,8 +61,10 @@ TUNER_FILES = "tuner_files.json"
 
 # What `tuner render` writes: the files a re-render may replace (the rest of a run directory is the run's own).
 RENDERED_FILES = (LOCK_FILE, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, SLURM_SCRIPT)
+ELASTIC_LOG_DIR = "elastic"  # torchrun's --log_dir: <id>/attempt_<n>/<local rank>/error.json, each rank's traceback
+
 # What a run adds to its directory (a re-render keeps all of it): files, then folders; Slurm's logs match SLURM_LOG.
 RUN_OUTPUT_FILES = (EVENTS_FILE, LOG_FILE, MEMORY_REPORT, MODEL_SNAPSHOT, PROBE_REQUEST, PROBE_REPORT)
 RUN_OUTPUT_DIRS = (CHECKPOINTS_DIR, FINAL_DIR, MERGED_DIR, OFFLOAD_DIR, SERVE_DIR, PROFILE_DIR, EVAL_DIR, EXPORT_DIR,
-                   TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR, PROBE_DIR)
+                   TENSORBOARD_DIR, MLFLOW_DIR, WANDB_DIR, TRACKIO_DIR, PROBE_DIR, ELASTIC_LOG_DIR)
 RUN_OUTPUTS = RUN_OUTPUT_FILES + RUN_OUTPUT_DIRS

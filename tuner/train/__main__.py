@@ -297,14 +297,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_rank() -> int:
-    """:func:`main` on one rank of a launched world; a rank that failed (its error event written) leaves at once.
+    """:func:`main` on one rank of a launched world, under torch elastic's ``@record`` (as torchtitan and torchtune
+    run theirs); a rank that failed (its error event written) leaves at once.
 
     Its peers wait in a collective that will never complete, and the interpreter's shutdown, tearing down the
     process group, can wait with them (DeepSpeed #5005): leaving now lets the launcher see the failure and stop
     every rank within its monitor interval.
     """
+    from torch.distributed.elastic.multiprocessing.errors import record
+
     try:
-        code = main()
+        code = record(main)()  # under torchrun, the traceback also goes to this rank's elastic error file
     except Exception:
         import traceback
 
