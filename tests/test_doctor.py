@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tuner.cli import main
-from tuner.doctor import CHECKS, Check, check_accelerate_config, check_disk, check_gpus, run_checks
+from tuner.check import Check
+from tuner.doctor import CHECKS, check_accelerate_config, check_disk, check_gpus, run_checks
 from tuner.recipe.io import validate_recipe
 
 NO_GPU = not torch.cuda.is_available()

@@ -51,7 +51,7 @@ def test_a_bar_of_unknown_capacity_is_not_drawn_full():
 
 
 def test_a_disk_that_cannot_hold_the_checkpoints_is_named():
-    from tuner.doctor import Check
+    from tuner.check import Check
 
     gpu = device("GPU (RTX4090)", 24.0, {"weights": 15.0})
     disk = Check("disk", "fail", "output runs/x: 3.1 GiB free, checkpoints need ~12.0 GiB")

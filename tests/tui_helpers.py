@@ -9,7 +9,7 @@ from tuner.recipe.io import parse_yaml, read_recipe_text
 from tuner.recipe.registry import builtin_path
 from tuner.tui.app import TunerApp
 from tuner.tui.draft import Draft
-from tuner.doctor import Check
+from tuner.check import Check
 from tuner.planner import Advice, DevicePlan, MemoryPlan
 from tuner.planner.memory import Item
 from tuner.tui.planning import Planner

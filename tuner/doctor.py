@@ -15,31 +15,17 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import TYPE_CHECKING, Callable
 
 from tuner.catalog.hub import human_bytes
+from tuner.check import Check
 from tuner.recipe.schema import Recipe
 
 if TYPE_CHECKING:
     from tuner.loading.hub_download import HubDownload
 
-Status = Literal["ok", "warn", "fail"]
 MIN_FREE_DISK_GIB = 10.0  # without a plan to size checkpoints: below this a long run will likely stop
 GIB = 1024**3
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    status: Status
-    detail: str
-    fix: str = ""
-
-    def line(self) -> str:
-        """One line for the terminal: status, name, what was found, and what to do."""
-        mark = {"ok": "ok  ", "warn": "warn", "fail": "FAIL"}[self.status]
-        fix = f"  -> {self.fix}" if self.fix and self.status != "ok" else ""
-        return f"{mark}  {self.name:<18} {self.detail}{fix}"
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-from tuner.doctor import Check
+from tuner.check import Check
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import Recipe
 from tuner.render.launch_script import MAIN_PROCESS_IP_VARIABLE

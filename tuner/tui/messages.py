@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from textual.message import Message
 
 if TYPE_CHECKING:  # the draft (the schema) and the planner load after the first screen is painted
-    from tuner.doctor import Check
+    from tuner.check import Check
     from tuner.planner import MemoryPlan
     from tuner.rundir.events import Event
     from tuner.tui.draft import Changes

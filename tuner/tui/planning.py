@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # imported when first used: the first screen paints before the schema and the planner load
-    from tuner.doctor import Check
+    from tuner.check import Check
     from tuner.planner.measured import MeasuredRecord
     from tuner.planner import Advice, MemoryPlan
     from tuner.recipe.schema import Recipe

@@ -5,7 +5,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from tuner.doctor import Check
+from tuner.check import Check
 from tuner.planner import DevicePlan, MemoryPlan
 from tuner.planner.memory import GENERATION
 
