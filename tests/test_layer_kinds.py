@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tuner.planner import plan
-from tuner.planner.memory import TRAINING_STEP
+from tuner.planner.items import TRAINING_STEP
 from tuner.planner.simulate import simulate
 from tuner.recipe.io import validate_recipe
 

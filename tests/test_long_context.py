@@ -7,7 +7,7 @@ import pytest
 
 from tuner.catalog.models import model_facts
 from tuner.planner import advise, plan
-from tuner.planner.memory import GIB
+from tuner.planner.items import GIB
 from tuner.recipe.io import RecipeError, validate_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.recipe.tactics import Rung

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tuner.planner import advise, plan
-from tuner.planner.memory import DECODING, GENERATION, GIB, PREFILL, SCORING, TRAINING_STEP
+from tuner.planner.items import DECODING, GENERATION, GIB, PREFILL, SCORING, TRAINING_STEP
 from tuner.recipe.io import validate_recipe
 from tuner.recipe.tactics import Rung
 

@@ -8,7 +8,7 @@ import pytest
 from tuner.doctor import check_kernels
 from tuner.planner import kernels as kernel_choice
 from tuner.planner import plan
-from tuner.planner.memory import FORWARD_BACKWARD
+from tuner.planner.items import FORWARD_BACKWARD
 from tuner.planner.preference import CPU_BACKWARD_TILES, TILE_TOKENS, TILE_VOCAB
 from tuner.recipe.io import load_recipe, validate_recipe
 from tuner.recipe.registry import builtin_path

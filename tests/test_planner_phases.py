@@ -8,7 +8,7 @@ import pytest
 
 from tuner.catalog.models import model_facts
 from tuner.planner import advise, plan
-from tuner.planner.memory import CUDA_CONTEXT_GIB, GIB, NCCL_GIB
+from tuner.planner.items import CUDA_CONTEXT_GIB, GIB, NCCL_GIB
 from tuner.recipe.io import validate_recipe
 from tuner.recipe.registry import builtin_path
 

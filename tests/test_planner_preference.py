@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.planner import advise, next_step, plan
-from tuner.planner.memory import AFTER_LOADING, ALWAYS
+from tuner.planner.items import AFTER_LOADING, ALWAYS
 from tuner.recipe.io import load_recipe, validate_recipe
 from tuner.recipe.registry import builtin_path
 

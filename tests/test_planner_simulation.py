@@ -13,7 +13,7 @@ import os
 import pytest
 
 from tuner.planner import plan
-from tuner.planner.memory import TRAINING_STEP
+from tuner.planner.items import TRAINING_STEP
 from tuner.planner.simulate import simulate, why_not_simulable
 from tuner.recipe.io import validate_recipe
 
@@ -163,7 +163,7 @@ SETTING_CELLS = [  # (config, method, checkpointing, seq, batch, settings, evalu
                               for c in SETTING_CELLS])
 def test_recipe_settings_agree_with_simulation(tmp_path, config, method, checkpointing, seq, batch, settings,
                                                evaluation):
-    from tuner.planner.memory import EVAL
+    from tuner.planner.items import EVAL
 
     (tmp_path / "config.json").write_text(json.dumps(config))
     data = _recipe(tmp_path, method, checkpointing, "auto", seq, batch).model_dump(mode="json")

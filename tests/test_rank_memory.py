@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from tuner.planner import plan
-from tuner.planner.memory import ALWAYS, TRAINING_STEP, rank_model_states
+from tuner.planner.items import ALWAYS, TRAINING_STEP
+from tuner.planner.memory import rank_model_states
 from tuner.recipe.schema import Recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ranks")]  # one multi-rank run at a time
@@ -157,7 +158,7 @@ def test_per_rank_grpo_round_matches_the_plan(traced, run):
     tracker's Temp of the step, which NCCL does in place: left out, as the plan is made for NCCL)."""
     from rank_memory import grpo_recipe
 
-    from tuner.planner.memory import GENERATION
+    from tuner.planner.items import GENERATION
 
     ranks, model_dir, per_rank = traced
     engine, precision = run.split(":")

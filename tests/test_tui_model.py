@@ -16,7 +16,7 @@ from textual.widgets import Input, OptionList, Static
 from hub_server import HubRepo, LocalHub
 from tui_helpers import SIZE, make_app, pilot_test, settle, wait_until
 from tuner.catalog.models import model_facts
-from tuner.planner.memory import CANNOT_JUDGE
+from tuner.planner.items import CANNOT_JUDGE
 from tuner.tui.widgets.plan_bar import PlanPanel
 
 # A tiny LFM2 (a short-convolution layer beside an attention layer): transformers builds it on the meta device, and

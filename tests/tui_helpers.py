@@ -11,7 +11,7 @@ from tuner.tui.app import TunerApp
 from tuner.tui.draft import Draft
 from tuner.check import Check
 from tuner.planner import Advice, DevicePlan, MemoryPlan
-from tuner.planner.memory import Item
+from tuner.planner.items import Item
 from tuner.tui.planning import Planner
 
 SIZE = (120, 36)

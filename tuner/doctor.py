@@ -439,7 +439,7 @@ def checkpoint_disk_gib(recipe: Recipe, planned=None) -> float | None:
             planned = plan(recipe)
         except Exception:
             return None
-    from tuner.planner.memory import DTYPE_BYTES
+    from tuner.planner.items import DTYPE_BYTES
 
     weight_bytes = DTYPE_BYTES[recipe.model.dtype]  # a validated recipe's dtype is never auto
     saved = planned.params["total"] if recipe.output.save in ("full", "merged") else planned.trainable_params

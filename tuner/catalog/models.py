@@ -14,7 +14,6 @@ from pathlib import Path
 
 from tuner.catalog.demo import DEMO_MODEL_ID
 from tuner.catalog.facts import ModelFacts, UnknownModelError, facts_from_config
-from tuner.catalog.facts import ParamCounts  # noqa: F401 -- planner/memory.py's import, until it names catalog.facts
 from tuner.catalog.model_config import MAX_CONFIG_BYTES, ModelConfigError, read_config
 from tuner.fileio import user_path
 

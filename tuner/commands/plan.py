@@ -236,7 +236,7 @@ def print_topology(console, more_gpus) -> None:
 
 def simulated_step_gib(memory_plan) -> float:
     """What a fake-tensor trace of one step sees of the plan: the training step's live tensors."""
-    from tuner.planner.memory import TRAINING_STEP
+    from tuner.planner.items import TRAINING_STEP
 
     return memory_plan.gpu.phase_gib(TRAINING_STEP, ("allocated",))
 

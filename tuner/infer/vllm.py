@@ -89,7 +89,7 @@ def tensor_parallel_sizes(facts, gpus: int) -> list[int]:
 def plan_vllm(facts, dtype: str, gpus: int, gpu_name: str, capacity_gib: float, headroom_gib: float,
               max_model_len: int, adapter_params: int = 0) -> VllmPlan:
     """The smallest tensor-parallel size that fits (see the module's docstring), or :class:`VllmPlanError`."""
-    from tuner.planner.memory import CUDA_CONTEXT_GIB, DTYPE_BYTES, NCCL_GIB
+    from tuner.planner.items import CUDA_CONTEXT_GIB, DTYPE_BYTES, NCCL_GIB
 
     if gpus < 1:
         raise VllmPlanError("vLLM serves on GPUs and the recipe has none: set hardware.gpus_per_machine and "

@@ -15,7 +15,7 @@ from typing import Callable
 
 from tuner.launch.probe import PROBE_STEPS, ProbeResult, keep_results, launch_probe, probe_report
 from tuner.launch.probe_report import speed_of
-from tuner.planner.memory import TIGHT_HEADROOM
+from tuner.planner.items import TIGHT_HEADROOM
 from tuner.recipe.io import RecipeError, validate_recipe
 from tuner.recipe.schema import Recipe
 

@@ -32,7 +32,7 @@ from tuner.launch.probe_report import (
     table_lines,
 )
 from tuner.launch.run import follow_run, prepare_run
-from tuner.planner.memory import TRAINING_STEP
+from tuner.planner.items import TRAINING_STEP
 from tuner.launch.runner import log_tail
 from tuner.recipe.io import RecipeError, validate_recipe
 from tuner.recipe.schema import Recipe

@@ -16,18 +16,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from tuner.planner.memory import (
-    ALWAYS,
-    CATEGORIES,
-    EVAL,
-    GIB,
-    LOAD,
-    SAVE,
-    STEP_MOMENTS,
-    TRAINING_STEP,
-    DevicePlan,
-    MemoryPlan,
-)
+from tuner.planner.items import (ALWAYS, CATEGORIES, EVAL, GIB, LOAD, SAVE, STEP_MOMENTS, TRAINING_STEP, DevicePlan,
+                                 MemoryPlan)
 from tuner.rundir.events import Event, Probe
 
 MEASURED_PHASES = (LOAD, TRAINING_STEP, EVAL, SAVE)  # in the order a probe runs them

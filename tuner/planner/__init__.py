@@ -6,6 +6,7 @@
 ``tuner.planner.simulate`` traces a real step on fake tensors to check the arithmetic.
 """
 from tuner.planner.advisor import Advice, Step, advise, largest_micro_batch, next_step, topology
-from tuner.planner.memory import DevicePlan, MemoryPlan, plan
+from tuner.planner.items import DevicePlan, MemoryPlan
+from tuner.planner.memory import plan
 
 __all__ = ["Advice", "DevicePlan", "MemoryPlan", "Step", "advise", "largest_micro_batch", "next_step", "plan", "topology"]

@@ -12,7 +12,8 @@ import math
 from dataclasses import dataclass, field, replace
 from itertools import product
 
-from tuner.planner.memory import MemoryPlan, plan
+from tuner.planner.items import MemoryPlan
+from tuner.planner.memory import plan
 from tuner.recipe.tactics import (
     LADDER,
     SHARDING_RUNGS,

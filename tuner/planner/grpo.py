@@ -22,18 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.planner.memory import (
-    ALWAYS,
-    DECODING,
-    EVAL,
-    FORWARD_BACKWARD,
-    GENERATION_MOMENTS,
-    GIB,
-    MOMENTS,
-    PREFILL,
-    SCORING,
-    Item,
-)
+from tuner.planner.items import (ALWAYS, DECODING, EVAL, FORWARD_BACKWARD, GENERATION_MOMENTS, GIB, MOMENTS, PREFILL,
+                                 SCORING, Item)
 from tuner.planner.preference import head_transient_bytes
 
 REWARD_MODEL = "reward_model"  # the plan's category of the reward models' weights

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from tuner.planner.kernels import TRITON_FOLD
-from tuner.planner.memory import ALWAYS, FORWARD_BACKWARD, SCORING, Item
+from tuner.planner.items import ALWAYS, FORWARD_BACKWARD, SCORING, Item
 
 REFERENCE = "reference_model"  # the plan's category of the reference model's weights
 TILE_TOKENS = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE

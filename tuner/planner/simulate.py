@@ -349,7 +349,7 @@ def simulate_grpo(recipe) -> SimulationResult:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
-    from tuner.planner.memory import GENERATION, TRAINING_STEP
+    from tuner.planner.items import GENERATION, TRAINING_STEP
 
     mem = recipe.memory
     config = _model_config(recipe)

@@ -20,8 +20,8 @@ from transformers import TrainerCallback
 
 from tuner.rundir.events import Probe, ProbePhase, write_event
 from tuner.fileio import write_control_file
+from tuner.planner.items import EVAL, GIB, LOAD, SAVE, TRAINING_STEP
 from tuner.planner.measured import cpu_name
-from tuner.planner.memory import EVAL, GIB, LOAD, SAVE, TRAINING_STEP
 from tuner.recipe.schema import Recipe
 from tuner.rundir.layout import PROBE_REQUEST
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from tuner.catalog.demo import DEMO_MODEL_ID
 from tuner.catalog.facts import UnknownModelError
 from tuner.catalog.models import catalog_ids, model_facts
-from tuner.planner.memory import CANNOT_JUDGE
+from tuner.planner.items import CANNOT_JUDGE
 
 FACT_LABELS = (
     ("model_type", "family"),

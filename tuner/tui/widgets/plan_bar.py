@@ -7,7 +7,7 @@ from textual.widget import Widget
 
 from tuner.check import Check
 from tuner.planner import DevicePlan, MemoryPlan
-from tuner.planner.memory import GENERATION
+from tuner.planner.items import GENERATION
 
 TERM_STYLES = {
     "weights": "bold #5f87ff",
