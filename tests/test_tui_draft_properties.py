@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tuner.cli import main as tuner_main
-from tuner.recipe.io import load_recipe
+from tuner.recipe.io import leaves, load_recipe
 from tuner.render.run_directory import render_run_files
-from tuner.tui.draft import Draft, _leaves
+from tuner.tui.draft import Draft
 from tuner.tui.screens.method import DISTRIBUTION, METHODS, OPTIMIZERS
 from tuner.tui.widgets.fields import value_choices
 
@@ -66,11 +66,15 @@ def working_in(directory: Path):
         os.chdir(before)
 
 
+def dotted_leaves(data: dict) -> dict[str, object]:
+    return {".".join(keys): value for keys, value in leaves(data).items()}
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(edits, min_size=1, max_size=10))
 def test_untouched_fields_never_change_and_saved_recipes_render_as_reviewed(demo_model_path, sequence):
     draft = Draft(START)
-    initial_data, initial = _leaves(draft.data), _leaves(draft.resolved.model_dump(mode="json"))
+    initial_data, initial = dotted_leaves(draft.data), dotted_leaves(draft.resolved.model_dump(mode="json"))
     touched: set[str] = set()
     for changes, typed in sequence:
         draft.apply(changes, typed=typed)
@@ -79,10 +83,10 @@ def test_untouched_fields_never_change_and_saved_recipes_render_as_reviewed(demo
         def untouched(field: str) -> bool:
             return not any(field == key or field.startswith(f"{key}.") for key in touched)
 
-        now_data = _leaves(draft.data)
+        now_data = dotted_leaves(draft.data)
         assert {f: v for f, v in now_data.items() if untouched(f)} == {
             f: v for f, v in initial_data.items() if untouched(f)}
-        resolved = _leaves(draft.resolved.model_dump(mode="json"))
+        resolved = dotted_leaves(draft.resolved.model_dump(mode="json"))
         for field, value in initial.items():
             if untouched(field) and field not in DERIVED:
                 assert resolved.get(field) == value, field

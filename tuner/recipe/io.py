@@ -186,6 +186,17 @@ def parse_override(assignment: str) -> tuple[tuple[str, ...], Any]:
     return parts, value
 
 
+def leaves(data: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Every value of a recipe mapping by its key path (``("memory", "micro_batch_size")``); an empty section is a
+    value of its own, so a file's ``fsdp: {}`` is kept where it was written."""
+    if not isinstance(data, dict) or (prefix and not data):
+        return {prefix: data}
+    out: dict[tuple[str, ...], Any] = {}
+    for key, value in data.items():
+        out.update(leaves(value, (*prefix, key)))
+    return out
+
+
 class NotASection(ValueError):
     """A dotted key runs through a value; ``str()`` is the dotted key of that value."""
 

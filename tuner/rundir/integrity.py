@@ -22,8 +22,8 @@ from tuner.rundir.layout import CHECKPOINT_INFO
 
 TRAINER_STATE = "trainer_state.json"
 # bytes per element of each safetensors dtype (the format's own names)
-_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "C64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
-                "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1}
+_SAFETENSORS_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "C64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
+                            "I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1}
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 MAX_JSON_BYTES = 256 * 1024 * 1024  # a tokenizer.json of a large vocabulary is tens of MB
@@ -77,7 +77,7 @@ def _safetensors_problem(path: Path) -> str | None:
         try:
             begin, end = (int(offset) for offset in entry["data_offsets"])
             elements = math.prod(int(dim) for dim in entry["shape"])
-            width = _DTYPE_BYTES.get(entry["dtype"])
+            width = _SAFETENSORS_DTYPE_BYTES.get(entry["dtype"])
         except (KeyError, TypeError, ValueError):
             return f"damaged header (entry {name!r} unreadable)"
         if width is not None and end - begin != elements * width:

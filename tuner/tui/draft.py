@@ -28,7 +28,8 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tuner.recipe.io import RecipeError, parse_yaml, read_recipe_text, section_model, set_dotted, validate_recipe
+from tuner.recipe.io import (RecipeError, leaves, parse_yaml, read_recipe_text, section_model, set_dotted,
+                             validate_recipe)
 from tuner.recipe.objective import OBJECTIVE_DATA
 from tuner.recipe.schema import DataSection, Recipe
 
@@ -51,15 +52,6 @@ def _prune(data: dict[str, Any]) -> dict[str, Any]:
         if not _prune(data[key]):
             del data[key]
     return data
-
-
-def _leaves(data: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(data, dict) or (prefix and not data):
-        return {prefix: data}
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        out.update(_leaves(value, f"{prefix}.{key}" if prefix else key))
-    return out
 
 
 def _get(data: dict[str, Any], dotted: str, missing: Any = None) -> Any:
@@ -153,7 +145,8 @@ class Draft:
         self.typed: dict[str, str] = {}
         self.invalid: dict[str, str] = {}
         self.typing: dict[str, Typing] = {}  # boxes typed into since the recipe was opened
-        for dotted, value in _leaves(copy.deepcopy(data or {})).items():
+        for keys, value in leaves(copy.deepcopy(data or {})).items():
+            dotted = ".".join(keys)
             if dotted == "version":
                 continue
             _, problem = field_value(dotted, value)

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel
 
 from tuner.fileio import atomic_write_text, special_kind
-from tuner.recipe.io import section_model
+from tuner.recipe.io import leaves, section_model
 from tuner.recipe.schema import SCHEMA_VERSION, Recipe
 
 _MISSING = object()
@@ -43,15 +43,6 @@ def _in_schema_order(data: dict[str, Any], model: type[BaseModel] | None) -> dic
 
 
 # --- an opened file, edited in place -----------------------------------------------------------------------------
-def _leaves(data: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
-    if not isinstance(data, dict) or (prefix and not data):
-        return {prefix: data}
-    out: dict[tuple[str, ...], Any] = {}
-    for key, value in data.items():
-        out.update(_leaves(value, (*prefix, key)))
-    return out
-
-
 def edited_text(text: str, before: dict[str, Any], after: dict[str, Any]) -> str:
     """``text``, the file ``before`` was read from, with exactly the values that differ in ``after`` changed."""
     from ruamel.yaml.util import load_yaml_guess_indent
@@ -61,7 +52,7 @@ def edited_text(text: str, before: dict[str, Any], after: dict[str, Any]) -> str
     round_trip.map_indent = _mapping_indent(text)  # the file's own indentation (ruamel writes 2 otherwise)
     if dash_offset is not None:  # and its lists' (ruamel guesses these only)
         round_trip.sequence_indent, round_trip.sequence_dash_offset = sequence_indent, dash_offset
-    old, new = _leaves(before), _leaves(after)
+    old, new = leaves(before), leaves(after)
     for path in old:
         if path not in new and not any(key[:len(path)] == path for key in new):
             _delete(document, path)
