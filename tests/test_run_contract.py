@@ -26,6 +26,22 @@ def demo(tmp_path, *overrides: str):
     return load_recipe(builtin_path("demo"), [*FAST, f"output.dir={tmp_path / 'run'}", *overrides])
 
 
+def test_a_run_is_planned_once_for_its_memory_and_its_disk(tmp_path, monkeypatch):
+    import tuner.planner
+
+    plans = []
+    real_plan = tuner.planner.plan
+
+    def counted_plan(*args, **kwargs):
+        plans.append(args)
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(tuner.planner, "plan", counted_plan)
+    prepared = prepare_run(demo(tmp_path), dry_run=True)
+    assert len(plans) == 1, "the disk check sizes the checkpoints from the plan the memory check made"
+    assert prepared.run_dir.is_dir()
+
+
 def test_a_plan_that_does_not_fit_is_refused_before_anything_is_written(tmp_path):
     recipe = demo(tmp_path, "hardware.gpus_per_machine=1", "hardware.gpu_memory_gb=0.01",
                   "memory.mixed_precision=bf16", "model.dtype=bfloat16")

@@ -114,14 +114,20 @@ def check_gpus(recipe: Recipe | None) -> Check:
     return Check("gpus", "ok", detail)
 
 
-def _planned_peak_gib(recipe: Recipe) -> float | None:
-    """Peak GPU memory of the recipe's plan; None without a planner or a plan (check_model says why)."""
+def _plan_or_none(recipe: Recipe):
+    """The recipe's memory plan; None where the planner cannot plan it (check_model says why)."""
     try:
         from tuner.planner import plan
 
-        return plan(recipe).gpu.total_gib
+        return plan(recipe)
     except Exception:
         return None
+
+
+def _planned_peak_gib(recipe: Recipe) -> float | None:
+    """Peak GPU memory of the recipe's plan."""
+    planned = _plan_or_none(recipe)
+    return planned.gpu.total_gib if planned is not None else None
 
 
 def _planned_gpu_memory_gib(recipe: Recipe) -> float | None:
@@ -425,33 +431,15 @@ def _disk_paths(recipe: Recipe | None) -> dict[str, Path]:
     return paths
 
 
-def checkpoint_disk_gib(recipe: Recipe, planned=None) -> float | None:
-    """Disk the run's checkpoints take: kept checkpoints plus the one being written plus the final save.
-
-    Each holds the saved weights (all of them, or only the adapter) and Adam's two fp32 moments and
-    master copy (12 bytes) per trainable parameter.  ``planned``: the recipe's memory plan when the
-    caller has it already.  None while no planner can count the parameters.
-    """
-    if planned is None:
-        try:
-            from tuner.planner import plan
-
-            planned = plan(recipe)
-        except Exception:
-            return None
-    from tuner.planner.items import DTYPE_BYTES
-
-    weight_bytes = DTYPE_BYTES[recipe.model.dtype]  # a validated recipe's dtype is never auto
-    saved = planned.params["total"] if recipe.output.save in ("full", "merged") else planned.trainable_params
-    per_checkpoint = saved * weight_bytes + planned.trainable_params * 12
-    kept = (recipe.training.save_total_limit or 2) + 1
-    return (kept * per_checkpoint + saved * weight_bytes) / GIB
-
-
 def check_disk(recipe: Recipe | None, planned=None, download: HubDownload | None = None) -> Check:
     """Room for the run's checkpoints on the output disk and, with ``download``, for the hub model's files not yet in
-    the Hugging Face cache; where both land on one filesystem, for the two together."""
-    needed = checkpoint_disk_gib(recipe, planned) if recipe is not None else None
+    the Hugging Face cache; where both land on one filesystem, for the two together.  ``planned``: the recipe's
+    memory plan, which sizes the checkpoints (planned here when the caller has none)."""
+    from tuner.planner.disk import checkpoint_disk_gib
+
+    if recipe is not None and planned is None:
+        planned = _plan_or_none(recipe)
+    needed = checkpoint_disk_gib(recipe, planned) if planned is not None else None
     paths = _disk_paths(recipe)
     if download is not None and download.missing:
         paths["model download"] = Path(download.cache_dir)

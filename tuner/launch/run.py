@@ -25,6 +25,7 @@ from tuner.doctor import require_trackers
 from tuner.launch.failures import explain_failure, raised_at, rank_errors
 from tuner.launch.runner import Launch, log_tail
 from tuner.loading.hub_download import HubDownload, plan_download
+from tuner.planner.items import MemoryPlan
 from tuner.recipe.io import RecipeError, validate_recipe, with_output_dir
 from tuner.recipe.schema import STREAM_SHUFFLE_BUFFER, Recipe
 from tuner.render.launch_command import launch_argv, shell_command
@@ -103,8 +104,8 @@ class RunOutcome:
     last_checkpoint: Path | None = None
 
 
-def _memory_check(recipe: Recipe) -> tuple[list[str], str | None]:
-    """(refusal lines, or [] when it fits; a note for a tight plan)."""
+def _memory_check(recipe: Recipe) -> tuple[MemoryPlan, list[str], str | None]:
+    """(the plan, its refusal lines, or [] when it fits; a note for a tight plan)."""
     from tuner.catalog.hub import HubError
     from tuner.catalog.models import UnknownModelError
     from tuner.planner import advise, plan
@@ -118,9 +119,9 @@ def _memory_check(recipe: Recipe) -> tuple[list[str], str | None]:
     device = memory.limiting  # the device that decides the verdict: a GPU, the CPU, or a machine's host RAM
     usage = f"{device.total_gib:.1f} GiB of {device.capacity_gib or 0:.1f} GiB, {device.phase}"
     if memory.verdict == "tight":
-        return [], f"note: the plan is tight on {device.name} ({usage}); an out-of-memory stop is possible."
+        return memory, [], f"note: the plan is tight on {device.name} ({usage}); an out-of-memory stop is possible."
     if memory.verdict != "does not fit":
-        return [], None
+        return memory, [], None
     where = f"each {device.name}" if device.kind == "gpu" else device.name
     lines = [f"predicted not to fit: {memory.missing_gib:.1f} GiB missing on {where} (needs {usage})."]
     advice = advise(recipe)
@@ -130,15 +131,15 @@ def _memory_check(recipe: Recipe) -> tuple[list[str], str | None]:
         lines.append("every option: `tuner plan RECIPE --advise`.")
     elif advice:
         lines += [f"  - {reason}" for reason in advice[0].reasons]
-    return lines, None
+    return memory, lines, None
 
 
-def _disk_check(recipe: Recipe, download: HubDownload | None) -> list[str]:
+def _disk_check(recipe: Recipe, memory: MemoryPlan, download: HubDownload | None) -> list[str]:
     """A full or read-only disk found now, not at the first checkpoint hours in; a download that cannot fit is
     refused before its first byte."""
     from tuner.doctor import check_disk
 
-    disk = check_disk(recipe, download=download)
+    disk = check_disk(recipe, memory, download)
     return [f"output.dir: {disk.detail}.", f"{disk.fix}."] if disk.status == "fail" else []
 
 
@@ -215,11 +216,11 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, ve
     if run_dir.exists() and not run_dir.is_dir():
         raise RecipeError([f"output.dir: {run_dir} is a file, not a directory; choose another output.dir."])
     check_run_directory(run_dir)  # in every mode: files tuner did not write are never replaced, links never followed
-    refusals, tight = _memory_check(recipe)
+    memory, refusals, tight = _memory_check(recipe)
     model = recipe.model  # a hub model's commit and files, asked now: a gated or missing model stops here
     download = plan_download(model.id, _recorded_commit(run_dir, model.id) if resuming else model.revision,
                              model.trust_remote_code)
-    refusals += _disk_check(recipe, download)
+    refusals += _disk_check(recipe, memory, download)
     # what `tuner run --dry-run` left (rendered files, no run yet) is replaced without asking
     dry_run_left = holds_only_rendered_files(run_dir)
     if run_dir.is_dir() and any(run_dir.iterdir()) and not (resuming or dry_run_left):
