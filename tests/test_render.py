@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -12,7 +13,8 @@ from render_cases import CASES, case_recipe
 
 from tuner.render.launch_command import launch_argv, preflight_argv
 from tuner.render.run_directory import render_run_files, write_run_directory
-from tuner.rundir.layout import ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, LOCK_FILE, SLURM_SCRIPT
+from tuner.rundir.layout import (ACCELERATE_CONFIG, DEEPSPEED_CONFIG, ELASTIC_LOG_DIR, LAUNCH_SCRIPT, LOCK_FILE,
+                                 SLURM_SCRIPT)
 
 GOLDEN = Path(__file__).parent / "golden" / "render"
 UPDATE = os.environ.get("TUNER_UPDATE_GOLDEN") == "1"
@@ -252,6 +254,40 @@ def test_single_machine_launch_script_returns_to_the_project(tmp_path):
     env = install_fakes(tmp_path / "fakes")
     subprocess.run([str(script)], cwd="/", env=env, check=True)
     assert calls(env) == [[str(tmp_path), *launch_argv(run_dir)[1:]]]
+
+
+@pytest.mark.parametrize("name", ["cpu_ddp_2", "gpu_single", "multinode_zero3_2x8_c10d"])
+def test_every_launch_keeps_the_ranks_error_files_in_the_run_directory(name, tmp_path):
+    """launch.sh (on each machine) and slurm.sbatch, not only `tuner run`, pass torchrun's --log_dir <run dir>/elastic,
+    where tuner.launch.failures.raised_at reads each rank's error.json; the run dir is quoted as every other value."""
+    recipe = case_recipe(name)
+    project = tmp_path / "project"
+    run_dir = Path("runs") / "it's a run"  # a space and a quote: quoting must hold
+    elastic = str(run_dir / ELASTIC_LOG_DIR)
+    files = render_run_files(recipe, run_dir)
+    (project / run_dir).mkdir(parents=True)
+    for file in (LAUNCH_SCRIPT, SLURM_SCRIPT):
+        if file in files:
+            (project / run_dir / file).write_text(files[file])
+            (project / run_dir / file).chmod(0o755)
+    assert f"--log_dir {shlex.quote(elastic)} " in files[LAUNCH_SCRIPT]
+    assert files[LAUNCH_SCRIPT].count("--log_dir") == 1  # defined once, by launch_argv
+    env = install_fakes(tmp_path / "fakes")
+    machines = recipe.hardware.machines
+    launches = []
+    for rank in range(machines):
+        args = [] if machines == 1 else [str(rank)]
+        subprocess.run(["bash", str(project / run_dir / LAUNCH_SCRIPT), *args], cwd=tmp_path, env=env, check=True)
+        launches.append(calls(env)[-1])
+    if SLURM_SCRIPT in files:
+        subprocess.run(["bash", str(project / run_dir / SLURM_SCRIPT)], cwd=project,
+                       env={**env, "FAKE_NODES": str(machines)}, check=True)
+        launches += [call for call in calls(env) if call[1] == "launch"]
+    assert len(launches) == machines * (2 if SLURM_SCRIPT in files else 1)
+    for call in launches:
+        assert call[0] == str(project) and call[call.index("--log_dir") + 1] == elastic, call
+    assert launch_argv(run_dir)[:6] == ["accelerate", "launch", "--config_file", str(run_dir / ACCELERATE_CONFIG),
+                                        "--log_dir", elastic]
 
 
 def test_slurm_script_starts_one_launch_per_node():

@@ -27,7 +27,8 @@ def test_dry_run_writes_and_prints_the_files_and_command_and_runs_nothing(tmp_pa
     for name in ("accelerate.yaml", "deepspeed.json", "launch.sh"):
         assert f"==> runs/dry/{name} <==" in result.stdout
     assert result.stdout.rstrip().endswith(
-        "accelerate launch --config_file runs/dry/accelerate.yaml -m tuner.train runs/dry/recipe.lock.yaml")
+        "accelerate launch --config_file runs/dry/accelerate.yaml --log_dir runs/dry/elastic -m tuner.train "
+        "runs/dry/recipe.lock.yaml")
     assert not (run_dir / "train.log").exists() and not (run_dir / "events.jsonl").exists()
 
     # what a dry run left (no run started there) is replaced without --force, stale files included
@@ -54,7 +55,8 @@ def test_multi_node_run_says_what_to_start_on_each_machine(tmp_path, tuner_cli):
                                             "memory.distributed=ddp", "memory.mixed_precision=bf16"), cwd=tmp_path)
     assert result.returncode == 2
     assert "runs/nodes/launch.sh N" in result.stderr and "sbatch runs/nodes/slurm.sbatch" in result.stderr
-    assert "machine 1: accelerate launch --config_file runs/nodes/accelerate.yaml --machine_rank 1" in result.stderr
+    assert ("machine 1: accelerate launch --config_file runs/nodes/accelerate.yaml --log_dir runs/nodes/elastic "
+            "--machine_rank 1") in result.stderr
 
 
 def test_a_plan_that_does_not_fit_is_refused_unless_forced(tmp_path, tuner_cli):

@@ -42,6 +42,7 @@ def test_control_characters_in_names_and_paths_are_refused_naming_the_field(name
 def test_the_launch_command_quotes_every_name(name) -> None:
     argv = launch_argv(Path("runs") / name)
     assert str(Path("runs") / name / "recipe.lock.yaml") in argv
+    assert argv[argv.index("--log_dir") + 1] == str(Path("runs") / name / "elastic")
     assert shlex.split(shell_command(argv)) == argv
 
 

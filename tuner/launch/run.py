@@ -331,8 +331,7 @@ def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[Event], list[
     try:
         with signals_stop_the_run():
             try:
-                argv = launch_argv(run_dir)  # torchrun keeps each rank's error file under the run directory
-                launch = Launch([*argv[:2], "--log_dir", str(run_dir / ELASTIC_LOG_DIR), *argv[2:]], run_dir)
+                launch = Launch(launch_argv(run_dir), run_dir)  # its --log_dir keeps each rank's error file here
                 while (code := launch.wait(POLL_S)) is None:
                     _deliver(launch, on_update)
                     if stop is not None and stop.is_set():

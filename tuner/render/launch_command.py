@@ -4,15 +4,18 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from tuner.rundir.layout import ACCELERATE_CONFIG, LOCK_FILE
+from tuner.rundir.layout import ACCELERATE_CONFIG, ELASTIC_LOG_DIR, LOCK_FILE
 
 
 def launch_argv(run_dir: str | Path, machine_rank: int | str | None = None,
                 main_process_ip: str | None = None) -> list[str]:
     """The launch command; on a multi-node run each machine adds its own ``machine_rank`` (and may
-    override the address of rank 0, as a Slurm job does once it knows its nodes)."""
+    override the address of rank 0, as a Slurm job does once it knows its nodes).  ``--log_dir`` (torchrun's,
+    forwarded by accelerate) keeps each rank's elastic error file in the run directory, however it is launched:
+    ``tuner run``, launch.sh on each machine, or the Slurm script."""
     run_dir = Path(run_dir)
-    argv = ["accelerate", "launch", "--config_file", str(run_dir / ACCELERATE_CONFIG)]
+    argv = ["accelerate", "launch", "--config_file", str(run_dir / ACCELERATE_CONFIG),
+            "--log_dir", str(run_dir / ELASTIC_LOG_DIR)]
     if machine_rank is not None:
         argv += ["--machine_rank", str(machine_rank)]
     if main_process_ip is not None:

@@ -2,4 +2,4 @@
 # Written by tuner: the exact command `tuner run` launches.
 set -euo pipefail
 cd "$(dirname "$0")"/../..
-accelerate launch --config_file runs/cpu_zero3_2/accelerate.yaml -m tuner.train runs/cpu_zero3_2/recipe.lock.yaml "$@"
+accelerate launch --config_file runs/cpu_zero3_2/accelerate.yaml --log_dir runs/cpu_zero3_2/elastic -m tuner.train runs/cpu_zero3_2/recipe.lock.yaml "$@"

@@ -2,4 +2,4 @@
 # Written by tuner: the exact command `tuner run` launches.
 set -euo pipefail
 cd "$(dirname "$0")"/../..
-accelerate launch --config_file runs/gpu_fsdp_8/accelerate.yaml -m tuner.train runs/gpu_fsdp_8/recipe.lock.yaml "$@"
+accelerate launch --config_file runs/gpu_fsdp_8/accelerate.yaml --log_dir runs/gpu_fsdp_8/elastic -m tuner.train runs/gpu_fsdp_8/recipe.lock.yaml "$@"

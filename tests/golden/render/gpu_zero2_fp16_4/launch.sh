@@ -2,4 +2,4 @@
 # Written by tuner: the exact command `tuner run` launches.
 set -euo pipefail
 cd "$(dirname "$0")"/../..
-accelerate launch --config_file runs/gpu_zero2_fp16_4/accelerate.yaml -m tuner.train runs/gpu_zero2_fp16_4/recipe.lock.yaml "$@"
+accelerate launch --config_file runs/gpu_zero2_fp16_4/accelerate.yaml --log_dir runs/gpu_zero2_fp16_4/elastic -m tuner.train runs/gpu_zero2_fp16_4/recipe.lock.yaml "$@"

@@ -13,4 +13,4 @@ machine_rank="${1:?$usage}"
 shift
 main_process_ip=${MAIN_PROCESS_IP:-10.0.0.1}
 tuner doctor --preflight --machine-rank "$machine_rank" runs/multinode_ddp_2x8/recipe.lock.yaml
-exec accelerate launch --config_file runs/multinode_ddp_2x8/accelerate.yaml --machine_rank "$machine_rank" --main_process_ip "$main_process_ip" -m tuner.train runs/multinode_ddp_2x8/recipe.lock.yaml "$@"
+exec accelerate launch --config_file runs/multinode_ddp_2x8/accelerate.yaml --log_dir runs/multinode_ddp_2x8/elastic --machine_rank "$machine_rank" --main_process_ip "$main_process_ip" -m tuner.train runs/multinode_ddp_2x8/recipe.lock.yaml "$@"

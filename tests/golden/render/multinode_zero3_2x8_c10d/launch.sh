@@ -13,4 +13,4 @@ machine_rank="${1:?$usage}"
 shift
 main_process_ip=${MAIN_PROCESS_IP:-10.0.0.1}
 tuner doctor --preflight --machine-rank "$machine_rank" runs/multinode_zero3_2x8_c10d/recipe.lock.yaml
-exec accelerate launch --config_file runs/multinode_zero3_2x8_c10d/accelerate.yaml --machine_rank "$machine_rank" --main_process_ip "$main_process_ip" -m tuner.train runs/multinode_zero3_2x8_c10d/recipe.lock.yaml "$@"
+exec accelerate launch --config_file runs/multinode_zero3_2x8_c10d/accelerate.yaml --log_dir runs/multinode_zero3_2x8_c10d/elastic --machine_rank "$machine_rank" --main_process_ip "$main_process_ip" -m tuner.train runs/multinode_zero3_2x8_c10d/recipe.lock.yaml "$@"
