@@ -173,7 +173,7 @@ def fetch_run_model(run_dir: Path) -> Check | None:
     import sys
 
     from tuner.catalog.hub import HubError
-    from tuner.doctor import check_download_room
+    from tuner.free_space import check_download_room
     from tuner.loading.hub_download import HubDownload, download
     from tuner.rundir.layout import MODEL_SNAPSHOT
 

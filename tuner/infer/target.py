@@ -147,7 +147,7 @@ def _downloaded(target: InferenceTarget, shown: bool) -> InferenceTarget:
     import sys
 
     from tuner.catalog.hub import HubError
-    from tuner.doctor import check_download_room
+    from tuner.free_space import check_download_room
     from tuner.loading.hub_download import download, plan_download
 
     model = target.recipe.model

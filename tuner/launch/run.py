@@ -137,9 +137,9 @@ def _memory_check(recipe: Recipe) -> tuple[MemoryPlan, list[str], str | None]:
 def _disk_check(recipe: Recipe, memory: MemoryPlan, download: HubDownload | None) -> list[str]:
     """A full or read-only disk found now, not at the first checkpoint hours in; a download that cannot fit is
     refused before its first byte."""
-    from tuner.doctor import check_disk
+    from tuner.free_space import disk_room
 
-    disk = check_disk(recipe, memory, download)
+    disk = disk_room(recipe, memory, download)
     return [f"output.dir: {disk.detail}.", f"{disk.fix}."] if disk.status == "fail" else []
 
 

@@ -416,6 +416,12 @@ class Recipe(Section):
         return self.hardware.gpus_per_machine > 0
 
     @property
+    def uses_bitsandbytes(self) -> bool:
+        """A quantised base model or an 8-bit / paged optimizer."""
+        return (self.method.quantization is not None or "8bit" in self.memory.optimizer
+                or "paged" in self.memory.optimizer)
+
+    @property
     def data_parallel(self) -> int:
         """Ranks that each see a different batch: the world over the ranks that share one (tp x cp x sp)."""
         return max(1, self.world_size // self.parallelism.model_parallel)

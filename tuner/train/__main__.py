@@ -258,7 +258,6 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
 def main(argv: list[str] | None = None) -> int:
     from tuner.build_once import BuildTimeout
     from tuner.data.sources import DataError
-    from tuner.doctor import needs_bitsandbytes
     from tuner.loading.model import ModelLoadError
     from tuner.train.rewards import RewardError
     from tuner.train.supervision import watch_supervisor
@@ -277,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe = None
     try:
         recipe = load_recipe(lock)
-        if not needs_bitsandbytes(recipe):  # peft imports it anyway; its missing-kernel notes concern no one here
+        if not recipe.uses_bitsandbytes:  # peft imports it anyway; its missing-kernel notes concern no one here
             logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
         return train(recipe, lock.parent, args.profile)
     except (RecipeError, CheckpointRefused, DataError, ModelLoadError, RewardError, BuildTimeout) as exc:

@@ -31,11 +31,11 @@ class Planner:
         self._plan, self._advise, self._disk, self._measured = plan, advise, disk, measured
 
     def _defaults(self) -> None:
-        from tuner.doctor import check_disk
+        from tuner.free_space import disk_room
         from tuner.planner.measured import measured_record
         from tuner.planner import advise, plan
 
-        self._plan, self._advise, self._disk = self._plan or plan, self._advise or advise, self._disk or check_disk
+        self._plan, self._advise, self._disk = self._plan or plan, self._advise or advise, self._disk or disk_room
         self._measured = self._measured or measured_record
 
     def plan(self, recipe: Recipe) -> MemoryPlan:
