@@ -66,14 +66,14 @@ def test_lora_dropout_on_fused_moe_experts_is_refused_at_validate_in_peft_words(
 
 def test_auto_attention_loads_gemma2_with_eager_and_plans_it():
     from tuner.planner import plan
-    from tuner.planner.memory import _setup
+    from tuner.planner.rank_setup import rank_setup
 
     recipe = load_recipe(builtin_path("gemma2/9b-lora"))
     assert recipe.memory.attention == "auto"
     assert build_on_meta(recipe).config._attn_implementation == "eager"
-    assert _setup(recipe).eager, "the plan counts the eager path the run takes"
+    assert rank_setup(recipe).eager, "the plan counts the eager path the run takes"
     assert any("planned as eager" in note for note in plan(recipe).notes)
-    assert not _setup(load_recipe(builtin_path("llama3.1/8b-lora"))).eager
+    assert not rank_setup(load_recipe(builtin_path("llama3.1/8b-lora"))).eager
 
 
 def test_recipes_check_builds_each_model_and_names_the_one_that_does_not(tmp_path, monkeypatch, capsys):

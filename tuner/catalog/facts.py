@@ -70,7 +70,7 @@ class ModelFacts:
     attn_logit_softcapping: float | None = None  # Gemma-2: tanh-capped attention scores (eager keeps their tanh)
     final_logit_softcapping: float | None = None  # Gemma-2: tanh-capped logits (another T x V kept for backward)
     inventory_key: str = ""  # the config's sha256: two facts with equal numbers but other trees differ here
-    tp: int = 1  # the tensor-parallel ranks this is one rank's share for (tuner.planner.memory.rank_facts)
+    tp: int = 1  # the tensor-parallel ranks this is one rank's share for (tuner.planner.rank_setup.rank_facts)
     trust_remote_code: bool = False  # what building it again (to measure PEFT's targets) may run
     code_folder: str = ""  # where its own code is (config.json and the .py files its auto_map names), if trusted
     inventory: Inventory | None = field(default=None, compare=False, hash=False, repr=False)
