@@ -63,7 +63,7 @@ def _error(config: dict, precision: str, method: str, checkpointing: bool, seq: 
     device = plan(recipe).devices[0]
     predicted = device.moment_gib(EVAL, ("allocated",)) if evaluation else device.phase_gib(TRAINING_STEP, ("allocated",))
     if cell not in traces:
-        from tuner.planner.simulate import simulate  # not needed to replay (an older planner may lack evaluation=)
+        from tuner.loading.simulate import simulate  # not needed to replay (an older planner may lack evaluation=)
 
         traced = simulate(recipe, evaluation=evaluation)
         assert traced.error is None, traced.error

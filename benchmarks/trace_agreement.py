@@ -59,7 +59,7 @@ def allocated_step_gib(memory_plan) -> float:
 
 def run(name: str, root: Path) -> list[float]:
     from tuner.planner import plan
-    from tuner.planner.simulate import simulate
+    from tuner.loading.simulate import simulate
     from tuner.recipe.io import validate_recipe
 
     which, dtype, mixed = SETS[name]

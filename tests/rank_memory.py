@@ -153,7 +153,7 @@ def trace(engine_name: str, precision: str, config, rank: int, model_dir: str = 
     from torch.distributed._tools.mem_tracker import MemTracker
     from transformers import AutoModelForCausalLM
 
-    from tuner.planner.simulate import frozen_aware_tracker
+    from tuner.loading.simulate import frozen_aware_tracker
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
@@ -210,7 +210,7 @@ def trace_grpo(engine_name: str, precision: str, config, model_dir: str) -> dict
     from transformers import AutoModelForCausalLM
     from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
-    from tuner.planner.simulate import frozen_aware_tracker, grpo_round
+    from tuner.loading.simulate import frozen_aware_tracker, grpo_round
 
     recipe = grpo_recipe(model_dir, engine_name, dist.get_world_size(), precision)
     torch.manual_seed(0)

@@ -11,7 +11,7 @@ import pytest
 
 from tuner.planner import plan
 from tuner.planner.items import TRAINING_STEP
-from tuner.planner.simulate import simulate
+from tuner.loading.simulate import simulate
 from tuner.recipe.io import validate_recipe
 
 TOLERANCE = 0.08  # the bound; every cell's error is in docs/memory.md, "Layer kinds"

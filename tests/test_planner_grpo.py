@@ -149,7 +149,7 @@ TRACE_TOLERANCE = 0.08
 
 @pytest.mark.parametrize("cell", CELLS, ids=[f"{c[0]}-{c[1]}-beta{c[2]}" for c in CELLS])
 def test_round_within_8_percent_of_a_traced_grpo_step(cell, tmp_path):
-    from tuner.planner.simulate import simulate_grpo
+    from tuner.loading.simulate import simulate_grpo
 
     shape, method, beta, prompt, completion, batch, rounds, settings = cell
     (tmp_path / "config.json").write_text(json.dumps({**SHAPES[shape], "max_position_embeddings": 512}))

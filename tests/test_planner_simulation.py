@@ -14,7 +14,7 @@ import pytest
 
 from tuner.planner import plan
 from tuner.planner.items import TRAINING_STEP
-from tuner.planner.simulate import simulate, why_not_simulable
+from tuner.loading.simulate import simulate, why_not_simulable
 from tuner.recipe.io import validate_recipe
 
 TOLERANCE = 0.15
@@ -87,14 +87,12 @@ TACTIC_CELLS = [
                          ids=["-".join(map(str, cell[:6])) + "-" + ".".join(k for v in cell[6].values() for k in v)
                               for cell in TACTIC_CELLS])
 def test_tactics_agree_with_simulation(model_dirs, arch, method, checkpointing, attention, seq, batch, settings):
-    from tuner.loading.chunked_loss import enable_chunked_loss
-
     data = _recipe(model_dirs / arch, method, checkpointing, attention, seq, batch).model_dump(mode="json")
     for section, values in settings.items():
         data[section].update(values)
     recipe = validate_recipe(data)
     predicted = plan(recipe).devices[0].phase_gib(TRAINING_STEP, ("allocated",))
-    simulated = simulate(recipe, enable_chunked_loss if recipe.memory.chunked_loss else None)
+    simulated = simulate(recipe)
     assert simulated.error is None
     assert predicted == pytest.approx(simulated.peak_gib, rel=0.05), simulated.peak_by_category
 

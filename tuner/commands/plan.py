@@ -101,16 +101,13 @@ def run(args) -> int:
         raise RecipeError([f"model.id: {exc}"]) from None
     simulation = None
     if args.simulate and recipe.objective.grpo is not None:  # a round: generation and the training step
-        from tuner.planner.simulate import simulate_grpo
+        from tuner.loading.simulate import simulate_grpo
 
         simulation = simulate_grpo(recipe)
     elif args.simulate:
-        from tuner.planner.simulate import simulate
+        from tuner.loading.simulate import simulate
 
-        adapt = None
-        if recipe.memory.chunked_loss:
-            from tuner.loading.chunked_loss import enable_chunked_loss as adapt
-        simulation = simulate(recipe, adapt)
+        simulation = simulate(recipe)
     from tuner.planner.measured import measured_record
 
     measured = measured_record(recipe)  # a probe of this setup on this machine, shown beside the plan

@@ -89,13 +89,15 @@ def flash_problem() -> str | None:
 TRANSFORMERS_ATTENTION = {"flash": "flash_attention_2", "sdpa": "sdpa", "eager": "eager"}
 
 
-def choose_attention(requested: str, model_type: str | None = None) -> tuple[str, str]:
+def choose_attention(requested: str, model_type: str | None = None,
+                     flash_missing: str | None = None) -> tuple[str, str]:
     """The attention implementation to load with (transformers' name) and why (logged, never silent): the rule of
-    :func:`tuner.catalog.model_classes.attention_for`, with what this machine has and the model class supports."""
+    :func:`tuner.catalog.model_classes.attention_for`, with what this machine has (or ``flash_missing``: why a
+    build elsewhere cannot run flash-attn) and the model class supports."""
     from tuner.catalog.model_classes import attention_for, model_class
 
     cls = model_class(model_type) if model_type else None
-    attention, reason = attention_for(requested, cls, flash_problem())
+    attention, reason = attention_for(requested, cls, flash_missing or flash_problem())
     return TRANSFORMERS_ATTENTION[attention], reason
 
 
@@ -224,11 +226,11 @@ def apply_lora(model, recipe: Recipe):
     return get_peft_model(prepare_for_adapters(model, recipe), lora_config(recipe))
 
 
-def build_on_meta(recipe: Recipe, layers: int | None = 2):
+def build_on_meta(recipe: Recipe, layers: int | None = 2, flash_missing: str | None = None):
     """The recipe's model as training builds it -- its real class from its config, the attention this machine would
     load it with, bitsandbytes' layers for qlora (transformers' own quantizer), k-bit preparation and PEFT's
     adapters -- on the meta device: no weights, and at most ``layers`` decoder layers (they all hold the same
-    modules; None: all).  Raises what transformers, bitsandbytes or PEFT raise: a recipe that validates builds."""
+    modules; None: all); ``flash_missing``: see :func:`choose_attention`.  Raises what transformers, bitsandbytes or PEFT raise: a recipe that validates builds."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -242,7 +244,7 @@ def build_on_meta(recipe: Recipe, layers: int | None = 2):
         if isinstance(data.get("layer_types"), list):
             data["layer_types"] = data["layer_types"][:layers]
     config = AutoConfig.for_model(**data)
-    attention, _ = choose_attention(recipe.memory.attention, config.model_type)
+    attention, _ = choose_attention(recipe.memory.attention, config.model_type, flash_missing)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(recipe.model.dtype),
                                                  attn_implementation=attention)

@@ -203,7 +203,7 @@ def eval_items(s: Setup) -> list[Item]:
     states, and the larger of one layer's forward transient (SwiGLU's gate, up and product, or eager's scores) and
     the loss, which runs after the last layer: the logits built whole (a), their fp32 upcast (4, none when they are
     fp32 already) and the fp32 log-softmax (4) -- unless a fused or chunked loss runs.  Traced with
-    :func:`tuner.planner.simulate.simulate` (``evaluation=True``).
+    :func:`tuner.loading.simulate.simulate` (``evaluation=True``).
     """
 
     f = s.facts

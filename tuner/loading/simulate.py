@@ -25,11 +25,12 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
 
-from tuner.catalog.models import model_config
+from tuner.loading.chunked_loss import enable_chunked_loss
+from tuner.loading.model import build_on_meta
+from tuner.planner.items import GENERATION, GIB, TRAINING_STEP
 
-GIB = 2**30
+CPU_TRACE = "a CPU trace cannot run flash-attn"  # the attention is chosen as on a machine without it
 
 _CATEGORY = {"Parameter": "weights", "Buffer": "weights", "Gradient": "gradients", "Optstate": "optimizer",
              "Activation": "activations", "Temp": "backward temporaries", "Other": "other"}
@@ -201,51 +202,22 @@ def _optimizer_with_states(model):
     return trainable, optimizer
 
 
-def _dtypes(recipe):
-    """(the weights' torch dtype, autocast's or None)."""
+def _autocast_dtype(recipe):
+    """The dtype the Trainer autocasts to under the recipe's mixed precision, or None."""
     import torch
 
-    weights = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[recipe.model.dtype]
-    return weights, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(recipe.memory.mixed_precision)
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(recipe.memory.mixed_precision)
 
 
-def _model_config(recipe):
-    """The transformers config of the recipe's model, from its config.json (no weights)."""
-    from transformers import AutoConfig
-
-    data = {key: value for key, value in model_config(recipe.model.id, recipe.model.revision,
-                                                      recipe.model.trust_remote_code).items()
-            if not key.startswith("_")}
-    for key in ("transformers_version", "architectures"):
-        data.pop(key, None)
-    return AutoConfig.for_model(**data)
-
-
-def _attention(recipe, config) -> str:
-    """The attention the run loads with, as on a machine without flash-attn (a CPU trace cannot run its kernel)."""
-    from tuner.catalog.model_classes import attention_for, model_class
-
-    return attention_for(recipe.memory.attention, model_class(config.model_type),
-                         "a CPU trace cannot run flash-attn")[0]
-
-
-def _built(recipe, config, dtype, attention: str):
-    """The policy (with LoRA), and a frozen reference copy for full fine-tuning with a KL penalty, on meta."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):  # PEFT cannot move fake tensors, so build on meta and materialise as fakes
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
-        reference = None
-        if recipe.objective.reference_model and recipe.method.kind == "full" and \
-                not recipe.objective.precompute_ref_log_probs:
-            reference = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
-    if recipe.method.kind == "lora":
-        from peft import get_peft_model
-
-        from tuner.recipe.adapters import lora_config
-
-        model = get_peft_model(model, lora_config(recipe))
+def _built(recipe):
+    """The policy as training builds it (:func:`tuner.loading.model.build_on_meta`: its class, attention, the one
+    LoRA config with its modules_to_save), and a frozen reference copy for full fine-tuning with a KL penalty, on
+    meta (PEFT cannot move fake tensors, so build on meta and materialise as fakes)."""
+    model = build_on_meta(recipe, layers=None, flash_missing=CPU_TRACE)
+    reference = None
+    if recipe.objective.reference_model and recipe.method.kind == "full" and \
+            not recipe.objective.precompute_ref_log_probs:
+        reference = build_on_meta(recipe, layers=None, flash_missing=CPU_TRACE)
     return model, reference
 
 
@@ -349,12 +321,10 @@ def simulate_grpo(recipe) -> SimulationResult:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
-    from tuner.planner.items import GENERATION, TRAINING_STEP
-
     mem = recipe.memory
-    config = _model_config(recipe)
-    dtype, autocast_dtype = _dtypes(recipe)
-    model, reference = _built(recipe, config, dtype, _attention(recipe, config))
+    autocast_dtype = _autocast_dtype(recipe)
+    model, reference = _built(recipe)
+    vocab = model.config.get_text_config().vocab_size
     disable_dropout_in_model(model)
     add_fused_lm_head(model.get_base_model() if recipe.method.kind != "full" else model,
                       temperature=recipe.objective.grpo.temperature, outputs=("log_probs", "entropy"))
@@ -366,7 +336,7 @@ def simulate_grpo(recipe) -> SimulationResult:
         if mem.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         trainable, optimizer = _optimizer_with_states(model)
-        generation, loss_step, prompts = grpo_round(model, reference, recipe, config.vocab_size)
+        generation, loss_step, prompts = grpo_round(model, reference, recipe, vocab)
         tracker = frozen_aware_tracker()
         tracker.track_external(generation, optimizer)
         with tracker:
@@ -395,13 +365,13 @@ def simulate_grpo(recipe) -> SimulationResult:
                             notes=["simulated on CPU kernels; generation traced as generate's decoding loop"])
 
 
-def simulate(recipe, adapt: Callable | None = None, evaluation: bool = False) -> SimulationResult:
+def simulate(recipe, evaluation: bool = False) -> SimulationResult:
     """Trace one steady-state training step of ``recipe``'s model on one process, with fake tensors; with
     ``evaluation``, one batch of the Trainer's evaluation loop instead (``prediction_step``: eval mode, no gradients,
     the loss of a micro-batch) between two steps, beside the weights and the optimizer states.
 
-    ``adapt(model)`` changes the built model as the training entrypoint does beyond transformers and PEFT (the
-    chunked loss: :func:`tuner.loading.chunked_loss.enable_chunked_loss`, from a floor above this one).
+    The model is the one the training entrypoint builds: with ``memory.chunked_loss`` an sft step takes the chunked
+    loss (:func:`tuner.loading.chunked_loss.enable_chunked_loss`); dpo and kto take TRL's fused head, as they train.
     With ``data.packing`` the micro-batch is one row of ``micro_batch_size x max_seq_length`` tokens whose
     position ids restart every ``max_seq_length`` tokens, as DataCollatorWithFlattening makes it.
     """
@@ -413,21 +383,18 @@ def simulate(recipe, adapt: Callable | None = None, evaluation: bool = False) ->
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mem = recipe.memory
-    config = _model_config(recipe)
-    config.use_cache = False
-    attention = _attention(recipe, config)
-    dtype, autocast_dtype = _dtypes(recipe)
+    autocast_dtype = _autocast_dtype(recipe)
     notes = ["simulated on CPU kernels (sdpa: the CPU flash kernel; AdamW: the single-tensor loop)."]
     if recipe.uses_gpu:
         notes.append("the analytic plan of a GPU recipe also counts CUDA's foreach AdamW temporaries, "
                      "CUDA context and allocator slack, which a CPU trace does not see.")
     batch, seq = mem.micro_batch_size, mem.max_seq_length
     objective = recipe.objective
-    model, reference = _built(recipe, config, dtype, attention)
-    if adapt is not None:
-        adapt(model)
-    elif mem.chunked_loss:
-        notes.append("memory.chunked_loss is not traced here (the step runs the transformers loss).")
+    model, reference = _built(recipe)
+    model.config.use_cache = False  # as the training entrypoint sets it
+    vocab = model.config.get_text_config().vocab_size
+    if mem.chunked_loss and not objective.preference:
+        enable_chunked_loss(model)
     if objective.preference:
         _prepare_like_trl(model, reference, objective.kind)
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -438,10 +405,10 @@ def simulate(recipe, adapt: Callable | None = None, evaluation: bool = False) ->
         trainable, optimizer = _optimizer_with_states(model)
         preference = _preference_step(model, reference, recipe) if objective.preference else None
         if recipe.data.packing:
-            ids = torch.randint(0, config.vocab_size, (1, batch * seq))
+            ids = torch.randint(0, vocab, (1, batch * seq))
             inputs = {"input_ids": ids, "labels": ids, "position_ids": torch.arange(seq).repeat(batch)[None]}
         else:  # dpo stacks the chosen and rejected sequences of each pair
-            ids = torch.randint(0, config.vocab_size, (batch * (2 if objective.kind == "dpo" else 1), seq))
+            ids = torch.randint(0, vocab, (batch * (2 if objective.kind == "dpo" else 1), seq))
             inputs = {"input_ids": ids, "labels": ids}
 
         def step() -> None:
