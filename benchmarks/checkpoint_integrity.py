@@ -39,7 +39,7 @@ RESULTS = REPO / "benchmarks" / "results"
 
 def old_file_digests(directory: Path) -> dict[str, dict]:
     """The save-side hashing tuner did before issue 29 (``file_digests``, kept here as the reference)."""
-    from tuner.run_layout import CHECKPOINT_INFO
+    from tuner.rundir.layout import CHECKPOINT_INFO
 
     digests = {}
     for path in sorted(directory.rglob("*")):
@@ -125,7 +125,7 @@ def timed(action, directory: Path, cold: bool) -> float:
 
 def main() -> None:
     from tuner.rundir.integrity import checkpoint_problem, saved_files
-    from tuner.run_layout import CHECKPOINT_INFO
+    from tuner.rundir.layout import CHECKPOINT_INFO
 
     with tempfile.TemporaryDirectory(dir="/tmp") as scratch:
         checkpoint = Path(scratch) / "checkpoint-500"

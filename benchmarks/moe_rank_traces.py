@@ -60,7 +60,7 @@ def planned(model_dir: Path, run: str, ranks: int = RANKS) -> tuple[float, float
     from rank_memory import traced_recipe
 
     from tuner.planner import plan
-    from tuner.planner.memory import ALWAYS, TRAINING_STEP
+    from tuner.planner.items import ALWAYS, TRAINING_STEP
 
     device = plan(traced_recipe(model_dir, run, ranks)).devices[0]  # a CPU recipe's device holds every process
     between_steps = sum(i.bytes for i in device.items if i.phase == ALWAYS and i.level == "allocated"

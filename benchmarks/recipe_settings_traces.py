@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from tuner.planner import plan
-from tuner.planner.memory import EVAL, TRAINING_STEP
+from tuner.planner.items import EVAL, TRAINING_STEP
 from tuner.recipe.io import validate_recipe
 
 GEMMA2 = dict(model_type="gemma2", hidden_size=192, intermediate_size=512, num_hidden_layers=3, num_attention_heads=6,

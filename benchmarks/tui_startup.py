@@ -31,13 +31,13 @@ CHANGES = [
     {"memory.gradient_checkpointing": True},
     {"memory.gradient_checkpointing": False},
     {"method.kind": "lora", "method.quantization": None},
-    {"memory.micro_batch_size": 8},
+    {"training.micro_batch_size": 8},
     {"memory.distributed": "deepspeed", "memory.zero_stage": 2},
     {"memory.offload_optimizer": "cpu"},
     {"memory.offload_optimizer": "none"},
     {"memory.distributed": "none", "memory.zero_stage": None},
     {"method.kind": "full", "method.quantization": None},
-    {"memory.micro_batch_size": 1},
+    {"training.micro_batch_size": 1},
 ]
 
 

@@ -65,7 +65,7 @@ def trained_demo(tmp_path_factory) -> Path:
     use it share an xdist group ("trained-demo"), so one worker trains it once."""
     cwd = tmp_path_factory.mktemp("trained-demo")
     trained = run_tuner("run", "demo", "--set", "training.max_steps=200", "--set", "data.eval_fraction=0.02",
-                        "--set", "memory.max_seq_length=24", cwd=cwd)
+                        "--set", "training.max_seq_length=24", cwd=cwd)
     assert trained.returncode == 0, trained.stderr[-2000:]
     return cwd / "runs" / "demo"
 

@@ -49,8 +49,8 @@ def traced_recipe(model_dir, run: str, ranks: int):
     return Recipe.model_validate({
         "model": {"id": str(model_dir), "dtype": "float32"}, "method": method,
         "hardware": {"gpus_per_machine": 0, "num_processes": ranks},
-        "memory": {**memory, "mixed_precision": precision if precision == "bf16" else "no", "max_seq_length": SEQ,
-                   "micro_batch_size": BATCH},
+        "memory": {**memory, "mixed_precision": precision if precision == "bf16" else "no"},
+        "training": {"max_seq_length": SEQ, "micro_batch_size": BATCH},
         "data": {"eval_fraction": 0}})
 
 
@@ -62,8 +62,8 @@ def grpo_recipe(model_dir: str, engine: str, ranks: int, precision: str):
     return Recipe.model_validate({
         "model": {"id": str(model_dir), "dtype": "float32"}, "objective": GRPO,
         "hardware": {"gpus_per_machine": 0, "num_processes": ranks},
-        "memory": {**memory, "mixed_precision": precision if precision == "bf16" else "no", "micro_batch_size":
-                   GRPO_BATCH, "max_seq_length": 32},
+        "memory": {**memory, "mixed_precision": precision if precision == "bf16" else "no"},
+        "training": {"micro_batch_size": GRPO_BATCH, "max_seq_length": 32},
         "data": {"eval_fraction": 0, "format": "prompt"}})
 
 

@@ -34,7 +34,7 @@ def test_cp_refuses_to_overwrite_without_force(tmp_path, capsys):
 
 
 def test_validate_prints_resolved_recipe_and_accepts_builtin_names(capsys):
-    assert main(["validate", "demo", "--set", "memory.micro_batch_size=8"]) == 0
+    assert main(["validate", "demo", "--set", "training.micro_batch_size=8"]) == 0
     out = capsys.readouterr().out
     assert "micro_batch_size: 8" in out and "dir: runs/demo" in out
 

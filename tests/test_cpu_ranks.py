@@ -28,7 +28,7 @@ def two_rank_overrides(name: str, *extra: str) -> list[str]:
     settings = [
         f"name={name}", "hardware.num_processes=2", f"hardware.main_process_port={free_port()}",
         "training.max_steps=6", "training.warmup_steps=0", "training.logging_steps=1",
-        "data.max_samples=120", "data.eval_fraction=0", "memory.micro_batch_size=4", *extra,
+        "data.max_samples=120", "data.eval_fraction=0", "training.micro_batch_size=4", *extra,
     ]
     return [arg for setting in settings for arg in ("--set", setting)]
 

@@ -28,7 +28,7 @@ def test_every_planner_source_is_explained_in_the_memory_docs():
     """Plans are claims: every `source` key an item of the plan carries is a bracketed key in docs/memory.md."""
     import re
 
-    code = (REPO / "tuner" / "planner" / "memory.py").read_text()
+    code = "\n".join(path.read_text() for path in sorted((REPO / "tuner" / "planner").glob("*.py")))
     keys = {key for expression in re.findall(r"source=([^,)]*(?:\n[^,)]*)?)", code)
             for key in re.findall(r'(?:^|else )"([a-z0-9-]+)"', expression.strip())}  # the keys, not conditions
     documented = set(re.findall(r"`\[([a-z0-9-]+)\]`", (REPO / "docs" / "memory.md").read_text()))

@@ -9,7 +9,7 @@ from tuner.recipe.registry import builtin_path
 from tuner.render.run_directory import write_run_directory
 
 TINY = ["data.max_samples=640", "training.max_steps=40", "training.logging_steps=5", "training.warmup_steps=5",
-        "memory.micro_batch_size=16"]
+        "training.micro_batch_size=16"]
 
 
 def test_rendered_accelerate_config_loads_with_accelerates_own_loader(tmp_path):

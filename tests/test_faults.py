@@ -51,7 +51,7 @@ def training_rank(process: subprocess.Popen, rank: int):
 def test_a_rank_killed_with_sigkill_is_reported_by_tuner_run(tmp_path, demo_model_path) -> None:
     settings = ["name=killed", "hardware.num_processes=2", "memory.distributed=ddp", f"hardware.main_process_port={free_port()}",
                 "training.max_steps=400", "training.logging_steps=1", "data.max_samples=200", "data.eval_fraction=0",
-                "memory.micro_batch_size=4"]
+                "training.micro_batch_size=4"]
     process = subprocess.Popen(
         [sys.executable, "-m", "tuner", "run", "demo", *[a for s in settings for a in ("--set", s)]],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -88,7 +88,7 @@ def test_an_exception_in_a_rank_is_reported_with_its_type_and_where(tmp_path, de
     (inject / "sitecustomize.py").write_text(RAISE_ON_RANK_1)
     settings = ["name=raised", "hardware.num_processes=2", "memory.distributed=ddp", f"hardware.main_process_port={free_port()}",
                 "training.max_steps=20", "training.logging_steps=1", "data.max_samples=64", "data.eval_fraction=0",
-                "memory.micro_batch_size=4"]
+                "training.micro_batch_size=4"]
     result = subprocess.run(
         [sys.executable, "-m", "tuner", "run", "demo", *[a for s in settings for a in ("--set", s)]],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
@@ -99,7 +99,7 @@ def test_an_exception_in_a_rank_is_reported_with_its_type_and_where(tmp_path, de
     assert "sitecustomize.py:" in result.stderr.split("raised at ")[1].split(")")[0]
 
 
-SMALL = ["data.max_samples=64", "data.eval_fraction=0", "memory.micro_batch_size=8", "training.warmup_steps=0",
+SMALL = ["data.max_samples=64", "data.eval_fraction=0", "training.micro_batch_size=8", "training.warmup_steps=0",
          "training.logging_steps=1", "training.save_steps=2", "training.resume=auto"]
 
 
@@ -187,7 +187,7 @@ def test_ranks_stop_without_saving_when_tuner_run_is_killed(tmp_path, demo_model
     settings = ["name=orphan", "hardware.num_processes=2", "memory.distributed=ddp",
                 f"hardware.main_process_port={free_port()}", "training.max_steps=100000", "training.logging_steps=100000",
                 "training.save_steps=1", "training.save_total_limit=1000", "data.max_samples=64",
-                "data.eval_fraction=0", "memory.micro_batch_size=4"]
+                "data.eval_fraction=0", "training.micro_batch_size=4"]
     process = subprocess.Popen(
         [sys.executable, "-m", "tuner", "run", "demo", *[a for s in settings for a in ("--set", s)]],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

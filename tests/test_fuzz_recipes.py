@@ -416,7 +416,7 @@ ARGUMENT_VALUES = st.one_of(
     st.sampled_from(["0", "-1", "1e9", "nan", "inf", "-inf", "1.5", "1e-9", "99999999999999999999", "8xA100-80GB",
                      "0xA100", "65x48GB", "x", "cpu=1GiB", "0=lots", "demo", "demo-lora", "builtin:demo", "recipe.yaml",
                      "runs/demo", "missing.yaml", "folder", "/dev/zero", "prompts.jsonl", "answers.jsonl", ".", "..",
-                     "memory.micro_batch_size=true", "name=x", "model.id=acme/x", "\udcff"]),
+                     "training.micro_batch_size=true", "name=x", "model.id=acme/x", "\udcff"]),
 )
 PATH_OPTIONS = {"-o", "--output", "--input", "--offload-folder", "--adapter"}
 # A value each argument accepts, so that most command lines get past argparse into the command itself.

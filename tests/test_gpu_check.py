@@ -63,8 +63,8 @@ def test_every_cell_is_a_valid_single_gpu_recipe():
     for cell in set(full_matrix()) | set(quick_matrix()):
         recipe = build_recipe(cell, "H200", 139.81)
         assert find_problems(recipe) == []
-        assert (recipe.method.kind, recipe.memory.gradient_checkpointing, recipe.memory.max_seq_length,
-                recipe.memory.attention, recipe.memory.micro_batch_size) == (
+        assert (recipe.method.kind, recipe.memory.gradient_checkpointing, recipe.training.max_seq_length,
+                recipe.memory.attention, recipe.training.micro_batch_size) == (
             cell.method, cell.gradient_checkpointing, cell.seq_len, cell.attention, cell.micro_batch)
         assert recipe.world_size == 1 and recipe.model.dtype == "bfloat16"
         assert (recipe.method.quantization is not None) == (cell.method == "qlora")
@@ -133,7 +133,7 @@ def test_predictions_are_added_per_cell_and_a_missing_planner_is_a_note():
     measured = read_results(SAMPLE)
 
     def double_the_micro_batch(recipe):
-        return Prediction(float(2 * recipe.memory.micro_batch_size), "fits", True)
+        return Prediction(float(2 * recipe.training.micro_batch_size), "fits", True)
 
     predicted, note = add_predictions(measured, double_the_micro_batch)
     assert note is None

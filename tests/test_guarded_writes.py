@@ -235,7 +235,7 @@ def test_recipes_cp_force_replaces_a_file_never_a_link_or_a_folder(tmp_path, cap
 
 # -- --force over an earlier run -----------------------------------------------------------------------------------
 
-SMALL = ["data.max_samples=64", "data.eval_fraction=0", "memory.micro_batch_size=8", "training.warmup_steps=0",
+SMALL = ["data.max_samples=64", "data.eval_fraction=0", "training.micro_batch_size=8", "training.warmup_steps=0",
          "training.logging_steps=1", "training.save_steps=2"]
 
 

@@ -20,7 +20,7 @@ from hub_server import HubRepo, LocalHub
 
 TOKEN = "hf_granted_token"
 QUICK = ["--set", "training.max_steps=3", "--set", "data.max_samples=200", "--set", "data.eval_fraction=0",
-         "--set", "memory.max_seq_length=24", "--set", "training.logging_steps=1"]
+         "--set", "training.max_seq_length=24", "--set", "training.logging_steps=1"]
 MXFP4_CONFIG = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
                 "intermediate_size": 128, "vocab_size": 100, "dtype": "bfloat16",
                 "quantization_config": {"quant_method": "mxfp4"}}

@@ -52,7 +52,7 @@ def render_two_machine_run(project: Path, tuner_cli) -> Path:
     settings = ["name=two", "hardware.machines=2", "hardware.main_process_ip=127.0.0.1",
                 f"hardware.main_process_port={free_port()}", "memory.distributed=ddp", "training.max_steps=6",
                 "training.warmup_steps=0", "training.logging_steps=1", "data.max_samples=120", "data.eval_fraction=0",
-                "memory.micro_batch_size=4"]
+                "training.micro_batch_size=4"]
     rendered = tuner_cli("render", "demo", *(arg for setting in settings for arg in ("--set", setting)), cwd=project)
     assert rendered.returncode == 0, rendered.stderr
     return project / "runs" / "two"

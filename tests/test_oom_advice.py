@@ -111,8 +111,8 @@ def test_advice_never_proposes_a_recipe_past_a_field_limit(capsys) -> None:
     from tuner.cli import main
 
     settings = ["model.id=meta-llama/Llama-3.2-1B", "hardware.gpus_per_machine=1", "hardware.gpu=24GB",
-                "memory.mixed_precision=bf16", "model.dtype=bfloat16", "memory.micro_batch_size=2",
-                "memory.gradient_accumulation_steps=65536", "memory.max_seq_length=8192"]
+                "memory.mixed_precision=bf16", "model.dtype=bfloat16", "training.micro_batch_size=2",
+                "training.gradient_accumulation_steps=65536", "training.max_seq_length=8192"]
     code = main(["plan", "demo", "--advise", "--json", *[arg for s in settings for arg in ("--set", s)]])
     assert code in (0, 1), capsys.readouterr().err
     recipe = load_recipe(builtin_path("demo"), settings)

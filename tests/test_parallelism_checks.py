@@ -19,7 +19,7 @@ def recipe_data(dp_replicate: int, dp_shard: int, tp: int, cp: int) -> dict:
     return {
         "model": {"id": "meta-llama/Llama-3.1-8B"},
         "hardware": {"gpus_per_machine": GPUS, "gpu": "H100-80GB"},
-        "memory": {"distributed": "fsdp", "attention": "sdpa", "max_seq_length": 4096},
+        "memory": {"distributed": "fsdp", "attention": "sdpa"}, "training": {"max_seq_length": 4096},
         "parallelism": {"dp_replicate": dp_replicate, "dp_shard": dp_shard, "tp": tp, "cp": cp},
     }
 

@@ -104,8 +104,8 @@ def test_advice_fits_validates_and_keeps_the_effective_batch():
         assert a.recipe.effective_batch_size >= r.effective_batch_size
         assert a.reasons
     assert advice[0].largest_micro_batch >= 1
-    bigger = advice[0].recipe.memory.model_copy(update={"micro_batch_size": advice[0].largest_micro_batch + 1})
-    assert not plan(advice[0].recipe.model_copy(update={"memory": bigger})).fits or advice[0].largest_micro_batch >= 4096
+    bigger = advice[0].recipe.training.model_copy(update={"micro_batch_size": advice[0].largest_micro_batch + 1})
+    assert not plan(advice[0].recipe.model_copy(update={"training": bigger})).fits or advice[0].largest_micro_batch >= 4096
 
 
 def test_advisor_says_what_is_missing_and_changes_method_only_when_allowed():
@@ -149,7 +149,7 @@ def test_plan_command_adhoc_json_and_errors(tuner_cli):
     assert done.returncode in (0, 1) and "plans that fit" in done.stdout or "nothing fits" in done.stdout
     done = tuner_cli("plan", "--model", "nobody/nothing", "--gpus", "1xL4")
     assert done.returncode == 2 and "model.id" in done.stderr
-    done = tuner_cli("plan", "demo", "--set", "memory.micro_batch_size=2")
+    done = tuner_cli("plan", "demo", "--set", "training.micro_batch_size=2")
     assert done.returncode == 0 and "verdict" in done.stdout
 
 

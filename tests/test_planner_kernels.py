@@ -34,7 +34,7 @@ def test_a_gpu_dpo_plan_names_the_fold_it_assumes_and_plans_the_torch_fold_where
     _on_a_gpu_machine(monkeypatch, "triton")
     here = plan(recipe)
     assert any("triton is not installed on this machine" in note for note in here.notes)
-    tokens = recipe.memory.micro_batch_size * 2 * recipe.memory.max_seq_length  # chosen and rejected stacked
+    tokens = recipe.training.micro_batch_size * 2 * recipe.training.max_seq_length  # chosen and rejected stacked
     tiles = CPU_BACKWARD_TILES * min(tokens, TILE_TOKENS) * TILE_VOCAB * 4
     assert _fused_head(here) - _fused_head(elsewhere) == pytest.approx(tiles, rel=0.01)  # the largest of three
     assert here.gpu.total_gib > elsewhere.gpu.total_gib

@@ -120,7 +120,7 @@ def test_demo_dpo_after_sft_raises_held_out_reward_accuracy_and_margin(trained_d
     """`tuner run demo` (the shared trained demo), then `tuner run demo-dpo` from its result, in the same directory."""
     workdir = trained_demo.parent.parent  # where `tuner run demo` ran: demo-dpo's model.id is runs/demo/final
     dpo = tuner_cli("run", "demo-dpo", "--set", "training.max_steps=12", "--set", "training.eval_steps=6",
-                    "--set", "data.max_samples=320", "--set", "memory.micro_batch_size=8", cwd=workdir, timeout=300)
+                    "--set", "data.max_samples=320", "--set", "training.micro_batch_size=8", cwd=workdir, timeout=300)
     assert dpo.returncode == 0, dpo.stdout + dpo.stderr
     run_dir = workdir / "runs" / "demo-dpo"
     events = read_records(run_dir / "events.jsonl")

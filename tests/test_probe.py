@@ -40,7 +40,7 @@ def sets(*assignments: str) -> list[str]:
 
 def two_ranks(name: str, *tactic: str) -> list[str]:
     return sets(f"name={name}", "hardware.num_processes=2", f"hardware.main_process_port={free_port()}",
-                "memory.micro_batch_size=8", "memory.max_seq_length=48", *SMALL, *tactic)
+                "training.micro_batch_size=8", "training.max_seq_length=48", *SMALL, *tactic)
 
 
 # ---------------------------------------------------------------- without launching
@@ -163,20 +163,20 @@ def test_a_record_is_shown_by_plan_for_the_same_setup_only(tmp_path, tuner_cli, 
     assert measured_record(recipe) is None
     save_record(recipe, MeasuredRecord("2026-12-01", 0.77, 1.10, "peak resident set of the process", "probe.json"))
     assert measured_record(recipe).measured_gib == 0.77
-    assert measured_record(load_recipe(builtin_path("demo"), ["memory.micro_batch_size=4"])) is None
+    assert measured_record(load_recipe(builtin_path("demo"), ["training.micro_batch_size=4"])) is None
     assert measured_record(load_recipe(builtin_path("demo"), ["training.max_steps=9"])) is not None  # not a tactic
     shown = tuner_cli("plan", "demo", env={"TUNER_HOME": str(home)}, cwd=tmp_path)
     planned = plan(recipe).gpu.total_gib
     shown_line = " ".join(shown.stdout.split())  # as one line, whatever the terminal's width wrapped
     assert f"measured on this machine on 2026-12-01: 0.77 GiB (plan {planned:.2f} GiB)" in shown_line
     assert "verdict: fits" in shown.stdout  # beside the plan, not instead of it
-    other = tuner_cli("plan", "demo", "--set", "memory.micro_batch_size=4", env={"TUNER_HOME": str(home)}, cwd=tmp_path)
+    other = tuner_cli("plan", "demo", "--set", "training.micro_batch_size=4", env={"TUNER_HOME": str(home)}, cwd=tmp_path)
     assert "measured on this machine" not in other.stdout
 
 
 def test_micro_batch_candidates_divide_the_effective_batch_and_follow_the_plan(tmp_path):
-    recipe = load_recipe(builtin_path("demo"), ["memory.micro_batch_size=8", "memory.gradient_accumulation_steps=2",
-                                                "memory.max_seq_length=256", "hardware.host_ram_gb=1.25"])
+    recipe = load_recipe(builtin_path("demo"), ["training.micro_batch_size=8", "training.gradient_accumulation_steps=2",
+                                                "training.max_seq_length=256", "hardware.host_ram_gb=1.25"])
     candidates = batch_candidates(recipe, margin=0.1)
     assert [c.micro_batch_size for c in candidates] == [16, 8, 4, 2, 1]  # every divisor, largest first
     assert all(c.micro_batch_size * c.accumulation == effective_per_rank(recipe) == 16 for c in candidates)
@@ -221,7 +221,7 @@ def rank_pids(report: dict) -> set[int]:
 def test_run_with_probe_measures_beside_the_plan_then_trains_and_plan_shows_it(tmp_path, tuner_cli, probe_home):
     """One process: the demo probed (measured vs planned per phase and term group), then trained as usual; probe.json
     and the record under $TUNER_HOME are left, and `tuner plan` of the same setup shows the measurement."""
-    overrides = sets("data.max_samples=200", "training.max_steps=1", "memory.micro_batch_size=16")
+    overrides = sets("data.max_samples=200", "training.max_steps=1", "training.micro_batch_size=16")
     result = tuner_cli("run", "demo", "--probe", *overrides, cwd=tmp_path, timeout=600)
     run_dir = tmp_path / "runs" / "demo"
     assert result.returncode == 0, result.stderr[-3000:]
@@ -309,8 +309,8 @@ def test_a_real_out_of_memory_on_one_rank_stops_every_rank_and_is_named(tmp_path
     above what it holds; its first worst-case step (64 x 256 tokens) needs more, and torch's CPU allocator fails."""
     import psutil
 
-    probe = start_probe(tmp_path, *two_ranks("oom", "memory.distributed=ddp", "memory.micro_batch_size=64",
-                                             "memory.max_seq_length=256"))
+    probe = start_probe(tmp_path, *two_ranks("oom", "memory.distributed=ddp", "training.micro_batch_size=64",
+                                             "training.max_seq_length=256"))
     events = tmp_path / "runs" / "oom" / "probe" / "events.jsonl"
     loaded = wait_for_event(events, lambda e: e["event"] == "probe" and e["rank"] == 1 and e["phase"] == "loading",
                             probe)
@@ -350,8 +350,8 @@ def test_tune_batch_picks_the_fastest_measured_micro_batch_and_keeps_the_effecti
     (tmp_path / "mine.yaml").write_text(builtin_path("demo").read_text())
     before = (tmp_path / "mine.yaml").read_text()
     result = tuner_cli("probe", "mine.yaml", "--tune-batch", "--max-probes", "2", "--write",
-                       *sets("data.max_samples=120", "data.eval_fraction=0", "memory.micro_batch_size=2",
-                             "memory.gradient_accumulation_steps=2"),
+                       *sets("data.max_samples=120", "data.eval_fraction=0", "training.micro_batch_size=2",
+                             "training.gradient_accumulation_steps=2"),
                        cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     tuning = probe_json(tmp_path / "runs" / "demo")["tuning"]
@@ -359,13 +359,13 @@ def test_tune_batch_picks_the_fastest_measured_micro_batch_and_keeps_the_effecti
     assert [c["micro_batch_size"] for c in measured] == [4, 2]  # the largest feasible first, two launches
     assert all(c["micro_batch_size"] * c["gradient_accumulation_steps"] == 4 for c in tuning["candidates"])
     fastest = max(measured, key=lambda c: c["tokens_per_s"])
-    chosen = [f"memory.micro_batch_size={fastest['micro_batch_size']}",
-              f"memory.gradient_accumulation_steps={fastest['gradient_accumulation_steps']}"]
+    chosen = [f"training.micro_batch_size={fastest['micro_batch_size']}",
+              f"training.gradient_accumulation_steps={fastest['gradient_accumulation_steps']}"]
     assert tuning["chosen"] == chosen
     assert " ".join(f"--set {c}" for c in chosen) in result.stdout.splitlines()
     assert "safety margin: 10% of the device kept free" in result.stdout
     copy = load_recipe(tmp_path / "mine.tuned.yaml")
-    assert (copy.memory.micro_batch_size, copy.memory.gradient_accumulation_steps) == (
+    assert (copy.training.micro_batch_size, copy.training.gradient_accumulation_steps) == (
         fastest["micro_batch_size"], fastest["gradient_accumulation_steps"])
     assert copy.data.max_samples == 120 and copy.effective_batch_size == 4  # the user's --set lines kept
     assert (tmp_path / "mine.yaml").read_text() == before  # the user's file is never touched

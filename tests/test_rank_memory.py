@@ -77,8 +77,8 @@ def planned(model_dir: Path, run: str, ranks: int) -> tuple[float, float]:
     recipe = Recipe.model_validate({
         "model": {"id": str(model_dir), "dtype": "float32"},
         "hardware": {"gpus_per_machine": 0, "num_processes": ranks},
-        "memory": {**memory, "mixed_precision": precision if precision == "bf16" else "no", "max_seq_length": 32,
-                   "micro_batch_size": 1},
+        "memory": {**memory, "mixed_precision": precision if precision == "bf16" else "no"},
+        "training": {"max_seq_length": 32, "micro_batch_size": 1},
         "data": {"eval_fraction": 0}})
     device = plan(recipe).devices[0]  # a CPU recipe's device holds every process
     between_steps = sum(i.bytes for i in device.items if i.phase == ALWAYS and i.level == "allocated"
@@ -141,8 +141,8 @@ def test_tensor_parallel_rank_holds_its_split_and_the_plans_share(traced):
     recipe = Recipe.model_validate({
         "model": {"id": str(model_dir), "dtype": "float32"},
         "hardware": {"gpus_per_machine": 0, "num_processes": ranks},
-        "memory": {"distributed": "deepspeed", "zero_stage": 1, "mixed_precision": "no", "max_seq_length": 32,
-                   "micro_batch_size": 1},
+        "memory": {"distributed": "deepspeed", "zero_stage": 1, "mixed_precision": "no"},
+        "training": {"max_seq_length": 32, "micro_batch_size": 1},
         "parallelism": {"tp": ranks}, "data": {"eval_fraction": 0}})
     states = sum(rank_model_states(recipe, moment=ALWAYS).values())
     assert states == pytest.approx(planned(model_dir, "zero1:fp32", 1)[0] * held / whole, rel=1e-3)

@@ -32,7 +32,7 @@ def test_the_library_covers_each_model_and_setup():
     assert ("lora", "1 x A100-80GB", None) in setups
     assert ("full", "8 x H100-80GB", 3) in setups
     assert ("full", "2 machines x 8 x H100-80GB", 3) in setups
-    assert any(r.memory.max_seq_length >= 16384 for r in recipes.values()), "a long-context recipe"
+    assert any(r.training.max_seq_length >= 16384 for r in recipes.values()), "a long-context recipe"
     for name, recipe in recipes.items():
         assert recipe.name == name.replace("/", "-"), "the run is named after the recipe"
 

@@ -13,10 +13,10 @@ from tuner.recipe.registry import builtin_names, builtin_path, recipes_dir
 
 def test_set_overrides_keep_types(tmp_path):
     recipe = load_recipe(builtin_path("demo"), [
-        "memory.micro_batch_size=4", "training.learning_rate=1e-4", "memory.gradient_checkpointing=true",
+        "training.micro_batch_size=4", "training.learning_rate=1e-4", "memory.gradient_checkpointing=true",
         "method.lora.target_modules=[q_proj, v_proj]", "name=other",
     ])
-    assert recipe.memory.micro_batch_size == 4
+    assert recipe.training.micro_batch_size == 4
     assert recipe.training.learning_rate == pytest.approx(1e-4)
     assert recipe.memory.gradient_checkpointing is True
     assert recipe.method.lora.target_modules == ["q_proj", "v_proj"]
@@ -39,18 +39,18 @@ def test_unbracketed_lora_targets_are_a_list_and_unknown_ones_are_named():
 
 def test_set_unknown_key_points_at_the_override():
     with pytest.raises(RecipeError) as caught:
-        load_recipe(builtin_path("demo"), ["memory.micro_bach_size=4"])
-    assert "--set memory.micro_bach_size: memory.micro_bach_size: unknown key. Did you mean 'micro_batch_size'?" in str(caught.value)
+        load_recipe(builtin_path("demo"), ["training.micro_bach_size=4"])
+    assert "--set training.micro_bach_size: training.micro_bach_size: unknown key. Did you mean 'micro_batch_size'?" in str(caught.value)
 
 
 def test_set_wrong_type_points_at_the_override():
-    with pytest.raises(RecipeError, match=r"--set memory.max_seq_length: memory.max_seq_length: .*integer"):
-        load_recipe(builtin_path("demo"), ["memory.max_seq_length=long"])
+    with pytest.raises(RecipeError, match=r"--set training.max_seq_length: training.max_seq_length: .*integer"):
+        load_recipe(builtin_path("demo"), ["training.max_seq_length=long"])
 
 
 def test_set_without_equals_explains_the_syntax():
     with pytest.raises(RecipeError, match="expected dotted.key=value"):
-        load_recipe(builtin_path("demo"), ["memory.micro_batch_size"])
+        load_recipe(builtin_path("demo"), ["training.micro_batch_size"])
 
 
 def test_set_into_a_value_is_refused():
@@ -99,7 +99,7 @@ def test_recipes_folder_has_the_demo():
     assert "demo" in builtin_names()
 
 
-@pytest.mark.parametrize("assignment", ["memory.micro_batch_size=true", "training.epochs=true", "memory.zero_stage=false",
+@pytest.mark.parametrize("assignment", ["training.micro_batch_size=true", "training.epochs=true", "memory.zero_stage=false",
                                         "hardware.main_process_port=yes", "training.max_steps=on"])
 def test_true_and_false_are_not_numbers(assignment):
     field = assignment.partition("=")[0]

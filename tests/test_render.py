@@ -195,8 +195,8 @@ def test_deepspeed_parses_the_json_once_the_trainer_fills_auto(name, tmp_path, d
     parsed = DeepSpeedConfig(hf_config.config)
     mem = recipe.memory
     assert parsed.zero_optimization_stage == mem.zero_stage
-    assert parsed.train_micro_batch_size_per_gpu == mem.micro_batch_size
-    assert parsed.gradient_accumulation_steps == mem.gradient_accumulation_steps
+    assert parsed.train_micro_batch_size_per_gpu == recipe.training.micro_batch_size
+    assert parsed.gradient_accumulation_steps == recipe.training.gradient_accumulation_steps
     zero = parsed.zero_config
     assert (str(getattr(zero.offload_optimizer.device, "value", zero.offload_optimizer.device)) if zero.offload_optimizer else "none") == mem.offload_optimizer
     assert (str(getattr(zero.offload_param.device, "value", zero.offload_param.device)) if zero.offload_param else "none") == mem.offload_params

@@ -75,7 +75,7 @@ def test_ctrl_c_stops_every_rank_and_names_the_last_checkpoint(tmp_path, demo_mo
     command = [sys.executable, "-m", "tuner", "run", "demo", *sets(
         "name=stop", "hardware.num_processes=2", "memory.distributed=ddp", "training.max_steps=100000",
         "training.save_steps=2", "training.logging_steps=1", "data.max_samples=400", "data.eval_fraction=0",
-        "memory.micro_batch_size=2")]
+        "training.micro_batch_size=2")]
     env = {**os.environ, "PYTHONPATH": str(REPO), "TUNER_TRACE_RANKS": "1"}
     tuner = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     events_file = tmp_path / "runs" / "stop" / "events.jsonl"

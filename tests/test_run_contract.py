@@ -19,7 +19,7 @@ from tuner.recipe.io import RecipeError, load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
 from tuner.rundir.lock import RunLock, lock_path
 
-FAST = ["data.max_samples=64", "data.eval_fraction=0", "memory.micro_batch_size=8", "training.warmup_steps=0"]
+FAST = ["data.max_samples=64", "data.eval_fraction=0", "training.micro_batch_size=8", "training.warmup_steps=0"]
 
 
 def demo(tmp_path, *overrides: str):
@@ -140,7 +140,7 @@ def test_the_summary_says_where_the_model_is_the_losses_memory_speed_and_what_ne
         f"finished in 12 s: 10 steps; adapter saved in {final}",
         "  train loss 4.5000 -> 2.2500, held-out loss 2.5000, 1,234 tokens/s",
         "  memory: plan predicted 1.00 GiB of CPU RAM, measured 0.60 GiB",
-        "  note: 3 training samples were cut to memory.max_seq_length",
+        "  note: 3 training samples were cut to training.max_seq_length",
         "next:",
         f"  tuner infer '{run_dir}' --prompt \"...\"",
         f"  tuner chat '{run_dir}'",

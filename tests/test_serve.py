@@ -180,7 +180,7 @@ def test_vllm_tensor_parallel_size_is_the_fewest_gpus_that_hold_weights_and_kv_c
     flags, err = vllm(capsys, "--model", "meta-llama/Llama-3.1-70B", "--set", "model.dtype=bfloat16",
                       "--gpus", "8xH100-80GB")
     assert flags["--tensor-parallel-size"] == "2" and flags["--gpu-memory-utilization"] == "0.95"
-    assert flags["--max-model-len"] == str(2048 + 128), "memory.max_seq_length + inference.max_new_tokens"
+    assert flags["--max-model-len"] == str(2048 + 128), "training.max_seq_length + inference.max_new_tokens"
     assert flags["--host"] == "127.0.0.1" and flags["--dtype"] == "bfloat16"
     assert "weights 65.71 GiB" in err and "KV cache 160.0 KiB per token" in err and "3 more replica(s)" in err
     # Llama-3.1-8B on one 24 GB card: 14.96 GiB of weights, 2 GiB headroom -> utilization 0.91, TP 1

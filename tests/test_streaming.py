@@ -176,7 +176,7 @@ def test_tuner_run_trains_on_a_stream_and_prepares_nothing(processes, tmp_path, 
     path = write_pairs(tmp_path / "rows.jsonl", 400)
     settings = [f"model.id={demo_model_path}", f"data.source={path}", "data.streaming=true", "data.eval_fraction=0",
                 "data.format=instruction", "training.max_steps=4", "training.warmup_steps=0", "training.logging_steps=1",
-                "memory.micro_batch_size=8", f"hardware.num_processes={processes}",
+                "training.micro_batch_size=8", f"hardware.num_processes={processes}",
                 f"hardware.main_process_port={free_port()}", "name=stream",
                 *(["memory.distributed=ddp"] if processes > 1 else ["data.packing=true"])]  # packing: a collator
     result = tuner_cli("run", "demo", *[arg for s in settings for arg in ("--set", s)], cwd=tmp_path,

@@ -47,7 +47,7 @@ def held_out_loss(run_dir: Path, model_dir: Path) -> float:
     tokenizer = load_tokenizer(recipe)
     samples = list(prepare_data(recipe, tokenizer).eval)
     collate = data_collator(recipe, tokenizer)
-    size = whole_eval_batch(recipe.memory.micro_batch_size, len(samples))
+    size = whole_eval_batch(recipe.training.micro_batch_size, len(samples))
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
     with torch.no_grad():
         losses = [float(model(**collate(samples[i:i + size])).loss) for i in range(0, len(samples), size)]

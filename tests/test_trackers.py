@@ -88,7 +88,7 @@ def tracked_run(tmp_path_factory) -> Path:
             patch.delenv(name, raising=False)
         result = run_tuner("run", "demo", "--set", ALL, "--set", "data.max_samples=96", "--set",
                            "training.max_steps=4", "--set", "training.logging_steps=1", "--set",
-                           "memory.micro_batch_size=8", "--set", "training.warmup_steps=0", cwd=cwd)
+                           "training.micro_batch_size=8", "--set", "training.warmup_steps=0", cwd=cwd)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     run_dir = cwd / "runs" / "demo"
     assert sorted(_events_losses(run_dir)) == [1, 2, 3, 4]

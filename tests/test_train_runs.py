@@ -28,7 +28,7 @@ from tuner.train.__main__ import main as train_main
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
-TINY = ["data.max_samples=96", "data.eval_fraction=0.25", "memory.micro_batch_size=8", "training.max_steps=6",
+TINY = ["data.max_samples=96", "data.eval_fraction=0.25", "training.micro_batch_size=8", "training.max_steps=6",
         "training.warmup_steps=0", "training.logging_steps=1", "training.eval_steps=null"]
 
 
@@ -78,7 +78,7 @@ def test_full_fine_tune_saves_full_weights_and_a_profile(tmp_path):
 
 def test_chunked_loss_trains_and_evaluates_through_the_trainer(tmp_path, caplog):
     """memory.chunked_loss in a real run: the Trainer's loss (with num_items_in_batch) and evaluation go through it."""
-    lock = make_run(tmp_path, "demo-lora.yaml", "memory.chunked_loss=true", "memory.gradient_accumulation_steps=2")
+    lock = make_run(tmp_path, "demo-lora.yaml", "memory.chunked_loss=true", "training.gradient_accumulation_steps=2")
     with caplog.at_level("INFO", logger="tuner"):
         assert train_main([str(lock)]) == 0
     check_finished_run(lock.parent)
@@ -88,7 +88,7 @@ def test_chunked_loss_trains_and_evaluates_through_the_trainer(tmp_path, caplog)
 @pytest.fixture(scope="module")
 def lora_run(tmp_path_factory) -> Path:
     lock = make_run(tmp_path_factory.mktemp("lora"), "demo-lora.yaml", "memory.gradient_checkpointing=true",
-                    "memory.optimizer=adamw_8bit")
+                    "training.optimizer=adamw_8bit")
     assert train_main([str(lock)]) == 0
     return lock.parent
 
@@ -101,7 +101,7 @@ def test_lora_saves_only_the_adapter(lora_run):
 
 
 def test_qlora_trains_a_4bit_model_on_the_cpu(tmp_path):
-    lock = make_run(tmp_path, "demo-qlora.yaml", "memory.optimizer=paged_adamw_8bit")
+    lock = make_run(tmp_path, "demo-qlora.yaml", "training.optimizer=paged_adamw_8bit")
     assert train_main([str(lock)]) == 0
     check_finished_run(lock.parent)
     adapter = json.loads((lock.parent / "final" / "adapter_config.json").read_text())

@@ -90,7 +90,7 @@ async def test_incompatible_choices_are_disabled_with_the_reason():
         why = app.screen.query_one("#why", Static)
         distribution.radio_set.focus()  # the focused field's reasons show below the form, for keyboard users
         await wait_until(pilot, lambda: "FSDP: FSDP needs GPUs" in str(why.render()))
-        app.screen.query_one("#memory-micro_batch_size-input", Input).focus()
+        app.screen.query_one("#training-micro_batch_size-input", Input).focus()
         await wait_until(pilot, lambda: str(why.render()) == "")
         distribution.radio_set.focus()
         await wait_until(pilot, lambda: app.focused is distribution.radio_set)
@@ -133,22 +133,22 @@ async def test_invalid_input_is_kept_as_typed_marked_and_left_out_of_the_recipe(
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("method")
-        await wait_until(pilot, lambda: app.screen.query("#memory-micro_batch_size-input"))
-        box = app.screen.query_one("#memory-micro_batch_size-input", Input)
+        await wait_until(pilot, lambda: app.screen.query("#training-micro_batch_size-input"))
+        box = app.screen.query_one("#training-micro_batch_size-input", Input)
         box.focus()
         await pilot.press("home", "ctrl+k", "0")
         errors = app.screen.query_one("#errors", Static)
         await wait_until(pilot, lambda: errors.display)
-        assert "memory.micro_batch_size" in str(errors.render())
+        assert "training.micro_batch_size" in str(errors.render())
         assert box.value == "0" and box.has_class("-invalid")
-        reason = app.screen.query_one("#memory-micro_batch_size .field-reason", Static)
+        reason = app.screen.query_one("#training-micro_batch_size .field-reason", Static)
         assert reason.display and "greater than or equal to 1" in str(reason.render())
         assert app.draft.recipe is None  # nothing to save or launch
         assert app.draft.data == {}  # the refused value is in no part of the recipe
         await wait_until(pilot, lambda: app.plan is None)  # and no plan of a recipe the user did not ask for
         await pilot.press("backspace", "4")
         await wait_until(pilot, lambda: app.draft.valid and not errors.display)
-        assert app.draft.value("memory.micro_batch_size") == 4 and app.plan is not None
+        assert app.draft.value("training.micro_batch_size") == 4 and app.plan is not None
         assert not errors.display and not reason.display and not box.has_class("-invalid")
 
 
@@ -333,7 +333,7 @@ async def test_chat_streams_an_answer_from_the_demo_model(in_tmp, demo_model_pat
 
 @pilot_test
 async def test_start_opens_a_recipe_file_and_reports_a_bad_one(in_tmp):
-    (in_tmp / "bad.yaml").write_text("name: x\nmemory:\n  micro_batch_size: [\n")
+    (in_tmp / "bad.yaml").write_text("name: x\ntraining:\n  micro_batch_size: [\n")
     demo_draft({"name": "mine"}).save(in_tmp / "mine.yaml")
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

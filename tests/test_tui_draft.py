@@ -31,13 +31,13 @@ def test_refusal_names_the_rule_of_the_core_checks():
 
 def test_an_existing_error_does_not_disable_unrelated_choices():
     draft = Draft()
-    draft.apply({"memory.micro_batch_size": "lots"}, typed="lots")
+    draft.apply({"training.micro_batch_size": "lots"}, typed="lots")
     assert not draft.valid and draft.recipe is None
-    assert draft.errors == ["memory.micro_batch_size: Input should be a valid integer, "
+    assert draft.errors == ["training.micro_batch_size: Input should be a valid integer, "
                             "unable to parse string as an integer (got 'lots')."]
     assert draft.refusal({"memory.attention": "eager"}) is None
-    assert draft.shown("memory.micro_batch_size") == "lots"  # what was typed stays on show
-    assert draft.value("memory.micro_batch_size") == 1 and draft.data == {}  # and never enters the recipe
+    assert draft.shown("training.micro_batch_size") == "lots"  # what was typed stays on show
+    assert draft.value("training.micro_batch_size") == 1 and draft.data == {}  # and never enters the recipe
 
 
 def test_a_conflict_keeps_every_value_the_user_chose():
@@ -76,7 +76,7 @@ def test_save_writes_what_the_user_chose_and_never_overwrites_unasked(tmp_path):
     draft = Draft({"name": "saved", "method": {"kind": "lora"}})
     target = tmp_path / "saved.yaml"
     draft.save(target)
-    assert target.read_text() == "version: 1\nname: saved\nmethod:\n  kind: lora\n"
+    assert target.read_text() == "version: 2\nname: saved\nmethod:\n  kind: lora\n"
     assert load_recipe(target) == draft.recipe
     with pytest.raises(FileExistsError):
         draft.save(target)
@@ -131,22 +131,22 @@ def test_a_refused_value_leaves_nothing_of_itself_in_the_recipe():
 def test_a_box_that_ends_as_it_began_changes_nothing():
     draft = Draft()
     for text in ("1 ", "1"):  # a space typed and deleted
-        draft.apply({"memory.micro_batch_size": int(text)}, typed=text)
+        draft.apply({"training.micro_batch_size": int(text)}, typed=text)
     draft.apply({"hardware.num_processes": 1}, typed="1")  # enter in the box: its text as it was
     assert draft.data == {}
-    draft.apply({"memory.micro_batch_size": 4}, typed="4")
-    draft.apply({"memory.micro_batch_size": 1}, typed="1")  # and back: the default stays implicit
+    draft.apply({"training.micro_batch_size": 4}, typed="4")
+    draft.apply({"training.micro_batch_size": 1}, typed="1")  # and back: the default stays implicit
     assert draft.data == {}
 
 
 def test_whole_numbers_are_saved_as_integers_where_the_field_holds_integers():
     draft = Draft()
     type_keys(draft, "hardware.machines", "1.")
-    type_keys(draft, "memory.max_seq_length", "1e3")
+    type_keys(draft, "training.max_seq_length", "1e3")
     type_keys(draft, "hardware.host_ram_gb", "512")
-    assert draft.data == {"hardware": {"machines": 1, "host_ram_gb": 512}, "memory": {"max_seq_length": 1000}}
+    assert draft.data == {"hardware": {"machines": 1, "host_ram_gb": 512}, "training": {"max_seq_length": 1000}}
     assert all(type(value) is int for section in draft.data.values() for value in section.values())
-    assert draft.shown("memory.max_seq_length") == "1e3"  # shown as typed
+    assert draft.shown("training.max_seq_length") == "1e3"  # shown as typed
 
 
 def test_text_held_for_enter_is_shown_but_not_yet_in_the_recipe():

@@ -30,7 +30,7 @@ CHOICES = [choice.changes for choice in METHODS + DISTRIBUTION + OPTIMIZERS] + [
 TOGGLES = ["memory.gradient_checkpointing", "memory.activation_offloading", "memory.chunked_loss",
            "method.allow_method_change", "data.packing", "data.train_on_prompt"]
 NUMBER_BOXES = ["hardware.machines", "hardware.gpus_per_machine", "hardware.host_ram_gb", "hardware.num_processes",
-                "memory.micro_batch_size", "memory.gradient_accumulation_steps", "memory.max_seq_length",
+                "training.micro_batch_size", "training.gradient_accumulation_steps", "training.max_seq_length",
                 "method.lora.r", "training.learning_rate", "training.max_steps", "data.eval_fraction"]
 TEXT_BOXES = ["name", "output.dir", "training.resume", "hardware.nvme_path"]
 DERIVED = {"output.dir", "model.dtype", "hardware.num_processes", "output.save"}  # follow other fields by design

@@ -31,12 +31,12 @@ from textual.widgets import Input, OptionList, Select
 from tui_helpers import make_app, settle
 from tuner.recipe.io import RecipeError, parse_yaml, read_recipe_text, validate_recipe
 from tuner.recipe.registry import builtin_path
-from tuner.recipe.schema import Recipe
+from tuner.recipe.schema import SCHEMA_VERSION, Recipe
 from tuner.tui.widgets.fields import ChoiceField, InputField, SelectField, ToggleField
 
 # the boxes typed into, by the screen that holds them; number boxes read their text as a number
 BOXES = {
-    "method": ["memory.max_seq_length", "memory.micro_batch_size", "memory.gradient_accumulation_steps",
+    "method": ["training.max_seq_length", "training.micro_batch_size", "training.gradient_accumulation_steps",
                "method.lora.r"],
     "hardware": ["hardware.machines", "hardware.num_processes", "hardware.host_ram_gb", "hardware.main_process_ip"],
     "training": ["name", "training.learning_rate", "training.max_steps"],
@@ -51,15 +51,15 @@ STEPS = ["model", "hardware", "method", "data", "training", "review"]
 
 def recipe_file(data: dict) -> dict:
     """A recipe on the demo model (planned in milliseconds) with ``data`` over it."""
-    base = {"version": 1, "model": {"id": "builtin:demo"}, "data": {"max_samples": 64}, "memory": {"attention": "sdpa"}}
+    base = {"version": SCHEMA_VERSION, "model": {"id": "builtin:demo"}, "data": {"max_samples": 64}, "memory": {"attention": "sdpa"}}
     for section, values in data.items():
         base[section] = {**base.get(section, {}), **values} if isinstance(values, dict) else values
     return base
 
 
 FILES = {  # what each differs in is what a box left over from another recipe would show wrongly
-    "long.yaml": recipe_file({"name": "long", "memory": {"max_seq_length": 16384, "micro_batch_size": 2},
-                              "training": {"learning_rate": 1.0e-4, "max_steps": 30}}),
+    "long.yaml": recipe_file({"name": "long", "training": {"max_seq_length": 16384, "micro_batch_size": 2,
+                                                           "learning_rate": 1.0e-4, "max_steps": 30}}),
     "cluster.yaml": recipe_file({"name": "cluster", "hardware": {"machines": 2, "main_process_ip": "10.0.0.5",
                                                                   "host_ram_gb": 64},
                                  "memory": {"distributed": "ddp"}}),
@@ -349,7 +349,7 @@ class Session:
             return
         assert path.exists(), f"a valid recipe was not saved: {self.app.draft.errors}"
         saved = leaves(yaml.safe_load(path.read_text()))
-        assert saved.pop("version") == 1
+        assert saved.pop("version") == SCHEMA_VERSION
         assert saved == self.expected.values
         for dotted, value in saved.items():  # integers stay integers
             assert type(value) is type(self.expected.values[dotted]), dotted
@@ -385,13 +385,13 @@ EXAMPLES = int(os.environ.get("TUNER_FORM_EXAMPLES", "8"))
 
 
 # the issue's reproductions, always tried first
-@example(steps=[("type", "memory.max_seq_length", "4096"), ("open", "long.yaml"), ("visit", "method")])
+@example(steps=[("type", "training.max_seq_length", "4096"), ("open", "long.yaml"), ("visit", "method")])
 @example(steps=[("type", "hardware.main_process_ip", ""), ("open", "cluster.yaml"), ("visit", "hardware")])
-@example(steps=[("type", "memory.max_seq_length", "1e3"), ("new",), ("visit", "method")])
-@example(steps=[("type", "hardware.machines", "99999999999"), ("type", "memory.max_seq_length", "99999999"),
+@example(steps=[("type", "training.max_seq_length", "1e3"), ("new",), ("visit", "method")])
+@example(steps=[("type", "hardware.machines", "99999999999"), ("type", "training.max_seq_length", "99999999"),
                 ("type", "name", "my run")])
-@example(steps=[("enter", "memory.micro_batch_size"), ("space_and_back", "hardware.num_processes")])
-@example(steps=[("type", "hardware.machines", "1."), ("type", "memory.max_seq_length", "1e3")])
+@example(steps=[("enter", "training.micro_batch_size"), ("space_and_back", "hardware.num_processes")])
+@example(steps=[("type", "hardware.machines", "1."), ("type", "training.max_seq_length", "1e3")])
 @settings(max_examples=EXAMPLES, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(actions, min_size=1, max_size=6))

@@ -20,7 +20,7 @@ async def test_grpo_is_chosen_with_its_fields_and_reward_and_the_plan_shows_gene
         await pilot.press("right", "right", "right", "enter")  # sft -> dpo -> kto -> grpo
         await wait_until(pilot, lambda: app.draft.value("objective.kind") == "grpo" and app.plan is not None
                          and "generation" in app.plan.devices[0].phases)
-        assert app.draft.valid and app.draft.value("memory.micro_batch_size") == 8  # one group per micro-batch
+        assert app.draft.valid and app.draft.value("training.micro_batch_size") == 8  # one group per micro-batch
         assert app.screen.query_one("#grpo").display and app.screen.query_one("#grpo-rewards").display
         assert app.screen.query_one("#preference").display  # beta, the KL penalty
         assert not app.screen.query_one("#objective-precompute_ref_log_probs").display

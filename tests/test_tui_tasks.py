@@ -88,7 +88,7 @@ async def test_every_choice_offers_exactly_its_schema_fields_values():
                     else:
                         walked.add(field)
                         assert literal_items(values) == list(allowed), (widget.id, field)
-    assert {"data.format", "objective.kind", "memory.distributed", "memory.zero_stage", "memory.optimizer",
+    assert {"data.format", "objective.kind", "memory.distributed", "memory.zero_stage", "training.optimizer",
             "memory.attention", "memory.mixed_precision", "memory.offload_optimizer", "memory.offload_params",
             "memory.fsdp.sharding_strategy", "training.report_to", "training.lr_scheduler", "method.kind"} <= walked
 
@@ -163,7 +163,7 @@ async def test_dpo_from_scratch_brings_pairs_and_saves_only_what_was_chosen(in_t
         await pilot.press("ctrl+s")
         await wait_until(pilot, lambda: (in_tmp / "dpo.yaml").exists())
     assert yaml.safe_load((in_tmp / "dpo.yaml").read_text()) == {
-        "version": 1, "objective": {"kind": "dpo"}, "data": {"source": "builtin:reverse-pairs"}}
+        "version": 2, "objective": {"kind": "dpo"}, "data": {"source": "builtin:reverse-pairs"}}
     prepared = prepare_run(load_recipe(in_tmp / "dpo.yaml"), dry_run=True)  # the checks a launch runs first
     assert prepared.launchable
 
@@ -222,8 +222,8 @@ async def test_autofit_fixes_what_one_choice_fixes_and_each_label_is_what_enter_
 @pilot_test
 async def test_autofit_labels_name_the_degrees_and_the_accumulation_they_set():
     """Long sequences on four GPUs: plans that split them say sp 4 and the accumulation that keeps the batch."""
-    app = make_app(Draft({"model": {"id": "meta-llama/Llama-3.1-8B"}, "memory": {"distributed": "ddp",
-                                                                               "max_seq_length": 65536},
+    app = make_app(Draft({"model": {"id": "meta-llama/Llama-3.1-8B"}, "memory": {"distributed": "ddp"},
+                          "training": {"max_seq_length": 65536},
                           "hardware": {"gpus_per_machine": 4, "gpu": "A100-80GB", "host_ram_gb": 256}}))
     async with app.run_test(size=SIZE) as pilot:
         await visit(pilot, "method")
@@ -235,6 +235,6 @@ async def test_autofit_labels_name_the_degrees_and_the_accumulation_they_set():
         assert split, [a.advice.label for a in app.screen.alternatives]
         for alternative in split:
             degree, accumulation = alternative.changes["parallelism.sp"], alternative.changes.get(
-                "memory.gradient_accumulation_steps")
+                "training.gradient_accumulation_steps")
             assert f"sp {degree}" in alternative.advice.label
             assert accumulation is None or f"accumulation {accumulation}" in alternative.advice.label

@@ -116,7 +116,7 @@ def test_dpo_from_scratch_in_a_terminal_saves_exactly_what_was_chosen(tmp_path, 
     finally:
         tmux.close()
     assert yaml.safe_load((tmp_path / "run.yaml").read_text()) == {
-        "version": 1, "objective": {"kind": "dpo"}, "data": {"source": "builtin:reverse-pairs"}}
+        "version": 2, "objective": {"kind": "dpo"}, "data": {"source": "builtin:reverse-pairs"}}
 
 
 @SIZES

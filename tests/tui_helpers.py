@@ -19,8 +19,8 @@ SIZE = (120, 36)
 # The demo recipe made to finish in seconds: few samples, few steps, frequent logs.
 QUICK_RUN = {
     "training.max_steps": 6,
-    "memory.micro_batch_size": 4,
-    "memory.max_seq_length": 32,
+    "training.micro_batch_size": 4,
+    "training.max_seq_length": 32,
     "training.logging_steps": 1,
     "training.warmup_steps": 0,
     "data.max_samples": 200,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tuner.check import Check
+from tuner.check import Check, Status
 from tuner.recipe.schema import Recipe
 
 GIB = 1024**3

@@ -29,7 +29,7 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
                            "one device after another with device_map=auto")
     load.add_argument("--context", type=at_least(1), metavar="TOKENS",
                       help="context length the KV cache is predicted for "
-                           "(default: memory.max_seq_length + max new tokens)")
+                           "(default: training.max_seq_length + max new tokens)")
     sample = parser.add_argument_group("sampling (default: the recipe's inference section)")
     sample.add_argument("--max-new-tokens", type=recipe_field("inference.max_new_tokens"), metavar="N")
     sample.add_argument("--temperature", type=recipe_field("inference.temperature"))

@@ -13,7 +13,7 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, required: bool = True,
                          help: str = "recipe YAML file, or the name of a built-in recipe (tuner recipes ls)") -> None:
     parser.add_argument("recipe", nargs=None if required else "?", help=help)
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a recipe field, e.g. --set memory.micro_batch_size=4 (repeatable)")
+                        help="override a recipe field, e.g. --set training.micro_batch_size=4 (repeatable)")
 
 
 def recipe_from_args(args: argparse.Namespace) -> Recipe:

@@ -34,7 +34,7 @@ def run_preview(args) -> int:
     if grpo is not None:
         masking = (f"grpo: {grpo.num_generations} completions of up to {grpo.max_completion_length} tokens are sampled "
                    "after each prompt and scored by the rewards")
-    console.print(f"format: {data_format} ({masking}; {legend}), max_seq_length {recipe.memory.max_seq_length}")
+    console.print(f"format: {data_format} ({masking}; {legend}), max_seq_length {recipe.training.max_seq_length}")
     for index, example in enumerate(examples, 1):
         cut = ", truncated" if example.truncated else ""
         if grpo is not None:

@@ -19,8 +19,8 @@ def register(subparsers) -> None:
     adhoc = parser.add_argument_group("ad hoc planning (each flag is a recipe override)")
     adhoc.add_argument("--model", help=f"model.id: hub id, local directory or {DEMO_MODEL_ID}")
     adhoc.add_argument("--gpus", type=gpus, help="hardware: N x GPU type, e.g. 8xA100-80GB, 1xRTX4090 or 2x48GB")
-    adhoc.add_argument("--seq", type=recipe_field("memory.max_seq_length"), help="memory.max_seq_length")
-    adhoc.add_argument("--batch", type=recipe_field("memory.micro_batch_size"), help="memory.micro_batch_size")
+    adhoc.add_argument("--seq", type=recipe_field("training.max_seq_length"), help="training.max_seq_length")
+    adhoc.add_argument("--batch", type=recipe_field("training.micro_batch_size"), help="training.micro_batch_size")
     adhoc.add_argument("--method", choices=("full", "lora", "qlora"), help="method.kind (qlora: 4-bit NF4)")
     adhoc.add_argument("--gradient-checkpointing", action="store_true", help="memory.gradient_checkpointing: true")
     adhoc.add_argument("--zero", type=int, choices=(0, 1, 2, 3), help="DeepSpeed ZeRO stage (memory.zero_stage)")
@@ -42,9 +42,9 @@ def adhoc_overrides(args) -> list[str]:
         if count > 1 and args.zero is None:
             sets.append("memory.distributed=ddp")
     if args.seq:
-        sets.append(f"memory.max_seq_length={args.seq}")
+        sets.append(f"training.max_seq_length={args.seq}")
     if args.batch:
-        sets.append(f"memory.micro_batch_size={args.batch}")
+        sets.append(f"training.micro_batch_size={args.batch}")
     if args.method:
         sets.append(f"method.kind={args.method}")
         sets.append("method.quantization={bits: 4}" if args.method == "qlora" else "method.quantization=null")

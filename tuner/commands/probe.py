@@ -47,10 +47,9 @@ def probe_and_report(recipe, *, steps: int | None, force: bool) -> int:
 
     memory_plan = planned(recipe)
     steps = steps or PROBE_STEPS
-    mem = recipe.memory
     print(f"probing {recipe.name} on this machine: {recipe.world_size} rank(s), {steps} optimizer step(s) on "
-          f"worst-case batches of {mem.micro_batch_size} x {mem.max_seq_length} tokens "
-          f"(x{mem.gradient_accumulation_steps} accumulated), the largest evaluation batch and one save",
+          f"worst-case batches of {recipe.training.micro_batch_size} x {recipe.training.max_seq_length} tokens "
+          f"(x{recipe.training.gradient_accumulation_steps} accumulated), the largest evaluation batch and one save",
           file=sys.stderr)
 
     def said(notes):
@@ -119,7 +118,7 @@ def tune_and_report(recipe, args) -> int:
     if args.write is not None:
         destination = tuned_copy_path(args)  # refused before anything launches
     print(f"tuning the micro-batch of {recipe.name}: effective batch {recipe.effective_batch_size} "
-          f"({recipe.memory.micro_batch_size} x {recipe.memory.gradient_accumulation_steps} accumulated per rank) "
+          f"({recipe.training.micro_batch_size} x {recipe.training.gradient_accumulation_steps} accumulated per rank) "
           f"kept; safety margin {margin:.0%} of the device", file=sys.stderr)
 
     def launching(candidate):

@@ -23,7 +23,7 @@ def register(subparsers) -> None:
                         help="port to listen on (default: 8000)")
     parser.add_argument("--bits", type=int, choices=(4, 8), help="quantise the weights with bitsandbytes while loading")
     parser.add_argument("--context", type=at_least(1), metavar="TOKENS",
-                        help="longest conversation planned for (default: memory.max_seq_length + inference.max_new_tokens)")
+                        help="longest conversation planned for (default: training.max_seq_length + inference.max_new_tokens)")
     parser.add_argument("--request-timeout", type=at_least(1), default=60, metavar="SECONDS",
                         help="longest one request may generate before its answer is cut (default: 60); the others "
                              "wait at most that long for it")

@@ -247,14 +247,14 @@ def encode_batch(batch: dict[str, list], data_format: str, tokenizer, recipe: Re
     """A batch of samples (datasets' batched ``map``: column -> values) as input_ids, labels (-100 where no loss is
     taken), whether each was truncated and whether it still has a token to learn from."""
     if data_format == "text":  # no row to assemble
-        return tokenize_batch(text_segments(batch["text"], tokenizer), tokenizer, recipe.memory.max_seq_length,
+        return tokenize_batch(text_segments(batch["text"], tokenizer), tokenizer, recipe.training.max_seq_length,
                               recipe.data.train_on_prompt)
     rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
     try:
         segments = [sample_segments(row, data_format, tokenizer) for row in rows]
     except ValueError as exc:
         raise DataError(f"data.format: {exc}") from None
-    return tokenize_batch(segments, tokenizer, recipe.memory.max_seq_length, recipe.data.train_on_prompt)
+    return tokenize_batch(segments, tokenizer, recipe.training.max_seq_length, recipe.data.train_on_prompt)
 
 
 SAMPLES_PER_PROCESS = 20_000  # on fewer samples a tokenising process costs more to start than it saves
@@ -278,7 +278,7 @@ def tokenise(raw, recipe: Recipe, tokenizer, data_format: str, what: str):
     sample has input_ids, labels and its TRUNCATED flag."""
     import pyarrow.compute as pc
 
-    max_length = recipe.memory.max_seq_length
+    max_length = recipe.training.max_seq_length
     encoded = raw.map(encode_batch, batched=True, fn_kwargs=dict(data_format=data_format, tokenizer=tokenizer,
                                                                   recipe=recipe),
                       remove_columns=raw.column_names, desc=f"tokenising {what}", load_from_cache_file=False,
@@ -286,7 +286,7 @@ def tokenise(raw, recipe: Recipe, tokenizer, data_format: str, what: str):
     total = len(encoded)
     truncated = pc.sum(encoded.data.column(TRUNCATED)).as_py() or 0
     if truncated == total:
-        raise DataError(f"memory.max_seq_length: all {total} {what} samples are longer than {max_length} tokens; "
+        raise DataError(f"training.max_seq_length: all {total} {what} samples are longer than {max_length} tokens; "
                         "raise max_seq_length (the planner shows what it costs) or shorten the samples.")
     learns = encoded.data.column("learns")
     kept = pc.sum(learns).as_py() or 0
@@ -342,7 +342,7 @@ def data_fingerprint(recipe: Recipe, tokenizer) -> str | None:
     from datasets.fingerprint import Hasher
 
     return _data_key(recipe, data=recipe.data.model_dump(mode="json", exclude={"num_proc"}),  # same tokens in any
-                     max_seq_length=recipe.memory.max_seq_length, seed=recipe.training.seed,  # number of processes
+                     max_seq_length=recipe.training.max_seq_length, seed=recipe.training.seed,  # number of processes
                      objective=recipe.objective.kind, tokenizer=Hasher.hash(tokenizer))
 
 

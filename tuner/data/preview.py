@@ -75,7 +75,7 @@ def preference_examples(sample: dict, data_format: str, tokenizer, recipe: Recip
     prompt_ids, completions = encode_completions(sample, data_format, tokenizer)
     keys = COMPLETION_KEYS[data_format]
     names = list(keys) if data_format == "preference" else ["desirable" if sample["label"] else "undesirable"]
-    limit = recipe.memory.max_seq_length
+    limit = recipe.training.max_seq_length
     examples = []
     for name, ids in zip(names, completions):
         labels = ([IGNORE_INDEX] * len(prompt_ids) + ids)[:limit]

@@ -25,7 +25,7 @@ def score_model(label: str, target: InferenceTarget, names: list[str] = (), incl
     from tuner.evaluate.tasks import held_out_task, load_named_tasks
     from tuner.infer.load import load_for_inference
 
-    loaded = load_for_inference(target, context=target.recipe.memory.max_seq_length, max_memory=max_memory)
+    loaded = load_for_inference(target, context=target.recipe.training.max_seq_length, max_memory=max_memory)
     tasks = load_named_tasks(list(names), include_path) if names else []
     if held_out:
         tasks.append(held_out_task(target.recipe, loaded.tokenizer, limit))

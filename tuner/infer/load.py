@@ -35,7 +35,7 @@ class LoadedModel:
 
 def default_context(target: InferenceTarget, max_new_tokens: int) -> int:
     """Context the KV cache is predicted for: the recipe's sequence length plus the answer."""
-    return target.recipe.memory.max_seq_length + max_new_tokens
+    return target.recipe.training.max_seq_length + max_new_tokens
 
 
 def inference_dtype(target: InferenceTarget, on_gpu: bool) -> tuple[str, str | None]:

@@ -7,7 +7,7 @@ replicates them when there are fewer heads than GPUs). vLLM may use ``gpu_memory
 ``inference.gpu_headroom_gb`` is left free (for the activations of its profile run, CUDA graphs and fragmentation,
 which this plan does not model), at most 95%. ``tensor_parallel_size`` is the fewest GPUs of one machine, allowed
 by the head counts, whose memory holds the weights and the KV cache of one sequence of ``max_model_len`` tokens
-(the recipe's ``memory.max_seq_length`` plus ``inference.max_new_tokens`` unless ``--context`` says otherwise).
+(the recipe's ``training.max_seq_length`` plus ``inference.max_new_tokens`` unless ``--context`` says otherwise).
 
 The flags are vLLM's documented ``vllm serve`` arguments (tests/data/vllm_serve_flags.txt lists them with their
 sources); vLLM itself need not be installed here.

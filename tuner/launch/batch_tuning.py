@@ -41,8 +41,8 @@ class Candidate:
 
     @property
     def overrides(self) -> list[str]:
-        return [f"memory.micro_batch_size={self.micro_batch_size}",
-                f"memory.gradient_accumulation_steps={self.accumulation}"]
+        return [f"training.micro_batch_size={self.micro_batch_size}",
+                f"training.gradient_accumulation_steps={self.accumulation}"]
 
 
 @dataclass
@@ -70,7 +70,7 @@ class BatchTuning:
 
 
 def effective_per_rank(recipe: Recipe) -> int:
-    return recipe.memory.micro_batch_size * recipe.memory.gradient_accumulation_steps
+    return recipe.training.micro_batch_size * recipe.training.gradient_accumulation_steps
 
 
 def _within(memory_plan, margin: float) -> bool:
@@ -88,7 +88,7 @@ def batch_candidates(recipe: Recipe, margin: float) -> list[Candidate]:
     candidates = []
     for micro in sorted((m for m in range(1, effective + 1) if effective % m == 0), reverse=True):
         data = recipe.model_dump(mode="json")
-        data["memory"].update(micro_batch_size=micro, gradient_accumulation_steps=effective // micro)
+        data["training"].update(micro_batch_size=micro, gradient_accumulation_steps=effective // micro)
         try:
             candidate_recipe = validate_recipe(data)
         except RecipeError:

@@ -213,13 +213,12 @@ def probe_report(result: ProbeResult, memory_plan) -> dict:
     world = result.recipe.world_size
     peak = result.peak(memory_plan)
     devices = {str(rank): next(iter(phases.values())).get("device") for rank, phases in measured.items()}
-    mem = result.recipe.memory
     return {
         "recipe": result.recipe.name, "run_dir": str(result.run_dir), "status": result.status,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "world_size": world,
-        "batch": {"micro_batch_size": mem.micro_batch_size,
-                  "gradient_accumulation_steps": mem.gradient_accumulation_steps,
-                  "tokens_per_sample": mem.max_seq_length, "packed": result.recipe.data.packing},
+        "batch": {"micro_batch_size": result.recipe.training.micro_batch_size,
+                  "gradient_accumulation_steps": result.recipe.training.gradient_accumulation_steps,
+                  "tokens_per_sample": result.recipe.training.max_seq_length, "packed": result.recipe.data.packing},
         "versions": library_versions(), "machine": machine_devices(result.recipe), "devices": devices,
         "ranks": {str(rank): phases for rank, phases in measured.items()},
         "phases": [row.to_dict() for row in phase_rows(measured, memory_plan, world)],

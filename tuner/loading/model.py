@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from pathlib import Path
 
 from tuner.catalog.demo import is_builtin
 from tuner.catalog.hub import HUB_ID

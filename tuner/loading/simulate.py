@@ -56,8 +56,8 @@ def why_not_simulable(recipe) -> str | None:
     mem = recipe.memory
     if recipe.method.kind == "qlora":
         return "bitsandbytes 4/8-bit layers run CUDA kernels that fake tensors cannot execute"
-    if "8bit" in mem.optimizer or "paged" in mem.optimizer:
-        return f"the bitsandbytes optimizer {mem.optimizer} runs CUDA kernels that fake tensors cannot execute"
+    if "8bit" in recipe.training.optimizer or "paged" in recipe.training.optimizer:
+        return f"the bitsandbytes optimizer {recipe.training.optimizer} runs CUDA kernels that fake tensors cannot execute"
     if mem.distributed in ("deepspeed", "fsdp") and (recipe.world_size > 1 or mem.distributed == "fsdp" or mem.zero_stage):
         return "ZeRO/FSDP sharding and offload need a process group and their engines; only a single process is simulated"
     grpo = recipe.objective.grpo
@@ -246,13 +246,13 @@ def grpo_round(policy, reference, recipe, vocab: int, trained=None):
         TopPLogitsWarper,
     )
 
-    grpo, mem, objective = recipe.objective.grpo, recipe.memory, recipe.objective
-    batch, prompt, completion = mem.micro_batch_size, grpo.max_prompt_length, grpo.max_completion_length
+    grpo, objective = recipe.objective.grpo, recipe.objective
+    batch, prompt, completion = recipe.training.micro_batch_size, grpo.max_prompt_length, grpo.max_completion_length
     round_size = batch * grpo.steps_per_generation
     processors = LogitsProcessorList(
         ([TemperatureLogitsWarper(grpo.temperature)] if grpo.temperature != 1.0 else [])
         + ([TopPLogitsWarper(grpo.top_p)] if grpo.top_p < 1.0 else []))
-    old_log_probs = mem.gradient_accumulation_steps % grpo.steps_per_generation != 0
+    old_log_probs = recipe.training.gradient_accumulation_steps % grpo.steps_per_generation != 0
 
     def log_probs(model, ids, no_adapter: bool = False):
         labels = ids.clone()
@@ -344,7 +344,7 @@ def simulate_grpo(recipe) -> SimulationResult:
             with torch.no_grad():  # TRL generates and scores outside autocast and without gradients
                 ids, scored = generation(prompts)
             phases[GENERATION], _ = _snapshot_gib(tracker)
-        batch = mem.micro_batch_size
+        batch = recipe.training.micro_batch_size
         model.train()
         tracker = frozen_aware_tracker()
         tracker.track_external(loss_step, optimizer, *([reference] if reference is not None else []))  # resident
@@ -388,7 +388,7 @@ def simulate(recipe, evaluation: bool = False) -> SimulationResult:
     if recipe.uses_gpu:
         notes.append("the analytic plan of a GPU recipe also counts CUDA's foreach AdamW temporaries, "
                      "CUDA context and allocator slack, which a CPU trace does not see.")
-    batch, seq = mem.micro_batch_size, mem.max_seq_length
+    batch, seq = recipe.training.micro_batch_size, recipe.training.max_seq_length
     objective = recipe.objective
     model, reference = _built(recipe)
     model.config.use_cache = False  # as the training entrypoint sets it

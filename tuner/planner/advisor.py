@@ -81,7 +81,7 @@ class Advice:
 # How a label names a field it sets (any other field: its own name); the fields that follow others by the schema's
 # defaults (the save of a LoRA run, FSDP's data-parallel layout) are left out, as a recipe leaves them implicit.
 _SHARDING_FIELDS = ("memory.distributed", "memory.zero_stage", "memory.fsdp.sharding_strategy")
-_NAMES = {"memory.micro_batch_size": "micro-batch", "memory.gradient_accumulation_steps": "accumulation",
+_NAMES = {"training.micro_batch_size": "micro-batch", "training.gradient_accumulation_steps": "accumulation",
           "memory.offload_optimizer": "optimizer offload to", "memory.offload_params": "parameter offload to",
           "objective.precompute_ref_log_probs": "precomputed reference", "parallelism.tp": "tp",
           "parallelism.cp": "cp", "parallelism.sp": "sp"}
@@ -242,10 +242,10 @@ def reason(recipe, rung: Rung) -> str:
     split = f"context parallelism (cp {par.cp}, ring attention)" if par.cp > 1 else \
         f"sequence parallelism (sp {par.sp}, DeepSpeed Ulysses)"
     rounds = recipe.objective.grpo.steps_per_generation if recipe.objective.grpo else 1
-    line = REASONS[rung].format(world=recipe.world_size, mb=mem.micro_batch_size, acc=mem.gradient_accumulation_steps,
-                                eff=mem.micro_batch_size * mem.gradient_accumulation_steps,
+    line = REASONS[rung].format(world=recipe.world_size, mb=recipe.training.micro_batch_size, acc=recipe.training.gradient_accumulation_steps,
+                                eff=recipe.training.micro_batch_size * recipe.training.gradient_accumulation_steps,
                                 batch=recipe.effective_batch_size, tp=par.tp, shards=par.cp * par.sp, split=split,
-                                rounds=rounds, round=mem.micro_batch_size * rounds)
+                                rounds=rounds, round=recipe.training.micro_batch_size * rounds)
     if recipe.world_size == 1:
         line = line.replace(" over the 1 GPUs", " (on one GPU: what lets DeepSpeed offload)")
     if mem.distributed == "fsdp":
@@ -282,8 +282,7 @@ def _runnable(candidate) -> bool:
 
 def largest_micro_batch(recipe, limit: int = 4096) -> tuple[int, int] | None:
     """The largest micro-batch that still fits, and the accumulation that keeps the recipe's effective batch."""
-    mem = recipe.memory
-    effective = mem.micro_batch_size * mem.gradient_accumulation_steps
+    effective = recipe.training.micro_batch_size * recipe.training.gradient_accumulation_steps
 
     def fits(mb: int) -> bool:
         return plan(_with_batch(recipe, mb, effective)).verdict in ("fits", "tight")
@@ -301,9 +300,9 @@ def largest_micro_batch(recipe, limit: int = 4096) -> tuple[int, int] | None:
 
 
 def _with_batch(recipe, mb: int, effective: int):
-    memory = recipe.memory.model_copy(update={"micro_batch_size": mb,
-                                              "gradient_accumulation_steps": max(1, math.ceil(effective / mb))})
-    return recipe.model_copy(update={"memory": memory})
+    training = recipe.training.model_copy(update={"micro_batch_size": mb,
+                                                  "gradient_accumulation_steps": max(1, math.ceil(effective / mb))})
+    return recipe.model_copy(update={"training": training})
 
 
 def _overrides(recipe, candidate) -> list[str]:
@@ -457,7 +456,7 @@ def _on_layout(recipe, machines: int, gpus: int, base: Tactics):
     data["parallelism"].update(dp_replicate=None, dp_shard=None)
     data["memory"].update(offload_optimizer="none", offload_params="none", activation_offloading=False)
     data_parallel = machines * gpus // (base.tp * base.seq_shards)
-    data["memory"]["gradient_accumulation_steps"] = max(1, math.ceil(
+    data["training"]["gradient_accumulation_steps"] = max(1, math.ceil(
         recipe.effective_batch_size / (base.micro_batch * data_parallel)))
     try:
         return validate_recipe(data)

@@ -53,14 +53,14 @@ class Rollout:
 def rollout_of(recipe) -> Rollout:
     from tuner.catalog.models import model_facts
 
-    grpo, mem = recipe.objective.grpo, recipe.memory
+    grpo = recipe.objective.grpo
     vllm = grpo.generation != "transformers"
     models = tuple(model_facts(reward.model, None, recipe.model.trust_remote_code) for reward in grpo.rewards
                    if reward.kind == "model")
     return Rollout(
         generations=grpo.num_generations, prompt=grpo.max_prompt_length, completion=grpo.max_completion_length,
-        steps_per_generation=grpo.steps_per_generation, round=mem.micro_batch_size * grpo.steps_per_generation,
-        old_log_probs=mem.gradient_accumulation_steps % grpo.steps_per_generation != 0 or vllm,
+        steps_per_generation=grpo.steps_per_generation, round=recipe.training.micro_batch_size * grpo.steps_per_generation,
+        old_log_probs=recipe.training.gradient_accumulation_steps % grpo.steps_per_generation != 0 or vllm,
         reference=recipe.objective.reference_model, temperature=grpo.temperature, top_p=grpo.top_p,
         backend=grpo.generation, vllm_share=grpo.vllm_gpu_memory_utilization, vllm_sleep=grpo.vllm_sleep_mode,
         vllm_gpus=grpo.vllm_server_gpus, reward_models=models)

@@ -86,7 +86,9 @@ def _model_key(recipe: Recipe) -> dict:
 
 def _tactics_key(recipe: Recipe) -> dict:
     data = recipe.model_dump(mode="json")
-    return {"method": data["method"], "memory": data["memory"], "parallelism": data["parallelism"],
+    batch = {key: data["training"][key] for key in ("micro_batch_size", "gradient_accumulation_steps", "max_seq_length",
+                                                    "optimizer")}
+    return {"method": data["method"], "memory": {**data["memory"], **batch}, "parallelism": data["parallelism"],
             "objective": data["objective"], "machines": recipe.hardware.machines,
             "gpus_per_machine": recipe.hardware.gpus_per_machine, "world_size": recipe.world_size,
             "packing": recipe.data.packing, "evaluates": recipe.data.eval_fraction > 0}

@@ -130,7 +130,7 @@ def plan(recipe) -> MemoryPlan:
         (module_params(s, name) or (0, 0))[0] for name in s.modules_to_save)
     return MemoryPlan(model=recipe.model.id, devices=devices, verdict=verdict, missing_gib=missing,
                       host_ram_gib=host_ram, notes=notes, params=counts.as_dict(), trainable_params=trainable,
-                      micro_batch_size=recipe.memory.micro_batch_size, max_seq_length=recipe.memory.max_seq_length,
+                      micro_batch_size=recipe.training.micro_batch_size, max_seq_length=recipe.training.max_seq_length,
                       unmodelled=unmodelled)
 
 

@@ -130,11 +130,11 @@ def rank_setup(recipe) -> Setup:
         shard_group=shard_group,
         offload_optimizer=mem.offload_optimizer, offload_params=mem.offload_params,
         checkpointing=mem.gradient_checkpointing, eager=chosen.attention == "eager", flash=chosen.attention == "flash",
-        batch=mem.micro_batch_size * sequences_per_sample(objective.kind),
+        batch=recipe.training.micro_batch_size * sequences_per_sample(objective.kind),
         # grpo's sequences are a prompt and a completion, each at most its length
         seq=(objective.grpo.max_prompt_length + objective.grpo.max_completion_length if objective.grpo else
-             mem.max_seq_length) // (par.cp * par.sp),
-        accumulation=mem.gradient_accumulation_steps, optimizer=mem.optimizer, lora_r=method.lora.r,
+             recipe.training.max_seq_length) // (par.cp * par.sp),
+        accumulation=recipe.training.gradient_accumulation_steps, optimizer=recipe.training.optimizer, lora_r=method.lora.r,
         lora_targets=method.lora.target_modules, lora_parameters=tuple(method.lora.target_parameters),
         lora_dropout=0.0 if objective.kind != "sft" else method.lora.dropout,  # TRL turns dropout off
         quant_bits=quant.bits if quant and method.kind == "qlora" else None,

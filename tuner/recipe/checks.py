@@ -120,11 +120,11 @@ def _method(recipe: Recipe) -> list[Problem]:
     if method.kind == "qlora" and mem.distributed == "deepspeed" and mem.zero_stage == 3 and method.quantization and method.quantization.bits == 8:
         problems.append(Problem(
             "method.quantization.bits", "8-bit weights cannot be sharded by ZeRO-3; use bits: 4 or zero_stage 2."))
-    if mem.optimizer in ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit") and mem.distributed == "deepspeed":
+    if recipe.training.optimizer in ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit") and mem.distributed == "deepspeed":
         problems.append(Problem(
-            "memory.optimizer", "DeepSpeed brings its own optimizer and ignores bitsandbytes ones: use adamw_torch."))
-    if mem.optimizer == "adamw_torch_fused" and not recipe.uses_gpu:
-        problems.append(Problem("memory.optimizer", "adamw_torch_fused needs a GPU; use adamw_torch on the CPU."))
+            "training.optimizer", "DeepSpeed brings its own optimizer and ignores bitsandbytes ones: use adamw_torch."))
+    if recipe.training.optimizer == "adamw_torch_fused" and not recipe.uses_gpu:
+        problems.append(Problem("training.optimizer", "adamw_torch_fused needs a GPU; use adamw_torch on the CPU."))
     return problems
 
 
@@ -318,9 +318,9 @@ def _parallelism(recipe: Recipe) -> list[Problem]:
             "memory.attention", "DeepSpeed Ulysses wraps sdpa or flash attention, not eager: set attention: sdpa.",
             anchor="parallelism.sp"))
     for name, size, multiple in (("cp", par.cp, 2 * par.cp), ("sp", par.sp, par.sp)):
-        if size > 1 and recipe.memory.max_seq_length % multiple:
+        if size > 1 and recipe.training.max_seq_length % multiple:
             problems.append(Problem(
-                "memory.max_seq_length", f"{name} {size} splits each sequence into {multiple} equal parts: make "
+                "training.max_seq_length", f"{name} {size} splits each sequence into {multiple} equal parts: make "
                 f"max_seq_length a multiple of {multiple}.", anchor=f"parallelism.{name}"))
     return problems + _heads_divisible(recipe)
 

@@ -9,7 +9,8 @@ import typing
 
 from pydantic import BaseModel
 
-from tuner.recipe.schema import Recipe
+from tuner.recipe.io import MOVED
+from tuner.recipe.schema import SCHEMA_VERSION, Recipe
 
 HEADER = """# Recipe reference
 
@@ -69,6 +70,12 @@ def _section(model: type[BaseModel], prefix: str, out: list[str]) -> None:
 def render_reference() -> str:
     out = [HEADER, "## top level", ""]
     _section(Recipe, "", out)
+    out += ["## keys that moved", "",
+            f"A recipe of an older schema (its `version` below {SCHEMA_VERSION}) still loads: each key below is read "
+            "from where it was, with a warning naming its line and its new place, and the wizard saves it at the new "
+            "place. A recipe whose `version` is newer than this tuner is refused.", "",
+            "| old key | new key | moved in version |", "| --- | --- | --- |",
+            *(f"| `{'.'.join(old)}` | `{'.'.join(new)}` | {since} |" for old, (new, since) in MOVED.items()), ""]
     return "\n".join(out).rstrip() + "\n"
 
 

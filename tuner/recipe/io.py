@@ -1,4 +1,4 @@
-"""Reading and writing recipe files: safe YAML, key line numbers, overrides, clear errors.
+"""Reading and writing recipe files: safe YAML, key line numbers, overrides, migration, clear errors.
 
 Only ``yaml.SafeLoader`` is used: a recipe is data, never code.  Every error is a
 :class:`RecipeError` that names the field and, when it came from a file, the line.
@@ -6,6 +6,7 @@ Only ``yaml.SafeLoader`` is used: a recipe is data, never code.  Every error is 
 from __future__ import annotations
 
 import difflib
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -15,7 +16,9 @@ from pydantic import BaseModel, ValidationError
 
 from tuner.fileio import NotARegularFile, TooLarge, read_limited
 from tuner.recipe.checks import find_problems
-from tuner.recipe.schema import Recipe
+from tuner.recipe.schema import SCHEMA_VERSION, Recipe
+
+log = logging.getLogger(__name__)
 
 MAX_YAML_NODES = 20_000  # a recipe has ~100; anything near this is an alias bomb or not a recipe
 MAX_FILE_BYTES = 1_000_000
@@ -178,7 +181,7 @@ def parse_override(assignment: str) -> tuple[tuple[str, ...], Any]:
     key, sep, raw_value = assignment.partition("=")
     parts = tuple(key.strip().split("."))
     if not sep or not key.strip() or any(not part for part in parts):
-        raise RecipeError([f"--set {assignment!r}: expected dotted.key=value, e.g. --set memory.micro_batch_size=4"])
+        raise RecipeError([f"--set {assignment!r}: expected dotted.key=value, e.g. --set training.micro_batch_size=4"])
     try:
         value = yaml.safe_load(raw_value) if raw_value.strip() else ""
     except (yaml.YAMLError, ValueError, OverflowError, RecursionError):
@@ -187,7 +190,7 @@ def parse_override(assignment: str) -> tuple[tuple[str, ...], Any]:
 
 
 def leaves(data: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
-    """Every value of a recipe mapping by its key path (``("memory", "micro_batch_size")``); an empty section is a
+    """Every value of a recipe mapping by its key path (``("training", "micro_batch_size")``); an empty section is a
     value of its own, so a file's ``fsdp: {}`` is kept where it was written."""
     if not isinstance(data, dict) or (prefix and not data):
         return {prefix: data}
@@ -203,7 +206,7 @@ class NotASection(ValueError):
 
 def set_dotted(data: dict[str, Any], parts: Sequence[str], value: Any, *, none_removes: bool,
                replace_values: bool) -> None:
-    """Set the key ``parts`` (``("memory", "micro_batch_size")``) of ``data`` to ``value`` in place, making the
+    """Set the key ``parts`` (``("training", "micro_batch_size")``) of ``data`` to ``value`` in place, making the
     sections on the way (a missing or null one becomes ``{}``).
 
     The two callers differ, and each states how: ``none_removes``: None deletes the key, so the field is back to its
@@ -243,6 +246,58 @@ def apply_overrides(data: dict[str, Any], overrides: Iterable[str], source: Reci
     return result
 
 
+# --- recipes of an older schema ----------------------------------------------------------------------------------
+# A recipe written for an older schema keeps loading: a moved key is read from where it was, with a warning naming
+# the line, the old key and the new one.  A recipe newer than this tuner is refused: its keys may mean what this
+# version cannot know (Accelerate's ``process_config`` and axolotl's ``deprecated.py`` do the same for theirs).
+MOVED: dict[tuple[str, ...], tuple[tuple[str, ...], int]] = {  # old key -> (new key, the version that moved it)
+    ("memory", key): (("training", key), 2)
+    for key in ("micro_batch_size", "gradient_accumulation_steps", "max_seq_length", "optimizer")
+}
+
+
+@dataclass(frozen=True)
+class Moved:
+    old: tuple[str, ...]
+    new: tuple[str, ...]
+    warning: str  # for the user: where, the old key, the new one
+
+
+def migrate(data: dict[str, Any], source: RecipeSource) -> list[Moved]:
+    """Move every old key of ``data`` (in place; its sections are copied, not edited) to its new place and set
+    ``version``.  Raises :class:`RecipeError` for a recipe newer than this tuner or one that sets a key in both."""
+    version = data.get("version", SCHEMA_VERSION)
+    numbered = isinstance(version, int) and not isinstance(version, bool)
+    if numbered and version > SCHEMA_VERSION:
+        raise RecipeError([f"{source.where(('version',))}: version: {version} is a newer recipe schema than this "
+                           f"tuner reads (version {SCHEMA_VERSION}); upgrade tuner (pip install -U tuner)."])
+    moved = []
+    for old, (new, since) in MOVED.items():
+        section, target = data.get(old[0]), data.get(new[0], {})
+        if not isinstance(section, dict) or old[1] not in section or not isinstance(target, dict):
+            continue  # nothing to move, or a section that is not a mapping, which the schema names
+        by_override = old in source.overridden
+        if new[1] in target and by_override == (new in source.overridden):  # an override wins over the file
+            raise RecipeError([f"{source.where(old)}: {_dotted(old)}: moved to {_dotted(new)} in recipe version "
+                               f"{since}, which {source.where(new)} also sets; keep only {_dotted(new)}."])
+        where, replaces = source.where(old), new[1] not in target or by_override
+        data[old[0]], data[new[0]] = section, target = dict(section), dict(target)
+        value = section.pop(old[1])
+        if replaces:
+            target[new[1]] = value
+            for seen in (source.key_lines, source.texts):  # errors about the value point where it was written
+                if old in seen:
+                    seen[new] = seen.pop(old)
+            if by_override:
+                source.overridden.add(new)
+        moved.append(Moved(old, new, f"{where}: {_dotted(old)} is now {_dotted(new)} (recipe version {since}); "
+                                     + ("read from there. " if replaces else f"{source.where(new)} overrides it. ")
+                                     + f"Move it under {new[0]}: to silence this."))
+    if numbered and version < SCHEMA_VERSION:
+        data["version"] = SCHEMA_VERSION
+    return moved
+
+
 def _suggest(loc: tuple[str, ...]) -> str:
     """'did you mean' for an unknown key, from the fields of the section it sits in."""
     model: type[BaseModel] = Recipe
@@ -251,7 +306,11 @@ def _suggest(loc: tuple[str, ...]) -> str:
         if nested is None:
             return ""
         model = nested
-    matches = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.6)
+    moved_here = {old[-1]: moved for old, moved in MOVED.items() if old[:-1] == loc[:-1]}
+    matches = difflib.get_close_matches(loc[-1], [*model.model_fields, *moved_here], n=1, cutoff=0.6)
+    if matches and matches[0] in moved_here:
+        new, since = moved_here[matches[0]]
+        return f" Did you mean '{_dotted(new)}' (moved from {_dotted(loc[:-1])}: in recipe version {since})?"
     if matches:
         return f" Did you mean '{matches[0]}'?"
     return f" Known keys here: {', '.join(model.model_fields)}."
@@ -363,6 +422,9 @@ def validate_recipe(data: Any, source: RecipeSource | None = None) -> Recipe:
     source = source or RecipeSource()
     if not isinstance(data, dict):
         raise RecipeError([f"{source.where(())}: a recipe must be a mapping of sections, not {type(data).__name__}."])
+    data = dict(data)
+    for moved in migrate(data, source):
+        log.warning("%s", moved.warning)
     _restore_texts(data, source.texts)
     try:
         recipe = Recipe.model_validate(data)

@@ -40,9 +40,9 @@ def _objective(recipe: Recipe) -> list[Problem]:
     if objective.sft_weight and kind != "dpo":
         problems.append(Problem("objective.sft_weight", "sft_weight adds the chosen answers' NLL to a dpo loss; "
                                                         "remove it, or set objective.kind: dpo."))
-    if kind == "kto" and objective.loss_type == "kto" and recipe.memory.micro_batch_size < 2:
+    if kind == "kto" and objective.loss_type == "kto" and recipe.training.micro_batch_size < 2:
         problems.append(Problem(
-            "memory.micro_batch_size",
+            "training.micro_batch_size",
             "KTO estimates its KL term from the other samples of a micro-batch: set micro_batch_size to 2 or more "
             "(or loss_type: apo_zero_unpaired, which has no KL term).", anchor="objective.kind"))
     if data.packing:
@@ -106,24 +106,24 @@ def _grpo(recipe: Recipe) -> list[Problem]:
         problems.append(Problem("objective.loss_type", f"{objective.loss_type} is not a grpo loss; use one of "
                                                        f"{', '.join(GRPO_LOSS_TYPES)}."))
     prompt, completion = grpo.max_prompt_length, grpo.max_completion_length
-    if prompt + completion > mem.max_seq_length:
+    if prompt + completion > recipe.training.max_seq_length:
         problems.append(Problem(
             "objective.grpo.max_completion_length", f"max_prompt_length + max_completion_length = {prompt} + "
-            f"{completion} = {prompt + completion} tokens, more than memory.max_seq_length ({mem.max_seq_length}), "
+            f"{completion} = {prompt + completion} tokens, more than training.max_seq_length ({recipe.training.max_seq_length}), "
             "which the memory plan is made for: lower one of them, or raise max_seq_length.",
             anchor="objective.grpo"))
     groups, ranks = grpo.num_generations, recipe.data_parallel
-    round_size = mem.micro_batch_size * ranks * grpo.steps_per_generation
+    round_size = recipe.training.micro_batch_size * ranks * grpo.steps_per_generation
     if round_size % groups:
         problems.append(Problem(
             "objective.grpo.num_generations", f"a generation round samples micro_batch_size x data-parallel ranks x "
-            f"steps_per_generation = {mem.micro_batch_size} x {ranks} x {grpo.steps_per_generation} = {round_size} "
+            f"steps_per_generation = {recipe.training.micro_batch_size} x {ranks} x {grpo.steps_per_generation} = {round_size} "
             f"completions, which must be whole groups of num_generations ({groups}): make num_generations divide "
             f"{round_size}, or change micro_batch_size or steps_per_generation.", anchor="objective.grpo"))
-    elif data.eval_fraction > 0 and (mem.micro_batch_size * ranks) % groups:
+    elif data.eval_fraction > 0 and (recipe.training.micro_batch_size * ranks) % groups:
         problems.append(Problem(
-            "memory.micro_batch_size", f"evaluation samples micro_batch_size x data-parallel ranks = "
-            f"{mem.micro_batch_size * ranks} completions at a time, which must be whole groups of num_generations "
+            "training.micro_batch_size", f"evaluation samples micro_batch_size x data-parallel ranks = "
+            f"{recipe.training.micro_batch_size * ranks} completions at a time, which must be whole groups of num_generations "
             f"({groups}): make it a multiple of {groups}, or set data.eval_fraction: 0.", anchor="objective.grpo"))
     if not grpo.rewards:
         problems.append(Problem("objective.grpo.rewards", "grpo scores completions with rewards: add at least one, "

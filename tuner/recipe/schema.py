@@ -14,7 +14,7 @@ from tuner.catalog.demo import DEMO_MODEL_ID, DEMO_MOE_MODEL_ID
 from tuner.recipe.objective import DPO_DEFAULT_BETA, TRL_LOSS_TYPES, GrpoSection, ObjectiveSection
 from tuner.recipe.section import Section, is_host
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: batch, sequence and optimizer moved from memory: to training: (recipe/migrate.py)
 # Experiment trackers the Trainer reports to (its own integrations); each is also the name of tuner's pip extra.
 Tracker = Literal["tensorboard", "mlflow", "wandb", "trackio"]
 TRACKERS: tuple[str, ...] = get_args(Tracker)
@@ -186,15 +186,6 @@ class MemorySection(Section):
     mixed_precision: Literal["bf16", "fp16", "no"] = Field(
         "bf16", description="Autocast precision of the forward/backward pass; 'no' trains in the weights' dtype."
     )
-    micro_batch_size: int = Field(1, ge=1, le=65536, description="Sequences per GPU per forward pass.")
-    gradient_accumulation_steps: int = Field(
-        1, ge=1, le=65536, description="Micro-batches accumulated before each optimizer step."
-    )
-    max_seq_length: int = Field(2048, ge=8, le=4_194_304, description="Tokens per sequence; longer samples are truncated.")
-    optimizer: Literal["adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"] = Field(
-        "adamw_torch",
-        description="Optimizer. 8-bit variants (bitsandbytes) store moments in one byte each; paged ones spill to CPU under pressure.",
-    )
     torch_compile: bool = Field(False, description="Compile the model with torch.compile (faster steps after a slow first one).")
 
     @field_validator("mixed_precision", mode="before")
@@ -283,6 +274,15 @@ class DataSection(Section):
 
 
 class TrainingSection(Section):
+    micro_batch_size: int = Field(1, ge=1, le=65536, description="Sequences per GPU per forward pass.")
+    gradient_accumulation_steps: int = Field(
+        1, ge=1, le=65536, description="Micro-batches accumulated before each optimizer step."
+    )
+    max_seq_length: int = Field(2048, ge=8, le=4_194_304, description="Tokens per sequence; longer samples are truncated.")
+    optimizer: Literal["adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"] = Field(
+        "adamw_torch",
+        description="Optimizer. 8-bit variants (bitsandbytes) store moments in one byte each; paged ones spill to CPU under pressure.",
+    )
     learning_rate: float = Field(2e-4, gt=0, le=10, description="Peak learning rate.")
     lr_scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = Field(
         "cosine", description="Learning-rate schedule after warmup."
@@ -342,7 +342,7 @@ class InferenceSection(Section):
 
 
 class Recipe(Section):
-    version: Literal[1] = Field(SCHEMA_VERSION, description="Recipe schema version.")
+    version: Literal[2] = Field(SCHEMA_VERSION, description="Recipe schema version (older recipes are read and migrated).")
     name: str = Field(
         "run",
         min_length=1,
@@ -399,13 +399,13 @@ class Recipe(Section):
         """GRPO's sizes that follow from the memory section: completion, prompt, generation rounds."""
         if self.objective.grpo is None:
             object.__setattr__(self.objective, "grpo", GrpoSection())
-        grpo, mem = self.objective.grpo, self.memory
+        grpo = self.objective.grpo
         if grpo.max_completion_length is None:
-            object.__setattr__(grpo, "max_completion_length", max(1, min(512, mem.max_seq_length // 2)))
+            object.__setattr__(grpo, "max_completion_length", max(1, min(512, self.training.max_seq_length // 2)))
         if grpo.max_prompt_length is None:
-            object.__setattr__(grpo, "max_prompt_length", max(1, mem.max_seq_length - grpo.max_completion_length))
+            object.__setattr__(grpo, "max_prompt_length", max(1, self.training.max_seq_length - grpo.max_completion_length))
         if grpo.steps_per_generation is None:
-            object.__setattr__(grpo, "steps_per_generation", mem.gradient_accumulation_steps)
+            object.__setattr__(grpo, "steps_per_generation", self.training.gradient_accumulation_steps)
 
     @property
     def world_size(self) -> int:
@@ -418,8 +418,8 @@ class Recipe(Section):
     @property
     def uses_bitsandbytes(self) -> bool:
         """A quantised base model or an 8-bit / paged optimizer."""
-        return (self.method.quantization is not None or "8bit" in self.memory.optimizer
-                or "paged" in self.memory.optimizer)
+        return (self.method.quantization is not None or "8bit" in self.training.optimizer
+                or "paged" in self.training.optimizer)
 
     @property
     def data_parallel(self) -> int:
@@ -428,4 +428,4 @@ class Recipe(Section):
 
     @property
     def effective_batch_size(self) -> int:
-        return self.memory.micro_batch_size * self.memory.gradient_accumulation_steps * self.data_parallel
+        return self.training.micro_batch_size * self.training.gradient_accumulation_steps * self.data_parallel

@@ -82,7 +82,7 @@ def tactics_of(recipe: Recipe) -> Tactics:
     rollout = dict(round_steps=grpo.steps_per_generation, vllm_sleep=grpo.vllm_sleep_mode,
                    no_reference=not recipe.objective.beta) if grpo else {}
     return Tactics(sharding, mem.gradient_checkpointing, mem.offload_optimizer, mem.offload_params,
-                   mem.micro_batch_size, recipe.method.kind, mem.chunked_loss, mem.activation_offloading,
+                   recipe.training.micro_batch_size, recipe.method.kind, mem.chunked_loss, mem.activation_offloading,
                    recipe.objective.precompute_ref_log_probs, recipe.parallelism.tp,
                    recipe.parallelism.cp * recipe.parallelism.sp, **rollout)
 
@@ -188,20 +188,21 @@ def apply_tactics(recipe: Recipe, t: Tactics) -> Recipe:
     mem, method = recipe.memory, recipe.method
     data_parallel = max(1, recipe.world_size // (t.tp * t.seq_shards))
     update = {"gradient_checkpointing": t.checkpointing, "offload_optimizer": t.offload_optimizer,
-              "offload_params": t.offload_params, "micro_batch_size": t.micro_batch,
-              "gradient_accumulation_steps": max(1, math.ceil(recipe.effective_batch_size
-                                                              / (t.micro_batch * data_parallel))),
-              "chunked_loss": t.chunked_loss, "activation_offloading": t.activation_offloading}
+              "offload_params": t.offload_params, "chunked_loss": t.chunked_loss,
+              "activation_offloading": t.activation_offloading}
+    training = {"micro_batch_size": t.micro_batch,
+                "gradient_accumulation_steps": max(1, math.ceil(recipe.effective_batch_size
+                                                                / (t.micro_batch * data_parallel)))}
     if t.sharding.startswith("zero"):
         update.update(distributed="deepspeed", zero_stage=int(t.sharding[-1]))
-        if mem.optimizer not in ("adamw_torch", "adamw_torch_fused"):
-            update["optimizer"] = "adamw_torch"  # DeepSpeed brings its own optimizer
+        if recipe.training.optimizer not in ("adamw_torch", "adamw_torch_fused"):
+            training["optimizer"] = "adamw_torch"  # DeepSpeed brings its own optimizer
     elif t.sharding.startswith("fsdp:"):
         update.update(distributed="fsdp", zero_stage=None,
                       fsdp=mem.fsdp.model_copy(update={"sharding_strategy": t.sharding.split(":")[1]}))
     else:
         update.update(distributed=t.sharding, zero_stage=None)
-    changes = {"memory": mem.model_copy(update=update)}
+    changes = {"memory": mem.model_copy(update=update), "training": recipe.training.model_copy(update=training)}
     if (t.tp, t.seq_shards) != (recipe.parallelism.tp, recipe.parallelism.cp * recipe.parallelism.sp):
         changes["parallelism"] = _layout(recipe, t, update["distributed"])
     if t.precompute_reference != recipe.objective.precompute_ref_log_probs:

@@ -24,7 +24,7 @@ def vllm_server_argv(recipe: Recipe) -> list[str]:
     grpo = recipe.objective.grpo
     argv = ["trl", "vllm-serve", "--model", recipe.model.id, "--tensor_parallel_size", str(grpo.vllm_server_gpus),
             "--port", str(grpo.vllm_server_port), "--gpu_memory_utilization", str(grpo.vllm_gpu_memory_utilization),
-            "--max_model_len", str(recipe.memory.max_seq_length)]
+            "--max_model_len", str(recipe.training.max_seq_length)]
     if recipe.model.revision:
         argv += ["--revision", recipe.model.revision]
     if recipe.model.trust_remote_code:

@@ -118,7 +118,7 @@ class Finished(Event):
     step: int | None = None
     final_dir: str | None = None
     merged_dir: str | None = None
-    truncated: int | None = None  # samples cut to memory.max_seq_length (None: not counted, the data was streamed)
+    truncated: int | None = None  # samples cut to training.max_seq_length (None: not counted, the data was streamed)
     dropped: int | None = None  # samples with no token to learn from
 
 

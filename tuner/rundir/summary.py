@@ -110,11 +110,11 @@ def summarize_run(run_dir: str | Path, since: float = 0.0, wall_s: float | None 
         pass
     notes = []
     if finished.truncated:
-        notes.append(f"{finished.truncated} training samples were cut to memory.max_seq_length")
+        notes.append(f"{finished.truncated} training samples were cut to training.max_seq_length")
     if finished.dropped:
         notes.append(f"{finished.dropped} training samples had no token to learn from and were dropped")
     if finished.truncated is None:  # every finished event carries the count; None: the data was streamed
-        notes.append("samples cut to memory.max_seq_length or dropped with no token to learn from were not counted "
+        notes.append("samples cut to training.max_seq_length or dropped with no token to learn from were not counted "
                      "(the data was streamed)")
     runtime = finished.number("train_runtime")
     return RunSummary(

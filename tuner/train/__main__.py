@@ -56,9 +56,9 @@ def training_arguments(recipe: Recipe, run_dir: Path):
     evaluate = recipe.data.eval_fraction > 0
     common = dict(
         output_dir=str(run_dir / CHECKPOINTS_DIR),
-        per_device_train_batch_size=mem.micro_batch_size,
-        per_device_eval_batch_size=mem.micro_batch_size,
-        gradient_accumulation_steps=mem.gradient_accumulation_steps,
+        per_device_train_batch_size=recipe.training.micro_batch_size,
+        per_device_eval_batch_size=recipe.training.micro_batch_size,
+        gradient_accumulation_steps=recipe.training.gradient_accumulation_steps,
         learning_rate=training.learning_rate,
         lr_scheduler_type=training.lr_scheduler,
         num_train_epochs=training.epochs,
@@ -79,7 +79,7 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         bf16=mem.mixed_precision == "bf16",
         fp16=mem.mixed_precision == "fp16",
         **checkpointing_arguments(arguments_class, mem.gradient_checkpointing, mem.activation_offloading),
-        optim=mem.optimizer,
+        optim=recipe.training.optimizer,
         torch_compile=mem.torch_compile,
         include_num_input_tokens_seen="non_padding",
         use_cpu=not recipe.uses_gpu,
@@ -206,7 +206,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
         if recipe.parallelism.tp > 1 and data.eval is not None:
             from tuner.train.parallelism import whole_eval_batch
 
-            args.per_device_eval_batch_size = whole_eval_batch(recipe.memory.micro_batch_size, len(data.eval))
+            args.per_device_eval_batch_size = whole_eval_batch(recipe.training.micro_batch_size, len(data.eval))
             log.info("tensor parallel: evaluating %d held-out samples in batches of %d (equal batches keep every "
                      "rank's copy the same weight)", len(data.eval), args.per_device_eval_batch_size)
         model, args.use_liger_kernel = build_model(recipe, model_path)  # the Trainer patches the kernels in at start

@@ -38,7 +38,7 @@ def grpo_arguments(recipe: Recipe) -> tuple[type, dict]:
         use_vllm=vllm is not None)
     if vllm:
         settings.update(vllm_mode=vllm, vllm_gpu_memory_utilization=grpo.vllm_gpu_memory_utilization,
-                        vllm_enable_sleep_mode=grpo.vllm_sleep_mode, vllm_max_model_length=recipe.memory.max_seq_length,
+                        vllm_enable_sleep_mode=grpo.vllm_sleep_mode, vllm_max_model_length=recipe.training.max_seq_length,
                         vllm_server_host=recipe.hardware.main_process_ip or "127.0.0.1",
                         vllm_server_port=grpo.vllm_server_port)
     return GRPOConfig, settings

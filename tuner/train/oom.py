@@ -37,7 +37,7 @@ def out_of_memory_advice(recipe: Recipe, recipe_path: str = "RECIPE", what: str 
     step = next_step(recipe)
     if step is None:
         return None, (f"out of {what}, and every memory tactic this recipe allows is already in use: lower "
-                      "memory.max_seq_length, use GPUs with more memory, or set method.allow_method_change: true "
+                      "training.max_seq_length, use GPUs with more memory, or set method.allow_method_change: true "
                       f"to let tuner propose LoRA/QLoRA (tuner plan {recipe_path} --advise).")
     sets = " ".join(f"--set {assignment}" for assignment in step.overrides)
     # checkpoints survive a smaller micro-batch or recomputation; a new sharding or method changes their layout

@@ -18,7 +18,7 @@ log = logging.getLogger("tuner")
 def objective_arguments(recipe: Recipe) -> tuple[type, dict]:
     """The TRL config class of the objective and its settings from the recipe."""
     objective = recipe.objective
-    common = dict(beta=objective.beta, max_length=recipe.memory.max_seq_length,
+    common = dict(beta=objective.beta, max_length=recipe.training.max_seq_length,
                   precompute_ref_log_probs=objective.precompute_ref_log_probs,
                   eval_on_start=recipe.data.eval_fraction > 0)  # the held-out rewards before training (all zero)
     if objective.kind == "dpo":
@@ -97,9 +97,9 @@ def preference_trainer(recipe: Recipe, args, tokenizer, callbacks, model_path: s
                             peft_config=peft_config)
     trainable, total = count_parameters(trainer.model)
     log.info("trainable parameters: %d of %d (%.2f%%)", trainable, total, 100 * trainable / max(total, 1))
-    max_length = recipe.memory.max_seq_length
+    max_length = recipe.training.max_seq_length
     if len(trainer.train_dataset) == 0:
-        raise DataError(f"memory.max_seq_length: every prompt of the {len(train_raw)} training samples fills "
+        raise DataError(f"training.max_seq_length: every prompt of the {len(train_raw)} training samples fills "
                         f"{max_length} tokens, leaving nothing of the answers; raise max_seq_length or shorten the prompts.")
     truncated, dropped = _counts(trainer.train_dataset, train_raw, max_length, tuple(f"{key}_ids" for key in keys))
     if truncated:

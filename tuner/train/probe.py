@@ -172,20 +172,19 @@ def worst_case_data(data, recipe: Recipe, steps: int):
 
     from tuner.data.prepare import streamed
 
-    mem = recipe.memory
-    per_step = mem.micro_batch_size * mem.gradient_accumulation_steps * recipe.data_parallel
+    per_step = recipe.training.micro_batch_size * recipe.training.gradient_accumulation_steps * recipe.data_parallel
     train = first_samples(data.train, 4 * per_step * steps) if streamed(data.train) else data.train
-    probe_train = worst_case_samples(train, per_step * steps, mem.max_seq_length)
+    probe_train = worst_case_samples(train, per_step * steps, recipe.training.max_seq_length)
     probe_eval = None
     if data.eval is not None:  # the largest evaluation batch: per_device_eval_batch_size is the micro-batch
         probe_eval = worst_case_samples(data.eval if len(data.eval) else train,
-                                        mem.micro_batch_size * recipe.data_parallel, mem.max_seq_length)
+                                        recipe.training.micro_batch_size * recipe.data_parallel, recipe.training.max_seq_length)
     return replace(data, train=probe_train, eval=probe_eval)
 
 
 def batch_description(recipe: Recipe, samples: int) -> dict:
     """The batch a phase runs, as the probe names it when a rank fails."""
-    seq = recipe.memory.max_seq_length
+    seq = recipe.training.max_seq_length
     if recipe.objective.kind != "sft":  # TRL tokenises its samples itself: the recipe's own, up to seq tokens
         return {"samples": samples, "tokens_per_sample": None, "packed": False,
                 "text": f"{samples} {recipe.objective.kind} samples of up to {seq} tokens (the recipe's own)"}

@@ -28,10 +28,10 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tuner.recipe.io import (RecipeError, leaves, parse_yaml, read_recipe_text, section_model, set_dotted,
+from tuner.recipe.io import (RecipeError, leaves, migrate, parse_yaml, read_recipe_text, section_model, set_dotted,
                              validate_recipe)
 from tuner.recipe.objective import OBJECTIVE_DATA
-from tuner.recipe.schema import DataSection, Recipe
+from tuner.recipe.schema import SCHEMA_VERSION, DataSection, Recipe
 
 Changes = Mapping[str, Any]  # dotted field -> value; None removes the key (back to the default)
 KEPT_BY_PROPOSALS = ("model", "hardware")  # what the user has, not what the advisor may change
@@ -156,13 +156,24 @@ class Draft:
             else:
                 self.data = _apply(self.data, {dotted: value})  # as written: the user's file is not rewritten
         self.origin = copy.deepcopy(self.data)  # the valid part of the recipe as opened
+        self.version_written = None  # an opened file's version, when older: a save bumps it
         self._validate()
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Draft":
         text = read_recipe_text(path)
-        data, _ = parse_yaml(text, str(path))
-        return cls(data if isinstance(data, dict) else {}, path=Path(path), text=text)
+        data, source = parse_yaml(text, str(path))
+        data = data if isinstance(data, dict) else {}
+        version = data.get("version")
+        moved = migrate(data, source)  # a file of an older schema opens in today's keys
+        draft = cls(data, path=Path(path), text=text)
+        for key in moved:  # and its save moves them in the file: the origin holds them where they were written
+            value = _get(draft.origin, ".".join(key.new), _MISSING)
+            if value is not _MISSING:
+                draft.origin = _apply(draft.origin, {".".join(key.new): None, ".".join(key.old): value})
+        if version != data.get("version"):
+            draft.version_written = version
+        return draft
 
     def _validate(self) -> None:
         self.resolved: Recipe = Recipe.model_validate(self.data)  # every value passed its own rule
@@ -352,7 +363,12 @@ class Draft:
         only the changed keys changed (comments, key order and number spelling kept), a new one in schema order."""
         from tuner.tui.recipe_file import edited_text, new_text  # ruamel.yaml: loaded at the first save
 
-        return new_text(self.data) if self.text is None else edited_text(self.text, self.origin, self.data)
+        if self.text is None:
+            return new_text(self.data)
+        if self.version_written is None:
+            return edited_text(self.text, self.origin, self.data)
+        return edited_text(self.text, {"version": self.version_written, **self.origin},
+                           {"version": SCHEMA_VERSION, **self.data})
 
     def save(self, path: str | Path, overwrite: bool = False) -> Path:
         """Write the recipe as the user chose it (``tuner run`` replays it); never replaces a file unasked, never

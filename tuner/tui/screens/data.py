@@ -17,7 +17,7 @@ MASKED_STYLE = "#8a8a8a on #303030"
 LEARNED_STYLE = "bold #87d787"
 DATA_FIELDS = ("data.", "objective.kind:")  # a data error naming one of these is the recipe's to fix
 PREVIEW_KEYS = ("objective.kind", "data.source", "data.split", "data.format", "data.train_on_prompt",
-                "data.max_samples", "training.seed", "memory.max_seq_length", "model.id")
+                "data.max_samples", "training.seed", "training.max_seq_length", "model.id")
 
 
 @dataclass

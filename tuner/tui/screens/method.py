@@ -20,7 +20,7 @@ from textual.widgets.option_list import Option
 from tuner.planner import Advice
 from tuner.planner.advisor import change_label
 from tuner.recipe.objective import PREFERENCE_OBJECTIVES, TRL_LOSS_TYPES, GrpoSection, ObjectiveSection
-from tuner.recipe.schema import FsdpSection, MemorySection, MethodSection, ParallelismSection, Recipe
+from tuner.recipe.schema import FsdpSection, MemorySection, MethodSection, ParallelismSection, Recipe, TrainingSection
 from tuner.tui.draft import Changes, schema_values
 from tuner.tui.messages import DiskChecked, PlanUpdated
 from tuner.tui.planning import CannotPlan, worth_showing
@@ -45,7 +45,7 @@ DISTRIBUTION = [  # deepspeed: one choice per ZeRO stage
 # every objective of the schema; sft, dpo and kto drop grpo's section; grpo starts with one group (its default 8
 # generations) per micro-batch, scored by exact match
 EXACT_MATCH = {"kind": "exact_match", "column": "answer"}
-OBJECTIVE_CHANGES = {"grpo": {"objective.grpo": {"rewards": [EXACT_MATCH]}, "memory.micro_batch_size": 8}}
+OBJECTIVE_CHANGES = {"grpo": {"objective.grpo": {"rewards": [EXACT_MATCH]}, "training.micro_batch_size": 8}}
 OBJECTIVES = [ObjectiveChoice(kind, {"objective.kind": kind, **OBJECTIVE_CHANGES.get(kind, {"objective.grpo": None})})
               for kind in schema_values("objective.kind")]
 REWARDS = [
@@ -57,7 +57,7 @@ REWARDS = [
 
 PARALLEL_DEGREES = [1, 2, 4, 8]  # ranks splitting one layer (tp) or one sequence (cp, sp); a refused one says why
 
-OPTIMIZERS = schema_choices("memory.optimizer", {
+OPTIMIZERS = schema_choices("training.optimizer", {
     "adamw_torch": "AdamW", "adamw_torch_fused": "fused", "adamw_8bit": "8-bit", "paged_adamw_8bit": "paged 8-bit",
     "paged_adamw_32bit": "paged 32-bit"})
 
@@ -130,11 +130,11 @@ class MethodScreen(WizardScreen):
                                   id="attention", help=_help(MemorySection, "attention"))
                 yield ChoiceField("Precision", schema_choices("memory.mixed_precision"),
                                   id="precision", help=_help(MemorySection, "mixed_precision"))
-                yield ChoiceField("Optimizer", OPTIMIZERS, id="optimizer", help=_help(MemorySection, "optimizer"))
+                yield ChoiceField("Optimizer", OPTIMIZERS, id="optimizer", help=_help(TrainingSection, "optimizer"))
                 with Horizontal(classes="pair"):
-                    yield InputField("Micro-batch", "memory.micro_batch_size", number=True)
-                    yield InputField("Grad. accum.", "memory.gradient_accumulation_steps", number=True)
-                yield InputField("Sequence length", "memory.max_seq_length", number=True)
+                    yield InputField("Micro-batch", "training.micro_batch_size", number=True)
+                    yield InputField("Grad. accum.", "training.gradient_accumulation_steps", number=True)
+                yield InputField("Sequence length", "training.max_seq_length", number=True)
             with VerticalScroll(classes="side", id="plan-side"):
                 yield Label("Memory plan", classes="section-title")
                 yield PlanPanel(id="plan")
