@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,12 @@ def process_running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def still_running(pids, within: float = 30.0) -> list[int]:
+    """The ``pids`` still running after up to ``within`` seconds: a stopped rank exits a moment after its parent,
+    later on a loaded machine, so poll instead of sleeping a fixed time."""
+    deadline = time.monotonic() + within
+    while (left := [pid for pid in pids if process_running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left

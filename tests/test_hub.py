@@ -203,7 +203,7 @@ def test_the_wizard_model_search_fetches_a_hub_id_nothing_lists(hub, tmp_path):
         import asyncio, sys
         sys.path.insert(0, sys.argv[1])
         from textual.widgets import Input, Static
-        from tui_helpers import make_app, wait_until
+        from tui_helpers import make_app, settle, wait_until
 
         async def main():
             app = make_app()
@@ -213,7 +213,7 @@ def test_the_wizard_model_search_fetches_a_hub_id_nothing_lists(hub, tmp_path):
                 search.focus()
                 await pilot.press(*"org/demo", "enter")
                 await wait_until(pilot, lambda: app.draft.value("model.id") == "org/demo", timeout=120)
-                await pilot.pause()
+                await settle(pilot)
                 print(app.screen.query_one("#facts", Static).render())
         asyncio.run(main())
     ''')

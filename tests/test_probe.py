@@ -390,7 +390,7 @@ def test_the_plan_bar_marks_the_measured_peak_beside_the_prediction():
 def test_the_wizards_probe_shows_measurements_and_marks_the_plan_bar(tmp_path, probe_home, monkeypatch):
     import asyncio
 
-    from tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, wait_until
+    from tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, settle, wait_until
 
     from tuner.tui.widgets.plan_bar import PlanPanel
 
@@ -400,7 +400,7 @@ def test_the_wizards_probe_shows_measurements_and_marks_the_plan_bar(tmp_path, p
         app = make_app(demo_draft({**QUICK_RUN, "data.eval_fraction": 0.05}))
         async with app.run_test(size=SIZE) as pilot:
             app.switch_mode("run")
-            await pilot.pause()
+            await settle(pilot)
             await pilot.press("ctrl+p")
             await wait_until(pilot, lambda: app.run_watch is not None and app.run_watch.exit_code is not None,
                              timeout=300)
@@ -411,7 +411,7 @@ def test_the_wizards_probe_shows_measurements_and_marks_the_plan_bar(tmp_path, p
             assert any(line.startswith("peak: ") for line in watch.outcome)
             await wait_until(pilot, lambda: app.measured is not None)
             app.switch_mode("method")
-            await pilot.pause()
+            await settle(pilot)
             panel = app.screen.query_one(PlanPanel)
             assert panel.measured == app.measured
             assert "▲ measured " in panel.render().plain

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import REPO, process_running
+from conftest import REPO, still_running
 from tuner.rundir.events import read_records
 
 
@@ -93,8 +93,7 @@ def test_ctrl_c_stops_every_rank_and_names_the_last_checkpoint(tmp_path, demo_mo
     assert "stopping every rank" in err
     assert "last complete checkpoint: runs/stop/checkpoints/checkpoint-" in err, err
     assert "--resume" in err
-    time.sleep(1)
-    assert not [pid for pid in rank_pids if process_running(pid)], "a rank outlived Ctrl-C"
+    assert not still_running(rank_pids), "a rank outlived Ctrl-C"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

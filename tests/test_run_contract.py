@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, process_running
+from conftest import REPO, still_running
 
 from tuner.rundir.events import Eval, Finished, Step, read_records, write_event
 from tuner.launch.run import RunRefused, prepare_run
@@ -183,6 +183,5 @@ def test_a_signal_to_tuner_stops_every_rank(sig, tmp_path, demo_model_path):
     _, err = tuner.communicate(timeout=120)
     assert tuner.returncode == 128 + sig, err
     assert f"stopped by {signal.Signals(sig).name}" in err and "Start again with: tuner run runs/sig/recipe.lock.yaml" in err
-    time.sleep(1)
-    assert not [pid for pid in ranks if process_running(pid)], "a rank outlived the signal"
+    assert not still_running(ranks), "a rank outlived the signal"
     assert not lock_path(tmp_path / "runs" / "sig").exists(), "the lock is released"

@@ -5,7 +5,7 @@ import pytest
 from textual.widgets import Input, OptionList, ProgressBar, Sparkline, Static
 
 from conftest import run_tuner
-from tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, pilot_test, read_files, wait_until
+from tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, pilot_test, read_files, settle, wait_until
 from tuner.recipe.io import load_recipe
 from tuner.tui.draft import Draft
 from tuner.tui.messages import PlanUpdated
@@ -48,7 +48,7 @@ async def test_wizard_end_to_end_saves_what_review_showed(in_tmp, demo_model_pat
                          and "as it is now" in str(app.screen.query_one("#proposal", Static).render()))
         before = dict(app.draft.data)
         await pilot.press("enter")
-        await pilot.pause()
+        await settle(pilot)
         assert app.draft.data == before and str(app.plan.verdict) != "does not fit"
         assert any(isinstance(message, PlanUpdated) for message in messages)
 
@@ -109,18 +109,20 @@ async def test_tensor_parallel_is_chosen_on_the_method_step_with_reasons_and_sav
                                "memory.mixed_precision": "no"}))
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("method")
-        await pilot.pause()
+        await settle(pilot)
         tp = app.screen.query_one("#parallelism-tp", ChoiceField)
         assert tp.button("2").disabled and "runs under distributed: deepspeed" in str(tp.button("2").tooltip)
         sp = app.screen.query_one("#parallelism-sp", ChoiceField)
         assert sp.button("2").disabled and "sequence parallelism is DeepSpeed Ulysses" in str(sp.button("2").tooltip)
 
         app.screen.query_one("#distribution", ChoiceField).button("ZeRO-1").value = True
-        await pilot.pause()
+        await wait_until(pilot, lambda: not tp.button("2").disabled
+                         and "must divide the 2 processes" in str(tp.button("4").tooltip))
         assert not tp.button("2").disabled
         assert tp.button("4").disabled and "must divide the 2 processes" in str(tp.button("4").tooltip)
         tp.button("2").value = True
-        await pilot.pause()
+        await wait_until(pilot, lambda: app.draft.value("parallelism.tp") == 2 and app.draft.valid
+                         and app.screen.query_one("#distribution", ChoiceField).button("ZeRO-3").disabled)
         assert app.draft.value("parallelism.tp") == 2 and app.draft.valid
         assert app.screen.query_one("#distribution", ChoiceField).button("ZeRO-3").disabled  # AutoTP: ZeRO 0-2
         saved = app.draft.save(in_tmp / "tp.yaml")
@@ -157,13 +159,14 @@ async def test_plan_bar_changes_when_checkpointing_is_toggled():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("method")
-        await pilot.pause()
+        await settle(pilot)
         panel = app.screen.query_one(PlanPanel)
         before = panel.plan.devices[0].terms["activations"]
         bar_before = str(panel.render())
         app.screen.query_one("#memory-gradient_checkpointing", ToggleField).checkbox.focus()
         await pilot.press("space")
-        await pilot.pause()
+        await wait_until(pilot, lambda: panel.plan.devices[0].terms["activations"] < before
+                         and str(panel.render()) != bar_before)
         assert app.draft.value("memory.gradient_checkpointing") is True
         assert panel.plan.devices[0].terms["activations"] < before
         assert str(panel.render()) != bar_before
@@ -176,23 +179,24 @@ async def test_autofit_lists_plans_that_fit_and_applies_only_the_chosen_changes(
     app = make_app(draft)
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("method")
-        await pilot.pause()
+        await settle(pilot)
         assert app.plan.verdict == "does not fit"
         assert "does not fit: GPU memory is" in str(app.screen.query_one(PlanPanel).render())
         await pilot.press("f")
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await settle(pilot)
         assert app.plan.verdict == "does not fit"  # listed, not applied
         alternatives = app.screen.query_one("#alternatives", OptionList)
         assert alternatives.display and alternatives.option_count >= 2
         assert "GiB of 24.0 GiB" in str(alternatives.get_option_at_index(0).prompt)
         alternatives.highlighted = 1
-        await pilot.pause()
+        await wait_until(pilot, lambda: all(field in str(app.screen.query_one("#proposal", Static).render())
+                                            for field in app.screen.alternatives[1].changes))
         chosen = app.screen.alternatives[1]
         shown = str(app.screen.query_one("#proposal", Static).render())
         assert all(field in shown for field in chosen.changes)
         await pilot.press("enter")  # take the second plan
-        await pilot.pause()
+        await wait_until(pilot, lambda: all(app.draft.value(field) == value for field, value in chosen.changes.items())
+                         and app.plan is not None and app.plan.fits)
         assert all(app.draft.value(field) == value for field, value in chosen.changes.items())
         assert app.draft.data["hardware"] == draft_hardware(app) == {"gpus_per_machine": 1, "gpu": "RTX4090",
                                                                      "host_ram_gb": 256}
@@ -208,9 +212,7 @@ async def test_data_preview_shades_the_prompt(demo_model_path):
     app = make_app(demo_draft())
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("data")
-        await pilot.pause()
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await settle(pilot)
         preview = app.screen.preview
         prompt, completion = preview.plain.split("=")
         assert prompt.startswith("reverse\n") and completion.endswith("</s>")
@@ -226,18 +228,17 @@ async def test_saving_over_a_file_asks_first(in_tmp):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("review")
-        await pilot.pause()
+        await settle(pilot)
         app.screen.query_one("#save-path", Input).value = str(target)
         await pilot.press("ctrl+s")
-        await pilot.pause()
-        assert isinstance(app.screen, ConfirmScreen)
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("n")
-        await pilot.pause()
+        await wait_until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
         assert target.read_text() == "# my notes\n"
         await pilot.press("ctrl+s")
-        await pilot.pause()
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("y")
-        await pilot.pause()
+        await wait_until(pilot, lambda: target.read_text() != "# my notes\n")
     assert load_recipe(target).name == "run"
 
 
@@ -263,13 +264,14 @@ async def test_run_screen_launches_and_shows_progress_and_loss(in_tmp, demo_mode
     app = make_app(demo_draft({**QUICK_RUN, "output.dir": str(in_tmp / "runs" / "quick")}))
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("run")
-        await pilot.pause()
+        await settle(pilot)
         await pilot.press("ctrl+r")
         await wait_until(pilot, lambda: app.run_watch is not None and app.run_watch.exit_code is not None, timeout=150)
         watch = app.run_watch
         assert watch.status == "finished", list(watch.log)[-20:]
         assert watch.step == 6 and len(watch.losses) >= 5
-        await pilot.pause()
+        await wait_until(pilot, lambda: app.screen.query_one("#progress", ProgressBar).percentage == 1.0
+                         and "finished" in str(app.screen.query_one("#run-status", Static).render()))
         assert app.screen.query_one("#progress", ProgressBar).percentage == 1.0
         assert list(app.screen.query_one("#loss", Sparkline).data) == watch.losses
         status = str(app.screen.query_one("#run-status", Static).render())
@@ -286,19 +288,19 @@ async def test_cancel_stops_the_run(in_tmp, demo_model_path):
     app = make_app(demo_draft({**QUICK_RUN, "training.max_steps": 100000, "data.max_samples": None}))
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("run")
-        await pilot.pause()
+        await settle(pilot)
         await pilot.press("ctrl+r")
         await wait_until(pilot, lambda: app.run_watch.step >= 1, timeout=150)
+        step = app.run_watch.step
         app.switch_mode("review")  # leaving the screen does not stop the run
-        await pilot.pause(0.5)
+        await wait_until(pilot, lambda: app.run_watch.step > step, timeout=150)
         assert app.run_watch.running
         app.switch_mode("run")
-        await pilot.pause()
+        await wait_until(pilot, lambda: app.current_mode == "run")
         await pilot.press("ctrl+q")  # quitting asks first while a run is going
-        await pilot.pause()
-        assert isinstance(app.screen, ConfirmScreen)
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("n")
-        await pilot.pause()
+        await wait_until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
         assert app.is_running and app.run_watch.running
         await pilot.press("ctrl+x")
         await wait_until(pilot, lambda: app.run_watch.exit_code is not None, timeout=60)
@@ -312,7 +314,7 @@ async def test_chat_streams_an_answer_from_the_demo_model(in_tmp, demo_model_pat
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("chat")
-        await pilot.pause()
+        await settle(pilot)
         box = app.screen.query_one("#chat-model", Input)
         box.focus()
         box.value = "short.yaml"
@@ -324,7 +326,7 @@ async def test_chat_streams_an_answer_from_the_demo_model(in_tmp, demo_model_pat
         app.screen.query_one("#chat-message", Input).value = "abc"
         await pilot.press("enter")
         await wait_until(pilot, lambda: len(app.screen.session.history) == 2, timeout=120)
-        await pilot.pause()
+        await wait_until(pilot, lambda: "model> " in str(app.screen.query_one("#conversation", Static).render()))
         assert app.screen.session.history[0] == {"role": "user", "content": "reverse\nabc"}  # as the demo trained
         answer = app.screen.session.history[1]["content"]
         lines = str(app.screen.query_one("#conversation", Static).render()).splitlines()
@@ -342,12 +344,13 @@ async def test_start_opens_a_recipe_file_and_reports_a_bad_one(in_tmp):
         assert box.display and app.focused is box
         box.value = "bad.yaml"
         await pilot.press("enter")
-        await pilot.pause()
+        await wait_until(pilot, lambda: "bad.yaml:4" in str(app.screen.query_one("#start-error", Static).render()))
         assert app.current_mode == "start"
         assert "bad.yaml:4: not valid YAML" in str(app.screen.query_one("#start-error", Static).render())
         box.value = "mine.yaml"
         await pilot.press("enter")
-        await pilot.pause()
+        await wait_until(pilot, lambda: app.current_mode == "model")
+        await settle(pilot)
         assert app.current_mode == "model" and app.draft.value("name") == "mine"
         assert app.draft.path.name == "mine.yaml"
 
@@ -372,7 +375,8 @@ async def test_a_recent_run_opens_on_the_run_screen(in_tmp):
         runs.focus()
         runs.highlighted = 0
         await pilot.press("enter")
-        await pilot.pause()
+        await wait_until(pilot, lambda: app.current_mode == "run")
+        await settle(pilot)
         assert app.current_mode == "run" and app.draft.value("name") == "earlier"
         status = str(app.screen.query_one("#run-status", Static).render())
         assert "stopped at step 2" in status and "loss 1.2500" in status
@@ -383,17 +387,16 @@ async def test_a_model_the_planner_does_not_know_is_explained_not_fatal():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("model")
-        await pilot.pause()
+        await settle(pilot)
         box = app.screen.query_one("#model-id-input", Input)
         box.focus()
         box.value = "someorg/not-a-known-model"
         await pilot.press("enter")
-        await app.workers.wait_for_complete()
-        await pilot.pause()
+        await settle(pilot)
         assert app.draft.value("model.id") == "someorg/not-a-known-model"
         assert "no architecture facts" in str(app.screen.query_one("#facts", Static).render())
         app.switch_mode("method")
-        await pilot.pause()
+        await settle(pilot)
         assert app.plan is None
         assert "no architecture facts" in str(app.screen.query_one(PlanPanel).render())
 
@@ -404,16 +407,14 @@ async def test_the_mouse_works_from_the_first_click():
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("method")
-        await pilot.pause()
+        await settle(pilot)
         await pilot.click(app.screen.query_one("#memory-gradient_checkpointing", ToggleField).checkbox)
-        await pilot.pause()
-        assert app.draft.value("memory.gradient_checkpointing") is True
+        await wait_until(pilot, lambda: app.draft.value("memory.gradient_checkpointing") is True)
         await pilot.click(app.screen.query_one("#distribution", ChoiceField).button("ZeRO-3"))
-        await pilot.pause()
-        assert app.draft.value("memory.zero_stage") == 3
+        await wait_until(pilot, lambda: app.draft.value("memory.zero_stage") == 3)
         fsdp = app.screen.query_one("#distribution", ChoiceField).button("FSDP")
         await pilot.click(fsdp)  # disabled: nothing happens
-        await pilot.pause()
+        await settle(pilot)
         assert app.draft.value("memory.distributed") == "deepspeed"
 
 
@@ -422,7 +423,7 @@ async def test_the_objective_is_chosen_with_the_method_and_its_reference_shows_i
     app = make_app(demo_draft({"data.source": "builtin:reverse-pairs", "data.format": "preference"}))
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("method")
-        await pilot.pause()
+        await settle(pilot)
         objective = app.screen.query_one("#objective-kind", ChoiceField)
         assert not app.draft.valid  # sft does not read pairs; the conflict is said under the data format
         assert "objective sft reads text or instruction or chat data, not preference" in app.draft.reason("data.format")
@@ -442,10 +443,10 @@ async def test_the_objective_is_chosen_with_the_method_and_its_reference_shows_i
         assert any(device.kind == "pass" for device in app.plan.devices)  # the log-prob pass before training
 
         app.switch_mode("training")
-        await pilot.pause()
+        await settle(pilot)
         tracker = app.screen.query_one("#tracker", ChoiceField)
         tracker.radio_set.focus()
         await pilot.press("right", "enter")  # none -> tensorboard
-        await pilot.pause()
+        await wait_until(pilot, lambda: app.draft.value("training.report_to") == ["tensorboard"])
         assert app.draft.value("training.report_to") == ["tensorboard"]
         assert "objective:\n  kind: dpo" in app.draft.to_yaml() and "report_to:\n  - tensorboard" in app.draft.to_yaml()

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="need
 
 
 def test_hardware_screen_prefills_this_machines_gpus(tmp_path, monkeypatch):
-    from tui_helpers import SIZE, pilot_test
+    from tui_helpers import SIZE, pilot_test, settle
     from tuner.tui.app import TunerApp
     from tuner.tui.detect import detect_gpus
 
@@ -22,9 +22,7 @@ def test_hardware_screen_prefills_this_machines_gpus(tmp_path, monkeypatch):
         app = TunerApp()
         async with app.run_test(size=SIZE) as pilot:
             app.switch_mode("hardware")
-            await pilot.pause()
-            await app.workers.wait_for_complete()
-            await pilot.pause()
+            await settle(pilot)
             assert found.name in str(app.screen.query_one("#detected").render())
             assert app.draft.value("hardware.gpus_per_machine") == found.count
             assert app.draft.value("hardware.gpu") == (found.catalog_name() or f"{found.memory_gib:.0f}GB")

@@ -1,7 +1,7 @@
 """The wizard's Method step offers grpo with its fields and a reward choice, and the plan bars show its rollout."""
 from __future__ import annotations
 
-from tui_helpers import SIZE, demo_draft, make_app, pilot_test, wait_until
+from tui_helpers import SIZE, demo_draft, make_app, pilot_test, settle, wait_until
 from tuner.tui.screens.method import OBJECTIVES
 from tuner.tui.widgets.fields import ChoiceField
 from tuner.tui.widgets.plan_bar import plan_text
@@ -12,7 +12,7 @@ async def test_grpo_is_chosen_with_its_fields_and_reward_and_the_plan_shows_gene
     app = make_app(demo_draft({"data.source": "builtin:reverse-prompts", "data.format": "prompt"}))
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("method")
-        await pilot.pause()
+        await settle(pilot)
         objective = app.screen.query_one("#objective-kind", ChoiceField)
         assert not app.screen.query_one("#grpo").display and not app.screen.query_one("#grpo-rewards").display
         assert objective.button("sft").disabled is False and objective.button("grpo").disabled is False

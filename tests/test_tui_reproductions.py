@@ -35,9 +35,9 @@ async def type_into(pilot, box: Input, text: str) -> None:
     """Clear a box and type ``text`` key by key, as a user does."""
     box.focus()
     box.value = ""
-    await pilot.pause()
+    await settle(pilot)
     await pilot.press(*text)
-    await pilot.pause()
+    await settle(pilot)
 
 
 def shown(app, selector: str) -> str:
@@ -106,7 +106,7 @@ async def test_autofit_follows_the_draft_and_never_touches_model_or_hardware(siz
         assert listed and not any("79.2" in prompt for prompt in listed)  # recomputed, not stale
         alternatives = app.screen.query_one("#alternatives", OptionList)
         alternatives.focus()
-        await pilot.pause()
+        await wait_until(pilot, lambda: app.focused is alternatives)
         await pilot.press("enter")
         await settle(pilot)
         assert app.draft.data["hardware"] == {"gpus_per_machine": 1, "gpu": "RTX4090", "host_ram_gb": 512}
@@ -202,14 +202,15 @@ async def test_refused_choices_look_refused_and_every_reason_can_be_read(size):
         assert fsdp.rich_style.color != ddp.rich_style.color and fsdp.rich_style.strike
         offload = app.screen.query_one("#offload-optimizer", ChoiceField)
         offload.radio_set.focus()
-        await pilot.pause()
+        await wait_until(pilot, lambda: shown(app, "#why").startswith("cpu, nvme: "))
         why = shown(app, "#why")
         assert why.startswith("cpu, nvme: offload needs ZeRO or FSDP")  # one line for options refused alike
         for field in ("#attention", "#precision", "#optimizer", "#distribution"):
             chosen = app.screen.query_one(field, ChoiceField)
             chosen.radio_set.focus()
-            await pilot.pause()
             box = app.screen.query_one("#why-box")
+            await wait_until(pilot, lambda: all(reason in shown(app, "#why") for reason in chosen.reasons)
+                             and box.virtual_size.height >= len(chosen.reasons))
             text = shown(app, "#why")
             assert all(reason in text for reason in chosen.reasons)
             assert box.virtual_size.height >= len(chosen.reasons)  # all there; the box scrolls past 3 lines
@@ -272,12 +273,13 @@ async def test_every_option_and_autofit_fit_the_terminal(size):
         for selector in ("#alternatives", "#proposal"):
             widget = app.screen.query_one(selector)
             widget.scroll_visible(animate=False)
-            await pilot.pause()
+            await wait_until(pilot, lambda: visible(app, widget, "#plan-side"))
             assert visible(app, widget, "#plan-side"), selector
         app.switch_mode("run")
         await settle(pilot)
         await pilot.resize_terminal(size[0], size[1] - 4)  # a smaller window keeps a usable log
-        await pilot.pause()
+        await wait_until(pilot, lambda: app.screen.size == (size[0], size[1] - 4))
+        await settle(pilot)
         assert app.screen.query_one("#log", RichLog).size.height >= 3
 
 
@@ -341,7 +343,8 @@ async def test_chat_with_a_finished_run_one_line_per_speaker(size, in_tmp, demo_
         chat = app.screen.query_one("#chat", Button)
         assert chat.display and visible(app, chat)
         await pilot.press("ctrl+t")
-        await pilot.pause()
+        await wait_until(pilot, lambda: app.current_mode == "chat" and app.screen.query("#chat-model")
+                         and app.screen.query_one("#chat-model", Input).value)
         assert app.current_mode == "chat"
         assert app.screen.query_one("#chat-model", Input).value == "runs/demo"  # the recent run, prefilled
         await wait_until(pilot, lambda: app.screen.session is not None, timeout=120)
@@ -349,7 +352,7 @@ async def test_chat_with_a_finished_run_one_line_per_speaker(size, in_tmp, demo_
         assert "instruction 'reverse' with each message as its input" in shown(app, "#placement")
         await pilot.press(*"hello", "enter")
         await wait_until(pilot, lambda: len(app.screen.session.history) == 2, timeout=120)
-        await pilot.pause()
+        await wait_until(pilot, lambda: "model> " in shown(app, "#conversation"))
         lines = shown(app, "#conversation").splitlines()
         assert lines[0] == "you> hello" and lines[1].startswith("model> ")
 
@@ -420,7 +423,7 @@ async def test_the_plan_counts_gpus_once_fits_once_keeps_host_ram_and_opens_help
         assert ram.value == "512" and app.draft.value("hardware.host_ram_gb") == 512.0
         await pilot.press("f1")  # (? would be typed into the focused box)
         assert isinstance(app.screen, HelpScreen)
-        await pilot.pause()
+        await wait_until(pilot, lambda: app.screen.query("Markdown"))
         assert "Chat" in app.screen.query_one("Markdown").source
 
 

@@ -9,7 +9,7 @@ import pytest
 from textual.widgets import Button, Static
 
 from conftest import process_running
-from tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, pilot_test, wait_until
+from tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, pilot_test, settle, wait_until
 
 from tuner.rundir.events import read_records
 from tuner.launch.run import RunRefused, prepare_run
@@ -35,19 +35,19 @@ async def test_a_refused_plan_shows_the_clis_words_and_launch_anyway_launches(in
     app = make_app(draft)
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("run")
-        await pilot.pause()
+        await settle(pilot)
         override = app.screen.query_one("#override", Button)
         assert not override.display, "no override is offered before a refusal"
         await pilot.press("ctrl+r")
         await wait_until(pilot, lambda: app.run_watch is not None and app.run_watch.status == "not started")
-        await pilot.pause()
+        await settle(pilot)
         assert summary_text(app) == "\n".join(cli.value.lines)
         assert override.display and not (in_tmp / "runs" / "small").exists()
 
         await pilot.click("#override")
         await wait_until(pilot, lambda: app.run_watch.exit_code is not None and app.run_watch.status != "not started",
                          timeout=150)
-        await pilot.pause()
+        await settle(pilot)
         assert app.run_watch.status == "finished", list(app.run_watch.log)[-20:]
         assert any(line.startswith("launching anyway: predicted not to fit") for line in app.run_watch.log)
         shown = summary_text(app)
@@ -64,10 +64,10 @@ async def test_a_two_machine_recipe_shows_the_per_machine_commands_and_launches_
     app = make_app(draft)
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("run")
-        await pilot.pause()
+        await settle(pilot)
         await pilot.press("ctrl+r")
         await wait_until(pilot, lambda: app.run_watch is not None and app.run_watch.status == "not started")
-        await pilot.pause()
+        await settle(pilot)
         shown = summary_text(app)
         assert "a run on 2 machines starts on each of them" in shown
         assert "machine 1: accelerate launch" in shown and "--machine_rank 1" in shown
@@ -86,7 +86,7 @@ async def test_sigterm_to_the_wizard_stops_every_rank_before_it_exits(in_tmp, de
     app = make_app(draft)
     async with app.run_test(size=SIZE) as pilot:
         app.switch_mode("run")
-        await pilot.pause()
+        await settle(pilot)
         await pilot.press("ctrl+r")
         await wait_until(pilot, lambda: app.run_watch.step >= 1, timeout=150)
         pids = {e["pid"] for e in read_records(run_dir / "events.jsonl") if e["event"] == "rank_batch"}
