@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Callable
 
 from tuner.check import Check, Status
+from tuner.planner.items import GIB
 from tuner.recipe.schema import Recipe
 
-GIB = 1024**3
 
 
 @contextlib.contextmanager

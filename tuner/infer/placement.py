@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-GIB = 1024**3
+from tuner.planner.items import GIB
+
 DISK = "disk"
 CPU = "cpu"
 

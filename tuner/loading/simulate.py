@@ -212,13 +212,13 @@ def _autocast_dtype(recipe):
 def _built(recipe):
     """The policy as training builds it (:func:`tuner.loading.model.build_on_meta`: its class, attention, the one
     LoRA config with its modules_to_save), and a frozen reference copy for full fine-tuning with a KL penalty, on
-    meta (PEFT cannot move fake tensors, so build on meta and materialise as fakes)."""
+    meta (PEFT cannot move fake tensors, so build on meta and materialise as fakes); and the vocabulary size."""
     model = build_on_meta(recipe, layers=None, flash_missing=CPU_TRACE)
     reference = None
     if recipe.objective.reference_model and recipe.method.kind == "full" and \
             not recipe.objective.precompute_ref_log_probs:
         reference = build_on_meta(recipe, layers=None, flash_missing=CPU_TRACE)
-    return model, reference
+    return model, reference, model.config.get_text_config().vocab_size
 
 
 def _materialised(model, reference):
@@ -313,8 +313,7 @@ def grpo_round(policy, reference, recipe, vocab: int, trained=None):
 def simulate_grpo(recipe) -> SimulationResult:
     """Trace one grpo round of ``recipe``'s model on one process with fake tensors: the generation phase (prefill,
     decoding, scoring) and the training step on one micro-batch, each with its own peak (``phases_gib``)."""
-    reason = why_not_simulable(recipe)
-    if reason:
+    if reason := why_not_simulable(recipe):
         return SimulationResult(error=reason)
     started = time.perf_counter()
     import torch
@@ -323,8 +322,7 @@ def simulate_grpo(recipe) -> SimulationResult:
 
     mem = recipe.memory
     autocast_dtype = _autocast_dtype(recipe)
-    model, reference = _built(recipe)
-    vocab = model.config.get_text_config().vocab_size
+    model, reference, vocab = _built(recipe)
     disable_dropout_in_model(model)
     add_fused_lm_head(model.get_base_model() if recipe.method.kind != "full" else model,
                       temperature=recipe.objective.grpo.temperature, outputs=("log_probs", "entropy"))
@@ -375,8 +373,7 @@ def simulate(recipe, evaluation: bool = False) -> SimulationResult:
     With ``data.packing`` the micro-batch is one row of ``micro_batch_size x max_seq_length`` tokens whose
     position ids restart every ``max_seq_length`` tokens, as DataCollatorWithFlattening makes it.
     """
-    reason = why_not_simulable(recipe)
-    if reason:
+    if reason := why_not_simulable(recipe):
         return SimulationResult(error=reason)
     started = time.perf_counter()
     import torch
@@ -390,9 +387,8 @@ def simulate(recipe, evaluation: bool = False) -> SimulationResult:
                      "CUDA context and allocator slack, which a CPU trace does not see.")
     batch, seq = recipe.training.micro_batch_size, recipe.training.max_seq_length
     objective = recipe.objective
-    model, reference = _built(recipe)
+    model, reference, vocab = _built(recipe)
     model.config.use_cache = False  # as the training entrypoint sets it
-    vocab = model.config.get_text_config().vocab_size
     if mem.chunked_loss and not objective.preference:
         enable_chunked_loss(model)
     if objective.preference:

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from tuner.planner.kernels import TRITON_FOLD
-from tuner.planner.items import ALWAYS, FORWARD_BACKWARD, SCORING, Item
+from tuner.planner.items import ALWAYS, FORWARD_BACKWARD, GIB, SCORING, Item
 
 REFERENCE = "reference_model"  # the plan's category of the reference model's weights
 TILE_TOKENS = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE
@@ -79,7 +79,7 @@ def fold_note(s) -> list[str]:
     if s.logprob_fold is None or not s.on_gpu:
         return []
     rows, width = _tile(s, s.batch * s.seq)
-    extra = (CPU_BACKWARD_TILES * rows * width * 4) / 2**30
+    extra = (CPU_BACKWARD_TILES * rows * width * 4) / GIB
     if s.logprob_fold == TRITON_FOLD:
         return [f"dpo/kto: with TRL's torch fold instead (no triton on the training machine) the loss moment needs "
                 f"{extra:.2f} GiB more (fp32 tiles of {rows} x {width}); tuner doctor there says which fold runs."]

@@ -10,10 +10,10 @@ from transformers import TrainerCallback
 
 from tuner.rundir.events import CheckpointSaved, Eval, Started, Step, write_event
 from tuner.fileio import atomic_write_text
+from tuner.planner.items import GIB
 
 log = logging.getLogger("tuner")
 
-GIB = 2**30
 
 
 def memory_gib() -> dict[str, float]:

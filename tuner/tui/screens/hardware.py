@@ -7,6 +7,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Button, Label, Static
 
 from tuner.catalog.gpus import known_gpu_names
+from tuner.planner.items import GIB
 from tuner.tui.detect import DetectedGpus, detect_gpus
 from tuner.tui.messages import FieldEdited
 from tuner.tui.screens.base import WizardScreen
@@ -48,7 +49,7 @@ class HardwareScreen(WizardScreen):
         import psutil
 
         found = detect_gpus()
-        self.app.call_from_thread(self._show_detected, found, psutil.virtual_memory().total / 2**30)
+        self.app.call_from_thread(self._show_detected, found, psutil.virtual_memory().total / GIB)
 
     def _show_detected(self, found: DetectedGpus | None, ram_gib: float) -> None:
         self.detected = found
