@@ -234,7 +234,10 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     if data.eval is not None and (last_eval is None or last_eval.get("step") != trainer.state.global_step):
         last_eval = trainer.evaluate()  # every rank: evaluation is a collective
     metrics.update({key: value for key, value in (last_eval or {}).items() if key.startswith("eval_")})
-    per_rank = memory_per_rank()  # every rank: a gather
+    per_rank = memory_per_rank()  # every rank: a gather, the run's last collective
+    # then the process group goes (Accelerate's own end): left up, gloo aborts a rank at exit ("terminate called
+    # without an active exception") once it finishes while rank 0 still writes the report
+    trainer.accelerator.end_training()
     if not trainer.is_world_process_zero():
         return 0
     report = memory_report(recipe, per_rank)  # planned on rank 0 only: the other ranks have no use for it
