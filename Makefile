@@ -8,13 +8,13 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tuner-installed
 
-.PHONY: install demo test test-fast docs recipe-peaks inventories clean
+.PHONY: install demo test test-fast docs recipe-peaks inventories constraints clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -40,6 +40,11 @@ inventories: $(STAMP)
 # After a planner change: rewrite the "# Predicted peak:" comment of every built-in recipe from the plan.
 recipe-peaks: $(STAMP)
 	$(VENV)/bin/tuner recipes check --write
+
+# After upgrading a dependency in $(VENV) and a green `make test`: pin what passed (constraints.txt's header says why).
+constraints: $(STAMP)
+	{ sed -n '/^#/p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -vE '^(torch|sympy|mpmath|networkx)=='; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 clean:
 	rm -rf $(VENV) runs

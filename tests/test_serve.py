@@ -272,10 +272,7 @@ def test_a_cpu_server_loads_the_weights_in_float32_unless_the_recipe_names_a_dty
 
     from tuner.infer.serve import Server, require_server, serving_folder
 
-    try:
-        require_server()
-    except ModelLoadError as exc:
-        pytest.skip(str(exc))
+    require_server()  # the test extra installs tuner[serve]
     for overrides, dtype, noted in (((), torch.float32, True), (["model.dtype=bfloat16"], torch.bfloat16, False)):
         target = resolve_target(model=str(demo_model_path), overrides=overrides)
         assert target.recipe.model.dtype == "bfloat16"
@@ -285,3 +282,14 @@ def test_a_cpu_server_loads_the_weights_in_float32_unless_the_recipe_names_a_dty
             assert bool(server.dtype_note) == noted
         finally:
             server.close()
+
+
+def test_serve_refuses_a_transformers_release_whose_server_it_does_not_drive():
+    """The releases come from the serve extra tuner was installed with, so the message and pyproject agree."""
+    from tuner.catalog.model_classes import installed_transformers_version
+    from tuner.infer.serve import unsupported_server_transformers
+
+    assert unsupported_server_transformers(installed_transformers_version()) is None
+    problem = unsupported_server_transformers("5.25.0")
+    assert "transformers 5.25.0 is installed" in problem and "<5.25" in problem
+    assert "pip install 'tuner[serve]'" in problem

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from tuner.catalog.model_classes import installed_transformers_version
+
 INVENTORY_FORMAT = 1
 SHIPPED_DIR = Path(__file__).with_name("inventories")
 VOLATILE_KEYS = ("transformers_version", "_name_or_path", "_commit_hash")  # written by save_pretrained, not structure
@@ -164,16 +166,6 @@ def _read(path: Path) -> Inventory | None:
         return None
 
 
-def installed_transformers() -> str | None:
-    """The installed transformers' version, read from its metadata without importing it; None if not installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("transformers")
-    except PackageNotFoundError:
-        return None
-
-
 def inventory_for(config: dict, name: str, trust_remote_code: bool = False,
                   code_folder: Path | None = None) -> Inventory:
     """The inventory of the model ``config`` describes: shipped, cached, or built now on the meta device (and
@@ -183,7 +175,7 @@ def inventory_for(config: dict, name: str, trust_remote_code: bool = False,
     shipped = _read(shipped_path(key))
     if shipped is not None:
         return shipped
-    version = installed_transformers()
+    version = installed_transformers_version()
     if version is None:
         from tuner.catalog.facts import UnknownModelError
 

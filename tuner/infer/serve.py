@@ -126,12 +126,38 @@ def write_chat_template(folder: Path, tokenizer, data_format: str) -> Path:
 
 
 def require_server() -> None:
-    """transformers' server needs its extra (FastAPI, uvicorn, openai's types)."""
+    """transformers' server needs its extra (FastAPI, uvicorn, openai's types) and a transformers release whose
+    server tuner drives (:func:`unsupported_server_transformers`)."""
     from transformers.utils.import_utils import is_serve_available
+
+    from tuner.catalog.model_classes import installed_transformers_version
 
     if not is_serve_available():
         raise ModelLoadError("tuner serve runs transformers' server, whose packages are not installed: "
                              "pip install 'tuner[serve]' (transformers[serving]).")
+    problem = unsupported_server_transformers(installed_transformers_version())
+    if problem:
+        raise ModelLoadError(problem)
+
+
+def unsupported_server_transformers(installed: str | None) -> str | None:
+    """Why tuner serve cannot drive the ``installed`` transformers, or None.  Its releases are the ones tuner's
+    ``serve`` extra names (pyproject.toml): tuner's server reaches into ``transformers serve`` (the model in this
+    process, its app wrapped by tuner's limits), which transformers 5.25 rebuilt around a model process of its own."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+
+    try:
+        declared = [Requirement(line) for line in requires("tuner") or ()]
+    except PackageNotFoundError:  # run from a checkout that is not installed: nothing declared to hold it to
+        return None
+    wanted = next((r.specifier for r in declared if r.name == "transformers" and r.marker
+                   and r.marker.evaluate({"extra": "serve"})), None)
+    if wanted is None or installed is None or wanted.contains(installed, prereleases=True):
+        return None
+    return (f"tuner serve drives the server of transformers {wanted} and transformers {installed} is installed: "
+            "pip install 'tuner[serve]' (it installs a release tuner serves with).")
 
 
 def check_port_free(host: str, port: int) -> None:
