@@ -25,7 +25,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup
 
-# The inner loop while editing: everything but the tests marked slow (real launches, training runs, the terminal).
+# The inner loop while editing (under 3 minutes on 2 cores): everything but the tests marked slow (pyproject says which).
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tuner.planner import advise, plan, topology
 from tuner.recipe.io import validate_recipe
 from tuner.recipe.tactics import Rung
@@ -42,6 +44,7 @@ def test_tensor_parallel_within_a_machine_comes_before_offload():
     assert all(a.cost > best.cost for a in offloading)
 
 
+@pytest.mark.slow
 def test_70b_full_on_8_a100s_gets_the_topology_beside_the_offload_plans(capsys):
     """The issue's case: every plan on 8 x A100-80GB offloads, so the advice also names the fewest A100s that need
     none — and one machine fewer would not do."""

@@ -63,6 +63,7 @@ def _meta_groups(config: dict):
     return build_inventory(config, "test", lora=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_id", ["builtin:demo", *catalog_ids()])
 def test_shipped_inventories_are_what_the_meta_device_builds_now(model_id):
     """The inventories planning reads without torch hold exactly the groups a fresh meta-device build records

@@ -8,6 +8,8 @@ import pytest
 from tuner.infer.chat import ChatSession
 from tuner.infer.generate import Sampling
 
+pytestmark = pytest.mark.slow  # loads the demo model and generates
+
 
 @pytest.fixture(scope="module")
 def demo(demo_model_path):

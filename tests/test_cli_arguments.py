@@ -66,6 +66,7 @@ def test_every_number_on_the_command_line_has_a_range() -> None:
     assert list(_numeric_arguments(build_parser())) == []
 
 
+@pytest.mark.slow
 def test_chat_reads_a_message_that_is_not_utf8_as_a_mistake_not_a_crash(demo_model_path) -> None:
     """`printf '\\xff\\xfe\\n' | tuner chat RUN`: the message is refused with its number, the next one answered."""
     import os

@@ -10,6 +10,8 @@ import pytest
 
 from tuner.data.reverse import reverse_samples
 
+pytestmark = pytest.mark.slow  # runs lm-eval on the demo model
+
 
 def local_task(folder: Path) -> Path:
     """A harness task YAML of one's own (--include-path): pick the reversal over the word itself, by log-likelihood,
@@ -43,7 +45,6 @@ def score(output: str, task: str, metric: str) -> tuple[float, float]:
     return float(cells[2]), float(cells[3])
 
 
-@pytest.mark.slow
 @pytest.mark.xdist_group("trained-demo")
 def test_demo_run_beats_its_base_on_held_out_and_a_local_harness_task(trained_demo, tmp_path, tuner_cli):
     tasks = local_task(tmp_path / "tasks")

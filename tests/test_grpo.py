@@ -139,6 +139,7 @@ def test_a_reward_column_the_data_lacks_is_refused(tmp_path):
         check_data(recipe)
 
 
+@pytest.mark.slow
 def test_preview_shows_each_prompt_and_its_reward_inputs(tuner_cli, demo_model_path):
     preview = tuner_cli("data", "preview", "demo-grpo", "--set", "model.id=builtin:demo", "-n", "2")
     assert preview.returncode == 0, preview.stderr

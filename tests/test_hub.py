@@ -18,6 +18,8 @@ from conftest import run_tuner
 
 from hub_server import HubRepo, LocalHub
 
+pytestmark = pytest.mark.slow  # round trips to a local hub server in real processes
+
 TOKEN = "hf_granted_token"
 QUICK = ["--set", "training.max_steps=3", "--set", "data.max_samples=200", "--set", "data.eval_fraction=0",
          "--set", "training.max_seq_length=24", "--set", "training.logging_steps=1"]
@@ -113,7 +115,6 @@ def test_an_unreachable_hub_is_named_with_what_was_tried_at_once(hub, tmp_path):
     assert "Retrying" not in planned.stderr  # one attempt, not half a minute of huggingface_hub's retries
 
 
-@pytest.mark.slow
 def test_a_run_of_a_hub_model_downloads_it_once_before_the_ranks_which_load_it_from_the_cache(hub, tmp_path):
     hub.requests.clear()
     env = hub_env(hub, tmp_path)

@@ -8,6 +8,8 @@ import pytest
 
 from tuner.data.reverse import BUILTIN_DATASETS, reverse_samples
 
+pytestmark = pytest.mark.slow  # loads the demo model and generates
+
 GREEDY = ["--greedy", "--max-new-tokens", "4"]  # on a CPU the demo loads in float32 without --set model.dtype
 
 
@@ -64,7 +66,6 @@ def test_prompt_and_flags_are_checked(tmp_path, demo_model_path, tuner_cli):
     assert result.returncode == 2 and "error:" in result.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.xdist_group("trained-demo")
 def test_trained_run_directory_answers_its_task(tmp_path, tuner_cli, trained_demo):
     """The demo run, fully fine-tuned, reverses words that the untrained model cannot."""

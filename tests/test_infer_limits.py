@@ -9,7 +9,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import REPO
+
+pytestmark = pytest.mark.slow  # loads the demo model and generates
 
 GREEDY = ["--greedy", "--max-new-tokens", "4"]
 DEMO_CONTEXT = 256  # the built-in demo model's max_position_embeddings

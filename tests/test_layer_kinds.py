@@ -62,6 +62,7 @@ def tiny_dirs(tmp_path_factory):
 
 @pytest.mark.parametrize("model_type, method, checkpointing, attention", CELLS,
                          ids=["-".join(map(str, cell)) for cell in CELLS])
+@pytest.mark.slow
 def test_each_layer_kind_plans_its_traced_peak(tiny_dirs, model_type, method, checkpointing, attention):
     lora = {"lora": {"dropout": 0}} if method == "lora" else {}  # PEFT's ParamWrapper on fused experts needs 0
     if model_type == "llama4_text" and method == "lora":

@@ -68,6 +68,7 @@ def test_every_moe_and_hybrid_class_plans_its_meta_device_count_or_says_what_it_
         assert memory_plan.verdict in ("fits", "tight", "does not fit")
 
 
+@pytest.mark.slow
 def test_deepseek_v3_qlora_on_one_141gb_gpu_no_longer_fits(tmp_path, tuner_cli):
     """The reproduction of issue 34: DeepseekV3Config's defaults (671B), QLoRA, one 141 GB GPU, as a user asks.  Its
     experts are fused 3-D parameters bitsandbytes does not quantise, so the 4-bit weights alone are not the story;

@@ -158,6 +158,7 @@ MISMATCH_RANK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_version_mismatch_between_machines_stops_both_naming_both_versions(tmp_path):
     """Two processes over a real gloo group, each with its own torch version in its fingerprint."""
     env = {**machine_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}

@@ -12,6 +12,8 @@ from tuner.planner.items import DECODING, GENERATION, GIB, PREFILL, SCORING, TRA
 from tuner.recipe.io import validate_recipe
 from tuner.recipe.tactics import Rung
 
+pytestmark = pytest.mark.slow  # each test traces a GRPO round on the meta device
+
 REWARDS = [{"kind": "exact_match", "column": "answer"}]
 
 

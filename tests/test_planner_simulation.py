@@ -17,6 +17,8 @@ from tuner.planner.items import TRAINING_STEP
 from tuner.loading.simulate import simulate, why_not_simulable
 from tuner.recipe.io import validate_recipe
 
+pytestmark = pytest.mark.slow  # each test traces a training step on the meta device
+
 TOLERANCE = 0.15
 
 ARCHITECTURES = {  # three shapes: GQA Llama, tied-embedding Qwen2 with biases, fused-projection Phi-3 (MHA)

@@ -18,6 +18,7 @@ REAL_MODELS = ["meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B", "Qwen/Qwen
                "Qwen/Qwen3-8B", "Qwen/Qwen3-32B", "Qwen/Qwen3-30B-A3B", "google/gemma-3-12b", "openai/gpt-oss-20b"]
 
 
+@pytest.mark.slow
 def test_every_builtin_recipe_validates_fits_and_states_its_predicted_peak(capsys):
     assert main(["recipes", "check"]) == 0, capsys.readouterr().err
     assert f"{len(builtin_names())} of {len(builtin_names())} built-in recipes" in capsys.readouterr().out
@@ -37,6 +38,7 @@ def test_the_library_covers_each_model_and_setup():
         assert recipe.name == name.replace("/", "-"), "the run is named after the recipe"
 
 
+@pytest.mark.slow
 def test_a_stale_peak_is_caught_and_make_recipe_peaks_refreshes_it(tmp_path, monkeypatch, capsys):
     library = tmp_path / "recipes"
     shutil.copytree(recipes_dir(), library)

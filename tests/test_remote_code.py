@@ -167,6 +167,7 @@ def test_a_trusted_hub_model_whose_code_is_not_cached_is_refused_offline_naming_
     assert "Repo id" not in err and not list(tmp_path.rglob("pwned"))
 
 
+@pytest.mark.slow
 def test_a_trusted_hub_model_fetches_only_its_config_and_code_from_the_hub(demo_model_path, tmp_path, capsys,
                                                                          monkeypatch) -> None:
     from conftest import run_tuner

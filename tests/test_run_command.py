@@ -12,6 +12,8 @@ import pytest
 from conftest import REPO, still_running
 from tuner.rundir.events import read_records
 
+pytestmark = pytest.mark.slow  # runs tuner run in real processes
+
 
 def sets(*settings: str) -> list[str]:
     return [arg for setting in settings for arg in ("--set", setting)]
@@ -70,7 +72,6 @@ def test_a_plan_that_does_not_fit_is_refused_unless_forced(tmp_path, tuner_cli):
     assert forced.returncode == 0, forced.stderr
 
 
-@pytest.mark.slow
 def test_ctrl_c_stops_every_rank_and_names_the_last_checkpoint(tmp_path, demo_model_path):
     command = [sys.executable, "-m", "tuner", "run", "demo", *sets(
         "name=stop", "hardware.num_processes=2", "memory.distributed=ddp", "training.max_steps=100000",

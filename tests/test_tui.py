@@ -15,6 +15,8 @@ from tuner.tui.screens.help import HelpScreen
 from tuner.tui.widgets.fields import ChoiceField, ToggleField
 from tuner.tui.widgets.plan_bar import PlanPanel
 
+pytestmark = pytest.mark.slow  # drives the wizard through Pilot
+
 
 @pytest.fixture(autouse=True)
 def in_tmp(tmp_path, monkeypatch):
@@ -258,7 +260,6 @@ async def test_help_and_navigation_keys():
         assert app.current_mode == "hardware"
 
 
-@pytest.mark.slow
 @pilot_test
 async def test_run_screen_launches_and_shows_progress_and_loss(in_tmp, demo_model_path):
     app = make_app(demo_draft({**QUICK_RUN, "output.dir": str(in_tmp / "runs" / "quick")}))
@@ -282,7 +283,6 @@ async def test_run_screen_launches_and_shows_progress_and_loss(in_tmp, demo_mode
         assert "gemm_4bit" not in (in_tmp / "runs" / "quick" / "train.log").read_text()  # no bitsandbytes here
 
 
-@pytest.mark.slow
 @pilot_test
 async def test_cancel_stops_the_run(in_tmp, demo_model_path):
     app = make_app(demo_draft({**QUICK_RUN, "training.max_steps": 100000, "data.max_samples": None}))

@@ -10,6 +10,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,8 @@ from tuner.render.run_directory import render_run_files
 from tuner.tui.draft import Draft
 from tuner.tui.screens.method import DISTRIBUTION, METHODS, OPTIMIZERS
 from tuner.tui.widgets.fields import value_choices
+
+pytestmark = pytest.mark.slow  # saves and renders generated drafts
 
 CHOICES = [choice.changes for choice in METHODS + DISTRIBUTION + OPTIMIZERS] + [
     choice.changes for field, values in {

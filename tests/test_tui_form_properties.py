@@ -34,6 +34,8 @@ from tuner.recipe.registry import builtin_path
 from tuner.recipe.schema import SCHEMA_VERSION, Recipe
 from tuner.tui.widgets.fields import ChoiceField, InputField, SelectField, ToggleField
 
+pytestmark = pytest.mark.slow  # drives the wizard through Pilot over generated drafts
+
 # the boxes typed into, by the screen that holds them; number boxes read their text as a number
 BOXES = {
     "method": ["training.max_seq_length", "training.micro_batch_size", "training.gradient_accumulation_steps",

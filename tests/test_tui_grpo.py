@@ -1,10 +1,14 @@
 """The wizard's Method step offers grpo with its fields and a reward choice, and the plan bars show its rollout."""
 from __future__ import annotations
 
+import pytest
+
 from tui_helpers import SIZE, demo_draft, make_app, pilot_test, settle, wait_until
 from tuner.tui.screens.method import OBJECTIVES
 from tuner.tui.widgets.fields import ChoiceField
 from tuner.tui.widgets.plan_bar import plan_text
+
+pytestmark = pytest.mark.slow  # drives the wizard through Pilot
 
 
 @pilot_test

@@ -19,6 +19,8 @@ from tuner.catalog.models import model_facts
 from tuner.planner.items import CANNOT_JUDGE
 from tuner.tui.widgets.plan_bar import PlanPanel
 
+pytestmark = pytest.mark.slow  # drives the wizard's model search against a local hub
+
 # A tiny LFM2 (a short-convolution layer beside an attention layer): transformers builds it on the meta device, and
 # the planner has no memory terms for its convolution or its feed-forward block.
 LFM2 = {"model_type": "lfm2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,

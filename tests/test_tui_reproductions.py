@@ -18,6 +18,8 @@ from tuner.tui.screens.help import HelpScreen
 from tuner.tui.widgets.fields import ChoiceField, ToggleField
 from tuner.tui.widgets.plan_bar import PlanPanel
 
+pytestmark = pytest.mark.slow  # drives the wizard through Pilot at two sizes
+
 SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
 EIGHT_A100 = {"gpus_per_machine": 8, "gpu": "A100-80GB", "host_ram_gb": 512}
 EIGHT_B_ON_A_4090 = {"model": {"id": "meta-llama/Llama-3.1-8B"},

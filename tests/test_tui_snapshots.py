@@ -16,6 +16,8 @@ from tuner.rundir.events import parse_event
 from tuner.tui.draft import Draft
 from tuner.tui.run_watch import RunWatch
 
+pytestmark = pytest.mark.slow  # renders the wizard's screens
+
 FIXED_RECIPES = Path(__file__).parent / "data" / "tui-recipes"
 # host RAM is stated so the CPU plan does not depend on the machine the snapshot is taken on
 SNAPSHOT_DRAFT = {"hardware.host_ram_gb": 16}

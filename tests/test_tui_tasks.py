@@ -19,6 +19,8 @@ from tuner.tui.screens.method import OBJECTIVES
 from tuner.tui.screens.confirm import ConfirmScreen
 from tuner.tui.widgets.fields import Choice, ChoiceField, schema_choices, schema_labels
 
+pytestmark = pytest.mark.slow  # drives the wizard through Pilot
+
 STEPS = ["model", "hardware", "method", "data", "training", "review"]
 
 
