@@ -184,3 +184,29 @@ def test_error_events_with_brackets_are_printed_not_parsed() -> None:
                  parse_event({"event": "checkpoint", "path": "runs/[odd]/checkpoint-2"})])
     assert "[/__w/pytorch/gloo/pair.cc:537] Read error [127.0.0.1]:55524" in out.getvalue()
     assert "runs/[odd]/checkpoint-2" in out.getvalue()
+
+
+LEAVING_RANK = textwrap.dedent("""
+    import atexit, sys, threading, time
+    from pathlib import Path
+    from tuner.train.__main__ import leave
+    out, code = Path(sys.argv[1]), int(sys.argv[2])
+    atexit.register(lambda: (out / "atexit").write_text("trackers finished"))
+    threading.Thread(target=lambda: (time.sleep(1), (out / "thread").write_text("joined"))).start()
+    print("last words")  # buffered: leave() flushes it
+    leave(code, multi_rank=True)
+    (out / "after").write_text("leave returned")
+""")
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_rank_leaves_with_its_code_after_a_normal_exits_work_only_when_it_succeeded(tmp_path, code) -> None:
+    """A finished rank joins its threads and runs the atexit handlers (trackers) before skipping the teardown that
+    aborts gloo ranks; a failed one leaves at once, its peers stuck in a collective."""
+    script = tmp_path / "rank.py"
+    script.write_text(LEAVING_RANK)
+    result = subprocess.run([sys.executable, str(script), str(tmp_path), str(code)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == code and result.stdout == "last words\n", result.stderr
+    assert not (tmp_path / "after").exists()
+    assert (tmp_path / "atexit").exists() == (tmp_path / "thread").exists() == (code == 0)

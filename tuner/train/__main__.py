@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from tuner.recipe import RecipeError, load_recipe
 from tuner.recipe.schema import Recipe
@@ -235,8 +236,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
         last_eval = trainer.evaluate()  # every rank: evaluation is a collective
     metrics.update({key: value for key, value in (last_eval or {}).items() if key.startswith("eval_")})
     per_rank = memory_per_rank()  # every rank: a gather, the run's last collective
-    # then the process group goes (Accelerate's own end): left up, gloo aborts a rank at exit ("terminate called
-    # without an active exception") once it finishes while rank 0 still writes the report
+    # then Accelerate's own end (trackers finished, the process group destroyed) while every rank is still here
     trainer.accelerator.end_training()
     if not trainer.is_world_process_zero():
         return 0
@@ -299,14 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
-def run_rank() -> int:
+def run_rank() -> NoReturn:
     """:func:`main` on one rank of a launched world, under torch elastic's ``@record`` (as torchtitan and torchtune
-    run theirs); a rank that failed (its error event written) leaves at once.
-
-    Its peers wait in a collective that will never complete, and the interpreter's shutdown, tearing down the
-    process group, can wait with them (DeepSpeed #5005): leaving now lets the launcher see the failure and stop
-    every rank within its monitor interval.
-    """
+    run theirs); the rank then leaves without the interpreter's teardown (:func:`leave`)."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
     try:
@@ -316,12 +311,32 @@ def run_rank() -> int:
 
         traceback.print_exc()
         code = 1
-    if code and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    leave(code, multi_rank=int(os.environ.get("WORLD_SIZE", "1")) > 1)
+
+
+def leave(code: int, multi_rank: bool) -> NoReturn:
+    """End this rank's process with ``code`` once its own work is done, skipping the interpreter's teardown.
+
+    A rank that failed (its error event written) leaves at once: its peers wait in a collective that will never
+    complete, and the teardown of the process group can wait with them (DeepSpeed #5005); leaving lets the launcher
+    see the failure and stop every rank within its monitor interval.  A rank that succeeded first does what a normal
+    exit does while Python is whole (joins its non-daemon threads, runs the ``atexit`` handlers: trackers, logging),
+    then leaves the same way: during the teardown a C++ thread of torch's that takes the GIL is ended by Python
+    (``pthread_exit``) from inside C++ code, which aborts the rank ("terminate called without an active exception",
+    SIGABRT) after a run that finished; seen in CI on a DDP and a ZeRO-3 CPU rank, the process group destroyed.
+    """
+    if code == 0 or not multi_rank:
+        import atexit
+        import threading
+
+        for thread in threading.enumerate():
+            if thread is not threading.main_thread() and not thread.daemon:
+                thread.join()
+        atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(run_rank())
+    run_rank()
