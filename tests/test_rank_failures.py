@@ -192,7 +192,10 @@ LEAVING_RANK = textwrap.dedent("""
     from tuner.train.__main__ import leave
     out, code = Path(sys.argv[1]), int(sys.argv[2])
     atexit.register(lambda: (out / "atexit").write_text("trackers finished"))
-    threading.Thread(target=lambda: (time.sleep(1), (out / "thread").write_text("joined"))).start()
+    go = threading.Event()  # a failed rank's thread never goes: leave() must not wait for it
+    threading.Thread(target=lambda: (go.wait(), time.sleep(0.5), (out / "thread").write_text("joined"))).start()
+    if code == 0:
+        go.set()
     print("last words")  # buffered: leave() flushes it
     leave(code, multi_rank=True)
     (out / "after").write_text("leave returned")
