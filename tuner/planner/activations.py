@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 from tuner.planner.items import FORWARD_BACKWARD, LAYER_BACKWARD, EVAL, BACKWARD, Item
-from tuner.planner.layers import (all_layers_bytes, attention_span, backward_bytes, checkpointed_masks_bytes,
-                                  forward_transient_bytes, kinds, largest, layer_bytes, lora_linears, mlp_width,
-                                  residual_bytes)
+from tuner.planner.layers import (_split, all_layers_bytes, attention_span, backward_bytes,
+                                  checkpointed_masks_bytes, kinds, largest, layer_bytes, lora_linears,
+                                  lora_weight_casts_bytes, mlp_width, residual_bytes)
 from tuner.planner.model_states import layer_params
 from tuner.planner.preference import head_transient_bytes
 from tuner.planner.rank_setup import Setup
@@ -199,11 +199,22 @@ def _communication_items(s: Setup, tokens: int) -> list[Item]:
 
 def eval_items(s: Setup) -> list[Item]:
     """An evaluation batch (per_device_eval_batch_size = the micro-batch) of the Trainer's ``prediction_step``: eval
-    mode, no gradients, so nothing is saved for backward.  Live beside the weights and optimizer states: the hidden
-    states, and the larger of one layer's forward transient (SwiGLU's gate, up and product, or eager's scores) and
-    the loss, which runs after the last layer: the logits built whole (a), their fp32 upcast (4, none when they are
-    fp32 already) and the fp32 log-softmax (4) -- unless a fused or chunked loss runs.  Traced with
-    :func:`tuner.loading.simulate.simulate` (``evaluation=True``).
+    mode, no gradients, so nothing is saved for backward.  Live beside the weights and optimizer states, the larger
+    of two moments of the forward (traced with :func:`tuner.loading.simulate.simulate`, ``evaluation=True``):
+
+    - **a layer** (the last): the hidden states the forward holds (the embeddings' output, the layer's input, its
+      normalised input), the attention masks and rotary tables the model's forward built once for every layer, and
+      the layer's own transient (:func:`_eval_layer_bytes`);
+    - **the loss**, after the layers: the plain loss holds the final norm's output only (the base model has returned
+      and its locals are freed), the logits built whole (a), their fp32 upcast (4, none when they are fp32 already)
+      and the fp32 log-softmax (4) -- soft-capped logits add nothing: no gradients, so ``logits / cap``, ``tanh``
+      and ``* cap`` each free the one before as ``logits`` is rebound -- unless a fused or chunked loss runs.
+
+    Under autocast the fp32 weights that require grad (LoRA's adapters, full fine-tuning's weights) keep their cached
+    16-bit copies until the forward ends (:func:`autocast_adapter_copies`, and the weights' own item in
+    :mod:`tuner.planner.model_states`), counted whole in both moments: over by the copies the last layer and the
+    output head make after the layer moment.  Traced per tensor on Phi-3, Gemma-2, Llama and tied Qwen2 shapes
+    other than the benchmark's (docs/memory.md, "What a recipe sets, and the evaluation phase").
     """
 
     f = s.facts
@@ -212,35 +223,100 @@ def eval_items(s: Setup) -> list[Item]:
         from tuner.planner.grpo import eval_items
 
         return eval_items(s)
+    rb = residual_bytes(s)
+    copies = autocast_adapter_copies(s)
+    # the embeddings' output (the model's forward keeps inputs_embeds), the layer's input (the decoder loop's
+    # hidden_states: the embeddings' output itself in a one-layer model) and its normalised input
+    held = 3 if f.num_layers > 1 else 2
+    hidden = Item("evaluation: hidden states (the embedding output, the layer's input, its normalised input)",
+                  "activations", held * tokens * f.hidden_size * rb, EVAL, source="korthikanti")
     if s.objective != "sft":  # TRL's fused log-prob head, forward only
-        loss = Item("evaluation: the fused log-prob head's forward tiles", "logits_loss",
-                    head_transient_bytes(s, tokens, backward=False), EVAL, source="trl-fused-head")
+        loss = [hidden, Item("evaluation: the fused log-prob head's forward tiles", "logits_loss",
+                             head_transient_bytes(s, tokens, backward=False), EVAL, source="trl-fused-head")]
     elif s.liger or s.chunked_loss:
         rows = min(tokens, _next_power_of_two(tokens / math.ceil(f.vocab_size / f.hidden_size)))
-        loss = Item("evaluation: one logits chunk of the fused loss", "logits_loss", rows * f.vocab_size * 4, EVAL,
-                    source="liger" if s.liger else "torch-lce")
+        loss = [hidden, Item("evaluation: one logits chunk of the fused loss", "logits_loss", rows * f.vocab_size * 4,
+                             EVAL, source="liger" if s.liger else "torch-lce")]
     else:
         upcast = 4 if s.act_bytes != 4 else 0
-        softcap = s.act_bytes if f.final_logit_softcapping else 0  # tanh's output, before the loss
-        loss = Item("evaluation: logits, fp32 upcast and log-softmax (no gradients)", "logits_loss",
-                    tokens * f.vocab_size * (s.act_bytes + upcast + 4 + softcap), EVAL, source="hf-loss")
-    layer = largest(_eval_layer_bytes, s, tokens)
-    # the residual stream, the layer's normalised input, and the embeddings' output the model's forward holds
-    hidden = Item("evaluation: hidden states (residual, the layer's input, the embedding output)", "activations",
-                  3 * tokens * f.hidden_size * residual_bytes(s), EVAL, source="korthikanti")
-    if layer > loss.bytes:
-        return [hidden, Item("evaluation: one layer's forward transient (no gradients)", "activations", layer, EVAL,
-                             source="korthikanti")]
-    return [hidden, loss]
+        loss = [Item("evaluation: the final norm's output (the layers have returned)", "activations",
+                     tokens * f.hidden_size * rb, EVAL, source="korthikanti"),
+                Item("evaluation: logits, fp32 upcast and log-softmax (no gradients)", "logits_loss",
+                     tokens * f.vocab_size * (s.act_bytes + upcast + 4), EVAL, source="hf-loss")]
+    layer = [hidden]
+    built = _eval_masks_bytes(s) + attention_span(s) * f.head_dim * 2 * rb  # rotary cos and sin: embeddings' dtype
+    layer.append(Item("evaluation: attention masks and rotary tables, built once for every layer", "activations",
+                      built, EVAL, source="korthikanti"))
+    layer.append(Item("evaluation: one layer's forward transient (no gradients)", "activations",
+                      largest(_eval_layer_bytes, s, tokens), EVAL, source="korthikanti"))
+    moment = layer if sum(i.bytes for i in layer) > sum(i.bytes for i in loss) else loss
+    return moment + copies
+
+
+def autocast_adapter_copies(s: Setup) -> list[Item]:
+    """autocast caches the 16-bit cast of an fp32 leaf that requires grad (``cached_cast`` in torch's
+    autocast_mode.cpp: no check of the grad mode) until the autocast region exits: an evaluation forward keeps every
+    layer's adapter copies, r x (in + out) x 2 per adapted nn.Linear, as the training step does for its backward."""
+    casts = sum(kind.count * lora_weight_casts_bytes(s, kind) for kind in kinds(s))
+    if not casts:
+        return []
+    return [Item("evaluation: autocast's cached 16-bit copies of every layer's adapters", "lora_adapter", casts, EVAL,
+                 source="autocast")]
+
+
+def _eval_masks_bytes(s: Setup) -> float:
+    """The attention masks the model's forward builds once (transformers' masking_utils) and passes to every layer,
+    one per attention type (full, sliding, chunked): eager's additive masks, b x s x span in the embeddings' dtype;
+    sdpa's boolean mask, b x s x span bytes, made for a batch with padding (as the training step plans it; a trace
+    always gets it: under fake tensors ``find_packed_sequence_indices`` cannot rule packing out); flash-attention and
+    a split sequence none."""
+    if s.flash or s.seq_shards > 1:
+        return 0.0
+    types = {kind.attention_type for kind in kinds(s) if kind.mixer in ("attention", "mla")}
+    return len(types) * s.batch * s.seq * attention_span(s) * (residual_bytes(s) if s.eager else 1)
 
 
 def _eval_layer_bytes(s: Setup, kind, tokens: int) -> float:
-    """One layer's forward transient without gradients (tuner.planner.layers); LoRA on the MLP's gate/up adds
-    PEFT's ``result + lora_B(...) * scaling``: the base output, the branch and its scaled copy at once (a fused
-    gate_up_proj's output is both halves)."""
-    layer = forward_transient_bytes(s, kind, tokens)
-    if any(lin.is_nn_linear and lin.name.split(".")[-1] in ("gate_proj", "up_proj", "gate_up_proj")
-           for lin in lora_linears(s, kind)):
-        width = mlp_width(s, kind) if kind.mlp == "dense" else kind.dims.get("shared_width", 0) / s.tp
-        layer += (2 if kind.dims.get("fused_gate_up") else 1) * tokens * width * s.act_bytes
-    return layer
+    """One layer's forward transient without gradients, beyond the hidden states counted with it: the larger of
+
+    - its MLP (tuner.planner.layers: SwiGLU's gate, up and product, a fused gate_up_proj's whole output alive
+      through the product), beside the attention's residual sum (the decoder layer's ``residual``, 1 x h) and, with
+      eager attention, the layer's attention probabilities: ``hidden_states, _ = self.self_attn(...)`` keeps the
+      returned weights in ``_`` until the layer returns, b x heads x s x span in the query's dtype (the residual
+      bytes: rotary's cos and sin, in the embeddings' dtype, promote q and k to fp32 when fp32 weights run under
+      autocast).  LoRA on gate/up adds PEFT's ``result + lora_B(...) * scaling`` (the base output, the branch and
+      its scaled copy at once; a fused gate_up_proj's output is both halves); LoRA on a map whose input is 16-bit
+      makes that input's fp32 copy for the fp32 adapter (``x = self._cast_input_dtype(x, lora_A.weight.dtype)``,
+      alive through the branch): the gate/up input (h x 4), or down_proj's (I x 4, with autocast's 16-bit cast of it
+      for lora_A, beside the MLP's product, a fused gate_up's output and down_proj's base output);
+    - eager attention's softmax (``softmax(scores, dtype=float32)``): the masked scores (the additive mask, in the
+      embeddings' dtype, promotes them to the residual bytes), their fp32 copy (ATen's ``softmax`` converts the
+      input first unless it is fp32, or fp16 on CUDA) and the fp32 output (4), beside the rotated q and k (residual
+      bytes), v (a), and ``repeat_kv``'s copies of k and v for every head (grouped KV heads).
+    """
+    a, h, rb = s.act_bytes, s.facts.hidden_size, residual_bytes(s)
+    eager = s.eager and kind.mixer in ("attention", "mla")
+    heads = _split(kind.dims["heads"], s.tp) if eager else 0
+    span = attention_span(s)
+    mlp = tokens * (4 if kind.dims.get("fused_gate_up") else 3) * a * mlp_width(s, kind)
+    targets = {lin.name.split(".")[-1] for lin in lora_linears(s, kind) if lin.is_nn_linear}
+    cast = s.kind != "full" and not (s.distributed == "deepspeed" and s.zero is not None and s.mixed)  # fp32 adapters
+    width = mlp_width(s, kind) if kind.mlp == "dense" else kind.dims.get("shared_width", 0) / s.tp
+    if targets & {"gate_proj", "up_proj", "gate_up_proj"}:
+        mlp += (2 if kind.dims.get("fused_gate_up") else 1) * tokens * width * a
+        if cast and rb != 4:
+            mlp += tokens * h * 4
+    if "down_proj" in targets and cast and a != 4:
+        alive = (3 if kind.dims.get("fused_gate_up") else 1) * a  # the product (and a fused gate_up's output)
+        down = tokens * width * (alive + 4 + (2 if s.mixed else 0)) + tokens * h * a
+        mlp = max(mlp, down)
+    mlp += tokens * h * rb + tokens * heads * span * rb
+    if not eager:
+        return mlp
+    d = kind.dims
+    kv_heads, qk, v = _split(d["kv_heads"], s.tp), d["head_dim"], d.get("v_dim", d["head_dim"])
+    qkv = (heads + kv_heads) * qk * rb + kv_heads * v * a
+    if 1 < kv_heads < heads:  # repeat_kv: expand + reshape copies k and v to every head (a view for one KV head)
+        qkv += heads * (qk * rb + v * a)
+    softmax = tokens * heads * span * (rb + (4 if rb != 4 else 0) + 4) + tokens * qkv
+    return max(mlp, softmax)

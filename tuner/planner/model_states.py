@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tuner.catalog.facts import ModelFacts
-from tuner.planner.items import (ALWAYS, LAYER_BACKWARD, STEP, BACKWARD, NF4_DOUBLE_QUANT_BYTES, NF4_BYTES,
+from tuner.planner.items import (ALWAYS, EVAL, LAYER_BACKWARD, STEP, BACKWARD, NF4_DOUBLE_QUANT_BYTES, NF4_BYTES,
                                  ADAM8BIT_BYTES, ZERO3_MAX_LIVE_PARAMETERS, Item)
 from tuner.planner.layers import largest
 from tuner.planner.rank_setup import Setup
@@ -135,8 +135,10 @@ def model_state_items(s: Setup) -> tuple[list[Item], list[Item], list[str]]:
             gpu.append(Item("parameters", "weights", counts.total * s.weight_bytes, source="dtype"))
             if s.mixed and s.weight_bytes == 4:
                 linear = counts.attention + counts.mlp + (counts.lm_head or counts.embeddings)
+                # autocast caches the casts of leaves that require grad until its region exits: kept for the
+                # backward, and through an evaluation forward (no_grad does not stop the cache)
                 gpu.append(Item("autocast 16-bit copies of fp32 linear weights", "weights", linear * 2,
-                                BACKWARD, source="autocast"))
+                                BACKWARD + (EVAL,), source="autocast"))
         else:
             gpu.extend(frozen_items)
             if s.mixed and s.weight_bytes == 4 and s.quant_bits is None:
