@@ -150,6 +150,8 @@ GEMMA2 = dict(model_type="gemma2", hidden_size=192, intermediate_size=512, num_h
 SETTING_CELLS = [  # (config, method, checkpointing, seq, batch, settings, evaluation)
     (GEMMA2, "lora", False, 192, 3, {}, False),
     (GEMMA2, "full", True, 64, 3, {"model": {"dtype": "bfloat16"}, "memory": {"mixed_precision": "bf16"}}, False),
+    # the MLP's backward holds two intermediate-wide gradients beyond what it saved, not four (+8.1% before)
+    (GEMMA2, "full", True, 192, 3, {}, False),
     (ARCHITECTURES["qwen2"], "lora", False, 192, 3, {"method": {"lora": {"modules_to_save": ["lm_head"]}}}, False),
     (GEMMA2, "lora", True, 192, 1, {"method": {"lora": {"modules_to_save": ["embed_tokens"]}}}, False),
     (ARCHITECTURES["phi3"], "lora", False, 192, 3, {}, True),

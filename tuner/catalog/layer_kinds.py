@@ -24,6 +24,8 @@ SHARED_EXPERT_NAMES = ("shared_expert", "shared_experts", "shared_mlp")
 # transformers' expert classes that run every token through every expert, scaled by its router score (no dispatch)
 ALL_EXPERTS_CLASSES = ("Llama4TextExperts",)
 _ATTENTION = {"q_proj", "k_proj", "v_proj", "o_proj"}
+# transformers' names of a norm on the MLP's output (Gemma 2/3, OLMo 2, GLM 4, ...): its backward runs first
+_NORMS_AFTER_MLP = ("post_feedforward_layernorm", "post_mlp_layernorm", "post_ffn_norm")
 _ATTENTION_OPTIONAL = {"q_norm", "k_norm"}
 _MLA_KV = {"kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj"}
 _MLA_Q = ({"q_a_proj", "q_a_layernorm", "q_b_proj"}, {"q_proj"})
@@ -152,6 +154,7 @@ def _layer_kind(members: list[tuple[str, ModuleGroup]], layer_type: str, hidden:
     unmodelled: list[str] = []
     norms: list[int] = []
     norm_params = 0
+    norm_after_mlp = False
     for relative, group in members:
         if relative == "":
             if group.params:  # the decoder layer's own parameters (scalars, gates)
@@ -159,6 +162,7 @@ def _layer_kind(members: list[tuple[str, ModuleGroup]], layer_type: str, hidden:
             continue
         if "." not in relative and group.kind == "norm":
             norms.append(_shape(group)[0] if _shape(group) else hidden)
+            norm_after_mlp = norm_after_mlp or relative.startswith(_NORMS_AFTER_MLP)
             norm_params += group.own_numel * group.per_layer_instances
             continue
         children.setdefault(_child(relative), []).append((relative, group))
@@ -191,6 +195,7 @@ def _layer_kind(members: list[tuple[str, ModuleGroup]], layer_type: str, hidden:
                 linears += _expert_linears(relative, group, hidden)
             elif (linear := _linear(relative, group)) is not None:
                 linears.append(linear)
+    dims["norm_after_mlp"] = norm_after_mlp
     if not mixer and not unmodelled:
         unmodelled.append("no token mixer")
     if not mlp and not unmodelled:
@@ -230,7 +235,7 @@ def _attention(child: str, inner: dict[str, ModuleGroup], block, heads: int, lay
             "kv_width": kv_width, "output_gate": gate, "sinks": "sinks" in _own(block),
             "qk_norm": 0 if q_norm is None else _shape(q_norm)[0],
             "window": int(attrs.get("sliding_window") or 0) if layer_type == "sliding_attention" else 0,
-            "mixer_path": child}
+            "mixer_path": child, "fused_qkv": fused}
     return "attention", dims
 
 

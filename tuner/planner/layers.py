@@ -65,12 +65,18 @@ def _mixer_bytes(s, kind) -> float:
 
 def _attention_bytes(s, d: dict) -> float:
     """q, k, v and the output (every kernel keeps them for backward), a log-sum-exp per head (fused kernels); full
-    fine-tuning also keeps the inputs of q/k/v and of o_proj for the weight gradients.  Per-head or full-width q/k
-    norms keep their fp32 upcasts; Qwen3-Next's output gate keeps the gate's sigmoid and the attention output it
-    scales."""
+    fine-tuning also keeps the inputs of q/k/v and of o_proj for the weight gradients.  One fused ``qkv_proj`` with as
+    many key/value heads as query heads (Phi-3) hands sdpa v as a view of its output, which so stays whole (q and k
+    are the rotary embedding's copies; eager's matmul keeps a copy of v instead) -- not added to a checkpointed LoRA
+    layer, whose recompute moment is the fitted stand-in of :func:`_mlp_gradient_bytes` (fitted with Phi-3 too).
+    Per-head or full-width q/k norms keep their fp32 upcasts; Qwen3-Next's output gate keeps the gate's sigmoid and
+    the attention output it scales."""
     a, full, h = s.act_bytes, s.kind == "full", s.facts.hidden_size
     qd, kd = _split(d["q_width"], s.tp), _split(d["kv_width"], s.tp)
     total = a * (2 * qd + 2 * kd)
+    whole_qkv = d.get("fused_qkv") and d["kv_heads"] == d["heads"] and not (s.eager or s.flash)
+    if whole_qkv and (full or not s.checkpointing):
+        total += a * (qd + kd)
     if full:
         total += a * h + a * qd
     if not s.eager:
@@ -288,22 +294,37 @@ def mlp_width(s, kind) -> float:
 
 
 def backward_bytes(s, kind, tokens: int) -> float:
-    """The gradients of one layer's intermediates while its backward runs, beyond what the layer keeps: the MLP's
-    (4 x a per intermediate element) while everything is still saved; then, eager, the span x span probabilities'
-    and scores' gradients, once the MLP's saved tensors are freed (its backward ran first); for a gated delta net,
-    its chunk matrices' gradients.  PEFT's fp32 branch in a 16-bit model holds fp32 gradients of the widest adapted
-    input."""
+    """The gradients of one layer's intermediates while its backward runs, beyond what the layer keeps, at the fullest
+    of its moments: a norm on the MLP's output (Gemma 2/3) runs its backward first, with four fp32 hidden-wide
+    temporaries (RMSNorm's backward; Liger's kernel makes none) beside everything saved; then the MLP's
+    (:func:`_mlp_gradient_bytes`) while it is still saved; then, eager, the span x span probabilities' and scores'
+    gradients, once the MLP's saved tensors are freed (its backward ran first); for a gated delta net, its chunk
+    matrices' gradients.  PEFT's fp32 branch in a 16-bit model holds fp32 gradients of the widest adapted input."""
     a = s.act_bytes
-    mlp = 4 * a * mlp_width(s, kind)
+    mlp = _mlp_gradient_bytes(s, kind)
     targets = [lin for lin in lora_linears(s, kind) if lin.is_nn_linear]
     if targets and a == 2:
         mlp += 2 * 4 * max(lin.in_features for lin in targets)
+    if kind.dims.get("norm_after_mlp") and not s.liger:
+        mlp = max(mlp, 4 * 4 * s.facts.hidden_size)
     mixer = 0.0
     if (s.eager and kind.mixer in ("attention", "mla")) or (kind.mixer == "mla" and _mla_sdpa_math(s, kind.dims)):
         mixer = (4 + a) * _split(kind.dims["heads"], s.tp) * attention_span(s)
     if kind.mixer == "gated_delta_net":
         mixer = 4 * _split(kind.dims["v_heads"], s.tp) * (4 * CHUNK + 2 * kind.dims["k_dim"])
     return tokens * max(mlp, mixer - _after_mixer_bytes(s, kind)) + _merged_expert_gradient(s, kind)
+
+
+def _mlp_gradient_bytes(s, kind) -> float:
+    """Per token, the MLP's gradients beside what it saved, at its backward's fullest moment.  Fully fine-tuned dense
+    gated MLP, ``down(act(gate(x)) * up(x))``: down's backward makes the product's gradient and frees its saved input
+    (the product, kept for down's weight gradient); the product's backward then makes the gradients of both of its
+    operands while its own is alive: three intermediate-wide gradients less the input freed, 2 x a per intermediate
+    element (traced per tensor on diagnostic shapes, docs/memory.md, "The layer's backward").  Otherwise 4 x a:
+    LoRA's checkpointed step peaks as the layer's recompute finishes with PEFT's dropout copies, which this term
+    stands in for (fitted with them); MoE experts and Liger's fused SiLU-mul run other kernels."""
+    dense_full = kind.mlp == "dense" and s.kind == "full" and not s.liger
+    return (2 if dense_full else 4) * s.act_bytes * mlp_width(s, kind)
 
 
 def _after_mixer_bytes(s, kind) -> float:
