@@ -295,24 +295,24 @@ def mlp_width(s, kind) -> float:
 
 def backward_bytes(s, kind, tokens: int) -> float:
     """The gradients of one layer's intermediates while its backward runs, beyond what the layer keeps, at the fullest
-    of its moments: a norm on the MLP's output (Gemma 2/3) runs its backward first, with four fp32 hidden-wide
-    temporaries (RMSNorm's backward; Liger's kernel makes none) beside everything saved; then the MLP's
-    (:func:`_mlp_gradient_bytes`) while it is still saved; then, eager, the span x span probabilities' and scores'
-    gradients, once the MLP's saved tensors are freed (its backward ran first); for a gated delta net, its chunk
-    matrices' gradients.  PEFT's fp32 branch in a 16-bit model holds fp32 gradients of the widest adapted input."""
+    of its moments, in the order the backward reaches them: a norm on the MLP's output (Gemma 2/3, OLMo 2, GLM 4),
+    with four fp32 hidden-wide temporaries (RMSNorm's backward; Liger's kernel makes none) beside everything saved;
+    the MLP's (:func:`_mlp_gradient_bytes`) while it is still saved; then, eager, the span x span probabilities' and
+    scores' gradients, once the MLP's saved tensors are freed (its backward ran first); for a gated delta net, its
+    chunk matrices' gradients.  PEFT's fp32 branch in a 16-bit model holds fp32 gradients of the widest adapted
+    input."""
     a = s.act_bytes
+    norm = 4 * 4 * s.facts.hidden_size if kind.dims.get("norm_after_mlp") and not s.liger else 0.0
     mlp = _mlp_gradient_bytes(s, kind)
     targets = [lin for lin in lora_linears(s, kind) if lin.is_nn_linear]
     if targets and a == 2:
         mlp += 2 * 4 * max(lin.in_features for lin in targets)
-    if kind.dims.get("norm_after_mlp") and not s.liger:
-        mlp = max(mlp, 4 * 4 * s.facts.hidden_size)
     mixer = 0.0
     if (s.eager and kind.mixer in ("attention", "mla")) or (kind.mixer == "mla" and _mla_sdpa_math(s, kind.dims)):
         mixer = (4 + a) * _split(kind.dims["heads"], s.tp) * attention_span(s)
     if kind.mixer == "gated_delta_net":
         mixer = 4 * _split(kind.dims["v_heads"], s.tp) * (4 * CHUNK + 2 * kind.dims["k_dim"])
-    return tokens * max(mlp, mixer - _after_mixer_bytes(s, kind)) + _merged_expert_gradient(s, kind)
+    return tokens * max(norm, mlp, mixer - _after_mixer_bytes(s, kind)) + _merged_expert_gradient(s, kind)
 
 
 def _mlp_gradient_bytes(s, kind) -> float:
