@@ -43,6 +43,7 @@ from tuner.rundir.events import Event, read_events
 from tuner.rundir.layout import (CHECKPOINTS_DIR, ELASTIC_LOG_DIR, EVENTS_FILE, LAUNCH_SCRIPT, LOCK_FILE, MODEL_SNAPSHOT,
                                  PREVIOUS_RUNS_DIR, SLURM_SCRIPT)
 from tuner.rundir.lock import RunLock, RunLocked
+from tuner.rundir.manifest import amend
 from tuner.rundir.summary import RunSummary, summarize_run
 
 EXIT_SIGNAL_BASE = 128  # a run stopped by signal N exits 128 + N, as a shell reports it
@@ -246,8 +247,10 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, ve
         write_run_directory(recipe, force=force or dry_run_left, keep_existing=resuming)
         if download is not None and not dry_run:
             _download_for_run(download, run_dir, recipe.hardware.machines, say, progress)
-        else:  # the ranks load what model.id names; a record of another model must not redirect them
-            (run_dir / MODEL_SNAPSHOT).unlink(missing_ok=True)
+            amend(run_dir, written=[MODEL_SNAPSHOT])
+        elif (run_dir / MODEL_SNAPSHOT).exists():  # the ranks load what model.id names; a record of another model
+            (run_dir / MODEL_SNAPSHOT).unlink()   # must not redirect them (tuner's own: check_run_directory proved it)
+            amend(run_dir, removed=[MODEL_SNAPSHOT])
     except RunLocked as exc:
         raise RecipeError([str(exc)]) from None
     except BaseException:

@@ -155,11 +155,17 @@ def saved_files(directory: Path) -> tuple[dict[str, dict], str | None]:
     for path in sorted(directory.rglob("*")):
         if path.is_file() and path.name != CHECKPOINT_INFO:
             name = path.relative_to(directory).as_posix()
-            why = _file_problem(path)
+            record, why = file_record(path)
             if why:
                 return records, f"{name}: {why}"
-            records[name] = {"size": path.stat().st_size, "checked": _structure(path)}
+            records[name] = record
     return records, None
+
+
+def file_record(path: Path) -> tuple[dict, str | None]:
+    """What is recorded of one saved file without reading it through (its size and the cheap check it passed), and
+    why it fails that check (None: it passes); checkpoints and the manifest of a folder of weights record this."""
+    return {"size": path.stat().st_size, "checked": _structure(path)}, _file_problem(path)
 
 
 def _sha256(path: Path) -> str:
