@@ -38,13 +38,15 @@ def run_cp(args) -> int:
     from tuner.recipe.io import RecipeError
     from tuner.render.presets import PRESETS_DIR, render_presets
     from tuner.rundir.layout import MANIFEST
-    from tuner.rundir.manifest import proved, text_record, write_manifest
+    from tuner.rundir.manifest import proved, read_manifest, text_record, write_manifest
 
     directory = args.dest or PRESETS_DIR
     files = render_presets(directory.rstrip("/") or "/")
     ours = proved(Path(directory)) if Path(directory).is_dir() else {}
     existing = [name for name in files if os.path.lexists(Path(directory, name))]
     foreign = [name for name in existing if name not in ours]
+    if os.path.lexists(Path(directory, MANIFEST)) and read_manifest(Path(directory)) is None:
+        foreign.append(MANIFEST)  # not a manifest of this tuner's: the user's file, never replaced
     if foreign:
         raise RecipeError([f"{directory}: {', '.join(foreign[:5])}{' ...' if len(foreign) > 5 else ''}: not written "
                            f"by tuner, or changed since (its {MANIFEST} there does not prove them tuner's); tuner will "
