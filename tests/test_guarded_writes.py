@@ -284,6 +284,7 @@ def test_a_probe_folder_stays_the_probes_through_reprobes_and_a_forced_run(tmp_p
     run's outputs aside but leaves the probe it was just measured by."""
     from tuner.launch.probe import probe_recipe
     from tuner.launch.run import prepare_run
+    from tuner.rundir.manifest import amend
     from tuner.rundir.layout import EVENTS_FILE, LOG_FILE, PREVIOUS_RUNS_DIR, PROBE_DIR, PROBE_REPORT, PROBE_REQUEST
 
     run = tmp_path / "run"
@@ -292,6 +293,7 @@ def test_a_probe_folder_stays_the_probes_through_reprobes_and_a_forced_run(tmp_p
     prepare_run(probe).release()  # a first probe, before the run directory has anything else
     for name in (PROBE_REQUEST, PROBE_REPORT, EVENTS_FILE, LOG_FILE):
         (run / PROBE_DIR / name).write_text("{}\n")
+    amend(run / PROBE_DIR, written=[PROBE_REQUEST, PROBE_REPORT])  # as the probe records what it wrote
     prepare_run(probe).release()
     assert not (run / PROBE_DIR / PREVIOUS_RUNS_DIR).exists()
     lock_path(run / PROBE_DIR).write_text("{}")  # a killed probe's

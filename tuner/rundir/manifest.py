@@ -28,6 +28,8 @@ from tuner.rundir.layout import (
     MODEL_SNAPSHOT,
     PREVIOUS_RUNS_DIR,
     PROBE_DIR,
+    PROBE_REPORT,
+    PROBE_REQUEST,
     RENDERED_FILES,
     RUN_LOCK,
     RUN_OUTPUT_DIRS,
@@ -37,6 +39,9 @@ from tuner.rundir.layout import (
 
 MAX_HASHED_BYTES = 64 * 1024 * 1024  # rendered files, configs, tokenizers: hashed; larger ones (weights) are not read through
 ADOPT = "tuner adopt"
+# what tuner itself (not the ranks, which append as they go) adds to a run directory it wrote, recorded with :func:`amend`
+# as it writes them: proved like the rendered files, never kept by name
+RECORDED_OUTPUTS = (MODEL_SNAPSHOT, PROBE_REQUEST, PROBE_REPORT)
 
 
 def _sha256(data: bytes) -> str:
@@ -73,7 +78,7 @@ def record_files(folder: Path, names: Iterable[str], written_by: str) -> Path:
 
 def amend(folder: Path, written: Iterable[str] = (), removed: Iterable[str] = ()) -> Path:
     """Record in ``folder``'s manifest the files just ``written`` there (as they are now) and forget the ``removed``
-    ones: a file tuner adds to a folder it wrote (a run's model snapshot)."""
+    ones: a file tuner adds to a folder it wrote (:data:`RECORDED_OUTPUTS`)."""
     folder = Path(folder)
     data, _ = read_json(folder / MANIFEST)
     records = {name: record for name, record in (read_manifest(folder) or {}).items() if name not in set(removed)}
@@ -195,9 +200,9 @@ def _probe_lock(name: str) -> bool:
 
 def run_output(entry: Path, owned: bool) -> bool:
     """What ``check_owned`` keeps in a run directory besides the files its manifest proves: in a run directory tuner
-    wrote (``owned``), what the run adds to it (events, log, checkpoints/, final/ ..., Slurm's logs, earlier runs in
-    previous/, a kill's temporary files), each of the kind tuner writes (never a link), none of which a render
-    replaces or deletes; in any folder, a probe's folder proved by its own manifest and the lock beside it."""
+    wrote (``owned``), what the ranks add to it as they go, which no manifest could record (events, log, memory
+    report, checkpoints/, final/ ..., Slurm's logs, earlier runs in previous/, a kill's temporary files), each of the
+    kind tuner writes (never a link), none of which a render replaces or deletes; in any folder, a probe's folder proved by its own manifest and the lock beside it."""
     kind = entry_kind(entry)
     if entry.name == PROBE_DIR and kind == "a directory" and read_manifest(entry) is not None:
         return True
@@ -205,7 +210,7 @@ def run_output(entry: Path, owned: bool) -> bool:
         return True
     if not owned:
         return False
-    files = tuple(name for name in RUN_OUTPUT_FILES if name != MODEL_SNAPSHOT)  # the snapshot is proved, not kept
+    files = tuple(name for name in RUN_OUTPUT_FILES if name not in RECORDED_OUTPUTS)
     if kind == FILE and (entry.name in files or fnmatch(entry.name, SLURM_LOG.replace("%j", "*"))):
         return True
     if kind == "a directory" and (entry.name in RUN_OUTPUT_DIRS or entry.name == PREVIOUS_RUNS_DIR):
@@ -216,7 +221,7 @@ def run_output(entry: Path, owned: bool) -> bool:
 
 def adopt(folder: Path) -> list[str]:
     """Record an older tuner's files in ``folder`` as tuner's (``tuner adopt``), after the user has looked: a run
-    directory's rendered files and model snapshot, or the files an older merge or export listed.  Refused when the
+    directory's rendered files and :data:`RECORDED_OUTPUTS`, or the files an older merge or export listed.  Refused when the
     folder is not an older tuner's, or holds anything such a tuner never wrote there (named: move it away first)."""
     folder = Path(folder)
     if folder.is_symlink() or not folder.is_dir():
@@ -232,7 +237,7 @@ def adopt(folder: Path) -> list[str]:
         written_by = f"{ADOPT} ({data.get('written_by', 'an older tuner')})"
         kept = lambda entry, owned: False  # noqa: E731 - the listed files are the whole folder
     else:
-        wanted = {*RENDERED_FILES, MODEL_SNAPSHOT}
+        wanted = {*RENDERED_FILES, *RECORDED_OUTPUTS}
         written_by, kept = f"{ADOPT} (an older tuner's run)", run_output
     names = sorted(entry.name for entry in folder.iterdir() if entry.name in wanted and entry_kind(entry) == FILE)
     others = [_shown(entry, False) for entry in sorted(folder.iterdir())
