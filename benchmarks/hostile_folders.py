@@ -1,12 +1,12 @@
 """Hostile folders: does any tuner command replace, delete or write through a byte tuner did not write?
 
 Each case builds a folder (nothing there, an empty folder, a run directory tuner rendered, an older tuner's run with
-no manifest, a presets folder, a merged model's folder), then changes it as a user might (their bytes under one of
+no manifest, a run holding only its probe, a presets folder, a merged model's folder, an older one's), then changes it as a user might (their bytes under one of
 tuner's names or their own, an edit of a file tuner wrote, a symbolic link to a file or folder outside, a nested
 folder, a damaged, foreign or older manifest), then runs one command on it with or without ``--force``: ``tuner
 render -o``, ``tuner run --dry-run``, ``tuner run --resume --dry-run`` (through the command line's ``main``, as typed),
-``tuner presets cp``, and merge's destination check followed by the whole-folder replacement merge makes when the
-check passes.  Every entry (a link not followed) of the folder and of a folder outside it that links point at is
+``tuner presets cp``, ``tuner adopt``, and merge's destination check followed by the whole-folder replacement merge
+makes when the check passes.  Every entry (a link not followed) of the folder and of a folder outside it that links point at is
 snapshotted before and after; a change to anything the folder's manifest did not prove tuner's before the command is
 data loss.  An exception that escapes the command line is a traceback.
 
@@ -42,7 +42,7 @@ from tuner.rundir.layout import (  # noqa: E402
     RENDERED_FILES,
 )
 
-BASES = ("absent", "empty", "run", "older run", "presets", "merged")
+BASES = ("absent", "empty", "run", "older run", "probe", "presets", "merged", "older merged")
 # names tuner writes somewhere (rendered files, run outputs, presets, a merged model's) and names it never writes
 TUNER_NAMES = (*RENDERED_FILES, MANIFEST, EVENTS_FILE, LOG_FILE, MODEL_SNAPSHOT, CHECKPOINTS_DIR, FINAL_DIR,
                PREVIOUS_RUNS_DIR, PROBE_DIR, "slurm-12.log", ".recipe.lock.yaml.ab12.tmp", "ddp.yaml", "zero2.json",
@@ -51,7 +51,7 @@ FOREIGN_NAMES = ("notes.md", "train.py", "data.csv", "thesis.tex")
 CHANGES = ("bytes", "edit", "link", "folder", "manifest")
 LINK_TARGETS = ("file", "folder", "dangling")
 MANIFESTS = ("damaged", "older list", "not an object", "foreign digests")
-COMMANDS = ("render", "run --dry-run", "run --resume --dry-run", "presets cp", "merge")
+COMMANDS = ("render", "run --dry-run", "run --resume --dry-run", "presets cp", "merge", "adopt")
 RESULTS = REPO / "benchmarks" / "results"
 
 
@@ -94,10 +94,24 @@ def build(case: dict, folder: Path, outside: Path) -> None:
 
         with contextlib.redirect_stdout(io.StringIO()):
             assert main(["presets", "cp", str(folder)]) == 0
-    elif base == "merged":
+    elif base == "probe":  # a run directory holding only the probe tuner ran for it, as the probe left it
+        from tuner.launch.probe import probe_recipe
+        from tuner.rundir.layout import PROBE_REPORT, PROBE_REQUEST
+        from tuner.rundir.manifest import amend
+
+        probe = write_run_directory(probe_recipe(_demo(folder)))
+        for name in (PROBE_REQUEST, PROBE_REPORT):
+            (probe / name).write_text("{}\n")
+        amend(probe, written=[PROBE_REQUEST, PROBE_REPORT])
+    elif base in ("merged", "older merged"):
+        import json
+
         (folder / "config.json").write_text('{"model_type": "llama"}\n')
         (folder / "model.safetensors").write_bytes(b"\x08\0\0\0\0\0\0\0{}      ")
         record_files(folder, ["config.json", "model.safetensors"], "tuner merge")
+        if base == "older merged":  # an older tuner's list of names
+            (folder / MANIFEST).write_text(json.dumps({"written_by": "tuner merge",
+                                                       "files": ["config.json", "model.safetensors"]}))
     for kind, name, payload in case["changes"]:
         _change(folder, outside, kind, name, payload)
 
@@ -176,17 +190,19 @@ def command(case: dict, folder: Path) -> int:
     name = case["command"]
     if name == "merge":
         return _merge(folder, case["force"])
+    if name == "adopt":  # takes no --force: the user has looked, and asks
+        force = []
     argv = {"render": ["render", "demo", "-o", str(folder)],
             "run --dry-run": ["run", "demo", "--set", f"output.dir={folder}", "--dry-run"],
             "run --resume --dry-run": ["run", "demo", "--set", f"output.dir={folder}", "--resume", "--dry-run"],
-            "presets cp": ["presets", "cp", str(folder)]}[name]
+            "presets cp": ["presets", "cp", str(folder)], "adopt": ["adopt", str(folder)]}[name]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return main(argv + force)
 
 
 def run_case(case: dict, root: Path) -> dict:
     """Build the case under ``root`` (an empty folder), run it, and say what changed that was not tuner's."""
-    from tuner.rundir.manifest import proved, read_manifest
+    from tuner.rundir.manifest import looks_older, proved, read_manifest
 
     folder, outside = root / "work" / "v", root / "outside"
     (outside / "dir").mkdir(parents=True)
@@ -196,6 +212,8 @@ def run_case(case: dict, root: Path) -> dict:
     build(case, folder, outside)
     before, before_outside = snapshot(folder), snapshot(outside)
     tuners = set(proved(folder)) | ({MANIFEST} if folder.is_dir() and read_manifest(folder) is not None else set())
+    if case["command"] == "adopt" and folder.is_dir() and looks_older(folder):
+        tuners.add(MANIFEST)  # an older tuner's list of names, which the user asks tuner to replace by its manifest
     outcome = {"exit": None, "traceback": None, "lost": []}
     cwd = os.getcwd()
     os.chdir(root / "work")
@@ -222,7 +240,8 @@ def campaign(seed: int, cases: int) -> tuple[Counter, list[tuple[dict, dict]], f
         case = random_case(rng)
         with tempfile.TemporaryDirectory(prefix="tuner-hostile-") as root:
             outcome = run_case(case, Path(root))
-        tally[f"{case['command']}{' --force' if case['force'] else ''}: exit {outcome['exit']}"] += 1
+        forced = case["force"] and case["command"] != "adopt"
+        tally[f"{case['command']}{' --force' if forced else ''}: exit {outcome['exit']}"] += 1
         tally["data loss"] += bool(outcome["lost"])
         tally["tracebacks"] += bool(outcome["traceback"])
         tally[f"base {case['base']}"] += 1

@@ -101,6 +101,11 @@ def test_adopt_refuses_a_folder_no_tuner_wrote_and_what_no_tuner_writes(tmp_path
     (v / "notes.md").write_text("mine")
     code, err = cli(capsys, "adopt", v)
     assert code == 2 and "holds what no tuner writes there (notes.md)" in err and not (v / MANIFEST).exists()
+    (v / "notes.md").unlink()
+    (v / MANIFEST).write_text('{"files": {"launch.sh": ')  # damaged, or the user's: never replaced, adopt included
+    code, err = cli(capsys, "adopt", v)
+    assert code == 2 and f"{v / MANIFEST}: not a record tuner can read" in err
+    assert (v / MANIFEST).read_text() == '{"files": {"launch.sh": '
 
 
 def test_an_older_merged_folder_is_adopted_from_its_list_of_names(tmp_path, capsys):
@@ -130,7 +135,7 @@ cases = st.fixed_dictionaries({"base": st.sampled_from(BASES), "changes": st.lis
 assert {kind for kind in CHANGES} == {"bytes", "edit", "link", "folder", "manifest"}
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases)
 def test_no_command_changes_a_byte_tuner_did_not_write(case):
     """Whatever the folder holds and whichever command and flags run on it, every entry its manifest did not prove
@@ -139,3 +144,13 @@ def test_no_command_changes_a_byte_tuner_did_not_write(case):
         outcome = run_case(case, Path(root))
     assert outcome["traceback"] is None, outcome["traceback"]
     assert outcome["lost"] == [] and outcome["exit"] in (0, 2), outcome
+
+
+def test_a_resume_refuses_before_launch_a_merged_folder_it_could_not_replace_at_the_end(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli(capsys, "render", "demo", "-o", run)[0] == 0
+    (run / "merged").mkdir()
+    (run / "merged" / "README.md").write_text("mine")
+    code, err = cli(capsys, "run", "demo", "--set", f"output.dir={run}", "--resume", "--dry-run")
+    assert code == 2 and err.startswith(f"error: {run / 'merged'}: holds files tuner did not write (README.md)"), err
+    assert (run / "merged" / "README.md").read_text() == "mine"

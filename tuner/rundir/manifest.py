@@ -169,7 +169,7 @@ def _listed(names: list[str]) -> str:
     return ", ".join(names[:MAX_NAMED]) + (f" and {len(names) - MAX_NAMED} more" if len(names) > MAX_NAMED else "")
 
 
-def older_message(folder: Path) -> str:
+def _older_message(folder: Path) -> str:
     return (f"{folder}: written by an older tuner, which kept no {MANIFEST} (the record of the files tuner wrote), so "
             f"tuner cannot tell its files from yours there. Look through the folder, then run `{ADOPT} "
             f"{shlex.quote(str(folder))}` to record its files as tuner's, and run this again (or choose another folder).")
@@ -183,7 +183,7 @@ def check_owned(folder: Path, kept: Callable[[Path, bool], bool] = lambda entry,
     if not foreign:
         return
     if looks_older(folder):
-        raise DestinationRefused(older_message(folder))
+        raise DestinationRefused(_older_message(folder))
     raise DestinationRefused(f"{folder}: holds files tuner did not write ({_listed(foreign)}); tuner replaces only "
                              f"files it can prove it wrote (listed in the folder's {MANIFEST} with the same size and "
                              "SHA-256), even with --force. Choose another folder, or move those files away.")
@@ -231,8 +231,12 @@ def adopt(folder: Path) -> list[str]:
     if not looks_older(folder):
         raise DestinationRefused(f"{folder}: not a folder an older tuner wrote (no {LOCK_FILE}, no list of files in "
                                  f"{MANIFEST}); tuner adopts only its own run directories, merged models and exports.")
-    data, _ = read_json(folder / MANIFEST) if (folder / MANIFEST).is_file() else ({}, None)
-    if isinstance(data, dict) and isinstance(data.get("files"), list):  # an older merge or export
+    data, problem = read_json(folder / MANIFEST) if os.path.lexists(folder / MANIFEST) else ({}, None)
+    older_list = problem is None and isinstance(data, dict) and isinstance(data.get("files"), list)
+    if os.path.lexists(folder / MANIFEST) and (entry_kind(folder / MANIFEST) != FILE or not older_list):
+        raise DestinationRefused(f"{folder / MANIFEST}: not a record tuner can read ({_shown(folder / MANIFEST, False)}"
+                                 "); it is never replaced: move it away, then adopt the folder.")
+    if older_list:  # an older merge or export
         wanted = {name for name in data["files"] if _plain_name(name)}
         written_by = f"{ADOPT} ({data.get('written_by', 'an older tuner')})"
         kept = lambda entry, owned: False  # noqa: E731 - the listed files are the whole folder
