@@ -31,7 +31,7 @@ from tuner.rundir.layout import (
     SLURM_SCRIPT,
 )
 from tuner.rundir.lock import RunLock, RunLocked
-from tuner.rundir.manifest import check_owned, proved, run_output, text_record, manifest_text
+from tuner.rundir.manifest import check_owned, manifest_text, proved, run_output, text_record
 
 EXECUTABLES = (LAUNCH_SCRIPT, SLURM_SCRIPT)
 # What a probe leaves in its own run directory (its checkpoint, when a kill kept the probe from removing it)
@@ -75,8 +75,7 @@ def check_run_directory(run_dir: str | Path) -> None:
 
 
 def holds_only_rendered_files(run_dir: str | Path) -> bool:
-    """Whether ``run_dir`` holds only files `tuner render` wrote (its manifest proves them: what ``tuner run --dry-run``
-    leaves) and what
+    """Whether ``run_dir`` holds only rendered files its manifest proves (what ``tuner run --dry-run`` leaves) and what
     ``tuner probe`` left (its ``probe/`` folder; in a probe's own directory, the probe's events, log and report): no
     run has started there, so a launch may replace the rendered files without --force."""
     run_dir = Path(run_dir)

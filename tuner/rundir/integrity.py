@@ -168,7 +168,7 @@ def file_record(path: Path) -> tuple[dict, str | None]:
     return {"size": path.stat().st_size, "checked": _structure(path)}, _file_problem(path)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     with open(path, "rb") as stream:
         return hashlib.file_digest(stream, "sha256").hexdigest()
 
@@ -178,7 +178,7 @@ def _every_byte_problem(path: Path, expected: dict) -> str | None:
     checks that read every byte: each zip member against its CRC-32; a safetensors file read through (a read error
     shows, a flipped bit in tensor data cannot: the format stores no checksum)."""
     if "sha256" in expected:
-        return None if _sha256(path) == expected["sha256"] else "changed since it was saved (its SHA-256 differs)"
+        return None if file_sha256(path) == expected["sha256"] else "changed since it was saved (its SHA-256 differs)"
     if path.suffix in (".pt", ".bin", ".pth") and zipfile.is_zipfile(path):
         try:
             with zipfile.ZipFile(path) as archive:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from tuner.fileio import FILE, MAX_NAMED, DestinationRefused, atomic_write_text, entry_kind
-from tuner.rundir.integrity import file_record, read_json
+from tuner.rundir.integrity import file_record, file_sha256, read_json
 from tuner.rundir.layout import (
     LOCK_FILE,
     MANIFEST,
@@ -44,22 +44,16 @@ ADOPT = "tuner adopt"
 RECORDED_OUTPUTS = (MODEL_SNAPSHOT, PROBE_REQUEST, PROBE_REPORT)
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def text_record(text: str) -> dict:
     """The record of a file about to be written with ``text`` (as :func:`~tuner.fileio.atomic_write_text` writes it)."""
     data = text.encode("utf-8")
-    return {"size": len(data), "sha256": _sha256(data)}
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def path_record(path: Path) -> dict:
     """The record of a file on disk: size and SHA-256, or for a large one what a checkpoint records."""
-    if os.lstat(path).st_size <= MAX_HASHED_BYTES:
-        with open(path, "rb") as stream:
-            return {"size": os.fstat(stream.fileno()).st_size, "sha256": hashlib.file_digest(stream, "sha256").hexdigest()}
-    return file_record(path)[0]
+    size = os.lstat(path).st_size
+    return {"size": size, "sha256": file_sha256(path)} if size <= MAX_HASHED_BYTES else file_record(path)[0]
 
 
 def manifest_text(records: dict[str, dict], written_by: str) -> str:
