@@ -5,8 +5,8 @@ no manifest, a run holding only its probe, a presets folder, a merged model's fo
 tuner's names or their own, an edit of a file tuner wrote, a symbolic link to a file or folder outside, a nested
 folder, a damaged, foreign or older manifest), then runs one command on it with or without ``--force``: ``tuner
 render -o``, ``tuner run --dry-run``, ``tuner run --resume --dry-run`` (through the command line's ``main``, as typed),
-``tuner presets cp``, ``tuner adopt``, and merge's destination check followed by the whole-folder replacement merge
-makes when the check passes.  Every entry (a link not followed) of the folder and of a folder outside it that links point at is
+``tuner presets cp``, ``tuner adopt``, and merge's and export's destination checks followed by the whole-folder
+replacement they make when the check passes.  Every entry (a link not followed) of the folder and of a folder outside it that links point at is
 snapshotted before and after; a change to anything the folder's manifest did not prove tuner's before the command is
 data loss.  An exception that escapes the command line is a traceback.
 
@@ -51,7 +51,7 @@ FOREIGN_NAMES = ("notes.md", "train.py", "data.csv", "thesis.tex")
 CHANGES = ("bytes", "edit", "link", "folder", "manifest")
 LINK_TARGETS = ("file", "folder", "dangling")
 MANIFESTS = ("damaged", "older list", "not an object", "foreign digests")
-COMMANDS = ("render", "run --dry-run", "run --resume --dry-run", "presets cp", "merge", "adopt")
+COMMANDS = ("render", "run --dry-run", "run --resume --dry-run", "presets cp", "merge", "export", "adopt")
 RESULTS = REPO / "benchmarks" / "results"
 
 
@@ -165,16 +165,24 @@ def snapshot(root: Path) -> dict[str, tuple]:
     return entries
 
 
-def _merge(folder: Path, force: bool) -> int:
-    """Merge's destination check, then (when it passes) the replacement of the whole folder merge makes."""
+def _replace_whole(folder: Path, force: bool, export: bool) -> int:
+    """Merge's or export's destination check, then (when it passes) the replacement of the whole folder they make."""
+    from tuner.export import ExportRefused
+    from tuner.export.exporter import check_output
     from tuner.fileio import staged_directory
+    from tuner.infer.target import InferenceTarget
     from tuner.loading.merge import check_merge_output
     from tuner.loading.model import ModelLoadError
     from tuner.rundir.manifest import record_files
 
+    run = folder.parent / "some-run"
     try:
-        check_merge_output(folder, folder.parent / "some-run" / FINAL_DIR, force)
-    except ModelLoadError:
+        if export:
+            check_output(folder, InferenceTarget(_demo(run), str(run / FINAL_DIR), str(run / FINAL_DIR), run_dir=run),
+                         force)
+        else:
+            check_merge_output(folder, run / FINAL_DIR, force)
+    except (ModelLoadError, ExportRefused):
         return 2
     with staged_directory(folder, existing="replace") as staging:
         (staging / "model.safetensors").write_bytes(b"\x08\0\0\0\0\0\0\0{}      ")
@@ -188,8 +196,8 @@ def command(case: dict, folder: Path) -> int:
 
     force = ["--force"] if case["force"] else []
     name = case["command"]
-    if name == "merge":
-        return _merge(folder, case["force"])
+    if name in ("merge", "export"):
+        return _replace_whole(folder, case["force"], export=name == "export")
     if name == "adopt":  # takes no --force: the user has looked, and asks
         force = []
     argv = {"render": ["render", "demo", "-o", str(folder)],
