@@ -20,7 +20,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Callable, Iterable
 
-from tuner.fileio import FILE, MAX_NAMED, DestinationRefused, atomic_write_text, entry_kind
+from tuner.fileio import DIRECTORY, FILE, MAX_NAMED, DestinationRefused, atomic_write_text, entry_kind
 from tuner.rundir.integrity import file_record, file_sha256, read_json
 from tuner.rundir.layout import (
     LOCK_FILE,
@@ -198,7 +198,7 @@ def run_output(entry: Path, owned: bool) -> bool:
     report, checkpoints/, final/ ..., Slurm's logs, earlier runs in previous/, a kill's temporary files), each of the
     kind tuner writes (never a link), none of which a render replaces or deletes; in any folder, a probe's folder proved by its own manifest and the lock beside it."""
     kind = entry_kind(entry)
-    if entry.name == PROBE_DIR and kind == "a directory" and read_manifest(entry) is not None:
+    if entry.name == PROBE_DIR and kind == DIRECTORY and read_manifest(entry) is not None:
         return True
     if _probe_lock(entry.name) and kind == FILE:
         return True
@@ -207,9 +207,9 @@ def run_output(entry: Path, owned: bool) -> bool:
     files = tuple(name for name in RUN_OUTPUT_FILES if name not in RECORDED_OUTPUTS)
     if kind == FILE and (entry.name in files or fnmatch(entry.name, SLURM_LOG.replace("%j", "*"))):
         return True
-    if kind == "a directory" and (entry.name in RUN_OUTPUT_DIRS or entry.name == PREVIOUS_RUNS_DIR):
+    if kind == DIRECTORY and (entry.name in RUN_OUTPUT_DIRS or entry.name == PREVIOUS_RUNS_DIR):
         return True
-    return kind in (FILE, "a directory") and _temporary(entry.name, (*RENDERED_FILES, *RUN_OUTPUT_FILES,
+    return kind in (FILE, DIRECTORY) and _temporary(entry.name, (*RENDERED_FILES, *RUN_OUTPUT_FILES,
                                                                       *RUN_OUTPUT_DIRS, MANIFEST))
 
 
