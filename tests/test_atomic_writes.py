@@ -131,13 +131,15 @@ def test_render_refuses_to_overwrite_without_force(tmp_path, capsys) -> None:
     run_dir = tmp_path / "run"
     assert cli("render", "demo", "-o", str(run_dir), capsys=capsys)[0] == 0
     lock = run_dir / "recipe.lock.yaml"
-    lock.write_text(OLD)  # the user's edit
     code, err = cli("render", "demo", "-o", str(run_dir), "--set", "training.seed=7", capsys=capsys)
     assert code == 2 and "--force" in err and str(run_dir) in err
-    assert lock.read_text() == OLD
     assert cli("render", "demo", "-o", str(run_dir), "--set", "training.seed=7", "--force", capsys=capsys)[0] == 0
     assert "seed: 7" in lock.read_text()
     assert leftovers(run_dir) == []
+    lock.write_text(OLD)  # the user's edit: the user's file from now on, kept even with --force
+    code, err = cli("render", "demo", "-o", str(run_dir), "--force", capsys=capsys)
+    assert code == 2 and "recipe.lock.yaml (changed since tuner wrote it)" in err
+    assert lock.read_text() == OLD
 
 
 # -- the rule itself -------------------------------------------------------------------------------------------

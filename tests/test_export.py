@@ -15,7 +15,7 @@ from tuner.cli import main
 from tuner.export.check import LOGIT_TOLERANCE, read_back
 from tuner.recipe.io import load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
-from tuner.rundir.layout import FINAL_DIR, LOCK_FILE, TUNER_FILES
+from tuner.rundir.layout import FINAL_DIR, LOCK_FILE, MANIFEST
 
 PROMPTS = ["reverse\nkayak=", "reverse\nstone=", "reverse\nhello world="]
 
@@ -52,7 +52,8 @@ def test_trained_demo_exports_a_gguf_that_transformers_reads_back_the_same(train
     printed = capsys.readouterr().out
     assert "transformers' GGUF reader: passed" in printed and "(held-out samples)" in printed
     path = out / f"demo-{quant}.gguf"
-    assert json.loads((out / TUNER_FILES).read_text())["files"] == [path.name]
+    recorded = json.loads((out / MANIFEST).read_text())["files"]
+    assert list(recorded) == [path.name] and recorded[path.name]["size"] == path.stat().st_size
     model = AutoModelForCausalLM.from_pretrained(trained_demo / FINAL_DIR, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(trained_demo / FINAL_DIR)
     assert_reads_back(path, model, tokenizer, LOGIT_TOLERANCE[quant])

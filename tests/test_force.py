@@ -16,7 +16,7 @@ from tuner.cli import main
 from tuner.recipe.io import load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
 from tuner.render.run_directory import holds_only_rendered_files
-from tuner.rundir.layout import CHECKPOINTS_DIR, EVENTS_FILE, FINAL_DIR, LOCK_FILE, LOG_FILE, MERGED_DIR, TUNER_FILES
+from tuner.rundir.layout import CHECKPOINTS_DIR, EVENTS_FILE, FINAL_DIR, LOCK_FILE, LOG_FILE, MANIFEST, MERGED_DIR
 
 
 def cli(capsys, *args: str) -> tuple[int, str]:
@@ -55,14 +55,20 @@ def test_merge_force_replaces_its_own_folder_and_nothing_else(lora_run, tmp_path
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "merged"
     assert cli(capsys, "merge", lora_run, "-o", out)[0] == 0
-    written = json.loads((out / TUNER_FILES).read_text())
+    written = json.loads((out / MANIFEST).read_text())
     assert "model.safetensors" in written["files"] and LOCK_FILE in written["files"]
+    assert written["files"]["model.safetensors"]["size"] == (out / "model.safetensors").stat().st_size
     code, err = cli(capsys, "merge", lora_run, "-o", out)
     assert code == 2 and "--force" in err
-    (out / "model.safetensors").write_bytes(b"stale")
+    stale = out / "model.safetensors"
+    os.utime(stale, ns=(0, 0))
     assert cli(capsys, "merge", lora_run, "-o", out, "--force")[0] == 0
-    assert (out / "model.safetensors").stat().st_size > 1000  # swapped for the new model
+    assert (out / "model.safetensors").stat().st_mtime_ns > 0  # swapped for the new model
     assert hidden_leftovers(tmp_path) == []  # neither the staging folder nor the old one is left behind
+    (out / "model.safetensors").write_bytes(b"mine now")  # tuner's file, edited: the user's from now on
+    code, err = cli(capsys, "merge", lora_run, "-o", out, "--force")
+    assert code == 2 and "model.safetensors (changed since tuner wrote it)" in err
+    assert (out / "model.safetensors").read_bytes() == b"mine now"
 
 
 def test_merge_force_refuses_a_folder_with_files_tuner_did_not_write(lora_run, tmp_path, capsys) -> None:
@@ -162,7 +168,7 @@ def test_render_force_refuses_a_folder_that_is_not_a_run(tmp_path, capsys, monke
     (project / "launch.sh").write_text("my own launcher")
     (project / "train.py").write_text("print('mine')")
     code, err = cli(capsys, "render", "demo", "-o", project, "--force")
-    assert code == 2 and err.startswith(f"error: {project}: holds files tuner did not write (train.py)")
+    assert code == 2 and err.startswith(f"error: {project}: holds files tuner did not write (launch.sh, train.py)")
     assert (project / "launch.sh").read_text() == "my own launcher"
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty").mkdir()

@@ -120,7 +120,8 @@ def test_run_refuses_a_folder_of_user_files_in_every_mode(mode, tmp_path, capsys
     for name, text in mine.items():
         (folder / name).write_text(text)
     code, err = cli(capsys, "run", "demo", "--set", f"output.dir={folder}", *mode)
-    assert code == 2 and err.startswith(f"error: {folder}: holds files tuner did not write (thesis.tex)"), err
+    assert code == 2 and err.startswith(f"error: {folder}: holds files tuner did not write (accelerate.yaml, "
+                                        "launch.sh, thesis.tex)"), err
     assert {path.name: path.read_text() for path in folder.iterdir()} == mine
 
 
@@ -142,7 +143,7 @@ def test_a_tuner_name_of_another_kind_is_refused(name, kind, tmp_path, capsys):
     for args in (["render", "demo", "-o", run, "--force"], ["run", "demo", "--set", f"output.dir={run}", "--resume",
                                                           "--dry-run"]):
         code, err = cli(capsys, *args)
-        assert code == 2 and f"{run}: holds files tuner did not write ({name} (" in err, err
+        assert code == 2 and f"{run}: holds files tuner did not write ({name}" in err, err
     assert_untouched(elsewhere)
     assert (target / "mine.txt").read_text() == "mine" if kind == "folder" else True
 
@@ -283,17 +284,20 @@ def test_a_probe_folder_stays_the_probes_through_reprobes_and_a_forced_run(tmp_p
     run's outputs aside but leaves the probe it was just measured by."""
     from tuner.launch.probe import probe_recipe
     from tuner.launch.run import prepare_run
+    from tuner.rundir.manifest import amend
     from tuner.rundir.layout import EVENTS_FILE, LOG_FILE, PREVIOUS_RUNS_DIR, PROBE_DIR, PROBE_REPORT, PROBE_REQUEST
 
     run = tmp_path / "run"
     recipe = load_recipe(builtin_path("demo"), [f"output.dir={run}"])
     probe = probe_recipe(recipe)
+    prepare_run(probe).release()  # a first probe, before the run directory has anything else
     for name in (PROBE_REQUEST, PROBE_REPORT, EVENTS_FILE, LOG_FILE):
-        (run / PROBE_DIR).mkdir(parents=True, exist_ok=True)
         (run / PROBE_DIR / name).write_text("{}\n")
+    amend(run / PROBE_DIR, written=[PROBE_REQUEST, PROBE_REPORT])  # as the probe records what it wrote
     prepare_run(probe).release()
     assert not (run / PROBE_DIR / PREVIOUS_RUNS_DIR).exists()
     lock_path(run / PROBE_DIR).write_text("{}")  # a killed probe's
+    write_run_directory(recipe, force=True)  # the run's own files beside its probe
     (run / EVENTS_FILE).write_text("{}\n")  # an earlier run
     prepared = prepare_run(recipe, force=True)
     prepared.release()

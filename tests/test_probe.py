@@ -29,7 +29,7 @@ from tuner.planner import plan
 from tuner.recipe.io import load_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.rundir.events import Event, parse_event
-from tuner.render.run_directory import holds_only_rendered_files, render_run_files
+from tuner.render.run_directory import holds_only_rendered_files, render_run_files, write_run_directory
 
 SMALL = ["data.max_samples=200", "training.max_steps=2"]
 
@@ -59,10 +59,13 @@ def test_the_probe_launches_the_files_tuner_run_renders(tmp_path):
 
 def test_a_probes_leftovers_do_not_stop_the_run_it_was_for(tmp_path):
     run = tmp_path / "run"
-    (run / "probe").mkdir(parents=True)
-    for name in ("recipe.lock.yaml", "events.jsonl", "train.log", "probe.json", "probe_request.json"):
+    write_run_directory(probe_recipe(load_recipe(builtin_path("demo"), [f"output.dir={run}"])))
+    for name in ("events.jsonl", "train.log", "probe.json", "probe_request.json"):
         (run / "probe" / name).write_text("x")
     assert holds_only_rendered_files(run) and holds_only_rendered_files(run / "probe")
+    (run / "probe" / "launch.sh").write_text("mine")  # no longer the file tuner rendered: not replaced unasked
+    assert not holds_only_rendered_files(run / "probe")
+    (run / "probe" / "launch.sh").unlink()
     (run / "events.jsonl").write_text("{}")  # a run started here: no longer replaced without asking
     assert not holds_only_rendered_files(run)
     (run / "probe" / "probe_request.json").unlink()  # not a probe's folder: its events are a run's

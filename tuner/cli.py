@@ -13,7 +13,7 @@ from tuner import __version__
 
 # Each module defines register(subparsers) and sets a ``run(args) -> int`` default.
 COMMANDS = ("validate", "recipes", "presets", "plan", "render", "probe", "run", "demo", "data", "merge", "eval",
-            "export", "infer", "chat", "serve", "doctor")
+            "export", "infer", "chat", "serve", "doctor", "adopt")
 
 EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 1

@@ -29,7 +29,6 @@ class NotARegularFile(OSError):
 
 
 FILE, DIRECTORY, LINK = "a file", "a directory", "a symbolic link"  # the kinds of entry tuner writes
-ANY_KIND = "anything"  # a name whose kind tuner does not fix (a temporary file or folder a kill left behind)
 _SPECIAL = ((stat.S_ISDIR, DIRECTORY), (stat.S_ISFIFO, "a pipe"), (stat.S_ISCHR, "a device"),
             (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
 
@@ -346,7 +345,7 @@ def _not_owned(entry: Path, kinds: Kinds | None) -> str | None:
         return entry.name
     kinds = (kinds,) if isinstance(kinds, str) else kinds
     found = entry_kind(entry)
-    if ANY_KIND in kinds or found in kinds:
+    if found in kinds:
         return None
     return f"{entry.name} ({found}, where tuner writes {' or '.join(kinds)})"
 

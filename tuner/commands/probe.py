@@ -112,6 +112,7 @@ def tune_and_report(recipe, args) -> int:
     from tuner.launch.batch_tuning import DEFAULT_MARGIN, MARGIN_REASON, MAX_PROBES, tune_batch
     from tuner.launch.probe import PROBE_STEPS
     from tuner.rundir.layout import PROBE_DIR, PROBE_REPORT
+    from tuner.rundir.manifest import amend
 
     planned(recipe)  # a model the planner cannot read is one message, before any search
     margin = args.margin or DEFAULT_MARGIN
@@ -131,6 +132,7 @@ def tune_and_report(recipe, args) -> int:
     if any(candidate.result is not None for candidate in tuning.candidates):  # the probes' folder exists
         report = atomic_write_text(Path(recipe.output.dir) / PROBE_DIR / PROBE_REPORT,
                                    json.dumps(tuning.report(), indent=2, default=str) + "\n")
+        amend(report.parent, written=[PROBE_REPORT])
     print(f"{'micro-batch':>11}  {'accumulation':>12}  {'plan GiB':>8}  {'measured GiB':>12}  {'tokens/s':>9}  verdict")
     for c in tuning.candidates:
         measured = f"{c.measured_gib:.3f}" if c.measured_gib is not None else "—"

@@ -104,8 +104,10 @@ def run(args) -> int:
     prepared = prepare_or_refuse(recipe, force=args.force, resume=args.resume, verify=args.verify,
                                  dry_run=args.dry_run)
     if args.dry_run:
-        for path in sorted(prepared.run_dir.iterdir()):
-            if path.is_file():
+        from tuner.rundir.layout import RENDERED_FILES
+
+        for path in sorted(prepared.run_dir.iterdir()):  # what it rendered, not a run's log or events of any size
+            if path.name in RENDERED_FILES:
                 print(f"==> {path} <==\n{path.read_text()}")
         print("\n".join(prepared.machine_commands))
         return 0

@@ -2,18 +2,17 @@
 Modelfile.  Checked before anything is written: the destination is tuner's to write (as merge checks its
 own), the architecture is one gguf-py lays out, the chat template translates.  The folder is filled in a hidden
 sibling, read back with transformers' GGUF reader when asked (``--check``), and only then swapped into place
-with ``tuner_files.json`` naming what tuner put there.
+with its manifest (``tuner_files.json``: each file tuner put there, its size and SHA-256) written last.
 """
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.export import ExportRefused
 from tuner.infer.target import InferenceTarget
-from tuner.rundir.layout import CHECKPOINTS_DIR, EXPORT_DIR, FINAL_DIR, TUNER_FILES
+from tuner.rundir.layout import CHECKPOINTS_DIR, EXPORT_DIR, FINAL_DIR
 
 MODELFILE = "Modelfile"
 CHECK_PROMPTS = 8
@@ -40,7 +39,7 @@ def default_output(target: InferenceTarget, quant: str) -> Path:
 def check_output(output: Path, target: InferenceTarget, force: bool) -> None:
     """Refuse, before the model is loaded, a destination that is not tuner's to write (see merge's own check)."""
     from tuner.fileio import DestinationRefused, check_destination
-    from tuner.loading.merge import files_tuner_wrote
+    from tuner.rundir.manifest import check_owned
 
     inside = []
     if target.run_dir is not None:
@@ -48,7 +47,8 @@ def check_output(output: Path, target: InferenceTarget, force: bool) -> None:
                   (target.run_dir / CHECKPOINTS_DIR, f"the run's checkpoints {target.run_dir / CHECKPOINTS_DIR}")]
     holding = [(target.run_dir, f"the run {target.run_dir}")] if target.run_dir else []
     try:
-        check_destination(output, owned=files_tuner_wrote(output), holding=holding, inside=inside)
+        check_destination(output, holding=holding, inside=inside)
+        check_owned(output)
     except DestinationRefused as exc:
         raise ExportRefused(str(exc)) from None
     if output.is_dir() and any(output.iterdir()) and not force:
@@ -151,6 +151,7 @@ def export(target: InferenceTarget, fmt: str, quant: str, output: Path | None = 
     from tuner.export.gguf_file import write_gguf
     from tuner.fileio import atomic_write_text, staged_directory
     from tuner.infer.prompt_format import trained_prompt_format
+    from tuner.rundir.manifest import record_files
 
     output = output or default_output(target, quant)
     check_output(output, target, force)
@@ -175,9 +176,7 @@ def export(target: InferenceTarget, fmt: str, quant: str, output: Path | None = 
             atomic_write_text(staging / MODELFILE, modelfile[0])
             result.modelfile = output / MODELFILE
             result.ollama_create = f"ollama create {modelfile[1]} -f {shlex.quote(str(output / MODELFILE))}"
-        names = sorted(entry.name for entry in staging.iterdir())
-        atomic_write_text(staging / TUNER_FILES, json.dumps({"written_by": "tuner export", "files": names}, indent=2)
-                          + "\n")
+        record_files(staging, sorted(entry.name for entry in staging.iterdir()), "tuner export")
     return result
 
 

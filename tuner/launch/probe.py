@@ -39,6 +39,7 @@ from tuner.recipe.schema import Recipe
 from tuner.rundir.events import Error, Event, ProbePhase
 from tuner.rundir.layout import CHECKPOINTS_DIR, LOG_FILE, PROBE_DIR, PROBE_REPORT, PROBE_REQUEST
 from tuner.rundir.lock import RunLock, RunLocked
+from tuner.rundir.manifest import amend
 
 PROBE_STEPS = 3  # the first creates the optimizer states and warms caches; the others are timed
 ERROR_GRACE_S = 5.0  # after a rank's error, the time the others get to stop on their own before all are stopped
@@ -135,6 +136,7 @@ def launch_probe(recipe: Recipe, *, steps: int = PROBE_STEPS, force: bool = Fals
         if notes is not None:
             notes(prepared.notes)
         atomic_write_text(prepared.run_dir / PROBE_REQUEST, json.dumps({"steps": steps}) + "\n")
+        amend(prepared.run_dir, written=[PROBE_REQUEST])
         return _follow(recipe, prepared, on_update, stop, said)
     finally:
         parent.release()
@@ -236,6 +238,7 @@ def keep_results(result: ProbeResult, memory_plan) -> Path:
 
     report = probe_report(result, memory_plan)
     path = atomic_write_text(result.run_dir / PROBE_REPORT, json.dumps(report, indent=2, default=str) + "\n")
+    amend(result.run_dir, written=[PROBE_REPORT])
     peak = result.peak(memory_plan)
     if result.status == "measured" and peak is not None:
         save_record(result.recipe, MeasuredRecord(time.strftime("%Y-%m-%d"), peak.measured_gib, peak.planned_gib,

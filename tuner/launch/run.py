@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from tuner.doctor import require_trackers
+from tuner.fileio import DestinationRefused
 from tuner.launch.failures import explain_failure, raised_at, rank_errors
 from tuner.launch.runner import Launch, log_tail
 from tuner.loading.hub_download import HubDownload, plan_download
@@ -40,9 +41,10 @@ from tuner.render.run_directory import (
 from tuner.rundir.checkpoints import (CheckpointRefused, check_resumable, checkpoint_states, incomplete_reason,
                                       latest_complete_checkpoint, resume_checkpoint)
 from tuner.rundir.events import Event, read_events
-from tuner.rundir.layout import (CHECKPOINTS_DIR, ELASTIC_LOG_DIR, EVENTS_FILE, LAUNCH_SCRIPT, LOCK_FILE, MODEL_SNAPSHOT,
-                                 PREVIOUS_RUNS_DIR, SLURM_SCRIPT)
+from tuner.rundir.layout import (CHECKPOINTS_DIR, ELASTIC_LOG_DIR, EVENTS_FILE, LAUNCH_SCRIPT, LOCK_FILE, MERGED_DIR,
+                                 MODEL_SNAPSHOT, PREVIOUS_RUNS_DIR, SLURM_SCRIPT)
 from tuner.rundir.lock import RunLock, RunLocked
+from tuner.rundir.manifest import amend, check_owned
 from tuner.rundir.summary import RunSummary, summarize_run
 
 EXIT_SIGNAL_BASE = 128  # a run stopped by signal N exits 128 + N, as a shell reports it
@@ -216,6 +218,11 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, ve
     if run_dir.exists() and not run_dir.is_dir():
         raise RecipeError([f"output.dir: {run_dir} is a file, not a directory; choose another output.dir."])
     check_run_directory(run_dir)  # in every mode: files tuner did not write are never replaced, links never followed
+    if resuming and (run_dir / MERGED_DIR).is_dir():  # a resumed LoRA run saving merged replaces it at its end
+        try:
+            check_owned(run_dir / MERGED_DIR)
+        except DestinationRefused as exc:
+            raise RecipeError([str(exc)]) from None
     memory, refusals, tight = _memory_check(recipe)
     model = recipe.model  # a hub model's commit and files, asked now: a gated or missing model stops here
     download = plan_download(model.id, _recorded_commit(run_dir, model.id) if resuming else model.revision,
@@ -246,8 +253,10 @@ def prepare_run(recipe: Recipe, *, force: bool = False, resume: bool = False, ve
         write_run_directory(recipe, force=force or dry_run_left, keep_existing=resuming)
         if download is not None and not dry_run:
             _download_for_run(download, run_dir, recipe.hardware.machines, say, progress)
-        else:  # the ranks load what model.id names; a record of another model must not redirect them
-            (run_dir / MODEL_SNAPSHOT).unlink(missing_ok=True)
+            amend(run_dir, written=[MODEL_SNAPSHOT])
+        elif (run_dir / MODEL_SNAPSHOT).exists():  # the ranks load what model.id names; a record of another model
+            (run_dir / MODEL_SNAPSHOT).unlink()   # must not redirect them (tuner's own: check_run_directory proved it)
+            amend(run_dir, removed=[MODEL_SNAPSHOT])
     except RunLocked as exc:
         raise RecipeError([str(exc)]) from None
     except BaseException:

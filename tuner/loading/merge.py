@@ -3,20 +3,20 @@
 The base is loaded unquantised in the recipe's dtype even for QLoRA: merging into 4-bit weights
 would round the update away, and a merged model is meant to be served or quantised afresh.
 
-The merged folder is tuner's whole: it is saved into a fresh hidden sibling, ``tuner_files.json`` (the names
-of everything saved there) is written last, and the folder is swapped into place.  ``--force`` replaces an
-existing folder only when it holds nothing but the files its own ``tuner_files.json`` names.
+The merged folder is tuner's whole: it is saved into a fresh hidden sibling, its manifest (``tuner_files.json``:
+each file saved there, its size and SHA-256) is written last, and the folder is swapped into place.  ``--force``
+replaces an existing folder only when it holds nothing but the files its manifest proves tuner saved.
 """
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
-from tuner.fileio import FILE, DestinationRefused, atomic_write_text, check_destination, staged_directory
+from tuner.fileio import DestinationRefused, check_destination, staged_directory
 from tuner.loading.model import ModelLoadError, load_model, load_tokenizer
 from tuner.recipe.schema import Recipe
-from tuner.rundir.layout import CHECKPOINTS_DIR, FINAL_DIR, LOCK_FILE, TUNER_FILES
+from tuner.rundir.layout import CHECKPOINTS_DIR, FINAL_DIR, LOCK_FILE
+from tuner.rundir.manifest import check_owned, record_files
 
 
 def find_adapter(run: Path) -> Path:
@@ -38,32 +38,16 @@ def run_of(adapter: Path) -> Path:
     return adapter
 
 
-def written_by_tuner(folder: Path) -> set[str]:
-    """The names tuner saved into ``folder`` (its ``tuner_files.json``); empty when it has none or cannot be read."""
-    try:
-        files = json.loads((folder / TUNER_FILES).read_text(encoding="utf-8")).get("files", [])
-    except (OSError, ValueError, AttributeError):
-        return set()
-    return {name for name in files if isinstance(name, str)} | {TUNER_FILES}
-
-
-def files_tuner_wrote(folder: Path):
-    """``check_destination``'s ``owned`` for a folder of files tuner saved (a merged model, an export): a file under
-    a name :func:`written_by_tuner` lists, nothing else."""
-    written = written_by_tuner(folder)
-    return lambda name: FILE if name in written else None
-
-
 def check_merge_output(output: Path, adapter: Path, force: bool) -> None:
     """Refuse, before the model is loaded, an output that is not tuner's to write: the run (or a folder holding it),
     its final model or checkpoints, the current folder, a link, a folder with files tuner did not save there;
     an existing merged folder without ``force``."""
     run = run_of(adapter)
     try:
-        check_destination(output, owned=files_tuner_wrote(output),
-                          holding=[(run, f"the run {run}"), (adapter, f"the adapter {adapter}")],
+        check_destination(output, holding=[(run, f"the run {run}"), (adapter, f"the adapter {adapter}")],
                           inside=[(run / FINAL_DIR, f"the run's final model {run / FINAL_DIR}"),
                                   (run / CHECKPOINTS_DIR, f"the run's checkpoints {run / CHECKPOINTS_DIR}")])
+        check_owned(output)
     except DestinationRefused as exc:
         raise ModelLoadError(str(exc)) from None
     if output.is_dir() and any(output.iterdir()) and not force:
@@ -98,6 +82,5 @@ def merge_adapter(recipe: Recipe, adapter: Path, output: Path, force: bool = Fal
         lock = adapter / LOCK_FILE
         if lock.is_file():
             shutil.copyfile(lock, staging / LOCK_FILE)
-        names = sorted(entry.name for entry in staging.iterdir())
-        atomic_write_text(staging / TUNER_FILES, json.dumps({"written_by": "tuner merge", "files": names}, indent=2) + "\n")
+        record_files(staging, sorted(entry.name for entry in staging.iterdir()), "tuner merge")
     return output

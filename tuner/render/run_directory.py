@@ -5,16 +5,7 @@ import os
 from fnmatch import fnmatch
 from pathlib import Path
 
-from tuner.fileio import (
-    ANY_KIND,
-    DIRECTORY,
-    FILE,
-    DestinationRefused,
-    atomic_write_directory,
-    atomic_write_text,
-    check_destination,
-    replace_files,
-)
+from tuner.fileio import DestinationRefused, atomic_write_directory, atomic_write_text, check_destination, replace_files
 from tuner.recipe.io import RecipeError, recipe_to_yaml, with_output_dir
 from tuner.recipe.schema import Recipe
 from tuner.render.accelerate_config import render_accelerate_config
@@ -28,19 +19,19 @@ from tuner.rundir.layout import (
     LAUNCH_SCRIPT,
     LOCK_FILE,
     LOG_FILE,
+    MANIFEST,
     MODEL_SNAPSHOT,
     PREVIOUS_RUNS_DIR,
     PROBE_DIR,
     PROBE_REPORT,
     PROBE_REQUEST,
     RENDERED_FILES,
-    RUN_OUTPUT_DIRS,
-    RUN_OUTPUT_FILES,
     RUN_OUTPUTS,
     SLURM_LOG,
     SLURM_SCRIPT,
 )
-from tuner.rundir.lock import RunLock, RunLocked, lock_path
+from tuner.rundir.lock import RunLock, RunLocked
+from tuner.rundir.manifest import check_owned, manifest_text, proved, run_output, text_record
 
 EXECUTABLES = (LAUNCH_SCRIPT, SLURM_SCRIPT)
 # What a probe leaves in its own run directory (its checkpoint, when a kill kept the probe from removing it)
@@ -71,41 +62,29 @@ def render_run_files(recipe: Recipe, run_dir: str | Path | None = None) -> dict[
     return files
 
 
-def owned_kind(name: str) -> str | None:
-    """The kind of entry tuner puts under ``name`` in a run directory (None: a name tuner never writes there): a
-    rendered file, a run output, a Slurm log, the earlier runs moved aside, or a temporary file, folder or lock of
-    tuner's own that a kill left behind (``.recipe.lock.yaml.x1y2.tmp``, ``.probe.tuner-run.lock``)."""
-    if name in RENDERED_FILES or name in RUN_OUTPUT_FILES or fnmatch(name, SLURM_LOG.replace("%j", "*")):
-        return FILE
-    if any(name == lock_path(Path(own)).name for own in RUN_OUTPUT_DIRS):  # a probe's lock a kill left in the run
-        return FILE
-    if name in RUN_OUTPUT_DIRS or name == PREVIOUS_RUNS_DIR:
-        return DIRECTORY
-    temporary = name.endswith(".tmp") and any(name.startswith(f".{own}.") for own in (*RENDERED_FILES, *RUN_OUTPUTS))
-    return ANY_KIND if temporary else None
-
-
 def check_run_directory(run_dir: str | Path) -> None:
     """Refuse, in every mode (a new run, ``--force``, ``--resume``, ``--dry-run``), a destination tuner may not write a
-    run into: a symbolic link, a file, the current folder or one above it, and a folder holding an entry tuner did
-    not write or not of the kind it writes (a link where it writes a folder or a file).  A RecipeError, which no
-    override passes."""
+    run into: a symbolic link, a file, the current folder or one above it, and a folder holding anything its manifest
+    does not prove tuner wrote, besides what a run adds (:func:`~tuner.rundir.manifest.run_output`).  A RecipeError,
+    which no override passes."""
     try:
-        check_destination(Path(run_dir), owned=owned_kind)
+        check_destination(Path(run_dir))
+        check_owned(Path(run_dir), kept=run_output)
     except DestinationRefused as exc:
         raise RecipeError([str(exc)]) from None
 
 
 def holds_only_rendered_files(run_dir: str | Path) -> bool:
-    """Whether ``run_dir`` holds only files `tuner render` writes (what ``tuner run --dry-run`` leaves) and what
+    """Whether ``run_dir`` holds only rendered files its manifest proves (what ``tuner run --dry-run`` leaves) and what
     ``tuner probe`` left (its ``probe/`` folder; in a probe's own directory, the probe's events, log and report): no
     run has started there, so a launch may replace the rendered files without --force."""
     run_dir = Path(run_dir)
     if run_dir.is_symlink() or not run_dir.is_dir():
         return False
     names = [entry.name for entry in run_dir.iterdir()]
+    rendered = [name for name in proved(run_dir) if name in RENDERED_FILES]
     left = PROBE_LEFT if PROBE_REQUEST in names else (PROBE_DIR,)
-    return bool(names) and all(name in RENDERED_FILES or name in left for name in names)
+    return bool(names) and all(name in rendered or name == MANIFEST or name in left for name in names)
 
 
 def earlier_run_outputs(run_dir: str | Path) -> list[str]:
@@ -142,6 +121,12 @@ def move_earlier_run_aside(run_dir: str | Path) -> Path:
     return aside
 
 
+def with_manifest(files: dict[str, str], kept: dict[str, dict]) -> dict[str, str]:
+    """``files`` and, last (so it is renamed into place after them), the manifest recording them beside ``kept``."""
+    records = {**kept, **{name: text_record(text) for name, text in files.items()}}
+    return {**files, MANIFEST: manifest_text(records, "tuner render")}
+
+
 def write_run_directory(recipe: Recipe, run_dir: str | Path | None = None, *, force: bool = False,
                         keep_existing: bool = False) -> Path:
     """Write the run files into a new directory, or (``force``, or ``keep_existing`` to resume) replace the rendered
@@ -163,9 +148,12 @@ def write_run_directory(recipe: Recipe, run_dir: str | Path | None = None, *, fo
     try:
         with RunLock(run_dir):
             check_run_directory(run_dir)  # again, now that no other tuner can change it
-            if not existing:
-                return atomic_write_directory(run_dir, files, modes)  # whole or not at all: a full disk leaves no half run
-            # files rendered before and not now (a DeepSpeed config after a change of topology) go too
-            return replace_files(run_dir, files, modes, remove=[name for name in RENDERED_FILES if name not in files])
+            if not existing:  # whole or not at all, its manifest with it: a full disk leaves no half run
+                return atomic_write_directory(run_dir, with_manifest(files, {}), modes)
+            # files rendered before and not now (a DeepSpeed config after a change of topology) go too: each is
+            # proved tuner's by now, and the other files the manifest proves (the model snapshot) stay listed
+            gone = [name for name in RENDERED_FILES if name not in files]
+            kept = {name: record for name, record in proved(run_dir).items() if name not in RENDERED_FILES}
+            return replace_files(run_dir, with_manifest(files, kept), modes, remove=gone)
     except RunLocked as exc:
         raise RecipeError([str(exc)]) from None

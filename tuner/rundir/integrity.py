@@ -155,14 +155,20 @@ def saved_files(directory: Path) -> tuple[dict[str, dict], str | None]:
     for path in sorted(directory.rglob("*")):
         if path.is_file() and path.name != CHECKPOINT_INFO:
             name = path.relative_to(directory).as_posix()
-            why = _file_problem(path)
+            record, why = file_record(path)
             if why:
                 return records, f"{name}: {why}"
-            records[name] = {"size": path.stat().st_size, "checked": _structure(path)}
+            records[name] = record
     return records, None
 
 
-def _sha256(path: Path) -> str:
+def file_record(path: Path) -> tuple[dict, str | None]:
+    """What is recorded of one saved file without reading it through (its size and the cheap check it passed), and
+    why it fails that check (None: it passes); checkpoints and the manifest of a folder of weights record this."""
+    return {"size": path.stat().st_size, "checked": _structure(path)}, _file_problem(path)
+
+
+def file_sha256(path: Path) -> str:
     with open(path, "rb") as stream:
         return hashlib.file_digest(stream, "sha256").hexdigest()
 
@@ -172,7 +178,7 @@ def _every_byte_problem(path: Path, expected: dict) -> str | None:
     checks that read every byte: each zip member against its CRC-32; a safetensors file read through (a read error
     shows, a flipped bit in tensor data cannot: the format stores no checksum)."""
     if "sha256" in expected:
-        return None if _sha256(path) == expected["sha256"] else "changed since it was saved (its SHA-256 differs)"
+        return None if file_sha256(path) == expected["sha256"] else "changed since it was saved (its SHA-256 differs)"
     if path.suffix in (".pt", ".bin", ".pth") and zipfile.is_zipfile(path):
         try:
             with zipfile.ZipFile(path) as archive:

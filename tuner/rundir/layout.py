@@ -3,6 +3,7 @@ merge, demo and the wizard read them.  Pure constants (bottom floor): any module
 
 runs/<name>/
   recipe.lock.yaml   the resolved recipe (every default explicit): the training entrypoint's only input
+  tuner_files.json   what tuner wrote here, each file with its size and SHA-256: the only files a re-render replaces
   accelerate.yaml    Accelerate's launch config;  deepspeed.json  when DeepSpeed is used
   launch.sh          the exact launch command;     slurm.sbatch    for GPU and multi-machine runs
   events.jsonl       one JSON object per line (started, step, eval, checkpoint, memory, finished, error)
@@ -11,7 +12,7 @@ runs/<name>/
   model_snapshot.json  a hub model's commit and files, downloaded before launch: what every rank and machine loads
   checkpoints/checkpoint-N/  the Trainer's checkpoints, each with tuner_checkpoint.json written last
   final/             the trained model or adapter, its tokenizer and the lock recipe
-  merged/            an adapter merged into its base (output.save: merged, or `tuner merge`), with tuner_files.json
+  merged/            an adapter merged into its base (output.save: merged, or `tuner merge`), with its own tuner_files.json
   slurm-<job>.log    Slurm's output of each job submitted with slurm.sbatch
   offload/           weights placed on disk by device_map="auto" at inference
   serve/             what `tuner serve` hands transformers' server: links to the model (or base + adapter) and
@@ -55,9 +56,9 @@ PROBE_REQUEST = "probe_request.json"  # in a probe's run directory: the training
 PROBE_REPORT = "probe.json"  # in a probe's run directory: every rank's measurements per phase, beside the plan
 RUN_LOCK = ".tuner-run.lock"  # suffix of the lock file beside the run directory
 SLURM_LOG = "slurm-%j.log"  # sbatch's name pattern (%j: the job id)
-# Written last into a folder tuner saves whole (merged/, `tuner merge -o`, export/<quant>/): the names of everything tuner put
-# there.  `--force` replaces such a folder only when it holds nothing else.
-TUNER_FILES = "tuner_files.json"
+# Written last into every folder tuner writes (run directories, probe/, merged/, export/<quant>/, `tuner presets cp`'s
+# folder): each file tuner wrote there with its size and SHA-256 (tuner/rundir/manifest.py).  Only what it proves is tuner's.
+MANIFEST = "tuner_files.json"
 
 # What `tuner render` writes: the files a re-render may replace (the rest of a run directory is the run's own).
 RENDERED_FILES = (LOCK_FILE, ACCELERATE_CONFIG, DEEPSPEED_CONFIG, LAUNCH_SCRIPT, SLURM_SCRIPT)
