@@ -82,8 +82,12 @@ class GrpoSection(Section):
     vllm_server_port: int = Field(8000, ge=1, le=65535, description="vllm_server: the server's port on machine 0.")
     rewards: list[RewardSection] = Field(
         default_factory=list, description="What each completion is scored by (at least one), summed with their "
-        "weights. A reward that raises, returns the wrong number of values or something not a number stops the "
-        "run, on every rank, naming the reward and the prompt.")
+        "weights. A reward that raises, returns the wrong number of values or something not a finite number (NaN, "
+        "inf) stops the run, on every rank, naming the reward and the prompt (exit code 2).")
+    reward_time_limit_s: float = Field(
+        120.0, gt=0, le=86400, description="Seconds one call of a reward function (built-in or yours: it scores "
+        "one rank's completions of a generation round) may take; a call still running then stops the run on every "
+        "rank, naming the reward (exit code 2).")
 
 
 class ObjectiveData(typing.NamedTuple):
