@@ -61,7 +61,7 @@ def test_launch_sh_passes_hostile_run_directories_byte_for_byte(tmp_path, monkey
     project.mkdir()
     monkeypatch.chdir(project)
     extra = ["--extra", "arg with space", "$(touch pwned)"]
-    for name in HOSTILE:
+    for name in [name for name in HOSTILE if name != "$HOME"]:  # a folder named $HOME is refused (test_paths.py)
         run_dir = Path("runs") / name
         assert main(["render", "demo", "-o", str(run_dir)]) == 0, capsys.readouterr().err
         script = run_dir / "launch.sh"

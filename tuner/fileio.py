@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -55,6 +56,45 @@ def user_path(text: str | os.PathLike) -> Path:
         return Path(text).expanduser()
     except RuntimeError:
         return Path(text)
+
+
+# characters that make a path show other than it is: a bidi control reorders the text after it (a terminal shows
+# "run\u202egpj.sh" as "runhs.jpg"), a zero-width one is invisible; refused in every path tuner is given
+_HIDDEN = {**dict.fromkeys(map(chr, [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]), "a bidirectional control"),
+           **dict.fromkeys(map(chr, [*range(0x200B, 0x2010), 0x2060, 0xFEFF]), "a zero-width character")}
+_ENVIRONMENT_VARIABLE = re.compile(r"\$(?:\{[A-Za-z_]\w*\}|[A-Za-z_]\w*)")
+
+
+def hidden_character(text: str) -> str | None:
+    """The first character of ``text`` that shows the path other than it is (:data:`_HIDDEN`), for a message."""
+    found = next((character for character in text if character in _HIDDEN), None)
+    return f"{_HIDDEN[found]} (U+{ord(found):04X})" if found else None
+
+
+def hidden_character_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a path tuner takes: it holds a character that hides what the path is."""
+    found = hidden_character(text)
+    return (f"contains {found}, which makes a path show other than it is; remove it (retype the path)"
+            if found else None)
+
+
+def output_folder(text: str) -> str:
+    """A folder tuner is to write, as the user meant it: ``~`` and ``~user`` expanded as for a model folder; a
+    ``$VAR`` left unexpanded (quoted in the shell, or written in YAML) or a ``~`` that names no home refused, with
+    the reason (:class:`ValueError`) -- tuner would otherwise create a folder named ``$HOME`` or ``~``."""
+    problem = hidden_character_problem(text)
+    if problem:
+        raise ValueError(problem)
+    variable = _ENVIRONMENT_VARIABLE.search(text)
+    if variable:
+        raise ValueError(f"holds {variable.group(0)}, an environment variable tuner does not expand (it was quoted, "
+                         f"or written in a file); write the folder itself, e.g. with the shell's $HOME unquoted")
+    path = user_path(text)
+    if path.parts and path.parts[0].startswith("~"):
+        raise ValueError(f"starts with {path.parts[0]!r}, which names no user's home here; write the folder itself")
+    if "~" in path.parts:
+        raise ValueError("has a folder named '~', which a shell reads as your home; write the folder itself")
+    return str(path)
 
 
 def entry_kind(path: str | os.PathLike) -> str:
