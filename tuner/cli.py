@@ -109,6 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a full disk in a library's words (torch.save, safetensors); anything else is a bug
+        from tuner.fileio import disk_full, disk_full_message
+
+        if not disk_full(exc):
+            raise
+        written = next((getattr(args, dest) for dest in ("output", "dest", "run_dir") if getattr(args, dest, None)), ".")
+        print(f"error: {disk_full_message(written, exc)}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
 
 
 if __name__ == "__main__":

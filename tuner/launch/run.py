@@ -356,10 +356,14 @@ def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[Event], list[
         return _stopped(prepared, EXIT_SIGNAL_BASE + signum, stopped_by)
     if code != 0:
         lines = _explain(run_dir, since, log_tail(launch.log_path), code) + [f"full log: {launch.log_path}"]
-        return RunOutcome(run_dir, _failed_code(run_dir, since, code), "failed", lines)
+        return RunOutcome(run_dir, _failed_code(run_dir, since, code), "failed", lines + _log_problem(launch))
     summary = summarize_run(run_dir, since=since, wall_s=wall_s)
     lines = summary.lines() if summary else [f"finished; see {run_dir}"]
-    return RunOutcome(run_dir, 0, "finished", lines, summary)
+    return RunOutcome(run_dir, 0, "finished", lines + _log_problem(launch), summary)
+
+
+def _log_problem(launch: Launch) -> list[str]:
+    return [launch.log_problem] if launch.log_problem else []
 
 
 def _explain(run_dir: Path, since: float, log: list[str], code: int) -> list[str]:
