@@ -238,6 +238,16 @@ def test_a_reward_call_past_its_time_limit_stops_the_run_naming_it():
         release.set()  # the abandoned call returns; a rank would have left with os._exit
 
 
+def test_a_reward_that_calls_sys_exit_is_refused_not_the_end_of_the_rank():
+    """Found by benchmarks/hostile_inputs.py: SystemExit is no Exception, and ended the rank with the reward's code."""
+    import sys
+
+    from tuner.train.rewards import RewardError
+
+    with pytest.raises(RewardError, match="the reward 'my_reward' raised SystemExit: 3 on a completion of prompt row 1"):
+        checked(lambda **_: sys.exit(3))(**BATCH, **{ROW_COLUMN: [1, 2, 3]})
+
+
 def test_a_reward_runs_with_the_callers_grad_mode_and_its_exceptions():
     import torch
 

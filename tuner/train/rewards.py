@@ -166,7 +166,7 @@ class CheckedReward:
             one = {k: v[i:i + 1] if isinstance(v, list) and len(v) == len(completions) else v for k, v in columns.items()}
             try:
                 self._call(prompts[i:i + 1], completions[i:i + 1], completion_ids[i:i + 1], one)
-            except (Exception, RewardTimeout):
+            except (Exception, SystemExit, RewardTimeout):
                 return i
         return 0
 
@@ -180,7 +180,7 @@ class CheckedReward:
             problem = (f"did not return within {self.time_limit_s:g} s (objective.grpo.reward_time_limit_s) scoring "
                        f"{len(completions)} completions, the first")
             fix = "make it faster or raise objective.grpo.reward_time_limit_s"
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in a reward must not end the rank unexplained
             at = self._first_failing(prompts, completions, completion_ids, columns)
             problem = f"raised {type(exc).__name__}: {exc}"
         if values is not None and len(values) != len(completions):
