@@ -323,7 +323,7 @@ def resume_reads(state) -> bool:
 
 
 def checkpoint_case(rng: random.Random, tally: Tally, root: Path, source: Path) -> None:
-    from tuner.rundir.integrity import checkpoint_problem
+    from tuner.rundir.checkpoints import incomplete_reason
 
     case = Path(tempfile.mkdtemp(dir=root))
     checkpoint = case / "checkpoint-2"
@@ -356,7 +356,7 @@ def checkpoint_case(rng: random.Random, tally: Tally, root: Path, source: Path) 
     elif damage == "remove":
         rng.choice([p for p in checkpoint.iterdir() if p.is_file()]).unlink()
     try:
-        problem = checkpoint_problem(checkpoint, verify=rng.random() < 0.5)
+        problem = incomplete_reason(checkpoint, verify=rng.random() < 0.5)  # what resume judges by
     except Exception as exc:
         tally.finding("traceback", "checkpoints", f"{damage}: {type(exc).__name__}: {exc}")
         tally.case("checkpoints", f"{damage}: escaped")
