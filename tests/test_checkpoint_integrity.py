@@ -9,6 +9,8 @@ import struct
 import zipfile
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tuner.cli import main
 from tuner.rundir.checkpoints import (CheckpointRefused, checkpoint_states, incomplete_reason, latest_complete_checkpoint,
@@ -228,3 +230,101 @@ def test_a_file_damaged_at_save_leaves_the_checkpoint_unmarked(tmp_path) -> None
     assert problem == "optimizer.pt: truncated (its zip directory is missing)"
     (checkpoint / "optimizer.pt").unlink()
     assert saved_files(checkpoint) == ({"trainer_state.json": {"size": 18, "checked": "json"}}, None)
+
+
+# -- trainer_state.json of the wrong shape: valid JSON that resume cannot read ----------------------------------------
+
+def same_size_state(path, change) -> None:
+    """Rewrite the checkpoint's trainer_state.json with ``change`` applied, padded to the size the save recorded."""
+    state = json.loads(path.read_text())
+    change(state)
+    text = json.dumps(state)
+    size = path.stat().st_size
+    assert len(text) <= size
+    path.write_text(text + " " * (size - len(text)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("change, expected", [
+    pytest.param(lambda s: s.update(global_step="2"), "trainer_state.json: global_step is '2', not a whole number",
+                 id="step as text"),  # the rank's TypeError: unsupported operand type(s) for //
+    pytest.param(lambda s: s.update(log_history={"loss": 1}), "trainer_state.json: log_history is a JSON dict, not a "
+                 "list of objects", id="history"),
+    pytest.param(lambda s: s.update(stateful_callbacks=[1]), "trainer_state.json: stateful_callbacks is a JSON list",
+                 id="callbacks"),
+    pytest.param(lambda s: s.pop("global_step"), "trainer_state.json: has no global_step", id="no step"),
+])
+def test_a_trainer_state_of_the_wrong_shape_is_refused_naming_the_file(checkpoints, change, expected) -> None:
+    newest = checkpoints / "checkpoint-2"
+    same_size_state(newest / "trainer_state.json", change)
+    assert expected in checkpoint_problem(newest, verify=True)
+    assert latest_complete_checkpoint(checkpoints) == checkpoints / "checkpoint-1"
+    with pytest.raises(CheckpointRefused) as refused:
+        resume_checkpoint(resumed(load_recipe(builtin_path("demo")), str(newest)), checkpoints.parent, 1, verify=True)
+    assert str(newest) in str(refused.value) and expected in str(refused.value)
+
+
+def test_the_trainer_state_fields_checked_are_transformers_own() -> None:
+    import dataclasses
+
+    from transformers import TrainerState
+
+    from tuner.rundir.integrity import TRAINER_STATE_FIELDS
+
+    assert set(TRAINER_STATE_FIELDS) == {field.name for field in dataclasses.fields(TrainerState)}
+
+
+_STATE_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=True, allow_infinity=True),
+                          st.text(max_size=5), st.lists(st.integers(), max_size=2),
+                          st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+def resume_reads(state: dict) -> bool:
+    """Whether what transformers' resume does with a trainer state goes through (TrainerState(**state), the step
+    arithmetic, the best checkpoint's folder, the callbacks' states, the history it appends to)."""
+    import os
+
+    from transformers import TrainerState
+
+    try:
+        loaded = TrainerState(**state)
+        int(loaded.global_step // 3), loaded.global_step % 3
+        if loaded.best_model_checkpoint is not None:
+            os.path.isdir(loaded.best_model_checkpoint)
+        for entry in loaded.stateful_callbacks.items():
+            for one in entry[1] if isinstance(entry[1], list) else [entry[1]]:
+                one.get("args", {}), one.get("attributes", {})
+        loaded.log_history.append({"loss": 0.5})
+    except (TypeError, AttributeError, ValueError):
+        return False
+    return "global_step" in state  # without it resume silently starts over at step 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_every_trainer_state_resume_cannot_read_is_named(data) -> None:
+    """A state TrainerState writes passes; one with a field of another kind, a key TrainerState has not, or no
+    global_step that resume cannot read is refused, naming the field or key."""
+    import dataclasses
+
+    from transformers import TrainerState
+
+    from tuner.rundir.integrity import TRAINER_STATE_FIELDS, trainer_state_problem
+
+    state = json.loads(json.dumps(dataclasses.asdict(TrainerState(
+        global_step=data.draw(st.integers(0, 10 ** 6)), epoch=1.5, max_steps=10,
+        log_history=[{"loss": 1.0, "step": 1}], train_batch_size=2))))
+    assert trainer_state_problem(state) is None and resume_reads(dict(state))
+    how = data.draw(st.sampled_from(["field", "key", "no step"]))
+    key = "global_step"
+    if how == "field":
+        key = data.draw(st.sampled_from(sorted(TRAINER_STATE_FIELDS)))
+        state[key] = data.draw(_STATE_VALUES)
+    elif how == "key":
+        key = data.draw(st.text(min_size=1, max_size=8).filter(lambda k: k not in TRAINER_STATE_FIELDS))
+        state[key] = 1
+    else:
+        del state["global_step"]
+    problem = trainer_state_problem(state)
+    if not resume_reads(dict(state)):
+        assert problem is not None and repr(key)[1:-1][:40] in problem, (state, problem)

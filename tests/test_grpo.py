@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -186,10 +187,10 @@ def test_builtin_rewards_score_completions():
     assert length(completion_ids=[[1], [1, 2, 3, 4]]) == [0.0, -0.25]
 
 
-def checked(function, user=True):
+def checked(function, user=True, time_limit_s=5.0):
     from tuner.train.rewards import CheckedReward
 
-    return CheckedReward(function, "my_reward", 1, "prompts.jsonl", user)
+    return CheckedReward(function, "my_reward", 1, "prompts.jsonl", user, time_limit_s)
 
 
 BATCH = dict(prompts=["p1", "p2", "p3"], completions=["a", "b", "c"], completion_ids=[[1], [2], [3]],
@@ -213,12 +214,53 @@ def test_a_reward_that_raises_names_the_reward_and_the_prompt():
     ([1.0, 2.0], "returned 2 values for 3 completions"),
     ([1.0, "good", 0.0], "returned str 'good', not a number"),
     ([1.0, 0.0, math.inf], "returned inf, not a finite number"),
+    ([math.nan, 0.0, 1.0], "returned nan, not a finite number"),  # docs/training.md: NaN stops the run too
+    ([1.0, -math.inf, 1.0], "returned -inf, not a finite number"),
 ])
 def test_a_reward_of_the_wrong_length_or_not_numbers_stops_the_run(values, problem):
     from tuner.train.rewards import RewardError
 
     with pytest.raises(RewardError, match=problem):
         checked(lambda **_: values)(**BATCH, **{ROW_COLUMN: [1, 2, 3]})
+
+
+def test_a_reward_call_past_its_time_limit_stops_the_run_naming_it():
+    from tuner.train.rewards import RewardError
+
+    release = threading.Event()
+    try:
+        with pytest.raises(RewardError, match=r"objective\.grpo\.rewards\.1: the reward 'my_reward' did not return "
+                                              r"within 0\.2 s \(objective\.grpo\.reward_time_limit_s\) scoring 3 "
+                                              r"completions, the first on a completion of prompt row 1 of prompts"
+                                              r"\.jsonl \('p1'\); make it faster or raise"):
+            checked(lambda **_: release.wait(), time_limit_s=0.2)(**BATCH, **{ROW_COLUMN: [1, 2, 3]})
+    finally:
+        release.set()  # the abandoned call returns; a rank would have left with os._exit
+
+
+def test_a_reward_that_calls_sys_exit_is_refused_not_the_end_of_the_rank():
+    """Found by benchmarks/hostile_inputs.py: SystemExit is no Exception, and ended the rank with the reward's code."""
+    import sys
+
+    from tuner.train.rewards import RewardError
+
+    with pytest.raises(RewardError, match="the reward 'my_reward' raised SystemExit: 3 on a completion of prompt row 1"):
+        checked(lambda **_: sys.exit(3))(**BATCH, **{ROW_COLUMN: [1, 2, 3]})
+
+
+def test_a_reward_runs_with_the_callers_grad_mode_and_its_exceptions():
+    import torch
+
+    seen = []
+
+    def reward(completions, **_):
+        seen.append(torch.is_grad_enabled())
+        return [0.0] * len(completions)
+
+    with torch.no_grad():
+        checked(reward)(**BATCH, **{ROW_COLUMN: [1, 2, 3]})
+    checked(reward)(**BATCH, **{ROW_COLUMN: [1, 2, 3]})
+    assert seen == [False, True]
 
 
 def test_none_means_not_applicable_and_columns_reach_the_function():
@@ -325,16 +367,17 @@ def test_demo_grpo_after_sft_raises_the_held_out_reward(trained_demo, tuner_cli)
     assert list((workdir / "runs" / "grpo" / "eval").glob("eval-*.json")), "saved as tuner eval saves"
 
 
-def two_rank_recipe(tmp_path, reward: str, memory: str = "distributed: ddp") -> Path:
-    """A grpo recipe of 2 gloo ranks on the demo model, 4 steps."""
+def two_rank_recipe(tmp_path, reward: str, memory: str = "distributed: ddp", processes: int = 2, grpo: str = ""
+                    ) -> Path:
+    """A grpo recipe of 2 gloo ranks (or ``processes``) on the demo model, 4 steps."""
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in PROMPTS))
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(
         "name: ranks\nmodel: {id: builtin:demo, dtype: float32}\nobjective:\n  kind: grpo\n  beta: 0.04\n  grpo:\n"
         "    num_generations: 2\n    max_prompt_length: 16\n    max_completion_length: 4\n"
-        f"    rewards: [{reward}]\n"
-        f"hardware: {{num_processes: 2}}\nmemory: {{{memory}, mixed_precision: 'no', micro_batch_size: 2, "
+        f"    rewards: [{reward}]\n{grpo}"
+        f"hardware: {{num_processes: {processes}}}\nmemory: {{{memory}, mixed_precision: 'no', micro_batch_size: 2, "
         "max_seq_length: 24}\n"
         f"data: {{source: {data}, eval_fraction: 0}}\ntraining: {{max_steps: 4, logging_steps: 1}}\n")
     return recipe
@@ -365,13 +408,40 @@ def test_a_failing_reward_stops_both_ranks_naming_it(tmp_path, tuner_cli, demo_m
     recipe = two_rank_recipe(tmp_path, "{kind: function, function: rewards.py:picky}")
     run = tuner_cli("run", str(recipe), "--set", f"output.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=600)
     output = run.stdout + run.stderr
-    assert run.returncode != 0 and re.search(r"rank [01] failed: objective\.grpo\.rewards\.0: the reward 'picky' raised "
+    assert run.returncode == 2 and re.search(r"rank [01] failed: objective\.grpo\.rewards\.0: the reward 'picky' raised "
                                              "ValueError: no such word", output), output[-2000:]
     errors = [e for e in read_records(tmp_path / "run" / "events.jsonl") if e["event"] == "error"]
     assert sorted(e["rank"] for e in errors) == [0, 1]
     for error in errors:
         assert "the reward 'picky' raised ValueError: no such word on a completion of prompt row 2 of " in \
             error["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ranks")
+def test_a_reward_that_never_returns_stops_both_ranks_naming_it(tmp_path, tuner_cli, demo_model_path):
+    """The reward hangs on a prompt only one rank holds: that rank's call is given up after the limit, and both
+    ranks stop with exit code 2, each naming the reward (the other one waited in the ranks' agreement)."""
+    (tmp_path / "rewards.py").write_text("import time\n\ndef stuck(prompts, completions, completion_ids, answer, **_):\n"
+                                         "    if 'zyxw' in answer:\n        time.sleep(100000)\n"
+                                         "    return [0.0] * len(completions)\n")
+    recipe = two_rank_recipe(tmp_path, "{kind: function, function: rewards.py:stuck}",
+                             grpo="    reward_time_limit_s: 3\n")
+    run = tuner_cli("run", str(recipe), "--set", f"output.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
+    output = run.stdout + run.stderr
+    assert run.returncode == 2 and "the reward 'stuck' did not return within 3 s (objective.grpo.reward_time_limit_s)" \
+        in output, output[-2000:]
+    errors = [e for e in read_records(tmp_path / "run" / "events.jsonl") if e["event"] == "error"]
+    assert sorted(e["rank"] for e in errors) == [0, 1] and all("'stuck' did not return" in e["message"] for e in errors)
+
+
+@pytest.mark.slow
+def test_a_reward_of_the_wrong_length_exits_2_as_the_docs_say(tmp_path, tuner_cli, demo_model_path):
+    (tmp_path / "rewards.py").write_text("def short(prompts, completions, completion_ids, **_):\n"
+                                         "    return [0.0] * (len(completions) - 1)\n")
+    recipe = two_rank_recipe(tmp_path, "{kind: function, function: rewards.py:short}", processes=1)
+    run = tuner_cli("run", str(recipe), "--set", f"output.dir={tmp_path / 'run'}", cwd=tmp_path, timeout=300)
+    assert run.returncode == 2 and "the reward 'short' returned 1 values for 2 completions" in run.stdout + run.stderr
 
 
 # -- vLLM: rendered and checked, not run here -------------------------------------------------------------------------

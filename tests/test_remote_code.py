@@ -7,6 +7,8 @@ import json
 import shutil
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tuner.cli import main
 
@@ -25,6 +27,12 @@ def with_custom_code(model_dir, demo_model_path):
         PAYLOAD + "from transformers import LlamaForCausalLM\n\nfrom .configuration_acme import AcmeConfig\n\n\n"
         "class AcmeForCausalLM(LlamaForCausalLM):\n    config_class = AcmeConfig\n")  # as a hub model's code names it
     return model_dir
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
 
 
 @pytest.fixture(autouse=True)
@@ -189,3 +197,60 @@ def test_a_trusted_hub_model_fetches_only_its_config_and_code_from_the_hub(demo_
         assert incomplete.returncode == 2 and "Traceback" not in incomplete.stderr, incomplete.stderr
         assert "acme/broken-7b: model.trust_remote_code: its code needs configuration_acme.py" in incomplete.stderr
     assert json.loads(result.stdout)["params"]["total"] == main_plan_total(demo_model_path, capsys)
+
+
+# -- auto_map in a tokenizer_config.json of any size -----------------------------------------------------------------
+
+def big_tokenizer_config(auto_map: dict, tokens: int = 120_000) -> str:
+    """A tokenizer_config.json past the 4 MiB config read limit (a large added_tokens_decoder), auto_map last."""
+    decoder = {str(i): {"content": f"<extra_{i}>", "special": False} for i in range(tokens)}
+    return json.dumps({"added_tokens_decoder": decoder, "auto_map": auto_map})
+
+
+@pytest.mark.parametrize("command", ["validate", "plan", "infer"])
+def test_code_named_in_a_tokenizer_config_over_4_mib_is_found(command, tmp_path, demo_model_path, capsys) -> None:
+    model = tmp_path / "big-tokenizer"
+    shutil.copytree(demo_model_path, model)
+    (model / "tokenizer_config.json").write_text(big_tokenizer_config({"AutoTokenizer": ["tok_acme.AcmeTok", None]}))
+    assert (model / "tokenizer_config.json").stat().st_size > 4 * 2**20
+    args = [arg.format(tmp=tmp_path) for arg in COMMANDS[command]]
+    code, err = run_cli(capsys, *args, "--set", f"model.id={model}")
+    assert code == 2 and f"{model} ships its own Python code (tok_acme.AcmeTok)" in err, err
+    assert "damaged" not in err and "Traceback" not in err
+
+
+def _escaped(key: str, which: list[bool]) -> str:
+    return "".join(f"\\u{ord(ch):04x}" if escape else ch for ch, escape in zip(key, which))
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), chunk=st.sampled_from([64, 97, 256, 4096]))
+def test_the_streamed_scan_finds_what_a_full_parse_finds(tmp_path_factory, data, chunk, monkeypatch_module) -> None:
+    """For generated configs (auto_map at depth 0-3, its key's letters \\u-escaped at random, any white space around the
+    colon, "auto_map" text inside strings, padding that moves it across chunk boundaries) the bounded scan names the
+    classes json.loads + code_refs names."""
+    from tuner.catalog import models
+
+    monkeypatch_module.setattr(models, "SCAN_CHUNK", chunk)
+    refs = st.text(alphabet="abcdefgh_.", min_size=3, max_size=12)
+    where = data.draw(st.lists(st.sampled_from(["text_config", "vision_config", "sub"]), max_size=3))
+    present = data.draw(st.booleans())
+    config: dict = {"pad": "x" * data.draw(st.integers(0, 600)),
+                    "decoy": data.draw(st.sampled_from(['"auto_map": {"A": "x.Y"}', "auto_map", '\\"auto_map\\":{'])),
+                    data.draw(st.sampled_from(["auto_mapx", "autoMap", "model_type"])): {"A": "not.Code"}}
+    node = config
+    for name in where:
+        node = node.setdefault(name, {"pad": "y" * data.draw(st.integers(0, 200))})
+    if present:
+        node["auto_map"] = {"AutoTokenizer": [data.draw(refs), None], "AutoModel": data.draw(refs)}
+    text = json.dumps(config)
+    key = '"auto_map": '
+    if present:
+        spaces = data.draw(st.text(alphabet=" \t\r\n", max_size=300))
+        escaped = _escaped("auto_map", data.draw(st.lists(st.booleans(), min_size=8, max_size=8)))
+        text = text.replace(key, f'"{escaped}"{spaces}:{spaces[::-1]}')
+    path = tmp_path_factory.mktemp("cfg") / "tokenizer_config.json"
+    path.write_text(text)
+    parsed = json.loads(text)
+    expected = models.code_refs(parsed) if present else set()
+    assert models.streamed_code_refs(path) == expected

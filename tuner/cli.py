@@ -55,6 +55,31 @@ def environment_errors() -> tuple[type[Exception], ...]:
     return (HubError,)
 
 
+# the arguments that name a file or folder: read (hidden characters refused) or written (~ expanded, $VAR refused)
+READ_PATHS = ("recipe", "model", "adapter", "offload_folder", "include_path", "run_dir", "input", "write")
+WRITTEN_PATHS = ("output", "dest")
+
+
+def path_argument_problem(args) -> str | None:
+    """What is wrong with a path argument, naming it; the folders to write are made what the user meant (``~``)."""
+    from tuner.fileio import hidden_character_problem, output_folder
+
+    for dest in (*READ_PATHS, *WRITTEN_PATHS):
+        value = getattr(args, dest, None)
+        if not isinstance(value, str):
+            continue
+        try:
+            if dest in WRITTEN_PATHS:
+                setattr(args, dest, output_folder(value))
+            elif problem := hidden_character_problem(value):
+                raise ValueError(problem)
+        except ValueError as exc:
+            shown = dest.upper() if dest in ("recipe", "run_dir", "dest") else \
+                "-o/--output" if dest == "output" else f"--{dest.replace('_', '-')}"
+            return f"{shown}: {exc} (got {ascii(value)})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv[0] if argv else None)
@@ -64,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         from tuner.tui.app import run_app
 
         return run_app()
+    problem = path_argument_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         return args.run(args)
     except user_errors() as exc:
@@ -80,6 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a full disk in a library's words (torch.save, safetensors); anything else is a bug
+        from tuner.fileio import disk_full, disk_full_message
+
+        if not disk_full(exc):
+            raise
+        written = next((getattr(args, dest) for dest in ("output", "dest", "run_dir") if getattr(args, dest, None)), ".")
+        print(f"error: {disk_full_message(written, exc)}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -54,6 +55,45 @@ def user_path(text: str | os.PathLike) -> Path:
         return Path(text).expanduser()
     except RuntimeError:
         return Path(text)
+
+
+# characters that make a path show other than it is: a bidi control reorders the text after it (a terminal shows
+# "run\u202egpj.sh" as "runhs.jpg"), a zero-width one is invisible; refused in every path tuner is given
+_HIDDEN = {**dict.fromkeys(map(chr, [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]), "a bidirectional control"),
+           **dict.fromkeys(map(chr, [*range(0x200B, 0x2010), 0x2060, 0xFEFF]), "a zero-width character")}
+_ENVIRONMENT_VARIABLE = re.compile(r"\$(?:\{[A-Za-z_]\w*\}|[A-Za-z_]\w*)")
+
+
+def hidden_character(text: str) -> str | None:
+    """The first character of ``text`` that shows the path other than it is (:data:`_HIDDEN`), for a message."""
+    found = next((character for character in text if character in _HIDDEN), None)
+    return f"{_HIDDEN[found]} (U+{ord(found):04X})" if found else None
+
+
+def hidden_character_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a path tuner takes: it holds a character that hides what the path is."""
+    found = hidden_character(text)
+    return (f"contains {found}, which makes a path show other than it is; remove it (retype the path)"
+            if found else None)
+
+
+def output_folder(text: str) -> str:
+    """A folder tuner is to write, as the user meant it: ``~`` and ``~user`` expanded as for a model folder; a
+    ``$VAR`` left unexpanded (quoted in the shell, or written in YAML) or a ``~`` that names no home refused, with
+    the reason (:class:`ValueError`) -- tuner would otherwise create a folder named ``$HOME`` or ``~``."""
+    problem = hidden_character_problem(text)
+    if problem:
+        raise ValueError(problem)
+    variable = _ENVIRONMENT_VARIABLE.search(text)
+    if variable:
+        raise ValueError(f"holds {variable.group(0)}, an environment variable tuner does not expand (it was quoted, "
+                         f"or written in a file); write the folder itself, e.g. with the shell's $HOME unquoted")
+    path = user_path(text)
+    if path.parts and path.parts[0].startswith("~"):
+        raise ValueError(f"starts with {path.parts[0]!r}, which names no user's home here; write the folder itself")
+    if "~" in path.parts:
+        raise ValueError("has a folder named '~', which a shell reads as your home; write the folder itself")
+    return str(path)
 
 
 def entry_kind(path: str | os.PathLike) -> str:
@@ -360,8 +400,57 @@ _OS_ERROR_ADVICE = {
 
 
 def os_error_message(exc: OSError) -> str:
-    """A filesystem failure (disk full, read-only, no permission) as one line that says what to do."""
+    """A filesystem failure (disk full, read-only, no permission) as one line that says what to do; a full disk
+    with the room left where the file was written."""
     where = f"{exc.filename}: " if exc.filename else ""
     advice = _OS_ERROR_ADVICE.get(exc.errno or 0)
     told = str(exc.strerror or exc)
+    if exc.filename and exc.errno in _FULL:
+        told += f" ({free_space(exc.filename)} free)"
     return f"{where}{told}" + (f"; {advice}." if advice else "" if told.endswith(".") else ".")
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+# how a full disk reads where no OSError reaches Python: torch.save's C++ writer, safetensors' Rust one
+_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "StorageFull", "unexpected pos", "file write failed")
+DECIMAL_MB = 10 ** 6
+
+
+def disk_size(count: float) -> str:
+    """A size on disk for a message: GiB, or MB below 0.1 GiB (where "0.0 GiB" would say nothing)."""
+    return f"{count / 2 ** 30:.1f} GiB" if count >= 0.1 * 2 ** 30 else f"{count / DECIMAL_MB:.1f} MB"
+
+
+def existing_parent(path: str | os.PathLike) -> Path:
+    """``path`` or its nearest folder that exists: where a file to be written there would land."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def free_space(path: str | os.PathLike) -> str:
+    """The room left on the filesystem ``path`` is (or would be) on, as :func:`disk_size` says it."""
+    try:
+        return disk_size(shutil.disk_usage(existing_parent(path)).free)
+    except OSError:
+        return "an unknown amount"
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it arose from, is a write that found the disk (or quota) full."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _FULL or any(text in str(current) for text in _FULL_TEXT):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def disk_full_message(path: str | os.PathLike, exc: BaseException) -> str:
+    """One line for a write under ``path`` that found the disk full, with the room left there now."""
+    named = next((e.filename for e in (exc, exc.__context__) if isinstance(e, OSError) and e.filename), None)
+    return (f"{named or path}: the disk is full ({free_space(named or path)} free) and the write failed; "
+            f"{_OS_ERROR_ADVICE[errno.ENOSPC]}.")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner.catalog.hub import human_bytes
+from tuner.fileio import disk_size, existing_parent
 from tuner.check import Check
 from tuner.planner.disk import checkpoint_disk_gib
 from tuner.planner.items import GIB
@@ -20,13 +21,6 @@ if TYPE_CHECKING:
     from tuner.planner.items import MemoryPlan
 
 MIN_FREE_DISK_GIB = 10.0  # without a plan to size checkpoints: below this a long run will likely stop
-
-
-def _existing_parent(path: Path) -> Path:
-    path = path.absolute()
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
 
 
 def _writable(directory: Path) -> str | None:
@@ -63,7 +57,7 @@ def disk_room(recipe: Recipe | None, planned: MemoryPlan | None, download: HubDo
         return Check("disk", "fail", "; ".join(problems + warnings), fix + _DOWNLOAD_FIX * _download_short(problems))
     if warnings:
         return Check("disk", "warn", "; ".join(warnings), "free space before a long run (checkpoints need room)")
-    suffix = f"; checkpoints need ~{max(needed, 0.1):.1f} GiB" if needed is not None else ""
+    suffix = f"; checkpoints need ~{disk_size(needed * GIB)}" if needed is not None else ""
     if download is not None and download.missing:
         suffix += f"; the model's download {human_bytes(download.missing_bytes)}"
     return Check("disk", "ok", "; ".join(found) + suffix)
@@ -92,24 +86,24 @@ def _room(paths: dict[str, Path], needs_gib: dict[str, float | None], download: 
         needs_gib = {**needs_gib, "model download": download.missing_bytes / GIB}
     demanded: dict[int, float] = {}  # filesystem (st_dev) -> GiB the roles so far need on it
     for role, path in paths.items():
-        where = _existing_parent(path)
+        where = existing_parent(path)
         why = _writable(where)
         if why:
             problems.append(f"{role} {path}: cannot write in {where} ({why})")
             continue
         free = shutil.disk_usage(where).free / GIB
-        found.append(f"{role} {path}: {free:.0f} GiB free")
+        found.append(f"{role} {path}: {disk_size(free * GIB)} free")
         want = needs_gib.get(role)
         if want is None:  # no size to check against (no plan, an offload folder): warn when little is left
             if free < MIN_FREE_DISK_GIB:
-                warnings.append(f"{role} {path}: only {free:.1f} GiB free")
+                warnings.append(f"{role} {path}: only {disk_size(free * GIB)} free")
             continue
         device = os.stat(where).st_dev
         shared = demanded.get(device, 0.0)
         demanded[device] = shared + want
         if free < shared + want:
             what = (f"the download of {download.model_id} needs {human_bytes(download.missing_bytes)}"
-                    if role == "model download" else f"checkpoints need ~{want:.1f} GiB")
-            beside = f", and the output on the same disk ~{shared:.1f} GiB more" if shared else ""
-            problems.append(f"{role} {path}: {human_bytes(free * GIB)} free, {what}{beside}")
+                    if role == "model download" else f"checkpoints need ~{disk_size(want * GIB)}")
+            beside = f", and the output on the same disk ~{disk_size(shared * GIB)} more" if shared else ""
+            problems.append(f"{role} {path}: {disk_size(free * GIB)} free, {what}{beside}")
     return problems, warnings, found

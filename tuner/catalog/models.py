@@ -9,6 +9,7 @@ layer is (attention, latent attention, gated delta net; dense or MoE) comes from
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -188,11 +189,73 @@ def custom_code(model_id: str, revision: str | None = None) -> list[str]:
     for name in CODE_CONFIGS:
         path = _local_or_cached(model_id, revision, name)
         try:
+            if path and path.stat().st_size > MAX_CONFIG_BYTES:  # a tokenizer_config.json with a large vocabulary
+                found.update(streamed_code_refs(path))
+                continue
             config = json.loads(read_limited(path, MAX_CONFIG_BYTES, pipes=False)) if path else None
         except (OSError, ValueError, RecursionError):
             continue  # unreadable here; loading it reports that in its own words
         found.update(code_refs(config))
     return sorted(found)
+
+
+# "auto_map" as a JSON string, each letter maybe written as a \u escape ("auto\u005fmap" is auto_map too: no other
+# escape gives a letter or an underscore)
+_AUTO_MAP = re.compile(rb'"((?:[a-z_]|\\u[0-9a-fA-F]{4}){8})"')
+SCAN_CHUNK = 1 << 20
+_SCAN_OVERLAP = 64  # more than a match can span (8 escaped letters and the quotes)
+UNREADABLE_AUTO_MAP = "(an auto_map tuner could not read)"
+_SPACE = b" \t\r\n"
+
+
+def streamed_code_refs(path: Path) -> set[str]:
+    """:func:`code_refs` of a JSON file of any size, in bounded memory: the file is scanned in chunks for the string
+    ``auto_map``; where it is a key (a colon follows, after any white space) only its value is decoded, at most
+    ``MAX_CONFIG_BYTES`` of it (a larger or broken one still counts as code, named :data:`UNREADABLE_AUTO_MAP`).
+    Text inside another string cannot match: its quotes would be escaped."""
+    found: set[str] = set()
+    with open(path, "rb") as stream:
+        base, window = 0, b""  # window: the file's bytes from offset base on, read so far
+        while True:
+            chunk = stream.read(SCAN_CHUNK)
+            window += chunk
+            # a match starting before limit lies whole in the window; the later ones are matched in the next
+            limit = len(window) if not chunk else max(len(window) - _SCAN_OVERLAP, 0)
+            for match in _AUTO_MAP.finditer(window):
+                if match.start() >= limit:
+                    break
+                try:
+                    spelled = json.loads(b'"' + match.group(1) + b'"')
+                except ValueError:
+                    continue
+                if spelled == "auto_map":
+                    found.update(_value_refs(path, base + match.end()))
+            if not chunk:
+                return found
+            window, base = window[limit:], base + limit
+
+
+def _value_refs(path: Path, offset: int) -> set[str]:
+    """The classes of the ``auto_map`` value after ``offset`` (just past the key), or none when no colon follows
+    (the string was a value, not a key)."""
+    with open(path, "rb") as stream:
+        stream.seek(offset)
+        colon = False
+        while block := stream.read(SCAN_CHUNK):  # white space of any length, then ":", then more
+            rest = block.lstrip(_SPACE)
+            if rest and not colon:
+                if rest[:1] != b":":
+                    return set()
+                colon, rest = True, rest[1:].lstrip(_SPACE)
+            if rest:
+                stream.seek(stream.tell() - len(rest))
+                break
+        text = stream.read(MAX_CONFIG_BYTES).decode("utf-8", errors="replace")
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text)
+    except (ValueError, RecursionError):
+        return {UNREADABLE_AUTO_MAP}
+    return code_refs({"auto_map": value}) or ({UNREADABLE_AUTO_MAP} if value else set())
 
 
 def code_refs(config, depth: int = 4) -> set[str]:

@@ -20,9 +20,15 @@ def recipe_from_args(args: argparse.Namespace) -> Recipe:
     """The checked recipe; its warnings (e.g. trust_remote_code) go to stderr, so every command shows them."""
     from tuner.recipe.io import load_recipe
     from tuner.recipe.registry import resolve_recipe_argument
-    from tuner.recipe.warnings import recipe_warnings
 
     recipe = load_recipe(resolve_recipe_argument(args.recipe), args.overrides)
+    say_warnings(recipe)
+    return recipe
+
+
+def say_warnings(recipe: Recipe) -> None:
+    """The recipe's warnings on stderr, before anything of the recipe's (a model's code, a reward) can run."""
+    from tuner.recipe.warnings import recipe_warnings
+
     for warning in recipe_warnings(recipe):
         print(f"warning: {warning}", file=sys.stderr)
-    return recipe

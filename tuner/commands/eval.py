@@ -18,7 +18,12 @@ def register(subparsers) -> None:
     parser.add_argument("--tasks", metavar="NAMES", default="",
                         help="lm-evaluation-harness tasks, groups or tags, comma-separated (their data must be local "
                              "or reachable)")
-    parser.add_argument("--include-path", metavar="DIR", help="a folder of your own harness task YAMLs")
+    parser.add_argument("--include-path", metavar="DIR",
+                        help="a folder of your own harness task YAMLs; a task naming Python code (!function) needs "
+                             "--allow-task-code")
+    parser.add_argument("--allow-task-code", action="store_true",
+                        help="run the Python code --include-path's task files name (!function module.name): the "
+                             "harness imports it, with your permissions, when it loads the task")
     parser.add_argument("--no-held-out", dest="held_out", action="store_false",
                         help="skip the task built from the recipe's held-out split")
     parser.add_argument("--baseline", action="store_true",
@@ -40,6 +45,24 @@ def base_target(target):
     return replace(target, model_path=base, tokenizer_path=base, adapter=None)
 
 
+def announce_task_code(include_path: str, allowed: bool) -> None:
+    """Name the Python code the task files would run, before anything loads them: refused (exit 2) unless
+    ``--allow-task-code``, then a warning."""
+    from tuner.data.sources import DataError
+    from tuner.evaluate.tasks import task_code
+
+    code = task_code(include_path)
+    if not code:
+        return
+    shown = "; ".join(code[:5]) + (f"; and {len(code) - 5} more" if len(code) > 5 else "")
+    if not allowed:
+        raise DataError(f"--include-path {include_path}: task files name Python code, which lm-evaluation-harness "
+                        f"imports and runs with your permissions when it loads the task ({shown}); review it, then "
+                        "pass --allow-task-code to run it.")
+    print(f"warning: --allow-task-code: lm-evaluation-harness will import and run the Python code these task files "
+          f"name, with your permissions: {shown}", file=sys.stderr)
+
+
 def run(args) -> int:
     from rich.console import Console
 
@@ -49,6 +72,8 @@ def run(args) -> int:
 
     if args.recipe is None and args.model is None:
         raise DataError("give a run directory, a recipe or --model PATH_OR_ID to evaluate.")
+    if args.include_path:
+        announce_task_code(args.include_path, args.allow_task_code)
     target = resolve_target(args.recipe, args.overrides, args.model, args.adapter)
     names = [name.strip() for name in args.tasks.split(",") if name.strip()]
     if not names and not args.held_out:

@@ -88,7 +88,10 @@ def run(args) -> int:
     from tuner.catalog.hub import HubError
     from tuner.recipe.io import RecipeError
 
+    from tuner.commands._recipe_args import say_warnings
+
     recipe = load_plan_recipe(args)
+    say_warnings(recipe)  # planning builds the model's classes: its own code, with trust_remote_code, runs then
     try:
         from tuner.planner import advise, plan
 

@@ -28,6 +28,24 @@ def _metrics(task_results: dict) -> dict[str, float]:
     return out
 
 
+def harness_failure(exc: Exception, tasks: list) -> Exception:
+    """What the harness raised while scoring, as one message naming the tasks (a task's settings, e.g. a
+    ``max_gen_toks`` the model's length cannot hold, fail deep inside it); out of memory, a full disk and
+    interruptions stay what they are."""
+    from tuner.data.sources import DataError
+    from tuner.fileio import disk_full
+    from tuner.train.oom import is_out_of_memory
+
+    if disk_full(exc) or is_out_of_memory(exc):
+        return exc
+    names = ", ".join(sorted({str(task.get("task") if isinstance(task, dict) else
+                                  getattr(getattr(task, "config", None), "task", None) or type(task).__name__)
+                              for task in tasks}))
+    told = " ".join(str(exc).split())[:400].rstrip(".") or "no message"
+    return DataError(f"--tasks: lm-evaluation-harness stopped while scoring {names}: {type(exc).__name__}: {told}. "
+                     "Check the task's settings (its YAML, or the model it runs on).")
+
+
 def evaluate_model(loaded, label: str, tasks: list, batch_size: int) -> ModelResult:
     """Score ``loaded`` (a :class:`tuner.infer.load.LoadedModel`) on ``tasks`` (harness task configs or objects)."""
     from lm_eval import simple_evaluate
@@ -39,9 +57,12 @@ def evaluate_model(loaded, label: str, tasks: list, batch_size: int) -> ModelRes
     lm = HFLM(pretrained=loaded.model, tokenizer=loaded.tokenizer, batch_size=batch_size)
     # the tasks come built (tuner.evaluate.tasks): a manager without the harness's index of its thousands of task
     # YAMLs, which would take longer to read than the held-out task of a small model takes to run
-    output = simple_evaluate(model=lm, tasks=tasks, task_manager=TaskManager(include_defaults=False),
-                             log_samples=True, bootstrap_iters=0,
-                             random_seed=0, numpy_random_seed=0, torch_random_seed=0)
+    try:
+        output = simple_evaluate(model=lm, tasks=tasks, task_manager=TaskManager(include_defaults=False),
+                                 log_samples=True, bootstrap_iters=0,
+                                 random_seed=0, numpy_random_seed=0, torch_random_seed=0)
+    except Exception as exc:
+        raise harness_failure(exc, tasks) from None
     result = ModelResult(label, loaded.target.describe())
     for task, values in output["results"].items():
         result.scores[task] = _metrics(values)

@@ -10,13 +10,17 @@ evaluated offline on samples it never trained on:
 - text: the rolling log-likelihood of each held-out text (word and byte perplexity, bits per byte).
 
 Named tasks are the harness's own (``--tasks``, ``--include-path`` for task YAMLs of your own); one whose data is
-not local and cannot be fetched is refused naming its dataset.
+not local and cannot be fetched is refused naming its dataset.  A task YAML may name Python code (``!function
+module.name``), which the harness imports and runs when it loads the task: :func:`task_code` finds every such tag
+in an ``--include-path`` folder (and the files its tasks include) without running anything, so ``tuner eval`` can
+name them and run them only when asked to (``--allow-task-code``).
 """
 from __future__ import annotations
 
 import functools
 import json
 import math
+from pathlib import Path
 from typing import Callable
 
 from tuner.evaluate import TaskDataMissing
@@ -115,6 +119,48 @@ def held_out_task(recipe: Recipe, tokenizer, limit: int | None = None) -> dict:
                                   "max_gen_toks": min(longest, recipe.inference.max_new_tokens)},
             "process_results": lambda doc, results: score(doc, results[0]),
             "metric_list": [{"metric": m, "aggregation": "mean", "higher_is_better": True} for m in metrics]}
+
+
+TASK_FILE_BYTES = 4 * 2 ** 20  # a task YAML is a few KiB; a larger file is not read for tags (the harness reads it)
+CODE_TAG = "!function"  # lm-eval's YAML tag for a Python function of a file beside the YAML
+
+
+def task_code(include_path: str | Path) -> list[str]:
+    """``file:line: !function module.name`` for every Python function a task YAML under ``include_path`` (or a
+    YAML one of them includes, wherever it is) names: the code the harness would import and run.  The YAML is
+    composed, not constructed (tags resolved as the harness's loader resolves them, %TAG directives included), so
+    nothing runs; a file that does not parse is left for the harness to refuse."""
+    import yaml
+
+    from tuner.fileio import TooLarge, read_limited
+
+    pending = sorted(path for pattern in ("*.yaml", "*.yml") for path in Path(include_path).rglob(pattern))
+    seen: set[Path] = set()
+    found = []
+    while pending:
+        path = pending.pop(0).resolve()
+        if path in seen or not path.is_file():
+            continue
+        seen.add(path)
+        try:
+            root = yaml.compose(read_limited(path, TASK_FILE_BYTES, pipes=False).decode("utf-8"),
+                                Loader=yaml.SafeLoader)
+        except (OSError, TooLarge, UnicodeDecodeError, yaml.YAMLError, RecursionError):
+            continue
+        nodes = [root] if root is not None else []
+        while nodes:
+            node = nodes.pop()
+            if node.tag == CODE_TAG:
+                found.append(f"{path}:{node.start_mark.line + 1}: {CODE_TAG} {node.value}")
+            elif isinstance(node, yaml.MappingNode):
+                for key, value in node.value:
+                    nodes += [key, value]
+                    if node is root and isinstance(key, yaml.ScalarNode) and key.value == "include":
+                        included = value.value if isinstance(value, yaml.SequenceNode) else [value]
+                        pending += [path.parent / item.value for item in included if isinstance(item, yaml.ScalarNode)]
+            elif isinstance(node, yaml.SequenceNode):
+                nodes += node.value
+    return found
 
 
 @functools.lru_cache(maxsize=4)

@@ -40,7 +40,7 @@ from tuner.render.run_directory import (
 )
 from tuner.rundir.checkpoints import (CheckpointRefused, check_resumable, checkpoint_states, incomplete_reason,
                                       latest_complete_checkpoint, resume_checkpoint)
-from tuner.rundir.events import Event, read_events
+from tuner.rundir.events import BAD_INPUT, Error, Event, read_events
 from tuner.rundir.layout import (CHECKPOINTS_DIR, ELASTIC_LOG_DIR, EVENTS_FILE, LAUNCH_SCRIPT, LOCK_FILE, MERGED_DIR,
                                  MODEL_SNAPSHOT, PREVIOUS_RUNS_DIR, SLURM_SCRIPT)
 from tuner.rundir.lock import RunLock, RunLocked
@@ -365,16 +365,28 @@ def follow_run(prepared: PreparedRun, *, on_update: Callable[[list[Event], list[
         return _stopped(prepared, EXIT_SIGNAL_BASE + signum, stopped_by)
     if code != 0:
         lines = _explain(run_dir, since, log_tail(launch.log_path), code) + [f"full log: {launch.log_path}"]
-        return RunOutcome(run_dir, code, "failed", lines)
+        return RunOutcome(run_dir, _failed_code(run_dir, since, code), "failed", lines + _log_problem(launch))
     summary = summarize_run(run_dir, since=since, wall_s=wall_s)
     lines = summary.lines() if summary else [f"finished; see {run_dir}"]
-    return RunOutcome(run_dir, 0, "finished", lines, summary)
+    return RunOutcome(run_dir, 0, "finished", lines + _log_problem(launch), summary)
+
+
+def _log_problem(launch: Launch) -> list[str]:
+    return [launch.log_problem] if launch.log_problem else []
 
 
 def _explain(run_dir: Path, since: float, log: list[str], code: int) -> list[str]:
     """Why the launch failed: the ranks' error events of this launch and their elastic error files first."""
     errors = rank_errors(read_events(run_dir / EVENTS_FILE), since)
     return explain_failure(errors, raised_at(run_dir / ELASTIC_LOG_DIR, since), log, code)
+
+
+def _failed_code(run_dir: Path, since: float, code: int) -> int:
+    """The launch's exit code, but 2 when the first rank to speak blamed the input (its error event's kind), as
+    that rank exited: the launcher reports every failed rank as 1."""
+    errors = [event for event in read_events(run_dir / EVENTS_FILE)
+              if isinstance(event, Error) and (event.time or 0) >= since]
+    return 2 if errors and errors[0].error_kind == BAD_INPUT else code
 
 
 def _deliver(launch: Launch, on_update) -> None:

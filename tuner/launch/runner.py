@@ -15,6 +15,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from tuner.fileio import os_error_message
 from tuner.rundir.events import Event, EventFollower
 from tuner.rundir.layout import EVENTS_FILE, LOG_FILE
 from tuner.rundir.lock import supervisor_environment
@@ -51,6 +52,7 @@ class Launch:
         self.events.skip_existing()
         self.tail: deque[str] = deque(maxlen=40)
         self._new: deque[str] = deque(maxlen=2000)  # lines not yet taken by new_lines()
+        self.log_problem: str | None = None  # why the log stopped being written, if it did
         self._log = open(self.log_path, "a", encoding="utf-8")
         self.process = subprocess.Popen(
             executable_argv(argv),
@@ -67,13 +69,26 @@ class Launch:
         self._reader.start()
 
     def _pump(self) -> None:
+        """Log every line of the ranks' output.  A log that can no longer be written (the disk full) is given up,
+        said once in :attr:`log_problem`, while the output is still read: a rank blocked on a full pipe would hang."""
         assert self.process.stdout is not None
         for line in self.process.stdout:
-            self._log.write(line)
-            self._log.flush()
+            if self.log_problem is None:
+                try:
+                    self._log.write(line)
+                    self._log.flush()
+                except OSError as exc:
+                    self.log_problem = self._log_failed(exc)
             self.tail.append(line.rstrip("\n"))
             self._new.append(line.rstrip("\n"))
-        self._log.close()
+        try:
+            self._log.close()
+        except OSError as exc:  # the last buffered bytes did not fit either
+            self.log_problem = self.log_problem or self._log_failed(exc)
+
+    def _log_failed(self, exc: OSError) -> str:
+        exc.filename = exc.filename or str(self.log_path)
+        return f"the run's log stopped: {os_error_message(exc)}"
 
     def poll_events(self) -> list[Event]:
         return self.events.poll()

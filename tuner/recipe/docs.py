@@ -25,6 +25,8 @@ do not edit it by hand.
 
 def _type_name(annotation) -> str:
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:  # a checked str (section.PathText) is a str to the reader
+        return _type_name(typing.get_args(annotation)[0])
     if origin is typing.Literal:
         return " \\| ".join(f"`{value}`" for value in typing.get_args(annotation))
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from tuner.recipe.section import Section
+from tuner.recipe.section import PathText, Section
 
 # TRL 1.16's loss variants, per trainer (DPOConfig.loss_type, KTOConfig.loss_type); "sft" is objective.sft_weight
 DPO_LOSS_TYPES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot",
@@ -39,12 +39,12 @@ class RewardSection(Section):
         "(its first group, if any, is the answer); format: the expression a whole completion must match.")
     target_tokens: int | None = Field(
         None, ge=0, description="length: completion tokens allowed before the penalty starts (default 0).")
-    function: str | None = Field(
+    function: PathText | None = Field(
         None, min_length=1, description="function: path/to/file.py:name, the path relative to the recipe's folder. "
         "The file is your own code: tuner imports it on every rank only because the recipe names it (never to "
         "validate or plan). The function is called as TRL calls reward functions, fn(prompts=, completions=, "
         "completion_ids=, **columns), and returns one number per completion.")
-    model: str | None = Field(
+    model: PathText | None = Field(
         None, min_length=1, description="model: a sequence-classification checkpoint (one output, as TRL's reward "
         "models), a local directory or a hub id in the local cache, loaded in model.dtype beside the policy.")
 
@@ -82,8 +82,12 @@ class GrpoSection(Section):
     vllm_server_port: int = Field(8000, ge=1, le=65535, description="vllm_server: the server's port on machine 0.")
     rewards: list[RewardSection] = Field(
         default_factory=list, description="What each completion is scored by (at least one), summed with their "
-        "weights. A reward that raises, returns the wrong number of values or something not a number stops the "
-        "run, on every rank, naming the reward and the prompt.")
+        "weights. A reward that raises, returns the wrong number of values or something not a finite number (NaN, "
+        "inf) stops the run, on every rank, naming the reward and the prompt (exit code 2).")
+    reward_time_limit_s: float = Field(
+        120.0, gt=0, le=86400, description="Seconds one call of a reward function (built-in or yours: it scores "
+        "one rank's completions of a generation round) may take; a call still running then stops the run on every "
+        "rank, naming the reward (exit code 2).")
 
 
 class ObjectiveData(typing.NamedTuple):

@@ -12,7 +12,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tuner.catalog.demo import DEMO_MODEL_ID, DEMO_MOE_MODEL_ID
 from tuner.recipe.objective import DPO_DEFAULT_BETA, TRL_LOSS_TYPES, GrpoSection, ObjectiveSection
-from tuner.recipe.section import Section, is_host
+from tuner.recipe.section import OutputFolder, PathText, Section, is_host
 
 SCHEMA_VERSION = 2  # 2: batch, sequence and optimizer moved from memory: to training: (recipe/migrate.py)
 # Experiment trackers the Trainer reports to (its own integrations); each is also the name of tuner's pip extra.
@@ -21,7 +21,7 @@ TRACKERS: tuple[str, ...] = get_args(Tracker)
 
 
 class ModelSection(Section):
-    id: str = Field(
+    id: PathText = Field(
         DEMO_MODEL_ID,
         min_length=1,
         description="What to fine-tune: a Hugging Face hub id (org/name), a local directory "
@@ -64,7 +64,7 @@ class HardwareSection(Section):
     host_ram_gb: float | None = Field(
         None, gt=0, le=1048576, description="CPU RAM per machine in GiB; the planner checks CPU offload against it."
     )
-    nvme_path: str | None = Field(None, description="Local NVMe directory for DeepSpeed ZeRO-Infinity offload.")
+    nvme_path: OutputFolder | None = Field(None, description="Local NVMe directory for DeepSpeed ZeRO-Infinity offload.")
     main_process_ip: str | None = Field(
         None, description="Address of machine rank 0 (an IP address or a host name); required when machines > 1."
     )
@@ -233,7 +233,7 @@ STREAM_SHUFFLE_BUFFER = 10_000  # samples a stream is shuffled within (a stream 
 
 
 class DataSection(Section):
-    source: str = Field(
+    source: PathText = Field(
         "builtin:reverse",
         min_length=1,
         description="Training data: a local .json/.jsonl/.csv/.parquet file, a datasets name in the local cache, "
@@ -297,7 +297,7 @@ class TrainingSection(Section):
     save_total_limit: int | None = Field(2, ge=1, description="Keep at most this many checkpoints (oldest are deleted).")
     eval_steps: int | None = Field(None, ge=1, description="Evaluate every this many steps; none evaluates at the end of each epoch.")
     seed: int = Field(42, ge=0, le=2**32 - 1, description="Random seed for data order, dropout and initialisation.")
-    resume: str = Field(
+    resume: PathText = Field(
         "never",
         min_length=1,
         description="never: start fresh. auto: continue from the newest complete checkpoint in the output directory. "
@@ -322,7 +322,7 @@ class TrainingSection(Section):
 
 
 class OutputSection(Section):
-    dir: str | None = Field(None, description="Run directory for configs, logs and checkpoints. Default: runs/<name>.")
+    dir: OutputFolder | None = Field(None, description="Run directory for configs, logs and checkpoints. Default: runs/<name>.")
     save: Literal["auto", "adapter", "full", "merged"] = Field(
         "auto",
         description="What the final save holds: adapter (LoRA weights only), full (all weights), merged (adapter merged "
@@ -338,7 +338,7 @@ class InferenceSection(Section):
     gpu_headroom_gb: float = Field(
         2.0, ge=0, description="GiB left free on each GPU when placing a model with device_map=auto (for activations and KV cache)."
     )
-    offload_folder: str | None = Field(None, description="Directory for weights offloaded to disk. Default: <run dir>/offload.")
+    offload_folder: OutputFolder | None = Field(None, description="Directory for weights offloaded to disk. Default: <run dir>/offload.")
 
 
 class Recipe(Section):

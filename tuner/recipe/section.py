@@ -5,9 +5,11 @@ import ipaddress
 import re
 import typing
 import unicodedata
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
+
+from tuner.fileio import hidden_character_problem, output_folder
 
 _HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
 _ZONE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -38,6 +40,19 @@ def not_text(text: str) -> str | None:
         if kind:
             return f"{kind} ({ascii(character)[1:-1]})"
     return None
+
+
+def _shown_as_it_is(text: str) -> str:
+    problem = hidden_character_problem(text)
+    if problem:
+        raise ValueError(problem)
+    return text
+
+
+# a path (or a hub id) the recipe names: no character that shows it other than it is (bidi, zero-width)
+PathText = Annotated[str, AfterValidator(_shown_as_it_is)]
+# a folder tuner writes: that, and ~ expanded, a $VAR or an unknown ~user refused (fileio.output_folder)
+OutputFolder = Annotated[str, AfterValidator(output_folder)]
 
 
 def is_host(text: str) -> bool:

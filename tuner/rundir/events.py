@@ -128,8 +128,12 @@ class Error(Event):
     KIND, WHO = "error", "every rank"
     message: str | None = None
     rank: int | None = None
-    error_kind: str | None = field(default=None, metadata={**OPTIONAL, "key": "kind"})  # out_of_memory
+    error_kind: str | None = field(default=None, metadata={**OPTIONAL, "key": "kind"})  # out_of_memory, BAD_INPUT, DISK_FULL
     next_rung: str | None = field(default=None, metadata=OPTIONAL)  # the advisor's next tactic, out of memory
+
+
+BAD_INPUT = "bad_input"  # an error event's kind when the recipe, data, model or a reward is at fault: exit code 2
+DISK_FULL = "disk_full"  # ... when a write (a checkpoint) found the disk full: the message names the path and the room
 
 
 @dataclass(frozen=True, kw_only=True)

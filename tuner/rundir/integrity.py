@@ -106,6 +106,56 @@ def _torch_file_problem(path: Path) -> str | None:
         return "truncated (its zip directory is missing)"
 
 
+_WHOLE, _NUMBER = "a whole number", "a number"
+# the fields of transformers 5.24's TrainerState, which resume builds as TrainerState(**json) (another key: a
+# TypeError) and reads (global_step // steps per epoch, log_history, stateful_callbacks.items() ...), with the kind
+# each must be; tests/test_checkpoints.py holds the names to TrainerState's own
+TRAINER_STATE_FIELDS = {
+    "epoch": _NUMBER, "global_step": _WHOLE, "max_steps": _WHOLE, "logging_steps": _NUMBER, "eval_steps": _NUMBER,
+    "save_steps": _NUMBER, "train_batch_size": _WHOLE, "num_train_epochs": _NUMBER, "num_input_tokens_seen": _WHOLE,
+    "total_flos": _NUMBER, "log_history": "a list of objects", "best_metric": _NUMBER, "best_global_step": _WHOLE,
+    "best_model_checkpoint": "text", "is_local_process_zero": "true or false", "is_world_process_zero": "true or false",
+    "is_hyper_param_search": "true or false", "trial_name": "text", "trial_params": "an object",
+    "stateful_callbacks": "an object of objects (or lists of them)",
+}
+_NULLABLE = {"train_batch_size", "best_metric", "best_global_step", "best_model_checkpoint", "trial_name",
+             "trial_params", "stateful_callbacks", "log_history"}
+
+
+def _is_kind(value, kind: str) -> bool:
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind == _WHOLE:
+        return number and isinstance(value, int) and value >= 0
+    if kind == _NUMBER:
+        return number
+    if kind == "a list of objects":
+        return isinstance(value, list) and all(isinstance(entry, dict) for entry in value)
+    if kind == "text":
+        return isinstance(value, str)
+    if kind == "true or false":
+        return isinstance(value, bool)
+    if kind == "an object":
+        return isinstance(value, dict)
+    return isinstance(value, dict) and all(  # stateful_callbacks
+        isinstance(entry, dict) or (isinstance(entry, list) and all(isinstance(one, dict) for one in entry))
+        for entry in value.values())
+
+
+def trainer_state_problem(state: dict) -> str | None:
+    """What in a ``trainer_state.json`` object resume cannot read: a key TrainerState has not, a field of the wrong
+    kind, or no global_step (resume would silently start at step 0)."""
+    if "global_step" not in state:
+        return "has no global_step (the step to resume at)"
+    for key, value in state.items():
+        kind = TRAINER_STATE_FIELDS.get(key)
+        if kind is None:
+            return f"has a key {key[:40]!r} that transformers' TrainerState does not read"
+        if not (value is None and key in _NULLABLE) and not _is_kind(value, kind):
+            shown = repr(value)[:40] if isinstance(value, (int, float, str)) else json_kind(value)
+            return f"{key} is {shown}, not {kind}"
+    return None
+
+
 def _file_problem(path: Path) -> str | None:
     if path.suffix == ".safetensors":
         return _safetensors_problem(path)
@@ -115,6 +165,8 @@ def _file_problem(path: Path) -> str | None:
         value, problem = read_json(path)
         if problem is None and path.name in JSON_OBJECTS and not isinstance(value, dict):
             problem = f"holds {json_kind(value)}, not an object"
+        if problem is None and path.name == TRAINER_STATE:
+            problem = trainer_state_problem(value)
         return problem
     return None
 

@@ -17,7 +17,7 @@ from typing import NoReturn
 from tuner.recipe import RecipeError, load_recipe
 from tuner.recipe.schema import Recipe
 from tuner.rundir.checkpoints import CheckpointRefused
-from tuner.rundir.events import Error, Finished, Machines, Memory, write_event
+from tuner.rundir.events import BAD_INPUT, DISK_FULL, Error, Finished, Machines, Memory, write_event
 from tuner.rundir.layout import DEEPSPEED_CONFIG, EVENTS_FILE, FINAL_DIR, MEMORY_REPORT, MERGED_DIR, PROFILE_DIR
 
 log = logging.getLogger("tuner")
@@ -283,11 +283,23 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
         return train(recipe, lock.parent, args.profile)
     except (RecipeError, CheckpointRefused, DataError, ModelLoadError, RewardError, BuildTimeout) as exc:
-        write_event(events, Error(message=str(exc), rank=int(os.environ.get("RANK", 0))))
+        bad_input = not isinstance(exc, BuildTimeout)  # a cache another process holds: the machine's problem
+        write_event(events, Error(message=str(exc), rank=int(os.environ.get("RANK", 0)),
+                                  error_kind=BAD_INPUT if bad_input else None))
         print(f"error: {exc}", file=sys.stderr)
-        return 1 if isinstance(exc, BuildTimeout) else 2  # a cache another process holds: the machine's problem
+        return 2 if bad_input else 1
     except Exception as exc:
+        from tuner.fileio import disk_full, disk_full_message
         from tuner.train.oom import EXIT_OUT_OF_MEMORY, exhausted_memory, is_out_of_memory, out_of_memory_advice
+
+        if disk_full(exc):  # a checkpoint save, in torch's or safetensors' words ("unexpected pos ...")
+            message = disk_full_message(lock.parent, exc)
+            try:
+                write_event(events, Error(message=message, rank=int(os.environ.get("RANK", 0)), error_kind=DISK_FULL))
+            except OSError:
+                pass  # the event file is on the same full disk: stderr says it
+            print(f"error: {message}", file=sys.stderr)
+            return 1
 
         if recipe is not None and is_out_of_memory(exc):  # answered with the advisor's next rung, not a stack
             rung, message = out_of_memory_advice(recipe, str(lock), exhausted_memory(exc))

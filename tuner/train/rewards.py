@@ -5,7 +5,9 @@ completion_ids=, **columns)``, and expects one number (or None: not applicable) 
 is wrapped in :class:`CheckedReward`: a reward that raises, returns the wrong number of values or something that is
 not a number stops the run with :class:`RewardError`, naming the reward and the prompt's row in the data; the ranks
 agree on it first (one all-gather per reward and generation round), so every rank stops at the same point instead
-of the others waiting in the next collective.
+of the others waiting in the next collective.  A call that does not return within ``objective.grpo.
+reward_time_limit_s`` stops the run the same way: the function runs in a thread of its own that the rank waits for
+at most that long (a thread cannot be killed; the rank leaves with ``os._exit``, which ends it).
 
 A user reward (``function: path/to/file.py:name``) is imported here, on every rank, and only here: the recipe names
 it, so running it is what the recipe asks for.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
+import threading
 from typing import Any, Callable
 
 from tuner.data.prompts import ROW_COLUMN
@@ -27,6 +30,39 @@ TRL_CONTEXT = ("trainer_state", "log_extra", "log_metric", "environments")  # wh
 
 class RewardError(Exception):
     """A reward failed on a prompt; the message names both (exit code 2, on every rank)."""
+
+
+class RewardTimeout(Exception):
+    """A reward call ran past its time limit (still running, in its abandoned thread)."""
+
+
+def call_within(limit_s: float, function: Callable, *args, **kwargs):
+    """``function(*args, **kwargs)`` in a daemon thread, its result or its exception; :class:`RewardTimeout` when it
+    has not returned after ``limit_s``.  The thread gets the caller's grad mode and CUDA device, thread-local state
+    a reward may rely on."""
+    import torch
+
+    grad = torch.is_grad_enabled()
+    device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    outcome: dict[str, Any] = {}
+
+    def target():
+        if device is not None:
+            torch.cuda.set_device(device)
+        try:
+            with torch.set_grad_enabled(grad):
+                outcome["value"] = function(*args, **kwargs)
+        except BaseException as exc:  # handed to the caller, as a direct call would raise it
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=target, name="tuner-reward", daemon=True)
+    worker.start()
+    worker.join(limit_s)
+    if worker.is_alive():
+        raise RewardTimeout
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def completion_text(completion) -> str:
@@ -87,7 +123,7 @@ def user_reward(spec: str) -> Callable:
 
 
 def _number_problem(value: Any) -> str | None:
-    if value is None or (isinstance(value, (int, float)) and not math.isinf(value)):
+    if value is None or (isinstance(value, (int, float)) and math.isfinite(value)):
         return None
     if isinstance(value, (int, float)):
         return f"returned {value}, not a finite number"
@@ -114,13 +150,15 @@ def _agreed(problem: str | None) -> str | None:
 class CheckedReward:
     """A reward function TRL can call, whose failures stop the run naming the reward and the prompt."""
 
-    def __init__(self, function: Callable, name: str, index: int, source: str, user: bool):
+    def __init__(self, function: Callable, name: str, index: int, source: str, user: bool, time_limit_s: float):
         self.function, self.index, self.source, self.user = function, index, source, user
+        self.time_limit_s = time_limit_s
         self.__name__ = name  # TRL logs each reward under its function's name
 
     def _call(self, prompts, completions, completion_ids, columns) -> list:
         context = columns if self.user else {k: v for k, v in columns.items() if k not in TRL_CONTEXT}
-        return list(self.function(prompts=prompts, completions=completions, completion_ids=completion_ids, **context))
+        return call_within(self.time_limit_s, lambda: list(self.function(
+            prompts=prompts, completions=completions, completion_ids=completion_ids, **context)))
 
     def _first_failing(self, prompts, completions, completion_ids, columns) -> int:
         """Which completion a raising reward fails on: each one alone, until one raises (only on the failure path)."""
@@ -128,17 +166,21 @@ class CheckedReward:
             one = {k: v[i:i + 1] if isinstance(v, list) and len(v) == len(completions) else v for k, v in columns.items()}
             try:
                 self._call(prompts[i:i + 1], completions[i:i + 1], completion_ids[i:i + 1], one)
-            except Exception:
+            except (Exception, SystemExit, RewardTimeout):
                 return i
         return 0
 
     def __call__(self, prompts, completions, completion_ids, **columns):
         rows = columns.pop(ROW_COLUMN, None) or [None] * len(completions)
-        problem, at = None, 0
+        problem, at, values = None, 0, None
+        fix = f"fix the reward{' function' if self.user else ' or the data'}"
         try:
             values = self._call(prompts, completions, completion_ids, columns)
-        except Exception as exc:
-            values = None
+        except RewardTimeout:
+            problem = (f"did not return within {self.time_limit_s:g} s (objective.grpo.reward_time_limit_s) scoring "
+                       f"{len(completions)} completions, the first")
+            fix = "make it faster or raise objective.grpo.reward_time_limit_s"
+        except (Exception, SystemExit) as exc:  # sys.exit() in a reward must not end the rank unexplained
             at = self._first_failing(prompts, completions, completion_ids, columns)
             problem = f"raised {type(exc).__name__}: {exc}"
         if values is not None and len(values) != len(completions):
@@ -149,8 +191,7 @@ class CheckedReward:
         if problem:
             row = f"row {rows[at]} of {self.source}" if rows[at] is not None else f"a prompt of {self.source}"
             problem = (f"objective.grpo.rewards.{self.index}: the reward {self.__name__!r} {problem} on a completion "
-                       f"of prompt {row} ({_shown(prompts[at])!r}); fix the reward"
-                       f"{' function' if self.user else ' or the data'} and run again.")
+                       f"of prompt {row} ({_shown(prompts[at])!r}); {fix} and run again.")
         agreed = _agreed(problem)
         if agreed:
             raise RewardError(agreed)
@@ -169,7 +210,7 @@ def reward_functions(recipe: Recipe) -> tuple[list, list]:
             continue
         user = reward.kind == "function"
         function = user_reward(reward.function) if user else builtin_reward(reward, grpo.max_completion_length)
-        functions.append(CheckedReward(function, name, index, recipe.data.source, user))
+        functions.append(CheckedReward(function, name, index, recipe.data.source, user, grpo.reward_time_limit_s))
         tokenizers.append(None)
     return functions, tokenizers
 
