@@ -25,7 +25,8 @@ def test_dry_run_writes_and_prints_the_files_and_command_and_runs_nothing(tmp_pa
                        cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "runs" / "dry"
-    assert sorted(p.name for p in run_dir.iterdir()) == ["accelerate.yaml", "deepspeed.json", "launch.sh", "recipe.lock.yaml"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["accelerate.yaml", "deepspeed.json", "launch.sh", "recipe.lock.yaml",
+                                                          "tuner_files.json"]  # the manifest, written last
     for name in ("accelerate.yaml", "deepspeed.json", "launch.sh"):
         assert f"==> runs/dry/{name} <==" in result.stdout
     assert result.stdout.rstrip().endswith(
