@@ -6,6 +6,8 @@ or the refusal (tuner's, or transformers' own when it cannot build its own defau
 
     python -m benchmarks.causal_lm_sweep --docs      # every class: rewrites the table in docs/memory.md
     python -m benchmarks.causal_lm_sweep qwen3 bamba  # only these model_types: their rows, printed
+    python -m benchmarks.causal_lm_sweep --first-plan 3 bamba  # whole `tuner plan` processes, each from an empty
+                                                             # $TUNER_HOME: median wall and CPU per model_type
 
 ``tests/test_causal_lm_sweep.py`` holds every class to its meta-built count or to a named refusal, and the table in
 docs/memory.md to what this module computes.
@@ -21,6 +23,7 @@ from pathlib import Path
 
 LAYERS = 4  # layers kept: enough for a hybrid's pattern of kinds to show, few enough to build in a second
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")  # transformers' names for the layer count
+MAMBA2_HYBRIDS = ("bamba", "falcon_h1", "granitemoehybrid", "nemotron_h")  # issue 55: refused until configs decoded
 DOCS_MARKER = "<!-- causal-lm sweep: python -m benchmarks.causal_lm_sweep -->"  # docs/memory.md's table follows
 
 
@@ -157,6 +160,42 @@ def write_docs(rows: list[Swept]) -> None:
     docs.write_text(text[:start] + table(rows).rstrip("\n") + text[end:])
 
 
+def first_plans(names: list[str], repeat: int) -> int:
+    """``tuner plan --model DIR --gpus 1xH100-80GB --method full --json`` as whole processes from an empty
+    $TUNER_HOME (imports, the meta build and the inventory's store included), interleaved; medians."""
+    import os
+    import shutil
+    import tempfile
+
+    from benchmarks.cli_startup import REPO, timed
+
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+        env.update(PYTHONPATH=str(REPO), PYTHONPYCACHEPREFIX=str(root / "pycache"))
+        argv = {name: [sys.executable, "-m", "tuner", "plan", "--model", str(root / name), "--gpus", "1xH100-80GB",
+                       "--method", "full", "--json"] for name in names}
+        for name in names:
+            cut_config(name).save_pretrained(root / name)
+        runs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+        load_before = os.getloadavg()
+        for attempt in range(repeat + 1):  # the first round writes the .pyc files and is not counted
+            for name in names:
+                shutil.rmtree(root / "home", ignore_errors=True)
+                measured = timed(argv[name], {**env, "TUNER_HOME": str(root / "home")}, ok=(0, 1))
+                if attempt:
+                    runs[name].append(measured)
+        load_after = os.getloadavg()
+    for name, measured in runs.items():
+        print(f"{name:<18} first plan median {statistics.median(w for w, _ in measured):.2f} s wall "
+              f"(min {min(w for w, _ in measured):.2f}), {statistics.median(c for _, c in measured):.2f} s CPU")
+    walls = [wall for measured in runs.values() for wall, _ in measured]
+    print(f"all: median {statistics.median(walls):.2f} s wall; {repeat} runs each, interleaved; load average "
+          f"{' '.join(f'{x:.2f}' for x in load_before)} before, {' '.join(f'{x:.2f}' for x in load_after)} after, "
+          f"on {os.cpu_count()} cores")
+    return 0
+
+
 def main() -> int:
     import os
     import tempfile
@@ -164,7 +203,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_types", nargs="*", help="only these (default: every causal-LM class)")
     parser.add_argument("--docs", action="store_true", help="rewrite docs/memory.md's table (every class)")
+    parser.add_argument("--first-plan", type=int, default=0, metavar="N",
+                        help="time N whole first plans of each model_type (default: the Mamba-2 hybrids)")
     args = parser.parse_args()
+    if args.first_plan:
+        return first_plans(args.model_types or list(MAMBA2_HYBRIDS), args.first_plan)
     names = causal_lm_types() if args.docs or not args.model_types else args.model_types
     with tempfile.TemporaryDirectory() as scratch:
         os.environ["TUNER_HOME"] = str(Path(scratch) / "home")  # nothing cached: every plan is a first plan
