@@ -68,7 +68,7 @@ class LayerKind:
     mixer_params: int = 0
     mlp_params: int = 0
     norm_params: int = 0
-    unmodelled: tuple[str, ...] = ()  # parts no activation term covers, e.g. "mamba (BambaMixer, a Mamba-2 mixer: not modelled)"
+    unmodelled: tuple[str, ...] = ()  # parts no activation term covers, e.g. "mamba (BambaMixer, a Mamba-2 mixer: ...)"
 
     @property
     def count(self) -> int:
