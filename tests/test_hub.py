@@ -29,6 +29,17 @@ MXFP4_CONFIG = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2
 SHARDS = ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"]
 
 
+def _bamba() -> HubRepo:
+    """A Mamba-2 hybrid's config.json as transformers saves it: time_step_limit's inf as {"__float__": "Infinity"}."""
+    import tempfile
+
+    from benchmarks.causal_lm_sweep import cut_config
+
+    with tempfile.TemporaryDirectory() as folder:
+        cut_config("bamba").save_pretrained(folder)
+        return HubRepo({"config.json": (Path(folder) / "config.json").read_bytes()})
+
+
 @pytest.fixture(scope="module")
 def hub(demo_model_path):
     index = {"metadata": {"total_size": 13_761_300_000, "total_parameters": 20_914_757_184},
@@ -36,7 +47,7 @@ def hub(demo_model_path):
     sharded = HubRepo({"config.json": json.dumps(MXFP4_CONFIG).encode(),
                        "model.safetensors.index.json": json.dumps(index).encode(),
                        **{name: b"\0" * 64 for name in SHARDS}})
-    repos = {"org/demo": HubRepo.from_folder(demo_model_path), "org/sharded": sharded,
+    repos = {"org/demo": HubRepo.from_folder(demo_model_path), "org/sharded": sharded, "org/bamba": _bamba(),
              "org/gated": HubRepo.from_folder(demo_model_path, gated=True, token=TOKEN),
              "org/private": HubRepo.from_folder(demo_model_path, private=True, token=TOKEN)}
     with LocalHub(repos) as server:
@@ -75,6 +86,21 @@ def test_plan_fetches_only_the_config_of_a_hub_model_once_then_plans_from_what_i
     unknown = run_tuner("plan", "--model", "org/never-fetched", env=offline, cwd=tmp_path)
     assert unknown.returncode == 2 and "HF_HUB_OFFLINE is set so the hub was not asked" in unknown.stderr
     assert hub.requests == []
+
+
+def test_a_hub_config_is_read_as_transformers_reads_it_fetched_and_kept(hub, tmp_path):
+    """The hub's config.json and tuner's kept copy of it both give transformers' decoded time_step_limit (inf)."""
+    assert b'"__float__": "Infinity"' in hub.repos["org/bamba"].files["config.json"]
+    env = hub_env(hub, tmp_path)
+    for _ in range(2):  # fetched from the hub, then read from what tuner kept
+        result = run_tuner("plan", "--model", "org/bamba", "--gpus", "1x80GB", "--method", "full", "--json", env=env,
+                           cwd=tmp_path)
+        assert result.returncode == 1, result.stderr  # no verdict: exit 1, as for a plan that does not fit
+        data = json.loads(result.stdout)
+        assert data["verdict"] == "cannot judge" and data["params"]["total"] == 2_166_603_264
+        assert any("a Mamba-2 mixer: not modelled" in part for part in data["unmodelled"])
+    kept = run_tuner("plan", "--model", "org/bamba", "--gpus", "1x80GB", env=env, cwd=tmp_path)
+    assert "kept by tuner" in kept.stdout, kept.stdout + kept.stderr
 
 
 def test_plan_tells_the_size_and_dtype_a_hub_model_ships_in_from_its_safetensors_index(hub, tmp_path):

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tuner.catalog.model_config import SIZES
 from tuner.cli import main
 
 LLAMA = dict(model_type="llama", hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -63,3 +66,32 @@ def test_the_cli_answers_a_hostile_config_without_a_traceback(tmp_path, tuner_cl
     result = tuner_cli("plan", "--model", str(tmp_path), "--gpus", "1xA100-80GB")
     assert result.returncode == 2
     assert "nested too deeply to read" in result.stderr and "Traceback" not in result.stderr
+
+
+# A config.json as transformers 5 saves one: any settings, with non-finite floats anywhere (to_json_string writes
+# them as {"__float__": "Infinity"}), beside mappings that merely look like the tag and stay as they are.
+_LEAVES = st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats() | st.text(max_size=8)
+_LOOKALIKES = st.sampled_from([{"__float__": "Infinity", "x": 1}, {"__float__": "bogus"}, {"__float__": 1}])
+_VALUES = st.recursive(_LEAVES | _LOOKALIKES, lambda inner: st.lists(inner, max_size=4)
+                       | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=20)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(extra=st.dictionaries(st.text(min_size=1, max_size=12).filter(lambda key: key not in SIZES), _VALUES,
+                             max_size=6))
+def test_a_config_is_read_as_transformers_reads_it(tmp_path, extra):
+    """Whatever transformers' own loader makes of a config.json, read_config makes of it (NaN compares by JSON)."""
+    from transformers.configuration_utils import PreTrainedConfig
+
+    from tuner.catalog.model_config import read_config
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(PreTrainedConfig._encode_special_floats(dict(LLAMA, **extra))))
+    ours, theirs = read_config(path), PreTrainedConfig._dict_from_json_file(path)
+    assert json.dumps(ours, sort_keys=True) == json.dumps(theirs, sort_keys=True)
+
+
+def test_an_infinite_size_saved_by_transformers_is_refused_as_infinite(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(dict(LLAMA, hidden_size={"__float__": "Infinity"})))
+    assert main(["plan", "--model", str(tmp_path), "--gpus", "1xA100-80GB"]) == 2
+    assert "hidden_size: an infinite number is not a whole number" in capsys.readouterr().err

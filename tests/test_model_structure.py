@@ -120,3 +120,28 @@ def test_the_advisor_charges_full_sharding_of_a_moe_for_gathering_every_expert()
         assert best.plan.fits and Rung.ZERO3 in best.changes
         costs[model] = best.cost - sum(RUNG_COST[rung] for rung in best.changes)
     assert costs == {"Qwen/Qwen3-30B-A3B": pytest.approx(MOE_FULL_SHARDING_COST), "Qwen/Qwen3-32B": 0}
+
+
+@pytest.mark.slow
+def test_a_full_plan_builds_without_peft_and_a_lora_plan_then_reads_peft_s_expert_names(tmp_path, capsys):
+    """A full plan's meta build leaves PEFT unimported (its expert-name tables come with the LoRA counts); a LoRA
+    plan of the same inventory, cached by then, still refuses half of a fused expert pair in PEFT's words."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from tuner.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(
+        model_type="qwen3_moe", hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_experts=4,
+        num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=128)))
+    code = ("import sys\nfrom tuner.cli import main\n"
+            f"status = main(['plan', '--model', {str(tmp_path)!r}, '--gpus', '1x80GB', '--method', 'full'])\n"
+            "print('STATUS', status, 'PEFT', 'peft' in sys.modules, file=sys.stderr)\n")
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "STATUS 0 PEFT False" in probe.stderr, probe.stderr[-2000:]
+    assert main(["plan", "--model", str(tmp_path), "--gpus", "1x80GB", "--method", "lora",
+                 "--set", "method.lora.target_modules=[gate_proj]", "--set", "method.lora.dropout=0"]) == 2
+    assert "PEFT cannot adapt gate_proj without also targeting up_proj" in capsys.readouterr().err

@@ -140,7 +140,7 @@ class ModelFacts:
         return with_lora(self.inventory, self.source, self.trust_remote_code, self.code_folder or None)
 
     def peft_targets(self, target_modules: list[str] | str, target_parameters=()) -> PeftTargets:
-        return peft_targets(self.inventory, target_modules, tuple(target_parameters))
+        return peft_targets(self.lora_inventory, target_modules, tuple(target_parameters))
 
     def lora_params(self, r: int, target_modules: list[str] | str, target_parameters=()) -> int:
         """LoRA parameters PEFT adds for these targets at rank ``r`` (PEFT's own counts, per module, from the

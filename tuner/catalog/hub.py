@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import quote
 
-from tuner.catalog.model_config import MAX_CONFIG_BYTES
+from tuner.catalog.model_config import MAX_CONFIG_BYTES, decoded
 from tuner.catalog.facts import UnknownModelError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # 'name' or 'org/name'
@@ -194,7 +194,7 @@ def _fetch(model_id: str, revision: str) -> HubConfig:
         get_hf_file_metadata(hf_hub_url(model_id, CONFIG_FILE, revision=revision))
         config_path = hf_hub_download(model_id, CONFIG_FILE, revision=revision)
         commit = Path(config_path).parent.name  # the snapshot folder is named by its commit
-        config = _read_json(config_path, MAX_CONFIG_BYTES)
+        config = decoded(_read_json(config_path, MAX_CONFIG_BYTES))
         index, single = None, None
         try:
             index = _read_json(hf_hub_download(model_id, INDEX_FILE, revision=commit), MAX_INDEX_BYTES)
@@ -219,7 +219,7 @@ def _from_hub_cache(model_id: str, revision: str) -> HubConfig | None:
     if not isinstance(config_path, str):
         return None
     try:
-        config = _read_json(config_path, MAX_CONFIG_BYTES)
+        config = decoded(_read_json(config_path, MAX_CONFIG_BYTES))
         index_path = try_to_load_from_cache(model_id, INDEX_FILE, revision=revision)
         index = _read_json(index_path, MAX_INDEX_BYTES) if isinstance(index_path, str) else None
     except (OSError, ValueError, RecursionError):

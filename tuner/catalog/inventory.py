@@ -90,6 +90,7 @@ class Inventory:
     tied: dict[str, str]  # parameter -> the parameter it is tied to (listed once, there)
     config: dict  # the text config as transformers resolved it (its defaults filled in)
     layer_types: list[str] = field(default_factory=list)  # config.layer_types where the model has one
+    # PEFT's tables, filled with the LoRA counts (measure_lora): a full fine-tuning plan never imports PEFT
     peft_moe_mapping: dict[str, str] = field(default_factory=dict)  # PEFT's v4 name -> v5 parameter for this MoE
     peft_fused_targets: dict[str, list[str]] = field(default_factory=dict)  # v5 parameter -> v4 names fused in it
     tp_plan: dict[str, str] = field(default_factory=dict)  # config.base_model_tp_plan

@@ -6,6 +6,8 @@ layer's parts hold (their leaf names and shapes, the module tree transformers bu
 - mixers: ``attention`` (q/k/v/o projections, optional q/k norms, attention sinks, a gated output as in Qwen3-Next),
   ``mla`` (DeepSeek's multi-head latent attention: low-rank q and kv projections), ``gated_delta_net`` (Qwen3-Next and
   Qwen3.5's linear attention: in-projections, a causal conv1d, the decay parameters, a gated norm);
+  a Mamba / Mamba-2 state-space mixer (Jamba, Bamba, Granite 4.0, Nemotron-H, Falcon-H1) is recognised and named as
+  not modelled;
 - MLPs: ``dense`` (SwiGLU: gate, up, down, or a fused gate_up) and ``moe`` (a router, fused 3-D experts, optional
   shared experts and their gate).
 
@@ -66,7 +68,7 @@ class LayerKind:
     mixer_params: int = 0
     mlp_params: int = 0
     norm_params: int = 0
-    unmodelled: tuple[str, ...] = ()  # parts no activation term covers, e.g. "mamba (NemotronHMamba2Mixer)"
+    unmodelled: tuple[str, ...] = ()  # parts no activation term covers, e.g. "mamba (BambaMixer, a Mamba-2 mixer: ...)"
 
     @property
     def count(self) -> int:
@@ -188,7 +190,8 @@ def _layer_kind(members: list[tuple[str, ModuleGroup]], layer_type: str, hidden:
             mlp_params = params
         else:
             cls = block.module if block else parts[0][1].module
-            unmodelled.append(f"{child} ({cls})")
+            ssm = _state_space(inner, block)
+            unmodelled.append(f"{child} ({cls}, a {ssm} mixer: not modelled)" if ssm else f"{child} ({cls})")
             continue
         for relative, group in parts:
             if group.kind == "experts":
@@ -204,6 +207,15 @@ def _layer_kind(members: list[tuple[str, ModuleGroup]], layer_type: str, hidden:
                      norms=tuple(norms), params=sum(group.own_numel * group.per_layer_instances for _, group in members),
                      mixer_params=mixer_params, mlp_params=mlp_params, norm_params=norm_params,
                      unmodelled=tuple(u for u in unmodelled if u))
+
+
+def _state_space(inner: dict[str, ModuleGroup], block: ModuleGroup | None) -> str:
+    """"Mamba-2" or "Mamba" for a selective state-space mixer (the decay A_log and skip D of its own, a causal
+    conv1d, in/out projections; Mamba-2 has a per-head dt_bias where Mamba-1 projects dt), else "".  The planner has
+    no terms for its state and conv caches or its scan's activations, so it is named, not planned."""
+    if not {"A_log", "D"} <= _own(block) or not {"conv1d", "in_proj", "out_proj"} <= set(inner):
+        return ""
+    return "Mamba-2" if "dt_bias" in _own(block) and "dt_proj" not in inner else "Mamba"
 
 
 def _own(block: ModuleGroup | None) -> set[str]:

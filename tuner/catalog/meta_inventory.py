@@ -101,7 +101,6 @@ def build_inventory(config: dict, name: str, trust_remote_code: bool = False, lo
                                     f"({getattr(config_obj, 'model_type', '?')}): {_reason(exc)}") from None
     layers_path, num_layers = _decoder_layers(model)
     groups = tuple(group for group, _ in _groups(model, layers_path))
-    peft_moe_mapping, peft_fused = _peft_moe_tables(model)
     layer_types = getattr(text, "layer_types", None)
     inventory = Inventory(
         architecture=type(model).__name__, model_type=str(getattr(config_obj, "model_type", "")),
@@ -109,7 +108,6 @@ def build_inventory(config: dict, name: str, trust_remote_code: bool = False, lo
         config_sha256=config_key(config), layers_path=layers_path, num_layers=num_layers, groups=groups,
         tied=_tied(model), config=_jsonable(text.to_dict()), source_config=canonical_config(config),
         layer_types=[str(t) for t in layer_types] if isinstance(layer_types, (list, tuple)) else [],
-        peft_moe_mapping=peft_moe_mapping, peft_fused_targets=peft_fused,
         tp_plan={str(k): str(v) for k, v in (getattr(text, "base_model_tp_plan", None) or {}).items()},
     )
     return measure_lora(inventory, name, trust_remote_code, code_folder) if lora else inventory
@@ -119,15 +117,18 @@ def measure_lora(inventory: Inventory, name: str, trust_remote_code: bool = Fals
                  code_folder: Path | None = None) -> Inventory:
     """The inventory with what PEFT adapts per module group: LoRA parameters per unit of rank when target_modules
     names the group's leaf, under all-linear, and per target parameter; measured with get_peft_model on fresh
-    meta models (adapters on the meta device too)."""
+    meta models (adapters on the meta device too); and PEFT's renaming of expert names (:func:`_peft_moe_tables`).
+    Only LoRA needs PEFT, so a full fine-tuning plan's build never imports it (and bitsandbytes with it)."""
     import peft
 
     config_obj = config_object(inventory.source_config, name, trust_remote_code, code_folder)
     model = meta_model(config_obj, trust_remote_code)
     paths = dict(_group_paths(model, inventory))
-    lora = _lora_coefficients(config_obj, trust_remote_code, inventory.groups, inventory.peft_moe_mapping)
+    peft_moe_mapping, peft_fused = _peft_moe_tables(model)
+    lora = _lora_coefficients(config_obj, trust_remote_code, inventory.groups, peft_moe_mapping)
     groups = tuple(_with_lora(group, paths.get(index, set()), lora) for index, group in enumerate(inventory.groups))
-    return replace(inventory, groups=groups, peft_version=peft.__version__)
+    return replace(inventory, groups=groups, peft_version=peft.__version__, peft_moe_mapping=peft_moe_mapping,
+                   peft_fused_targets=peft_fused)
 
 
 def _group_paths(model, inventory: Inventory):

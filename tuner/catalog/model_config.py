@@ -3,7 +3,8 @@
 A damaged or hostile file (a list where a mapping belongs, 0 heads, a 10^9-wide hidden layer, ``1e400``, nesting a
 thousand levels deep, more experts per token than experts) is refused here naming the file and the key, so no
 traceback, no runaway build and no negative parameter count can follow.  Pure Python: ``tuner validate`` and
-``tuner plan`` check a config without torch.
+``tuner plan`` check a config without torch.  The checks see the config as transformers' loader decodes it
+(:func:`decoded`), so a config transformers saved is read as transformers reads it.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def read_config(path: Path) -> dict:
 
     try:
         text = read_limited(path, MAX_CONFIG_BYTES, pipes=False).decode("utf-8")
-        config = json.loads(text)
+        config = decoded(json.loads(text))
     except TooLarge:
         raise ModelConfigError(f"{path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB; a config.json is a few KiB: "
                                "point model.id at the folder save_pretrained wrote.") from None
@@ -59,6 +60,26 @@ def read_config(path: Path) -> dict:
         raise ModelConfigError(f"{path}: cannot be read ({exc.strerror or exc}).") from None
     check_config(config, str(path))
     return config
+
+
+def decoded(config):
+    """``config`` as transformers' own loader (``PreTrainedConfig._dict_from_json_file``) decodes it: transformers 5
+    saves a non-finite float as ``{"__float__": "Infinity"}`` (Mamba-2's ``time_step_limit``) and turns it back into
+    ``inf`` on load, so tuner decodes with transformers' function rather than a second copy of it.  Only a config
+    that holds such a tag imports transformers (a second or more, torch with it): the decoding leaves any other
+    mapping as it is, and a plan from a cached inventory imports neither."""
+    if not _tagged(config):
+        return config
+    from transformers.configuration_utils import PreTrainedConfig
+
+    return PreTrainedConfig._decode_special_floats(config)
+
+
+def _tagged(value) -> bool:
+    """Whether any mapping in ``value`` holds the key transformers tags a non-finite float with."""
+    if isinstance(value, dict):
+        return "__float__" in value or any(_tagged(item) for item in value.values())
+    return isinstance(value, list) and any(_tagged(item) for item in value)
 
 
 def _describe(value) -> str:

@@ -188,7 +188,7 @@ def _lora_targets(recipe: Recipe) -> list[Problem]:
         return problems
     names = list(dict.fromkeys(lin.name.split(".")[-1] for lin in facts.layer_linears() if lin.is_nn_linear))
     known = set(names) | {lin.name for kind in facts.layer_kinds for lin in kind.linears} | \
-        set(facts.inventory.peft_moe_mapping) | {"lm_head", "embed_tokens"}
+        set(facts.lora_inventory.peft_moe_mapping) | {"lm_head", "embed_tokens"}
     unmatched = [name for name in lora.target_modules if name not in known and name.split(".")[-1] not in known]
     if not unmatched:
         return problems
