@@ -220,19 +220,14 @@ class Draft:
         return next((line for line in self.problems if line.startswith(f"{dotted}: ")), None)
 
     def holds(self, changes: Changes) -> bool:
-        """Whether the recipe already has every value in ``changes`` (None: the field is unset or None)."""
+        """Whether the recipe already has every value in ``changes`` (None: the field is unset or None); a section,
+        or a list of them (grpo's rewards), matches where the keys ``changes`` gives agree (the rest are defaults)."""
         for dotted, value in changes.items():
             try:
                 current = self.value(dotted)
             except AttributeError:
                 return False
-            if isinstance(current, BaseModel):
-                current = current.model_dump(mode="json")
-                if isinstance(value, dict):  # a partial section matches when its keys agree
-                    if any(current.get(key) != item for key, item in value.items()):
-                        return False
-                    continue
-            if current != value:
+            if not _agrees(current, value):
                 return False
         return True
 
@@ -380,6 +375,17 @@ class Draft:
         path = write_recipe(Path(path), self.to_yaml(), overwrite)
         self.path = path
         return path
+
+
+def _agrees(current: Any, value: Any) -> bool:
+    """Whether a resolved value (sections as models) holds ``value``, a section's keys compared where given."""
+    if isinstance(current, BaseModel):
+        current = current.model_dump(mode="json")
+        if isinstance(value, dict):
+            return all(_agrees(current.get(key), item) for key, item in value.items())
+    if isinstance(current, (list, tuple)) and isinstance(value, list):
+        return len(current) == len(value) and all(map(_agrees, current, value))
+    return current == value
 
 
 def _show(value: Any) -> str:

@@ -78,6 +78,37 @@ def show_reason(line: Static, reason: str | None) -> None:
         line.display = bool(reason)
 
 
+class ChoiceRow(RadioSet):
+    """The options of a choice: the arrows move one shown option at a time, refused ones too (greyed out, their
+    reason below the form), and stop at the ends instead of wrapping, so where a key lands is plain; Enter or Space
+    on a refused option says why instead of choosing it."""
+
+    def _move(self, step: int) -> None:
+        shown = [index for index, button in enumerate(self._nodes) if button.display]
+        if not shown:
+            return
+        if self._selected not in shown:
+            self._selected = shown[0]
+            return
+        self._selected = shown[max(0, min(shown.index(self._selected) + step, len(shown) - 1))]
+
+    def action_next_button(self) -> None:
+        self._move(+1)
+
+    def action_previous_button(self) -> None:
+        self._move(-1)
+
+    def action_toggle_button(self) -> None:
+        button = self._nodes[self._selected] if self._selected is not None else None
+        if button is not None and button.disabled:
+            self.notify(f"{button.label}: {button.tooltip}", severity="warning", markup=False)
+            return
+        super().action_toggle_button()
+
+
+BUTTON_CELLS = 5  # a radio button's cells beside its label: "▐●▌ " and a space after
+
+
 class ChoiceField(Vertical):
     """A labelled row of radio buttons; refused options are disabled with their reason."""
 
@@ -90,7 +121,7 @@ class ChoiceField(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Label(self.label, classes="choice-label")
-        with RadioSet(id=f"{self.id}-set"):
+        with ChoiceRow(id=f"{self.id}-set"):
             for index, choice in enumerate(self.choices):
                 yield RadioButton(choice.label, id=f"{self.id}-{index}")
         yield Static("", classes="field-reason")
@@ -103,6 +134,23 @@ class ChoiceField(Vertical):
         """The button of the option labelled ``label`` (for tests and help)."""
         index = next(i for i, choice in enumerate(self.choices) if choice.label == label)
         return self.query_one(f"#{self.id}-{index}", RadioButton)
+
+    def on_resize(self, event) -> None:
+        self.lay_out(event.size.width)
+
+    def lay_out(self, width: int) -> None:
+        """One row where every label fits whole, else a grid of as many columns as the widest label allows: a
+        label is never cut (``exact match +``), whatever the terminal's width."""
+        buttons = [button for button in self.query(RadioButton) if button.display]
+        cells = [len(button.label) + BUTTON_CELLS for button in buttons]
+        styles = self.radio_set.styles
+        if not cells or sum(cells) <= width:
+            layout, columns = "horizontal", 0
+        else:
+            layout, columns = "grid", max(1, min(len(cells), width // max(cells)))
+        if styles.layout is None or styles.layout.name != layout or styles.grid_size_columns != columns:
+            styles.layout = layout
+            styles.grid_size_columns = columns or 1
 
     def sync(self, draft: Draft) -> None:
         """Re-check every option against the draft (a keypress's cost: widgets change only when their state does)."""
