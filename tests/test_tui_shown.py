@@ -84,3 +84,89 @@ async def test_arrows_step_through_every_option_refused_ones_too_and_stop_at_the
         assert row._selected == 3
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.draft.value("objective.kind") == "grpo")
+
+
+def visible(app, widget) -> bool:
+    """Whole on screen: not cut by the terminal's edge nor scrolled out of any container."""
+    region = widget.region
+    return bool(region.area) and app.screen.region.contains_region(region) and all(
+        ancestor.region.contains_region(region) for ancestor in widget.ancestors if hasattr(ancestor, "region")
+        and ancestor is not app and ancestor.region.area)
+
+
+def verdict_agrees(app, recipe) -> None:
+    """The verdict line says what ``tuner plan`` says: its verdict, the training device's peak and headroom."""
+    from tuner.planner import plan
+    from tuner.tui.widgets.plan_bar import gib
+
+    expected = plan(recipe)
+    shown = str(app.screen.query_one("#verdict").render())
+    device = expected.gpu
+    assert f"verdict: {expected.verdict}" in shown, shown
+    assert f"peak {gib(device.total_gib)}" in shown and f"headroom {gib(device.headroom_gib)}" in shown, shown
+
+
+SEVENTY_B_FULL_ON_A_4090 = {"model": {"id": "meta-llama/Llama-3.1-70B"},
+                            "hardware": {"gpus_per_machine": 1, "gpu": "RTX4090"}}
+
+
+# 4 ------------------------------------------------------------------------------------------
+@SIZES
+@pytest.mark.parametrize("data", [SEVENTY_B_FULL_ON_A_4090, {"model": {"id": "builtin:demo"}}], ids=["70b", "demo"])
+@pilot_test
+async def test_review_shows_the_verdict_peak_and_headroom_of_every_recipe(size, data):
+    from tuner.tui.draft import Draft
+
+    app = make_app(Draft(data))
+    async with app.run_test(size=size) as pilot:
+        app.switch_mode("review")
+        await settle(pilot)
+        verdict_agrees(app, app.draft.recipe)
+        assert visible(app, app.screen.query_one("#verdict"))
+        if data is SEVENTY_B_FULL_ON_A_4090:
+            assert "verdict: does not fit" in str(app.screen.query_one("#verdict").render())
+
+
+# 5 ------------------------------------------------------------------------------------------
+def words_whole(rendered: str, changes: list[str]) -> None:
+    """Each rendered line is a piece of one change line that begins and ends between words (at a space, or after a
+    dot of the field's name): a line never breaks inside a word."""
+    def whole(piece: str, line: str) -> bool:
+        start = line.find(piece)
+        while start >= 0:
+            end = start + len(piece)
+            if (start == 0 or line[start - 1] in " .") and (end == len(line) or line[end] == " " or line[end - 1] == "."):
+                return True
+            start = line.find(piece, start + 1)
+        return False
+
+    for piece in rendered.splitlines()[1:]:  # under the heading
+        assert any(whole(piece.strip(), change) for change in changes), (piece, changes)
+
+
+@SIZES
+@pilot_test
+async def test_after_autofit_the_verdict_stays_in_view_and_changes_break_between_words(size):
+    from tuner.tui.draft import Draft
+
+    app = make_app(Draft({"model": {"id": "meta-llama/Llama-3.1-8B"},
+                          "hardware": {"gpus_per_machine": 1, "gpu": "RTX4090", "host_ram_gb": 256}}))
+    async with app.run_test(size=size) as pilot:
+        app.switch_mode("method")
+        await settle(pilot)
+        await pilot.press("f")
+        await settle(pilot)
+        screen = app.screen
+        assert screen.alternatives and visible(app, screen.query_one("#verdict"))
+        verdict_agrees(app, app.draft.recipe)
+        listing = screen.query_one("#alternatives")
+        for index, proposal in enumerate(screen.alternatives):
+            if not proposal.advice.fits:
+                continue
+            listing.highlighted = index
+            await settle(pilot)
+            box = screen.query_one("#proposal")
+            rendered = box.render().plain
+            assert all(len(line) <= box.size.width for line in rendered.splitlines()), rendered
+            words_whole(rendered, app.draft.describe_changes(proposal.changes))
+            assert visible(app, screen.query_one("#verdict"))
