@@ -170,3 +170,98 @@ async def test_after_autofit_the_verdict_stays_in_view_and_changes_break_between
             assert all(len(line) <= box.size.width for line in rendered.splitlines()), rendered
             words_whole(rendered, app.draft.describe_changes(proposal.changes))
             assert visible(app, screen.query_one("#verdict"))
+
+
+def controls(screen) -> set[str]:
+    """The recipe fields a control on ``screen`` edits."""
+    from tuner.tui.widgets.fields import InputField, SelectField, ToggleField
+
+    fields = {widget.field for widget in screen.query("InputField, SelectField, ToggleField")
+              if isinstance(widget, (InputField, SelectField, ToggleField))}
+    for choice_field in screen.query(ChoiceField):
+        fields |= {field for choice in choice_field.choices for field in choice.changes}
+    return fields
+
+
+def refusals(screen) -> list[tuple[dict, str]]:
+    """(what the option would change, the checker's reason ``field: why``) of every greyed-out option shown."""
+    draft = screen.app.draft
+    return [(choice.changes_for(draft), str(button.tooltip)) for field in screen.query(ChoiceField) if field.display
+            for choice, button in zip(field.choices, field.query(RadioButton)) if button.display and button.disabled]
+
+
+def liftable_here(screen, changes: dict, reason: str) -> bool:
+    """Whether a control on ``screen`` lifts the refusal: it edits the field the reason names, or one of its own
+    options makes the refused one acceptable (LoRA lifts fp16's refusal of full float16 weights)."""
+    import copy
+
+    from tuner.tui.draft import Draft
+
+    if reason.split(": ", 1)[0] in controls(screen):
+        return True
+    draft = screen.app.draft
+    for field in screen.query(ChoiceField):
+        for choice, button in zip(field.choices, field.query(RadioButton)):
+            if button.display and not button.disabled:
+                other = Draft(copy.deepcopy(draft.data))
+                other.apply(choice.changes_for(other))
+                if other.refusal(changes) is None:
+                    return True
+    return False
+
+
+MOE_ON_TWO_4090 = {"model": {"id": "Qwen/Qwen3-30B-A3B"}, "hardware": {"gpus_per_machine": 2, "gpu": "RTX4090"},
+                   "memory": {"distributed": "ddp"}}
+
+
+# 1 ------------------------------------------------------------------------------------------
+@SIZES
+@pilot_test
+async def test_moe_lora_is_reachable_on_the_method_step_by_dropout_or_targets(size):
+    from tuner.tui.draft import Draft
+
+    app = make_app(Draft(MOE_ON_TWO_4090))
+    async with app.run_test(size=size) as pilot:
+        app.switch_mode("method")
+        await settle(pilot)
+        screen = app.screen
+        method = screen.query_one("#method-kind", ChoiceField)
+        targets = screen.query_one("#lora-targets", ChoiceField)
+        assert method.button("LoRA").disabled and "method.lora.dropout" in str(method.button("LoRA").tooltip)
+        assert pressed(targets) == ["all linear"] and targets.button("attention + experts").display
+        for changes, reason in refusals(screen):  # every refusal shown has the control that lifts it here
+            assert liftable_here(screen, changes, reason), reason
+
+        targets.radio_set.focus()
+        await pilot.press("right", "enter")  # attention only: its linear layers, no fused experts
+        await settle(pilot)
+        assert app.draft.value("method.lora.target_modules") == ["q_proj", "k_proj", "v_proj", "o_proj"]
+        assert pressed(targets) == ["attention"] and not method.button("LoRA").disabled
+
+        await pilot.press("right", "enter")  # the experts too: PEFT wants dropout 0 for them
+        await settle(pilot)
+        assert app.draft.value("method.lora.target_parameters") == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]
+        assert pressed(targets) == ["attention + experts"] and method.button("LoRA").disabled
+        dropout = screen.query_one("#method-lora-dropout-input", Input)
+        dropout.focus()
+        await pilot.press("home", "ctrl+k", "0")
+        await settle(pilot)
+        assert app.draft.value("method.lora.dropout") == 0 and not method.button("LoRA").disabled
+        method.radio_set.focus()
+        await pilot.press("right", "enter")  # Full -> LoRA
+        await settle(pilot)
+        assert app.draft.value("method.kind") == "lora" and app.draft.valid and app.plan is not None
+        assert pressed(method) == ["LoRA"]
+
+
+@pilot_test
+async def test_a_dense_model_is_offered_no_experts():
+    from tuner.tui.draft import Draft
+
+    app = make_app(Draft({"model": {"id": "meta-llama/Llama-3.1-8B"}}))
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.switch_mode("method")
+        await settle(pilot)
+        targets = app.screen.query_one("#lora-targets", ChoiceField)
+        assert not targets.button("attention + experts").display and targets.button("attention").display
+        labels_whole(targets)

@@ -204,6 +204,18 @@ class Draft:
         """The field as the recipe resolves it (defaults filled in)."""
         return _attribute(self.resolved, dotted)
 
+    def written(self, dotted: str) -> Any:
+        """The field as the recipe sets it, else the schema's default, before other fields resolve it
+        (``model.dtype: auto``, where ``value`` says the dtype the precision makes of it)."""
+        value = _get(self.data, dotted, _MISSING)
+        if value is not _MISSING:
+            return value
+        *sections, name = dotted.split(".")
+        model: Any = Recipe
+        for part in sections:
+            model = section_model(model, part)
+        return model.model_fields[name].get_default(call_default_factory=True)
+
     def shown(self, dotted: str) -> str:
         """The text a box shows for the field: what the user typed, else the value."""
         if dotted in self.typed:

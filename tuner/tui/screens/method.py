@@ -20,8 +20,9 @@ from textual.widgets.option_list import Option
 from tuner.planner import Advice
 from tuner.planner.advisor import change_label
 from tuner.recipe.objective import PREFERENCE_OBJECTIVES, TRL_LOSS_TYPES, GrpoSection, ObjectiveSection
-from tuner.recipe.schema import FsdpSection, MemorySection, MethodSection, ParallelismSection, Recipe, TrainingSection
-from tuner.tui.draft import Changes, schema_values
+from tuner.recipe.schema import (FsdpSection, LoraSection, MemorySection, MethodSection, ModelSection, ParallelismSection,
+                                 Recipe, TrainingSection)
+from tuner.tui.draft import Changes, Draft, schema_values
 from tuner.tui.messages import DiskChecked, PlanUpdated
 from tuner.tui.planning import CannotPlan, worth_showing
 from tuner.tui.screens.base import WizardScreen
@@ -54,6 +55,66 @@ REWARDS = [
         {"kind": "regex_match", "column": "answer", "pattern": "<answer>(.*?)</answer>"}]}),
     Choice("exact match + length", {"objective.grpo.rewards": [EXACT_MATCH, {"kind": "length", "weight": 0.1}]}),
 ]
+
+@dataclass(frozen=True)
+class TargetChoice(Choice):
+    """What LoRA adapts, in the names of the draft's model (its facts, as the recipe checker reads them): every linear
+    layer (the schema's ``all-linear``: a MoE model's fused experts too, which PEFT adapts only without dropout), the
+    attention's, or the attention's and, for a MoE model, its fused experts as parameters (PEFT's
+    target_parameters).  Unset fields stay the schema's default, so all-linear is chosen by saying nothing."""
+
+    targets: str = "all-linear"  # all-linear, attention or experts
+
+    def _names(self, draft: Draft) -> tuple[list[str], list[str]] | None:
+        """(the attention's linear layers, the experts' parameters) of the model, or None when it is unknown."""
+        from tuner.catalog.facts import UnknownModelError
+        from tuner.catalog.models import model_facts
+
+        model = draft.resolved.model
+        try:
+            facts = model_facts(model.id, model.revision, model.trust_remote_code)
+        except UnknownModelError:  # the hub's too (HubError): the Model step says why
+            return None
+        kind = max(facts.layer_kinds, key=lambda kind: kind.count)
+        mixer = f"{kind.dims.get('mixer_path', 'self_attn')}."
+        attention = list(dict.fromkeys(lin.name.rsplit(".", 1)[-1] for lin in kind.linears
+                                       if lin.is_nn_linear and lin.name.startswith(mixer)))
+        experts = [lin.name for lin in kind.linears if not lin.is_nn_linear and ".experts." in f".{lin.name}."]
+        return attention, experts
+
+    def changes_for(self, draft: Draft) -> Changes:
+        names = self._names(draft) if self.targets != "all-linear" else None
+        if names is None:
+            return LORA_TARGET_FIELDS
+        attention, experts = names
+        return {"method.lora.target_modules": attention,
+                "method.lora.target_parameters": experts if self.targets == "experts" else None}
+
+    def chosen_in(self, draft: Draft) -> bool:
+        resolved = {"method.lora.target_modules": "all-linear", "method.lora.target_parameters": []}
+        wanted = {field: resolved[field] if value is None else value
+                  for field, value in self.changes_for(draft).items()}
+        return draft.holds(wanted)
+
+    def offered_in(self, draft: Draft) -> bool:
+        if self.targets == "all-linear":
+            return True
+        names = self._names(draft)
+        return names is not None and bool(names[0]) and (self.targets == "attention" or bool(names[1]))
+
+
+LORA_TARGET_FIELDS = {"method.lora.target_modules": None, "method.lora.target_parameters": None}
+LORA_TARGETS = [TargetChoice(label, LORA_TARGET_FIELDS, targets) for targets, label in (
+    ("all-linear", "all linear"), ("attention", "attention"), ("experts", "attention + experts"))]
+assert schema_values("method.lora.target_modules") == ("all-linear",)  # the schema's one named value, offered first
+
+@dataclass(frozen=True)
+class WrittenChoice(Choice):
+    """An option chosen by what the recipe sets (``auto``), not by what other fields resolve the field to."""
+
+    def chosen_in(self, draft: Draft) -> bool:
+        return all(draft.written(field) == value for field, value in self.changes.items())
+
 
 PARALLEL_DEGREES = [1, 2, 4, 8]  # ranks splitting one layer (tp) or one sequence (cp, sp); a refused one says why
 
@@ -147,6 +208,10 @@ class MethodScreen(WizardScreen):
                 with Horizontal(classes="pair"):
                     yield InputField("LoRA rank", "method.lora.r", number=True)
                     yield InputField("LoRA alpha", "method.lora.alpha", number=True)
+                yield InputField("LoRA dropout", "method.lora.dropout", number=True,
+                                 help=_help(LoraSection, "dropout"))
+                yield ChoiceField("LoRA targets", LORA_TARGETS, id="lora-targets",
+                                  help=_help(LoraSection, "target_modules"))
                 yield ToggleField("Auto-fit may switch to LoRA / QLoRA", "method.allow_method_change",
                                   help=_help(MethodSection, "allow_method_change"))
                 yield ChoiceField("Objective", OBJECTIVES, id="objective-kind", help=_help(ObjectiveSection, "kind"))
@@ -179,6 +244,8 @@ class MethodScreen(WizardScreen):
                                   id="attention", help=_help(MemorySection, "attention"))
                 yield ChoiceField("Precision", schema_choices("memory.mixed_precision"),
                                   id="precision", help=_help(MemorySection, "mixed_precision"))
+                yield ChoiceField("Weights (loaded as)", schema_choices("model.dtype", choice=WrittenChoice),
+                                  id="model-dtype", help=_help(ModelSection, "dtype"))
                 yield ChoiceField("Optimizer", OPTIMIZERS, id="optimizer", help=_help(TrainingSection, "optimizer"))
                 with Horizontal(classes="pair"):
                     yield InputField("Micro-batch", "training.micro_batch_size", number=True)

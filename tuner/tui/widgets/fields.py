@@ -36,6 +36,10 @@ class Choice:
         """Whether ``draft`` shows this option as chosen: it holds every value the option stands for."""
         return draft.holds(self.changes)
 
+    def offered_in(self, draft: Draft) -> bool:
+        """Whether the option is shown for ``draft`` at all (a MoE model's experts: only for a MoE model)."""
+        return True
+
 
 @dataclass(frozen=True)
 class ObjectiveChoice(Choice):
@@ -155,8 +159,17 @@ class ChoiceField(Vertical):
     def sync(self, draft: Draft) -> None:
         """Re-check every option against the draft (a keypress's cost: widgets change only when their state does)."""
         refused: dict[str, list[str]] = {}  # reason -> the options it refuses
-        chosen_one = False
+        chosen_one, shown = False, []
         for choice, button in zip(self.choices, self.query(RadioButton)):
+            offered = choice.offered_in(draft)
+            shown.append(offered)
+            if button.display != offered:
+                button.display = offered
+            if not offered:
+                if button.value:
+                    with button.prevent(RadioButton.Changed):
+                        button.value = False
+                continue
             chosen = not chosen_one and choice.chosen_in(draft)
             chosen_one = chosen_one or chosen
             refusal = None if chosen else draft.refusal(choice.changes_for(draft))
@@ -173,6 +186,9 @@ class ChoiceField(Vertical):
             elif not chosen and button.value:  # e.g. a file's tp 3, which no option is: none shows as chosen
                 with button.prevent(RadioButton.Changed):
                     button.value = False
+        if shown != getattr(self, "_shown", shown):
+            self.lay_out(self.size.width)
+        self._shown = shown
         self.reasons = [f"{', '.join(labels)}: {reason}" for reason, labels in refused.items()]
         fields = dict.fromkeys(field for choice in self.choices for field in choice.changes)
         reason = next((line for line in map(draft.reason, fields) if line), None)
