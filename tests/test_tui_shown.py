@@ -265,3 +265,56 @@ async def test_a_dense_model_is_offered_no_experts():
         targets = app.screen.query_one("#lora-targets", ChoiceField)
         assert not targets.button("attention + experts").display and targets.button("attention").display
         labels_whole(targets)
+
+
+# 12 -----------------------------------------------------------------------------------------
+@pilot_test
+async def test_autofit_proposes_no_plan_needing_more_host_ram_than_this_machine_has():
+    from tuner.tui.app import TunerApp
+    from tuner.tui.detect import machine_ram_gib
+    from tuner.tui.draft import Draft
+
+    app = TunerApp(draft=Draft({**MOE_ON_TWO_4090, "method": {"allow_method_change": True}}))  # RAM not set
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.switch_mode("method")
+        await settle(pilot)
+        app.screen.query_one("#method-kind RadioSet").focus()
+        await pilot.press("f")
+        await settle(pilot)
+        ram = machine_ram_gib()
+        assert app.screen.alternatives
+        for proposal in app.screen.alternatives:
+            host = [device for device in proposal.advice.plan.devices if device.kind == "host"]
+            if proposal.advice.fits:
+                assert all(device.total_gib <= ram for device in host), (proposal.advice.label, ram)
+            assert not any(field.startswith("hardware.") for field in proposal.changes)
+
+
+# 13: Hardware -------------------------------------------------------------------------------
+@pilot_test
+async def test_hardware_shows_this_machines_ram_in_its_box_and_names_processes_after_the_gpus():
+    from tuner.tui.app import TunerApp
+    from tuner.tui.detect import machine_ram_gib
+
+    app = TunerApp()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("enter")  # New recipe
+        await settle(pilot)
+        app.switch_mode("hardware")
+        await settle(pilot)
+        await wait_until(pilot, lambda: "host RAM:" in str(app.screen.query_one("#detected").render()))
+        await settle(pilot)
+        ram = machine_ram_gib()
+        assert f"host RAM: {ram:g} GiB" in str(app.screen.query_one("#detected").render())
+        assert app.screen.query_one("#hardware-host_ram_gb-input", Input).value == f"{ram:g}"
+        assert app.draft.value("hardware.host_ram_gb") == ram
+        label = app.screen.query_one("#hardware-num_processes .field-label")
+        gpus = app.screen.query_one("#hardware-gpus_per_machine-input", Input)
+        gpus.focus()
+        await pilot.press("home", "ctrl+k", "2")
+        await settle(pilot)
+        assert app.draft.value("hardware.gpus_per_machine") == 2
+        assert "CPU" not in str(label.render()) and "GPU" in str(label.render())
+        await pilot.press("backspace", "0")
+        await settle(pilot)
+        assert str(label.render()) == "Processes (CPU)"

@@ -103,7 +103,7 @@ def fixed_plan(recipe) -> MemoryPlan:
                                                        "overhead": 4.34})], "does not fit", missing_gib=55.13)
 
 
-def fixed_advice(recipe) -> list[Advice]:
+def fixed_advice(recipe, host_ram_gib=None) -> list[Advice]:
     ladder = [
         (["zero2", "gradient_checkpointing", "offload_optimizer"], 0.90,
          {"memory.distributed": "deepspeed", "memory.zero_stage": 2, "memory.gradient_checkpointing": True,

@@ -348,10 +348,14 @@ class MethodScreen(WizardScreen):
 
     @work(thread=True, exclusive=True, group="advice")
     def advise(self, starts: list[Recipe]) -> None:
+        """The advisor's plans, on this machine's RAM where the recipe gives none (as the Hardware step shows it)."""
+        from tuner.tui.detect import machine_ram_gib
+
+        ram = machine_ram_gib() if self.app.detect_hardware else None
         advice = []
         try:
             for recipe in starts:
-                advice += self.app.planner.advise(recipe)
+                advice += self.app.planner.advise(recipe, host_ram_gib=ram)
         except CannotPlan as exc:
             self.post_message(AdviceArrived(starts, [], error=str(exc)))
             return
