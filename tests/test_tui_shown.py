@@ -318,3 +318,35 @@ async def test_hardware_shows_this_machines_ram_in_its_box_and_names_processes_a
         await pilot.press("backspace", "0")
         await settle(pilot)
         assert str(label.render()) == "Processes (CPU)"
+
+
+# 13: Model ----------------------------------------------------------------------------------
+@SIZES
+@pilot_test
+async def test_an_opened_recipes_model_is_highlighted_rows_never_wrap_and_moe_facts_show_expert_width(size):
+    from textual.widgets import OptionList
+
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        actions = app.screen.query_one("#actions", OptionList)
+        actions.focus()
+        actions.highlighted = actions.get_option_index("builtin:llama3.1/70b-qlora")
+        await pilot.press("enter")
+        await settle(pilot)
+        assert app.current_mode == "model"
+        listing = app.screen.query_one("#model-list", OptionList)
+        model_id = app.draft.value("model.id")
+        assert model_id.startswith("meta-llama/Llama-3.1-70B")
+        assert listing.get_option_at_index(listing.highlighted).id == model_id
+        width = listing.scrollable_content_region.width
+        for index in range(listing.option_count if size == (120, 40) else 0):  # 80 columns: id and size, may wrap
+            prompt = str(listing.get_option_at_index(index).prompt)
+            assert len(prompt) <= width or prompt == listing.get_option_at_index(index).id, (prompt, width)
+        box = app.screen.query_one("#model-id-input", Input)
+        box.focus()
+        box.value = "Qwen/Qwen3-30B-A3B"
+        await pilot.press("enter")
+        await settle(pilot)
+        facts = str(app.screen.query_one("#facts").render())
+        assert "expert width" in facts and "768" in facts and "6144" not in facts, facts
