@@ -132,6 +132,23 @@ def fixed_disk(recipe, plan) -> Check:
 FIXED_PLANNER = Planner(plan=fixed_plan, advise=fixed_advice, disk=fixed_disk)
 
 
+def choice_held(draft: Draft, choice) -> bool:
+    """Whether the recipe already has what ``choice`` stands for, by an oracle that knows nothing of the widgets:
+    its values applied to a copy of the recipe change nothing it resolves to (an objective: its kind; a choice of
+    what the recipe writes, such as ``auto`` weights: what it writes too)."""
+    from tuner.tui.screens.method import WrittenChoice
+    from tuner.tui.widgets.fields import ObjectiveChoice
+
+    if isinstance(choice, ObjectiveChoice):
+        return draft.value("objective.kind") == choice.changes["objective.kind"]
+    changes = choice.changes_for(draft)
+    other = Draft(copy.deepcopy(draft.data))
+    other.apply(changes)
+    if isinstance(choice, WrittenChoice) and any(other.written(field) != draft.written(field) for field in changes):
+        return False
+    return other.resolved.model_dump(mode="json") == draft.resolved.model_dump(mode="json")
+
+
 def pilot_test(scenario):
     """Run an async pilot scenario as a plain test (no async pytest plugin needed)."""
     import functools
