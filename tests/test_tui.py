@@ -183,7 +183,7 @@ async def test_autofit_lists_plans_that_fit_and_applies_only_the_chosen_changes(
         app.switch_mode("method")
         await settle(pilot)
         assert app.plan.verdict == "does not fit"
-        assert "does not fit: GPU memory is" in str(app.screen.query_one(PlanPanel).render())
+        assert "does not fit: GPU memory is" in str(app.screen.query_one("#verdict").render())
         await pilot.press("f")
         await settle(pilot)
         assert app.plan.verdict == "does not fit"  # listed, not applied
@@ -398,7 +398,7 @@ async def test_a_model_the_planner_does_not_know_is_explained_not_fatal():
         app.switch_mode("method")
         await settle(pilot)
         assert app.plan is None
-        assert "no architecture facts" in str(app.screen.query_one(PlanPanel).render())
+        assert "no architecture facts" in str(app.screen.query_one("#verdict").render())
 
 
 @pilot_test

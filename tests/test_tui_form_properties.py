@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 from textual.widgets import Input, OptionList, Select
 
-from tui_helpers import make_app, settle
+from tui_helpers import choice_held, make_app, settle
 from tuner.recipe.io import RecipeError, parse_yaml, read_recipe_text, validate_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.recipe.schema import SCHEMA_VERSION, Recipe
@@ -236,9 +236,10 @@ def visible_fields_match_the_draft(app) -> None:
         elif isinstance(widget, ToggleField):
             assert widget.checkbox.value == bool(draft.value(widget.field)), widget.field
         elif isinstance(widget, ChoiceField):
-            pressed = [choice.label for choice, button in zip(widget.choices, widget.query("RadioButton"))
-                       if button.value]
-            holding = [choice.label for choice in widget.choices if draft.holds(choice.changes)]
+            options = [(choice, button) for choice, button in zip(widget.choices, widget.query("RadioButton"))
+                       if button.display]
+            pressed = [choice.label for choice, button in options if button.value]
+            holding = [choice.label for choice, _ in options if choice_held(draft, choice)]
             assert pressed == holding[:1], (widget.id, pressed, holding)
 
 

@@ -17,7 +17,6 @@ from hub_server import HubRepo, LocalHub
 from tui_helpers import SIZE, make_app, pilot_test, settle, wait_until
 from tuner.catalog.models import model_facts
 from tuner.planner.items import CANNOT_JUDGE
-from tuner.tui.widgets.plan_bar import PlanPanel
 
 pytestmark = pytest.mark.slow  # drives the wizard's model search against a local hub
 
@@ -92,7 +91,7 @@ async def test_a_model_with_a_layer_kind_the_planner_cannot_judge_says_so_as_the
         assert "conv (Lfm2ShortConv) (layers 0)" in shown
         app.switch_mode("method")
         await settle(pilot)
-        assert CANNOT_JUDGE in str(app.screen.query_one(PlanPanel).render())
+        assert CANNOT_JUDGE in str(app.screen.query_one("#verdict").render())
 
 
 HUB_SCRIPT = textwrap.dedent('''

@@ -176,9 +176,9 @@ async def test_the_verdict_names_what_is_short_and_the_advice_has_its_field(size
     async with app.run_test(size=size) as pilot:
         app.switch_mode("method")
         await settle(pilot)
-        verdict = shown(app, "#plan").splitlines()[0]
+        verdict = shown(app, "#verdict").splitlines()[0]
         assert "host RAM is" in verdict and "short" in verdict  # not the GPUs, which have room
-        assert "disk is short" in shown(app, "#plan")  # 70B full checkpoints need terabytes
+        assert "disk is short" in shown(app, "#verdict")  # 70B full checkpoints need terabytes
         await pilot.press("f")
         await settle(pilot)
         assert "method.allow_method_change" in options(app, "#alternatives")[0]
@@ -268,6 +268,8 @@ async def test_every_option_and_autofit_fit_the_terminal(size):
                 continue
             for index, choice in enumerate(field.choices):
                 button = field.query_one(f"#{field.id}-{index}")
+                if not button.display:  # an option the model does not have (a dense model's experts)
+                    continue
                 assert button.size.width >= len(choice.label) + 4, (field.id, choice.label)
                 assert form.region.x <= button.region.x and button.region.right <= form.region.right - 1
         await pilot.press("f")

@@ -103,7 +103,7 @@ def fixed_plan(recipe) -> MemoryPlan:
                                                        "overhead": 4.34})], "does not fit", missing_gib=55.13)
 
 
-def fixed_advice(recipe) -> list[Advice]:
+def fixed_advice(recipe, host_ram_gib=None) -> list[Advice]:
     ladder = [
         (["zero2", "gradient_checkpointing", "offload_optimizer"], 0.90,
          {"memory.distributed": "deepspeed", "memory.zero_stage": 2, "memory.gradient_checkpointing": True,
@@ -130,6 +130,23 @@ def fixed_disk(recipe, plan) -> Check:
 
 
 FIXED_PLANNER = Planner(plan=fixed_plan, advise=fixed_advice, disk=fixed_disk)
+
+
+def choice_held(draft: Draft, choice) -> bool:
+    """Whether the recipe already has what ``choice`` stands for, by an oracle that knows nothing of the widgets:
+    its values applied to a copy of the recipe change nothing it resolves to (an objective: its kind; a choice of
+    what the recipe writes, such as ``auto`` weights: what it writes too)."""
+    from tuner.tui.screens.method import WrittenChoice
+    from tuner.tui.widgets.fields import ObjectiveChoice
+
+    if isinstance(choice, ObjectiveChoice):
+        return draft.value("objective.kind") == choice.changes["objective.kind"]
+    changes = choice.changes_for(draft)
+    other = Draft(copy.deepcopy(draft.data))
+    other.apply(changes)
+    if isinstance(choice, WrittenChoice) and any(other.written(field) != draft.written(field) for field in changes):
+        return False
+    return other.resolved.model_dump(mode="json") == draft.resolved.model_dump(mode="json")
 
 
 def pilot_test(scenario):

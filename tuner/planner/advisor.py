@@ -333,8 +333,17 @@ def _search(recipe, keep=None) -> tuple[list[tuple], list[tuple]]:
     return scored, fitting
 
 
-def advise(recipe, limit: int = 5) -> list[Advice]:
-    """Plans that fit, cheapest first (at most ``limit``); or one non-fitting Advice saying how much is missing."""
+def advise(recipe, limit: int = 5, host_ram_gib: float | None = None) -> list[Advice]:
+    """Plans that fit, cheapest first (at most ``limit``); or one non-fitting Advice saying how much is missing.
+
+    Host RAM is a capacity like a GPU's: where the machines' RAM is known (``hardware.host_ram_gb``, else
+    ``host_ram_gib``: the wizard passes this machine's), no plan needing more of it is proposed (offloading 462 GiB
+    of a MoE model's states to machines of 24 GiB is not a plan).  The advice keeps the recipe's own hardware
+    section; its plans are made against that RAM."""
+    if host_ram_gib is not None and recipe.hardware.host_ram_gb is None:
+        known = recipe.model_copy(update={"hardware": recipe.hardware.model_copy(update={"host_ram_gb": host_ram_gib})})
+        return [replace(advice, recipe=advice.recipe.model_copy(update={"hardware": advice.recipe.hardware.model_copy(
+            update={"host_ram_gb": None})})) for advice in advise(known, limit)]
     before = plan(recipe)
     if before.unmodelled:  # every candidate has the same parts no term covers: nothing to rank
         return [Advice(recipe, before, 0.0, [f"no plan can be judged: tuner has no memory terms for "

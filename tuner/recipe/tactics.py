@@ -220,10 +220,27 @@ def apply_tactics(recipe: Recipe, t: Tactics) -> Recipe:
             from tuner.recipe.schema import QuantizationSection
 
             quant = QuantizationSection()
-        changes["method"] = method.model_copy(update={"kind": t.method, "quantization": quant if t.method == "qlora" else None})
+        update = {"kind": t.method, "quantization": quant if t.method == "qlora" else None}
+        if method.kind == "full" and method.lora.dropout and _adapts_fused_experts(recipe):
+            update["lora"] = method.lora.model_copy(update={"dropout": 0.0})  # PEFT wraps fused experts only so
+        changes["method"] = method.model_copy(update=update)
         if recipe.output.save == "full" and t.method != "full":
             changes["output"] = recipe.output.model_copy(update={"save": "adapter"})
     return recipe.model_copy(update=changes)
+
+
+def _adapts_fused_experts(recipe: Recipe) -> bool:
+    """Whether the recipe's LoRA targets make PEFT adapt fused experts as parameters (lora.ParamWrapper), which it
+    refuses with dropout: a switch to LoRA then sets dropout 0 rather than propose a recipe the checks refuse."""
+    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.models import model_facts
+
+    lora, model = recipe.method.lora, recipe.model
+    try:
+        return model_facts(model.id, model.revision, model.trust_remote_code).adapts_parameters(
+            lora.target_modules, lora.target_parameters)
+    except UnknownModelError:
+        return False
 
 
 def _layout(recipe: Recipe, t: Tactics, distributed: str):

@@ -78,6 +78,7 @@ def _entry(model_id: str, facts) -> ModelEntry:
     shown["parameters"] = f"{total:,}"
     moe = ""
     if facts.is_moe:  # a token runs through its routed experts only: what it computes, not what memory holds
+        shown = _moe_widths(shown, facts.layer_kinds)
         active = facts.active_params()
         shown["active / total"] = f"{_params(active)} of {_params(total)}"
         moe = f"  MoE A{_params(active)}"  # as the model names say it (Qwen3-30B-A3B: 3B active)
@@ -85,6 +86,25 @@ def _entry(model_id: str, facts) -> ModelEntry:
     summary = f"{data['model_type']:<11.11} {_params(total):>6}{moe}"
     return ModelEntry(model_id, summary, size=_params(total), facts=shown, source=facts.source,
                       layer_kinds=tuple(data["layer_kinds"]), cannot_judge=tuple(data["unmodelled"]))
+
+
+def _moe_widths(shown: dict[str, object], kinds) -> dict[str, object]:
+    """A MoE model's MLP widths as its layers have them: each expert's (and a shared expert's), and the config's dense
+    width only where some layer is dense (Qwen3-30B-A3B's 6144 is no layer's: its experts are 768 wide)."""
+    moe = [kind.dims for kind in kinds if kind.mlp == "moe"]
+    widths = {"expert width": ", ".join(dict.fromkeys(str(dims["expert_width"]) for dims in moe))}
+    shared = {dims.get("shared_width", 0) for dims in moe} - {0}
+    if shared:
+        widths["shared expert width"] = ", ".join(map(str, sorted(shared)))
+    dense = any(kind.mlp == "dense" for kind in kinds)
+    out = {}
+    for label, value in shown.items():
+        if label == "MLP width":
+            out.update({"MLP width (dense layers)": value} if dense else {})
+            out.update(widths)
+        else:
+            out[label] = value
+    return out if "expert width" in out else {**out, **widths}
 
 
 def catalog_entries() -> list[ModelEntry]:

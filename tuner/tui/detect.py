@@ -1,4 +1,4 @@
-"""This machine's NVIDIA GPUs, for the Hardware screen to prefill (no torch import: the UI must start fast)."""
+"""This machine's NVIDIA GPUs and RAM, for the Hardware screen to prefill (no torch import: the UI must start fast)."""
 from __future__ import annotations
 
 import shutil
@@ -50,3 +50,12 @@ def parse_nvidia_smi(out: str) -> DetectedGpus | None:
         return DetectedGpus(len(rows), rows[0][0].strip(), float(rows[0][1]) / 1024) if rows else None
     except ValueError:  # "[N/A]" memory on some virtual GPUs
         return None
+
+
+def machine_ram_gib() -> float:
+    """This machine's RAM in GiB, to one decimal (what the Hardware screen shows, prefills and Auto-fit assumes)."""
+    import psutil
+
+    from tuner.planner.items import GIB
+
+    return round(psutil.virtual_memory().total / GIB, 1)

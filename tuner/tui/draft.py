@@ -204,6 +204,18 @@ class Draft:
         """The field as the recipe resolves it (defaults filled in)."""
         return _attribute(self.resolved, dotted)
 
+    def written(self, dotted: str) -> Any:
+        """The field as the recipe sets it, else the schema's default, before other fields resolve it
+        (``model.dtype: auto``, where ``value`` says the dtype the precision makes of it)."""
+        value = _get(self.data, dotted, _MISSING)
+        if value is not _MISSING:
+            return value
+        *sections, name = dotted.split(".")
+        model: Any = Recipe
+        for part in sections:
+            model = section_model(model, part)
+        return model.model_fields[name].get_default(call_default_factory=True)
+
     def shown(self, dotted: str) -> str:
         """The text a box shows for the field: what the user typed, else the value."""
         if dotted in self.typed:
@@ -220,19 +232,14 @@ class Draft:
         return next((line for line in self.problems if line.startswith(f"{dotted}: ")), None)
 
     def holds(self, changes: Changes) -> bool:
-        """Whether the recipe already has every value in ``changes`` (None: the field is unset or None)."""
+        """Whether the recipe already has every value in ``changes`` (None: the field is unset or None); a section,
+        or a list of them (grpo's rewards), matches where the keys ``changes`` gives agree (the rest are defaults)."""
         for dotted, value in changes.items():
             try:
                 current = self.value(dotted)
             except AttributeError:
                 return False
-            if isinstance(current, BaseModel):
-                current = current.model_dump(mode="json")
-                if isinstance(value, dict):  # a partial section matches when its keys agree
-                    if any(current.get(key) != item for key, item in value.items()):
-                        return False
-                    continue
-            if current != value:
+            if not _agrees(current, value):
                 return False
         return True
 
@@ -380,6 +387,17 @@ class Draft:
         path = write_recipe(Path(path), self.to_yaml(), overwrite)
         self.path = path
         return path
+
+
+def _agrees(current: Any, value: Any) -> bool:
+    """Whether a resolved value (sections as models) holds ``value``, a section's keys compared where given."""
+    if isinstance(current, BaseModel):
+        current = current.model_dump(mode="json")
+        if isinstance(value, dict):
+            return all(_agrees(current.get(key), item) for key, item in value.items())
+    if isinstance(current, (list, tuple)) and isinstance(value, list):
+        return len(current) == len(value) and all(map(_agrees, current, value))
+    return current == value
 
 
 def _show(value: Any) -> str:

@@ -25,7 +25,7 @@ class Planner:
     """
 
     def __init__(self, plan: Callable[[Recipe], MemoryPlan] | None = None,
-                 advise: Callable[[Recipe], list[Advice]] | None = None,
+                 advise: Callable[..., list[Advice]] | None = None,
                  disk: Callable[[Recipe, MemoryPlan], Check] | None = None,
                  measured: Callable[[Recipe], MeasuredRecord | None] | None = None):
         self._plan, self._advise, self._disk, self._measured = plan, advise, disk, measured
@@ -49,13 +49,14 @@ class Planner:
         except (RecipeError, ValueError) as exc:  # e.g. UnknownModelError: no architecture facts for model.id
             raise CannotPlan(str(exc)) from None
 
-    def advise(self, recipe: Recipe) -> list[Advice]:
+    def advise(self, recipe: Recipe, host_ram_gib: float | None = None) -> list[Advice]:
+        """The advisor's plans; ``host_ram_gib``: the machines' RAM where the recipe gives none (this machine's)."""
         from tuner.recipe.io import RecipeError
 
         if self._advise is None:
             self._defaults()
         try:
-            return self._advise(recipe)
+            return self._advise(recipe, host_ram_gib=host_ram_gib)
         except (RecipeError, ValueError) as exc:
             raise CannotPlan(str(exc)) from None
 

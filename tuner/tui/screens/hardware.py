@@ -4,11 +4,10 @@ from __future__ import annotations
 from textual import work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Button, Label, Static
+from textual.widgets import Button, Input, Label, Static
 
 from tuner.catalog.gpus import known_gpu_names
-from tuner.planner.items import GIB
-from tuner.tui.detect import DetectedGpus, detect_gpus
+from tuner.tui.detect import DetectedGpus, detect_gpus, machine_ram_gib
 from tuner.tui.messages import FieldEdited
 from tuner.tui.screens.base import WizardScreen
 from tuner.tui.widgets.fields import InputField, SelectField
@@ -44,23 +43,34 @@ class HardwareScreen(WizardScreen):
         if self.app.detect_hardware:
             self.detect()
 
+    def sync(self) -> None:
+        super().sync()
+        on_gpus = self.app.draft.resolved.uses_gpu  # the label says what the count is of (GPUs set: one per GPU)
+        label = "Processes (1 per GPU)" if on_gpus else "Processes (CPU)"
+        processes = self.query_one("#hardware-num_processes .field-label", Label)
+        if str(processes.render()) != label:
+            processes.update(label)
+
     @work(thread=True, exclusive=True)
     def detect(self) -> None:
-        import psutil
-
         found = detect_gpus()
-        self.app.call_from_thread(self._show_detected, found, psutil.virtual_memory().total / GIB)
+        self.app.call_from_thread(self._show_detected, found, machine_ram_gib())
+
+    def _changes(self, found: DetectedGpus | None, ram_gib: float) -> dict:
+        """This machine as the recipe's hardware: its GPUs (none: the CPU) and its RAM, the box and the label alike."""
+        return {**(found.recipe_changes() if found else {}), "hardware.host_ram_gb": ram_gib}
 
     def _show_detected(self, found: DetectedGpus | None, ram_gib: float) -> None:
-        self.detected = found
+        self.detected = self._changes(found, ram_gib)
         text = (f"{found.count} × {found.name}, {found.memory_gib:.1f} GiB each" if found
                 else "no NVIDIA GPU found: training runs on the CPU")
-        text += f"\nhost RAM: {ram_gib:.0f} GiB"
+        text += f"\nhost RAM: {ram_gib:g} GiB"
         self.query_one("#detected", Static).update(text)
-        self.query_one("#use-detected", Button).disabled = found is None
-        if found and "hardware" not in self.app.draft.data:  # prefill a new recipe, never an opened one
-            self.post_message(FieldEdited(found.recipe_changes()))
+        self.query_one("#use-detected", Button).disabled = False
+        self.query_one("#hardware-host_ram_gb-input", Input).placeholder = f"not set (this machine: {ram_gib:g})"
+        if "hardware" not in self.app.draft.data:  # prefill a new recipe, never an opened one
+            self.post_message(FieldEdited(self.detected))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "use-detected" and getattr(self, "detected", None):
-            self.post_message(FieldEdited(self.detected.recipe_changes()))
+            self.post_message(FieldEdited(self.detected))

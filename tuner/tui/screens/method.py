@@ -12,7 +12,7 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
@@ -20,15 +20,16 @@ from textual.widgets.option_list import Option
 from tuner.planner import Advice
 from tuner.planner.advisor import change_label
 from tuner.recipe.objective import PREFERENCE_OBJECTIVES, TRL_LOSS_TYPES, GrpoSection, ObjectiveSection
-from tuner.recipe.schema import FsdpSection, MemorySection, MethodSection, ParallelismSection, Recipe, TrainingSection
-from tuner.tui.draft import Changes, schema_values
+from tuner.recipe.schema import (FsdpSection, LoraSection, MemorySection, MethodSection, ModelSection, ParallelismSection,
+                                 Recipe, TrainingSection)
+from tuner.tui.draft import Changes, Draft, schema_values
 from tuner.tui.messages import DiskChecked, PlanUpdated
 from tuner.tui.planning import CannotPlan, worth_showing
 from tuner.tui.screens.base import WizardScreen
 from tuner.tui.widgets.fields import (Choice, ChoiceField, InputField, ObjectiveChoice, ToggleField, schema_choices,
                                       schema_labels, value_choices)
 from tuner.tui.widgets.lists import PickList
-from tuner.tui.widgets.plan_bar import PlanPanel
+from tuner.tui.widgets.plan_bar import PlanPanel, PlanView, Verdict
 
 # every value of the schema's Literal, in its order (labels for other values than the schema's fail at import)
 METHOD_LABELS = {"full": "Full", "lora": "LoRA", "qlora": "QLoRA 4-bit"}
@@ -55,11 +56,120 @@ REWARDS = [
     Choice("exact match + length", {"objective.grpo.rewards": [EXACT_MATCH, {"kind": "length", "weight": 0.1}]}),
 ]
 
+@dataclass(frozen=True)
+class TargetChoice(Choice):
+    """What LoRA adapts, in the names of the draft's model (its facts, as the recipe checker reads them): every linear
+    layer (the schema's ``all-linear``: a MoE model's fused experts too, which PEFT adapts only without dropout), the
+    attention's, or the attention's and, for a MoE model, its fused experts as parameters (PEFT's
+    target_parameters).  Unset fields stay the schema's default, so all-linear is chosen by saying nothing."""
+
+    targets: str = "all-linear"  # all-linear, attention or experts
+
+    def _names(self, draft: Draft) -> tuple[list[str], list[str]] | None:
+        """(the attention's linear layers, the experts' parameters) of the model, or None when it is unknown."""
+        from tuner.catalog.facts import UnknownModelError
+        from tuner.catalog.models import model_facts
+
+        model = draft.resolved.model
+        try:
+            facts = model_facts(model.id, model.revision, model.trust_remote_code)
+        except UnknownModelError:  # the hub's too (HubError): the Model step says why
+            return None
+        kind = max(facts.layer_kinds, key=lambda kind: kind.count)
+        mixer = f"{kind.dims.get('mixer_path', 'self_attn')}."
+        attention = list(dict.fromkeys(lin.name.rsplit(".", 1)[-1] for lin in kind.linears
+                                       if lin.is_nn_linear and lin.name.startswith(mixer)))
+        experts = [lin.name for lin in kind.linears if not lin.is_nn_linear and ".experts." in f".{lin.name}."]
+        return attention, experts
+
+    def changes_for(self, draft: Draft) -> Changes:
+        names = self._names(draft) if self.targets != "all-linear" else None
+        if names is None:
+            return LORA_TARGET_FIELDS
+        attention, experts = names
+        return {"method.lora.target_modules": attention,
+                "method.lora.target_parameters": experts if self.targets == "experts" else None}
+
+    def chosen_in(self, draft: Draft) -> bool:
+        resolved = {"method.lora.target_modules": "all-linear", "method.lora.target_parameters": []}
+        wanted = {field: resolved[field] if value is None else value
+                  for field, value in self.changes_for(draft).items()}
+        return draft.holds(wanted)
+
+    def offered_in(self, draft: Draft) -> bool:
+        if self.targets == "all-linear":
+            return True
+        names = self._names(draft)
+        return names is not None and bool(names[0]) and (self.targets == "attention" or bool(names[1]))
+
+
+LORA_TARGET_FIELDS = {"method.lora.target_modules": None, "method.lora.target_parameters": None}
+LORA_TARGETS = [TargetChoice(label, LORA_TARGET_FIELDS, targets) for targets, label in (
+    ("all-linear", "all linear"), ("attention", "attention"), ("experts", "attention + experts"))]
+assert schema_values("method.lora.target_modules") == ("all-linear",)  # the schema's one named value, offered first
+
+@dataclass(frozen=True)
+class WrittenChoice(Choice):
+    """An option chosen by what the recipe sets (``auto``), not by what other fields resolve the field to."""
+
+    def chosen_in(self, draft: Draft) -> bool:
+        return all(draft.written(field) == value for field, value in self.changes.items())
+
+
 PARALLEL_DEGREES = [1, 2, 4, 8]  # ranks splitting one layer (tp) or one sequence (cp, sp); a refused one says why
 
 OPTIMIZERS = schema_choices("training.optimizer", {
     "adamw_torch": "AdamW", "adamw_torch_fused": "fused", "adamw_8bit": "8-bit", "paged_adamw_8bit": "paged 8-bit",
     "paged_adamw_32bit": "paged 32-bit"})
+
+
+def change_lines(line: str, width: int, indent: int = 2) -> list[str]:
+    """A change line (``memory.gradient_checkpointing: false → true``) in lines of at most ``width``: whole where it
+    fits, else the field, then its values below it; a field longer than a line breaks after a dot.  Never inside a
+    word: what is cut cannot be read (``memory.gradient_checkpointin`` / ``g: false → true``)."""
+    if indent + len(line) <= width:
+        return [" " * indent + line]
+    key, _, values = line.partition(": ")
+    out, current = [], ""
+    for part in key.replace(".", ". ").split(" "):  # the field's parts, each dot kept with the part before it
+        if current and indent + len(current) + len(part) + 1 > width:
+            out.append(current)
+            current = ""
+        current += part
+    out.append(current + ":")
+    lines = [" " * indent + part for part in out]
+    words, current = values.split(" "), " " * (indent + 2)  # the values, indented under the field, whole words
+    for word in words:
+        if current.strip() and len(current) + 1 + len(word) > width:
+            lines.append(current)
+            current = " " * (indent + 2)
+        current += (" " if current.strip() else "") + word
+    return lines + [current]
+
+
+class Proposal(Static):
+    """What Enter applies: a heading and one change per line, laid out at the panel's own width (see
+    :func:`change_lines`); or a sentence (``update``)."""
+
+    changes: list[str] = []
+
+    def show_changes(self, heading: str, changes: list[str]) -> None:
+        self.update("")
+        self.heading, self.changes = heading, changes
+        self.refresh(layout=True)
+
+    def update(self, content="", **kwargs) -> None:
+        self.changes = []
+        super().update(content, **kwargs)
+
+    def render(self):
+        if not self.changes:
+            return super().render()
+        width = self.size.width or 80
+        text = Text(self.heading, style="bold")
+        for line in self.changes:
+            text.append("\n" + "\n".join(change_lines(line, width)))
+        return text
 
 
 def _help(section, field: str) -> str:
@@ -98,6 +208,10 @@ class MethodScreen(WizardScreen):
                 with Horizontal(classes="pair"):
                     yield InputField("LoRA rank", "method.lora.r", number=True)
                     yield InputField("LoRA alpha", "method.lora.alpha", number=True)
+                yield InputField("LoRA dropout", "method.lora.dropout", number=True,
+                                 help=_help(LoraSection, "dropout"))
+                yield ChoiceField("LoRA targets", LORA_TARGETS, id="lora-targets",
+                                  help=_help(LoraSection, "target_modules"))
                 yield ToggleField("Auto-fit may switch to LoRA / QLoRA", "method.allow_method_change",
                                   help=_help(MethodSection, "allow_method_change"))
                 yield ChoiceField("Objective", OBJECTIVES, id="objective-kind", help=_help(ObjectiveSection, "kind"))
@@ -130,17 +244,21 @@ class MethodScreen(WizardScreen):
                                   id="attention", help=_help(MemorySection, "attention"))
                 yield ChoiceField("Precision", schema_choices("memory.mixed_precision"),
                                   id="precision", help=_help(MemorySection, "mixed_precision"))
+                yield ChoiceField("Weights (loaded as)", schema_choices("model.dtype", choice=WrittenChoice),
+                                  id="model-dtype", help=_help(ModelSection, "dtype"))
                 yield ChoiceField("Optimizer", OPTIMIZERS, id="optimizer", help=_help(TrainingSection, "optimizer"))
                 with Horizontal(classes="pair"):
                     yield InputField("Micro-batch", "training.micro_batch_size", number=True)
                     yield InputField("Grad. accum.", "training.gradient_accumulation_steps", number=True)
                 yield InputField("Sequence length", "training.max_seq_length", number=True)
-            with VerticalScroll(classes="side", id="plan-side"):
+            with Vertical(classes="side", id="plan-column"):  # the verdict pinned above what scrolls
                 yield Label("Memory plan", classes="section-title")
-                yield PlanPanel(id="plan")
-                yield Button("Auto-fit (f)", id="autofit", variant="primary", compact=True)
-                yield PickList(id="alternatives")
-                yield Static("", id="proposal")
+                yield Verdict(id="verdict")
+                with VerticalScroll(id="plan-side"):
+                    yield PlanPanel(verdict=False, id="plan")
+                    yield Button("Auto-fit (f)", id="autofit", variant="primary", compact=True)
+                    yield PickList(id="alternatives")
+                    yield Proposal("", id="proposal")
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -151,8 +269,8 @@ class MethodScreen(WizardScreen):
     def sync(self) -> None:
         super().sync()
         app = self.app
-        panel = self.query_one(PlanPanel)
-        panel.plan, panel.status, panel.disk, panel.measured = app.plan, app.plan_status, app.disk_check, app.measured
+        for view in self.query(PlanView):
+            view.show(app)
         self.query_one("#autofit", Button).disabled = bool(app.draft.invalid)
         self.query_one("#fsdp-sharding").display = app.draft.value("memory.distributed") == "fsdp"
         kind = app.draft.value("objective.kind")
@@ -162,11 +280,12 @@ class MethodScreen(WizardScreen):
         self._follow_draft()
 
     def on_plan_updated(self, message: PlanUpdated) -> None:
-        panel = self.query_one(PlanPanel)
-        panel.plan, panel.status, panel.measured = message.plan, self.app.plan_status, self.app.measured
+        for view in self.query(PlanView):
+            view.show(self.app)
 
     def on_disk_checked(self, message: DiskChecked) -> None:
-        self.query_one(PlanPanel).disk = message.check
+        for view in self.query(PlanView):
+            view.disk = message.check
 
     # --- Auto-fit -------------------------------------------------------------------------------
     def _starts(self) -> list[Recipe]:
@@ -229,10 +348,14 @@ class MethodScreen(WizardScreen):
 
     @work(thread=True, exclusive=True, group="advice")
     def advise(self, starts: list[Recipe]) -> None:
+        """The advisor's plans, on this machine's RAM where the recipe gives none (as the Hardware step shows it)."""
+        from tuner.tui.detect import machine_ram_gib
+
+        ram = machine_ram_gib() if self.app.detect_hardware else None
         advice = []
         try:
             for recipe in starts:
-                advice += self.app.planner.advise(recipe)
+                advice += self.app.planner.advise(recipe, host_ram_gib=ram)
         except CannotPlan as exc:
             self.post_message(AdviceArrived(starts, [], error=str(exc)))
             return
@@ -271,13 +394,14 @@ class MethodScreen(WizardScreen):
         self.call_after_refresh(self._reveal)
 
     def _reveal(self) -> None:
-        """Bring the list and the changes under it into view (a short terminal scrolls the side panel)."""
+        """Bring the list and the changes under it into view (a short terminal scrolls the side panel; the verdict
+        is pinned above it)."""
         listing = self.query_one("#alternatives", PickList)
-        if listing.has_focus:  # the changes are the side panel's last lines, the list just above them
-            self.query_one("#plan-side", VerticalScroll).scroll_end(animate=False)
+        if listing.has_focus:  # the list at the top, as many of the changes below it as fit
+            listing.scroll_visible(top=True, animate=False)  # after the refresh that lays the new options out
 
     def _show_alternative(self, index: int | None) -> None:
-        box = self.query_one("#proposal", Static)
+        box = self.query_one("#proposal", Proposal)
         if index is None:
             none_fit = self.alternatives and not any(p.advice.fits for p in self.alternatives)
             box.update("Nothing to apply: no plan fits; the entry above says what to add or change." if none_fit else "")
@@ -286,9 +410,7 @@ class MethodScreen(WizardScreen):
         if not proposal.changes:
             box.update(Text("This is the recipe as it is now.", style="italic"))
             return
-        text = Text("Enter applies only these changes:\n", style="bold")
-        text.append("\n".join(f"  {line}" for line in self.app.draft.describe_changes(proposal.changes)))
-        box.update(text)
+        box.show_changes("Enter applies these changes:", self.app.draft.describe_changes(proposal.changes))
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         if event.option_list.id == "alternatives":

@@ -18,6 +18,7 @@ from tuner.tui.widgets.fields import InputField
 from tuner.tui.widgets.lists import PickList
 
 
+ID_COLUMN = 34  # the ids' column in a wide list (most ids fit)
 HEADLINE = ("parameters", "active / total", "experts", "experts / token")  # shown before the layer kinds
 
 
@@ -45,24 +46,41 @@ class ModelScreen(WizardScreen):
         self.query_one("#model-list", OptionList).focus()
 
     def _fill_list(self, query: str) -> None:
+        """The entries ``query`` matches, the recipe's own model first where the catalog does not list it (an
+        opened recipe's Llama-3.1-70B-Instruct), each on one row of the list's width."""
         listing = self.query_one("#model-list", OptionList)
         listing.clear_options()
+        model_id = self.app.draft.value("model.id")
+        entries = self.entries if any(entry.id == model_id for entry in self.entries) else [
+            describe_model(model_id, self.entries), *self.entries]
         narrow = self.app.size.width < NARROW_BELOW  # 80 columns: the id and its size; the facts show the rest
-        for entry in self.entries:
-            if entry.matches(query):
-                shown = f"{entry.id}  {entry.size}" if narrow else f"{entry.id:<34} {entry.summary}"
+        if not listing.scrollable_content_region.width and not getattr(self, "_relaid", False):
+            self._relaid = True  # not laid out yet: again once it is
+            self.call_after_refresh(lambda: self._fill_list(self.query_one("#model-search", Input).value))
+        width = (listing.scrollable_content_region.width or self.app.size.width // 2) - (  # the bar the rows bring
+            0 if listing.show_vertical_scrollbar else listing.styles.scrollbar_size_vertical)
+        column = min(ID_COLUMN, width - max(len(entry.summary) for entry in entries) - 1)
+        for entry in entries:
+            if entry.matches(query) or entry.id == model_id and not query:
+                shown = f"{entry.id:<{column}} {entry.summary}"
+                if narrow or len(shown) > width or not entry.summary:  # a row never wraps: the facts say the rest
+                    shown = f"{entry.id}  {entry.size}".rstrip()
+                if len(shown) > width:  # the id alone (an id wider than the list wraps: no name is cut)
+                    shown = entry.id
                 listing.add_option(Option(shown, id=entry.id))
         self._highlight_current()
 
     def _highlight_current(self) -> None:
+        """The recipe's model highlighted; none where the search filters it out (never another model)."""
         listing = self.query_one("#model-list", OptionList)
         try:
             listing.highlighted = listing.get_option_index(self.app.draft.value("model.id"))
-        except OptionDoesNotExist:  # not listed: filtered out, or typed in
-            listing.highlighted = 0 if listing.option_count else None
+        except OptionDoesNotExist:  # filtered out
+            listing.highlighted = None
 
     def on_resize(self) -> None:
-        self._fill_list(self.query_one("#model-search", Input).value)
+        """Rows laid out for the list's new width, once the resize has laid the list out."""
+        self.call_after_refresh(lambda: self._fill_list(self.query_one("#model-search", Input).value))
 
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "model-search":

@@ -14,9 +14,11 @@ from textual.widgets import Button, Input, Label, Static, TabbedContent, TabPane
 
 from tuner.recipe.io import RecipeError
 from tuner.recipe.warnings import recipe_warnings
+from tuner.tui.messages import DiskChecked, PlanUpdated
 from tuner.tui.screens.base import WizardScreen
 from tuner.tui.recipe_file import save_problem
 from tuner.tui.screens.confirm import ConfirmScreen
+from tuner.tui.widgets.plan_bar import Verdict
 
 LEXERS = {".yaml": "yaml", ".yml": "yaml", ".json": "json", ".sh": "bash", ".toml": "toml"}
 
@@ -53,6 +55,7 @@ class ReviewScreen(WizardScreen):
     def compose_body(self) -> ComposeResult:
         self.files: dict[str, str] = {}
         self.suggested: tuple | None = None  # (draft, file name) last put in the save box
+        yield Verdict(id="verdict")  # every recipe's, fitting or not
         with TabbedContent(id="files"):
             yield TabPane("no files", Static("the recipe has errors"))
         yield Static("", id="command")
@@ -63,6 +66,7 @@ class ReviewScreen(WizardScreen):
 
     def sync(self) -> None:
         super().sync()
+        self.query_one(Verdict).show(self.app)
         draft = self.app.draft
         box = self.query_one("#save-path", Input)
         suggested = str(draft.path or f"{draft.value('name')}.yaml")
@@ -73,6 +77,12 @@ class ReviewScreen(WizardScreen):
             self._show(FilesRendered(None, error="fix the errors below to see the files"))
             return
         self.render_files(draft.recipe)
+
+    def on_plan_updated(self, message: PlanUpdated) -> None:
+        self.query_one(Verdict).show(self.app)
+
+    def on_disk_checked(self, message: DiskChecked) -> None:
+        self.query_one(Verdict).disk = message.check
 
     @work(thread=True, exclusive=True)
     def render_files(self, recipe) -> None:

@@ -36,6 +36,10 @@ class Choice:
         """Whether ``draft`` shows this option as chosen: it holds every value the option stands for."""
         return draft.holds(self.changes)
 
+    def offered_in(self, draft: Draft) -> bool:
+        """Whether the option is shown for ``draft`` at all (a MoE model's experts: only for a MoE model)."""
+        return True
+
 
 @dataclass(frozen=True)
 class ObjectiveChoice(Choice):
@@ -78,6 +82,37 @@ def show_reason(line: Static, reason: str | None) -> None:
         line.display = bool(reason)
 
 
+class ChoiceRow(RadioSet):
+    """The options of a choice: the arrows move one shown option at a time, refused ones too (greyed out, their
+    reason below the form), and stop at the ends instead of wrapping, so where a key lands is plain; Enter or Space
+    on a refused option says why instead of choosing it."""
+
+    def _move(self, step: int) -> None:
+        shown = [index for index, button in enumerate(self._nodes) if button.display]
+        if not shown:
+            return
+        if self._selected not in shown:
+            self._selected = shown[0]
+            return
+        self._selected = shown[max(0, min(shown.index(self._selected) + step, len(shown) - 1))]
+
+    def action_next_button(self) -> None:
+        self._move(+1)
+
+    def action_previous_button(self) -> None:
+        self._move(-1)
+
+    def action_toggle_button(self) -> None:
+        button = self._nodes[self._selected] if self._selected is not None else None
+        if button is not None and button.disabled:
+            self.notify(f"{button.label}: {button.tooltip}", severity="warning", markup=False)
+            return
+        super().action_toggle_button()
+
+
+BUTTON_CELLS = 5  # a radio button's cells beside its label: "▐●▌ " and a space after
+
+
 class ChoiceField(Vertical):
     """A labelled row of radio buttons; refused options are disabled with their reason."""
 
@@ -90,7 +125,7 @@ class ChoiceField(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Label(self.label, classes="choice-label")
-        with RadioSet(id=f"{self.id}-set"):
+        with ChoiceRow(id=f"{self.id}-set"):
             for index, choice in enumerate(self.choices):
                 yield RadioButton(choice.label, id=f"{self.id}-{index}")
         yield Static("", classes="field-reason")
@@ -104,11 +139,37 @@ class ChoiceField(Vertical):
         index = next(i for i, choice in enumerate(self.choices) if choice.label == label)
         return self.query_one(f"#{self.id}-{index}", RadioButton)
 
+    def on_resize(self, event) -> None:
+        self.lay_out(event.size.width)
+
+    def lay_out(self, width: int) -> None:
+        """One row where every label fits whole, else a grid of as many columns as the widest label allows: a
+        label is never cut (``exact match +``), whatever the terminal's width."""
+        buttons = [button for button in self.query(RadioButton) if button.display]
+        cells = [len(button.label) + BUTTON_CELLS for button in buttons]
+        styles = self.radio_set.styles
+        if not cells or sum(cells) <= width:
+            layout, columns = "horizontal", 0
+        else:
+            layout, columns = "grid", max(1, min(len(cells), width // max(cells)))
+        if styles.layout is None or styles.layout.name != layout or styles.grid_size_columns != columns:
+            styles.layout = layout
+            styles.grid_size_columns = columns or 1
+
     def sync(self, draft: Draft) -> None:
         """Re-check every option against the draft (a keypress's cost: widgets change only when their state does)."""
         refused: dict[str, list[str]] = {}  # reason -> the options it refuses
-        chosen_one = False
+        chosen_one, shown = False, []
         for choice, button in zip(self.choices, self.query(RadioButton)):
+            offered = choice.offered_in(draft)
+            shown.append(offered)
+            if button.display != offered:
+                button.display = offered
+            if not offered:
+                if button.value:
+                    with button.prevent(RadioButton.Changed):
+                        button.value = False
+                continue
             chosen = not chosen_one and choice.chosen_in(draft)
             chosen_one = chosen_one or chosen
             refusal = None if chosen else draft.refusal(choice.changes_for(draft))
@@ -125,6 +186,9 @@ class ChoiceField(Vertical):
             elif not chosen and button.value:  # e.g. a file's tp 3, which no option is: none shows as chosen
                 with button.prevent(RadioButton.Changed):
                     button.value = False
+        if shown != getattr(self, "_shown", shown):
+            self.lay_out(self.size.width)
+        self._shown = shown
         self.reasons = [f"{', '.join(labels)}: {reason}" for reason, labels in refused.items()]
         fields = dict.fromkeys(field for choice in self.choices for field in choice.changes)
         reason = next((line for line in map(draft.reason, fields) if line), None)

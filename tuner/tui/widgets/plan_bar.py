@@ -89,6 +89,19 @@ def verdict_text(plan: MemoryPlan, disk: Check | None = None) -> Text:
     return out
 
 
+def peak_text(plan: MemoryPlan) -> Text:
+    """``GPU peak 673.91 GiB of 24.00 GiB each, headroom -649.91 GiB``: the training device's peak against its
+    capacity (its headroom negative where it does not fit), as ``tuner plan`` prints them."""
+    device = plan.gpu
+    out = Text(f"{SHORT_RESOURCE.get(device.kind, device.name).removesuffix(' memory')} peak {gib(device.total_gib)}",
+               "bold")
+    if device.capacity_gib is None:
+        return out.append(" (capacity unknown)", "dim")
+    out.append(f" of {gib(device.capacity_gib)}{' each' if device.count > 1 else ''}, ")
+    out.append(f"headroom {gib(device.headroom_gib)}", "red" if device.headroom_gib < 0 else "green")
+    return out
+
+
 def measured_marker(measured_gib: float, device: DevicePlan, width: int, label: str) -> Text:
     """A line under a device's bar: ``▲`` at the measured peak on the bar's scale (the larger of the capacity and
     the prediction) and what it is, after the marker where it fits, else before it."""
@@ -127,11 +140,18 @@ def legend(terms: dict[str, float], width: int) -> Text:
     return out
 
 
-def plan_text(plan: MemoryPlan, width: int, disk: Check | None = None, measured=None) -> Text:
-    """The whole panel as text: the verdict, then per device a bar against its capacity and its legend; a probe's
-    ``measured`` peak (tuner.planner.measured.MeasuredRecord) as a marker under the training device's bar."""
-    out = verdict_text(plan, disk)
-    out.append("\n")
+def summary_text(plan: MemoryPlan, disk: Check | None = None) -> Text:
+    """The verdict and the training device's peak and headroom (what Review and the pinned line above the plan show)."""
+    return Text("\n").join([verdict_text(plan, disk), peak_text(plan)])
+
+
+def plan_text(plan: MemoryPlan, width: int, disk: Check | None = None, measured=None, verdict: bool = True) -> Text:
+    """The whole panel as text: the verdict (unless shown apart, ``verdict=False``), then per device a bar against
+    its capacity and its legend; a probe's ``measured`` peak (tuner.planner.measured.MeasuredRecord) as a marker under
+    the training device's bar."""
+    out = summary_text(plan, disk) if verdict else Text()
+    if verdict:
+        out.append("\n")
     devices = list(plan.devices)
     shown = devices[:MAX_BARS]
     bar_width = max(width - 2, 10)
@@ -166,19 +186,45 @@ def plan_text(plan: MemoryPlan, width: int, disk: Check | None = None, measured=
     return out
 
 
-class PlanPanel(Widget):
-    """Shows ``plan``; ``status`` replaces it when there is nothing to plan (invalid draft, no planner)."""
-
-    DEFAULT_CSS = """
-    PlanPanel { height: auto; padding: 0 1; }
-    """
+class PlanView(Widget):
+    """What a view of the plan reads; ``status`` says why there is no plan (invalid draft, unknown model)."""
 
     plan: reactive[MemoryPlan | None] = reactive(None, layout=True)
     status: reactive[str] = reactive("", layout=True)
     disk: reactive[Check | None] = reactive(None, layout=True)
     measured = reactive(None, layout=True)  # a probe's record of this setup on this machine (MeasuredRecord)
 
+    def show(self, app) -> None:
+        """Read the app's plan, its status, disk check and measurement (after any change)."""
+        self.plan, self.status, self.disk, self.measured = app.plan, app.plan_status, app.disk_check, app.measured
+
+
+class PlanPanel(PlanView):
+    """Shows ``plan``; ``status`` replaces it when there is nothing to plan.  ``verdict=False``: the verdict is shown
+    apart (a :class:`Verdict` pinned above a panel that scrolls)."""
+
+    DEFAULT_CSS = """
+    PlanPanel { height: auto; padding: 0 1; }
+    """
+
+    def __init__(self, *, verdict: bool = True, id: str | None = None):
+        super().__init__(id=id)
+        self.verdict = verdict
+
+    def render(self) -> Text:
+        if self.plan is None:
+            return Text(self.status or "no plan yet", style="italic") if self.verdict else Text()
+        return plan_text(self.plan, self.size.width, self.disk, self.measured, verdict=self.verdict)
+
+
+class Verdict(PlanView):
+    """The verdict with the peak and headroom, or why there is no plan: for every recipe, fitting or not."""
+
+    DEFAULT_CSS = """
+    Verdict { height: auto; padding: 0 1; }
+    """
+
     def render(self) -> Text:
         if self.plan is None:
             return Text(self.status or "no plan yet", style="italic")
-        return plan_text(self.plan, self.size.width, self.disk, self.measured)
+        return summary_text(self.plan, self.disk)
