@@ -144,6 +144,19 @@ class TunerApp(App[int]):
         self.push_screen(ConfirmScreen(question, yes="Stop and quit"),
                          lambda yes: self.stop_and_quit() if yes else None)
 
+    def action_help_quit(self) -> None:
+        """Ctrl-C: while a run goes, the offer to stop it (after asking), which Ctrl-X is on the Run screen; else
+        Textual's hint that Ctrl-Q quits."""
+        from tuner.tui.screens.confirm import ConfirmScreen
+
+        if self.run_watch is None or not self.run_watch.running:
+            super().action_help_quit()
+        elif not isinstance(self.screen, ConfirmScreen):
+            question = (f"A run is going in {self.run_watch.run_dir}. Stop every rank? (Ctrl-X on the Run screen "
+                        "stops it too; Ctrl-Q stops it and quits.)")
+            self.push_screen(ConfirmScreen(question, yes="Stop the run", no="Keep it running"),
+                             lambda yes: self.cancel_run() if yes else None)
+
     @work(thread=True, group="cancel")
     def stop_and_quit(self, exit_code: int = 0) -> None:
         """Ask the run's follower to stop every rank, wait until it has, then leave."""
@@ -158,7 +171,7 @@ class TunerApp(App[int]):
         from tuner.launch.run import EXIT_SIGNAL_BASE
 
         if self.run_watch is not None and self.run_watch.running:
-            self.run_watch.cancelled = True
+            self.run_watch.cancel()
             self.stop_and_quit(EXIT_SIGNAL_BASE + signum)
         else:
             self.exit(EXIT_SIGNAL_BASE + signum, EXIT_SIGNAL_BASE + signum)
@@ -304,10 +317,11 @@ class TunerApp(App[int]):
         self.call_from_thread(self.replan)  # the record just kept: the plan bar's marker
 
     def cancel_run(self) -> None:
-        """Stop every rank (SIGINT, then harder); the follower reports the exit."""
+        """Stop every rank (SIGINT, then harder); the follower reports the exit (Ctrl-X, or Ctrl-C confirmed)."""
         if self.run_watch and self.run_watch.running:
-            self.run_watch.cancelled = True
+            self.run_watch.cancel()
             self._stop_run.set()
+            self._show_run()
 
     def on_run_not_started(self, message: RunNotStarted) -> None:
         message.watch.refuse(message.lines, message.can_override)
