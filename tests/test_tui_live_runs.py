@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from textual import events
 from textual.widgets import Input, OptionList, RichLog, Static
 
 from tui_helpers import demo_draft, make_app, pilot_test, settle, wait_until
@@ -200,3 +201,57 @@ async def test_the_model_step_arrives_with_focus_in_the_search(size):
         listing = app.screen.query_one("#model-list", OptionList)
         ids = [listing.get_option_at_index(index).id for index in range(listing.option_count)]
         assert search.value == "qwen3" and ids and all("qwen3" in entry.lower() for entry in ids)
+
+
+# 10: no keystroke is lost in a burst ------------------------------------------------------------
+def burst(app, *keys: str) -> None:
+    """Keys as a terminal delivers a fast typist's or tmux's burst: all read before the first is handled."""
+    for key in keys:
+        app.post_message(events.Key(key, key if len(key) == 1 else {"tab": "\t", "enter": "\r"}.get(key)))
+
+
+BOXES = ["#training-micro_batch_size-input", "#training-gradient_accumulation_steps-input",
+         "#training-max_seq_length-input"]  # in focus order
+
+
+@settings(max_examples=3, deadline=None, phases=[Phase.explicit, Phase.generate])
+@given(bursts=st.lists(st.tuples(st.integers(0, len(BOXES) - 1), st.text("123456789", min_size=1, max_size=4)),
+                       min_size=4, max_size=8))
+@pilot_test
+async def test_a_burst_of_tabs_and_digits_lands_where_the_tabs_lead(bursts):
+    app = make_app(demo_draft())
+    app.keys_in_order = True  # as in a terminal (Pilot's press waits for each key itself)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.switch_mode("method")
+        await settle(pilot)
+        for tabs, digits in bursts:
+            boxes = [app.screen.query_one(selector, Input) for selector in BOXES]
+            before = [box.value for box in boxes]
+            app.set_focus(None)
+            await settle(pilot)
+            boxes[0].focus()  # arriving in a box selects its text: what is typed replaces it
+            await settle(pilot)
+            burst(app, *["tab"] * tabs, *digits)
+            await settle(pilot)
+            expected = [digits if index == tabs else value for index, value in enumerate(before)]
+            assert [box.value for box in boxes] == expected
+            field = boxes[tabs].parent.parent.field
+            assert app.draft.shown(field) == digits
+
+
+@SIZES
+@pilot_test
+async def test_typing_right_after_enter_on_new_recipe_reaches_the_model_search(size):
+    app = make_app()
+    app.keys_in_order = True
+    async with app.run_test(size=size) as pilot:
+        await settle(pilot)
+        burst(app, "enter", *"qwen3")  # before the Model step has even been built
+        await settle(pilot)
+        assert app.current_mode == "model"
+        assert app.screen.query_one("#model-search", Input).value == "qwen3"
+        burst(app, "ctrl+n", "ctrl+n", "tab", *"1589")  # two steps on, one box down: LoRA rank
+        await settle(pilot)
+        assert app.current_mode == "method"
+        assert app.focused.id == "method-lora-r-input", app.focused
+        assert app.focused.value == app.draft.shown("method.lora.r") == "1589"

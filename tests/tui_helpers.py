@@ -5,6 +5,8 @@ import asyncio
 import copy
 from pathlib import Path
 
+from textual.worker import WorkerCancelled
+
 from tuner.recipe.io import parse_yaml, read_recipe_text
 from tuner.recipe.registry import builtin_path
 from tuner.tui.app import TunerApp
@@ -53,7 +55,10 @@ async def settle(pilot, timeout: float = 120.0) -> None:
 
     while True:
         await pilot.pause()
-        await app.workers.wait_for_complete()
+        try:
+            await app.workers.wait_for_complete()
+        except WorkerCancelled:  # an exclusive worker replaced by a newer one: finished too
+            pass
         await pilot.pause()
         if not busy():
             return
