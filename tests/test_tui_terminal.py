@@ -202,6 +202,7 @@ def test_grpo_from_scratch_end_to_end_in_a_terminal(tmp_path, size):
     finally:
         tmux.close()
     assert not [screen for screen in tmux.seen if "Writing model shards" in screen or "it/s]" in screen]
+    assert any("building the" in screen for screen in tmux.seen)  # the Data step said what it waited for
     assert (home / "models").is_dir() and (home / "tui.log").is_file()
     saved = yaml.safe_load((tmp_path / "run.yaml").read_text())
     assert saved["objective"]["kind"] == "grpo" and saved["data"]["source"] == "builtin:reverse-prompts"
