@@ -134,11 +134,9 @@ def test_an_opened_built_in_recipe_saves_only_the_edit_in_a_terminal(tmp_path, t
         tmux.wait_for("Architecture", "meta-llama/Llama-3.1-70B-Instruct")
         tmux.keys("C-n")
         tmux.wait_for("Host RAM (GiB)")
-        tmux.keys("Tab", "Tab", "Tab", "Tab", "Tab")  # machines, GPUs, GPU type, GPU memory, processes: host RAM
-        # no pane text shows where focus is; sent in the same burst as the tabs, the digits reach Machines (1512
-        # machines, every time): the one pause left in the walks
-        time.sleep(0.5)
-        tmux.keys("5", "1", "2")
+        # machines, GPUs, GPU type, GPU memory, processes: host RAM; in one burst with the digits, which go where the
+        # tabs lead (they reached Machines, 1512 machines, every time, before keys were handled in order)
+        tmux.keys("Tab", "Tab", "Tab", "Tab", "Tab", "5", "1", "2")
         tmux.wait_for("512")
         for screen in ("Memory plan", "Source", "Learning rate", "Save as"):
             tmux.keys("C-n")
