@@ -26,6 +26,7 @@ import yaml
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
+from textual import events
 from textual.widgets import Input, OptionList, Select
 
 from tui_helpers import choice_held, make_app, settle
@@ -77,6 +78,7 @@ actions = st.one_of(
     st.tuples(st.just("open"), st.sampled_from([*FILES, *(f"builtin:{name}" for name in BUILTINS)])),
     st.tuples(st.just("autofit"), st.integers(0, 3)),
     st.tuples(st.just("type"), st.sampled_from(list(SCREEN_OF)), st.sampled_from(TEXTS)),
+    st.tuples(st.just("burst"), st.sampled_from(list(SCREEN_OF)), st.sampled_from(TEXTS)),
     st.tuples(st.just("space_and_back"), st.sampled_from(list(SCREEN_OF))),
     st.tuples(st.just("enter"), st.sampled_from(list(SCREEN_OF))),
 )
@@ -325,6 +327,20 @@ class Session:
         await clear_and_type(self.pilot, box, text)
         self.expected.type(dotted, text)
 
+    async def do_burst(self, dotted: str, text: str) -> None:
+        """The same keys as ``type``, all read before the first is handled (a fast typist, a paste, tmux)."""
+        box = await self._box(dotted)
+        if box is None:
+            return
+        box.focus()
+        await settle(self.pilot)
+        self.app.keys_in_order = True  # as in a terminal
+        for key in ["home", "ctrl+k", *("space" if character == " " else character for character in text)]:
+            self.app.post_message(events.Key(key, " " if key == "space" else key if len(key) == 1 else None))
+        await settle(self.pilot)
+        self.app.keys_in_order = None
+        self.expected.type(dotted, text)
+
     async def _keys_leaving_the_text(self, dotted: str, *keys: str) -> None:
         """Keys after which the box's text is what it was (its text typed again, as far as the box can tell)."""
         box = await self._box(dotted)
@@ -395,6 +411,7 @@ EXAMPLES = int(os.environ.get("TUNER_FORM_EXAMPLES", "8"))
                 ("type", "name", "my run")])
 @example(steps=[("enter", "training.micro_batch_size"), ("space_and_back", "hardware.num_processes")])
 @example(steps=[("type", "hardware.machines", "1."), ("type", "training.max_seq_length", "1e3")])
+@example(steps=[("burst", "training.max_seq_length", "16384"), ("burst", "name", "my run"), ("visit", "method")])
 @settings(max_examples=EXAMPLES, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(actions, min_size=1, max_size=6))

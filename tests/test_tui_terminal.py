@@ -24,6 +24,7 @@ class Tmux:
     def __init__(self, command: str, cwd, size=(120, 36)):
         self.socket = f"tuner-test-{uuid.uuid4().hex[:8]}"
         self.session = "tuner"
+        self.seen: list[str] = []  # every pane captured: what was ever on the screen
         self._tmux("new-session", "-d", "-s", self.session, "-x", str(size[0]), "-y", str(size[1]),
                    "-c", str(cwd), command)
 
@@ -31,7 +32,9 @@ class Tmux:
         return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, check=check)
 
     def screen(self) -> str:
-        return self._tmux("capture-pane", "-p", "-t", self.session, check=False).stdout
+        shown = self._tmux("capture-pane", "-p", "-t", self.session, check=False).stdout
+        self.seen.append(shown)
+        return shown
 
     def keys(self, *keys: str) -> None:
         self._tmux("send-keys", "-t", self.session, *keys)
@@ -131,11 +134,9 @@ def test_an_opened_built_in_recipe_saves_only_the_edit_in_a_terminal(tmp_path, t
         tmux.wait_for("Architecture", "meta-llama/Llama-3.1-70B-Instruct")
         tmux.keys("C-n")
         tmux.wait_for("Host RAM (GiB)")
-        tmux.keys("Tab", "Tab", "Tab", "Tab", "Tab")  # machines, GPUs, GPU type, GPU memory, processes: host RAM
-        # no pane text shows where focus is; sent in the same burst as the tabs, the digits reach Machines (1512
-        # machines, every time): the one pause left in the walks
-        time.sleep(0.5)
-        tmux.keys("5", "1", "2")
+        # machines, GPUs, GPU type, GPU memory, processes: host RAM; in one burst with the digits, which go where the
+        # tabs lead (they reached Machines, 1512 machines, every time, before keys were handled in order)
+        tmux.keys("Tab", "Tab", "Tab", "Tab", "Tab", "5", "1", "2")
         tmux.wait_for("512")
         for screen in ("Memory plan", "Source", "Learning rate", "Save as"):
             tmux.keys("C-n")
@@ -168,3 +169,70 @@ def test_start_navigate_and_quit_in_tmux(tmp_path, tuner_home):
     finally:
         tmux.close()
     assert not tmux.alive()
+
+
+# issue 49's walks -------------------------------------------------------------------------------------------------
+@SIZES
+def test_grpo_from_scratch_end_to_end_in_a_terminal(tmp_path, size):
+    """A new recipe made grpo by keys alone, on an empty TUNER_HOME (the demo model is built under the wizard, its
+    progress bars in tui.log, never on the screen); the saved file is what `tuner run --dry-run` runs."""
+    home = tmp_path / "home"
+    tmux = wizard(tmp_path, home, size)
+    try:
+        tmux.wait_for("New recipe", "Built-in recipe: demo")
+        tmux.keys("Enter")  # New recipe
+        tmux.wait_for("Architecture", "builtin:demo")
+        tmux.keys("C-n")
+        tmux.wait_for("GPUs per machine")
+        tmux.keys("C-n")
+        tmux.wait_for("Memory plan", "Objective")
+        # method, LoRA rank, LoRA alpha, Auto-fit's toggle: the objective; sft -> dpo -> grpo (kto, refused at
+        # micro-batch 1, is skipped)
+        tmux.keys("Tab", "Tab", "Tab", "Tab", "Right", "Right", "Enter")
+        tmux.wait_for("Generations", "Reward", timeout=60)  # grpo's fields
+        tmux.keys("C-n")
+        tmux.wait_for("builtin:reverse-prompts", "format: prompt", timeout=240)  # the demo model built meanwhile
+        tmux.keys("C-n")
+        tmux.wait_for("Learning rate")
+        tmux.keys("C-n")
+        tmux.wait_for("Save as", "recipe.lock.yaml")
+        save_and_quit(tmux, tmp_path / "run.yaml")
+    finally:
+        tmux.close()
+    assert not [screen for screen in tmux.seen if "Writing model shards" in screen or "it/s]" in screen]
+    assert any("building the" in screen for screen in tmux.seen)  # the Data step said what it waited for
+    assert (home / "models").is_dir() and (home / "tui.log").is_file()
+    saved = yaml.safe_load((tmp_path / "run.yaml").read_text())
+    assert saved["objective"]["kind"] == "grpo" and saved["data"]["source"] == "builtin:reverse-prompts"
+    dry = subprocess.run([sys.executable, "-m", "tuner", "run", "run.yaml", "--dry-run"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "PYTHONPATH": str(REPO), "TUNER_HOME": str(home)})
+    assert dry.returncode == 0, dry.stderr
+    from tuner.recipe.io import load_recipe
+
+    recipe = load_recipe(tmp_path / "run.yaml")
+    lock = load_recipe(tmp_path / recipe.output.dir / "recipe.lock.yaml")
+    assert lock == recipe  # what the dry run would launch is the saved recipe
+
+
+@SIZES
+def test_moe_lora_on_two_4090s_in_a_terminal(tmp_path, tuner_home, size):
+    """Qwen3-30B-A3B on 2x RTX 4090, typed as a user would (bursts, no pauses): LoRA is refused with PEFT's reason and
+    the way to lift it (dropout 0, or linear targets)."""
+    tmux = wizard(tmp_path, tuner_home, size)
+    try:
+        tmux.wait_for("New recipe", "Built-in recipe: demo")
+        tmux.keys("Enter", *"30b-a3b", "Enter")  # the search has the focus; its one match is taken
+        tmux.wait_for("Qwen/Qwen3-30B-A3B", "experts")
+        tmux.keys("C-n", "Tab", "2", "Tab", "Enter", *"RTX4090", "Enter")  # GPUs per machine, GPU type
+        tmux.wait_for("RTX4090")
+        tmux.keys("C-n")
+        tmux.wait_for("Memory plan", "Objective")
+        screen = " ".join(tmux.wait_for("ParamWrapper").split())
+        assert "LoRA" in screen and "dropout" in screen
+        # MOE_EXPERTS_STEP: with the Method step's LoRA dropout box and target choice (issue 49 item 1), set dropout
+        # 0 and target the experts here, then walk on to Review and save as the grpo walk does
+        tmux.keys("C-q")
+        tmux.wait_for("tuner-exited-0", timeout=QUIT_TIMEOUT)
+    finally:
+        tmux.close()

@@ -5,6 +5,8 @@ import asyncio
 import copy
 from pathlib import Path
 
+from textual.worker import WorkerCancelled
+
 from tuner.recipe.io import parse_yaml, read_recipe_text
 from tuner.recipe.registry import builtin_path
 from tuner.tui.app import TunerApp
@@ -49,11 +51,16 @@ async def settle(pilot, timeout: float = 120.0) -> None:
 
     def busy() -> bool:
         nodes = [app, app.screen, *app.screen.walk_children()]
-        return any(node._message_queue.qsize() for node in nodes) or any(not w.is_finished for w in app.workers)
+        keys = getattr(app, "_key_router", None)  # keys read and not yet routed (TunerApp.on_event)
+        return (any(node._message_queue.qsize() for node in nodes) or any(not w.is_finished for w in app.workers)
+                or (keys is not None and not keys.done()))
 
     while True:
         await pilot.pause()
-        await app.workers.wait_for_complete()
+        try:
+            await app.workers.wait_for_complete()
+        except WorkerCancelled:  # an exclusive worker replaced by a newer one: finished too
+            pass
         await pilot.pause()
         if not busy():
             return

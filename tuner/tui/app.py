@@ -6,15 +6,20 @@ transformers, datasets) are imported only inside workers that need them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections import deque
 import importlib
+import os
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from textual import work
+from textual import events, work
 from textual.app import App
 from textual.binding import Binding
+from textual.screen import Screen
 
 from tuner.tui.messages import (DiskChecked, FieldEdited, PlanUpdated, RunEventsArrived, RunFinished, RunNotStarted,
                                 TextTyped)
@@ -27,6 +32,8 @@ if TYPE_CHECKING:
     from tuner.tui.draft import Draft
 
 STEP_MODES = [mode for mode, _ in STEPS]
+KEY_WAIT_S = 20.0  # the longest a key waits for the one before it (a new recipe, a step's first build: seconds)
+KEY_ROUNDS = 12  # rounds of that wait: a key's bubbling takes one per widget it passes; a chat's stream never ends
 NARROW_BELOW = 100  # columns: screens get the -narrow class (80x24 terminals), see TunerApp.HORIZONTAL_BREAKPOINTS
 
 
@@ -65,8 +72,10 @@ class TunerApp(App[int]):
         Binding("ctrl+q", "quit", "Quit", id="quit", tooltip="Quit (asks first while a run is going)"),
     ]
 
-    def __init__(self, draft: Draft | None = None, planner: Planner | None = None, *, detect_hardware: bool = True):
+    def __init__(self, draft: Draft | None = None, planner: Planner | None = None, *, detect_hardware: bool = True,
+                 capture_prints: bool = False):
         super().__init__()
+        self.capture_prints = capture_prints  # print() under the app joins the libraries' output (run_app)
         self._draft = draft
         self.planner = planner or Planner()
         self.detect_hardware = detect_hardware
@@ -77,6 +86,83 @@ class TunerApp(App[int]):
         self.run_watch: RunWatch | None = None
         self.chat_target: str | None = None  # what "Chat with this run" asked Chat to load
         self._stop_run = threading.Event()  # set: the run's follower stops every rank
+        self._keys: deque[events.Key] = deque()  # keys read from the terminal, not yet routed (on_event)
+        # None: in order unless headless (Pilot's press waits for each key itself); True for tests of key bursts
+        self.keys_in_order: bool | None = None
+        self._key_router: asyncio.Task | None = None
+        self._switched: asyncio.Future | None = None  # the last switch_mode's mount
+
+    # --- keys, one at a time ----------------------------------------------------------------
+    async def on_event(self, event: events.Event) -> None:
+        """A key from the terminal waits until the keys before it are handled, with all they caused.
+
+        Textual routes each key to the widget focused when the app reads it, and a key's binding acts only once the
+        key has bubbled back up from that widget: so in a burst (typing fast, a paste, tmux's send-keys) the digits
+        after a Tab went to the box it left, and the letters after the Enter that opens the Model step went to the
+        Start list.  Routed one at a time, a key lands where the keys before it left the focus."""
+        in_order = self.keys_in_order if self.keys_in_order is not None else not self.is_headless
+        if not (in_order and isinstance(event, events.Key) and not event.is_forwarded):
+            await super().on_event(event)
+        elif self._key_router is None or self._key_router.done():
+            screen = self.screen
+            await super().on_event(event)  # nothing before it: routed at once, as Textual does
+            self._key_router = asyncio.create_task(self._route_keys(screen))
+        else:
+            self._keys.append(event)
+
+    async def _route_keys(self, screen: Screen) -> None:
+        await self._key_handled(screen)
+        while self._keys:
+            screen = self.screen
+            await App.on_event(self, self._keys.popleft())
+            await self._key_handled(screen)
+
+    async def _key_handled(self, screen: Screen) -> None:
+        """Until the queues a key travels through are empty: the focused widget up to the app (its bubbling, the
+        messages its handlers post), and the whole screen when it changed (a new step mounting and taking focus).
+        Bounded (KEY_WAIT_S, KEY_ROUNDS), so a busy screen (a chat streaming) slows typing at worst, never
+        swallows it."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + KEY_WAIT_S
+        whole = False  # screen: the one the key was routed on
+        for _ in range(KEY_ROUNDS):
+            current = self.screen
+            if current is not screen:  # a new step: mounted, then its focus is set (ScreenResume, on_mount)
+                if self._switched is not None:  # else a dialog pushed: its queue says when it is ready
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(self._switched), max(deadline - loop.time(), 0.001))
+                while ((self.focused is None or self.focused.screen is not current) and current.focus_chain
+                       and loop.time() < deadline):
+                    await asyncio.sleep(0.005)  # its focus is set once it is mounted (on_mount, or auto focus)
+                screen, whole = current, True
+            nodes = [*(current.walk_children(with_self=True) if whole else
+                       self.focused.ancestors_with_self if self.focused else [current]), self]
+            if not any(node._message_queue.qsize() for node in nodes):
+                return
+            done, pending = asyncio.Event(), [0]
+
+            def reached() -> None:  # each node's queue, up to what it held now, is handled
+                pending[0] -= 1
+                if not pending[0]:
+                    done.set()
+            pending[0] = sum(1 for node in nodes if node.call_later(reached))
+            if not pending[0]:
+                return
+            try:
+                await asyncio.wait_for(done.wait(), max(deadline - loop.time(), 0.001))
+            except asyncio.TimeoutError:
+                return
+            await asyncio.sleep(0)
+
+    def switch_mode(self, mode: str):
+        """Switch steps, noting the mount to wait for before the next key is routed (:meth:`_key_handled`)."""
+        mounted = super().switch_mode(mode)
+        self._switched = asyncio.ensure_future(self._mounted(mounted))
+        return mounted
+
+    @staticmethod
+    async def _mounted(mounted) -> None:
+        await mounted
 
     @property
     def draft(self) -> Draft:
@@ -92,7 +178,13 @@ class TunerApp(App[int]):
         self._draft = draft
 
     def on_mount(self) -> None:
+        if self.capture_prints:
+            self.begin_capture_print(self)
         self.call_after_refresh(self._after_first_paint)  # the first screen paints before the run contract loads
+
+    def on_print(self, event) -> None:
+        """What Textual's own stdout/stderr took (a print): into the log with the rest (descriptor 2 is its pipe)."""
+        os.write(2, event.text.encode("utf-8", "replace"))
 
     def _after_first_paint(self) -> None:
         from tuner.launch.run import STOP_SIGNALS
@@ -101,6 +193,17 @@ class TunerApp(App[int]):
         for signum in STOP_SIGNALS:  # nothing runs before this: a signal until here ends the wizard as usual
             loop.add_signal_handler(signum, self.handle_stop_signal, signum)
         self.replan()
+        self.warm_up()
+
+    @work(thread=True, group="warm-up", exit_on_error=False)
+    def warm_up(self) -> None:
+        """While the Start screen is read: the recipe schema, the Model step and its catalog's facts, so New recipe
+        opens the Model step without a pause (about a second of imports and arithmetic on a busy machine)."""
+        from tuner.tui.catalog import catalog_entries
+        from tuner.tui.draft import Draft  # noqa: F401  (the schema)
+
+        importlib.import_module("tuner.tui.screens.model")
+        catalog_entries()
 
     # --- navigation -------------------------------------------------------------------------
     def action_goto(self, mode: str) -> None:
@@ -144,6 +247,19 @@ class TunerApp(App[int]):
         self.push_screen(ConfirmScreen(question, yes="Stop and quit"),
                          lambda yes: self.stop_and_quit() if yes else None)
 
+    def action_help_quit(self) -> None:
+        """Ctrl-C: while a run goes, the offer to stop it (after asking), which Ctrl-X is on the Run screen; else
+        Textual's hint that Ctrl-Q quits."""
+        from tuner.tui.screens.confirm import ConfirmScreen
+
+        if self.run_watch is None or not self.run_watch.running:
+            super().action_help_quit()
+        elif not isinstance(self.screen, ConfirmScreen):
+            question = (f"A run is going in {self.run_watch.run_dir}. Stop every rank? (Ctrl-X on the Run screen "
+                        "stops it too; Ctrl-Q stops it and quits.)")
+            self.push_screen(ConfirmScreen(question, yes="Stop the run", no="Keep it running"),
+                             lambda yes: self.cancel_run() if yes else None)
+
     @work(thread=True, group="cancel")
     def stop_and_quit(self, exit_code: int = 0) -> None:
         """Ask the run's follower to stop every rank, wait until it has, then leave."""
@@ -158,7 +274,7 @@ class TunerApp(App[int]):
         from tuner.launch.run import EXIT_SIGNAL_BASE
 
         if self.run_watch is not None and self.run_watch.running:
-            self.run_watch.cancelled = True
+            self.run_watch.cancel()
             self.stop_and_quit(EXIT_SIGNAL_BASE + signum)
         else:
             self.exit(EXIT_SIGNAL_BASE + signum, EXIT_SIGNAL_BASE + signum)
@@ -304,10 +420,11 @@ class TunerApp(App[int]):
         self.call_from_thread(self.replan)  # the record just kept: the plan bar's marker
 
     def cancel_run(self) -> None:
-        """Stop every rank (SIGINT, then harder); the follower reports the exit."""
+        """Stop every rank (SIGINT, then harder); the follower reports the exit (Ctrl-X, or Ctrl-C confirmed)."""
         if self.run_watch and self.run_watch.running:
-            self.run_watch.cancelled = True
+            self.run_watch.cancel()
             self._stop_run.set()
+            self._show_run()
 
     def on_run_not_started(self, message: RunNotStarted) -> None:
         message.watch.refuse(message.lines, message.can_override)
@@ -331,5 +448,14 @@ class TunerApp(App[int]):
 
 
 def run_app() -> int:
-    """Open the wizard; returns the process exit code."""
-    return TunerApp().run() or 0
+    """Open the wizard; returns the process exit code.  What libraries and child processes print meanwhile goes to
+    ``$TUNER_HOME/tui.log`` (tuner.tui.output), never over the screen."""
+    from tuner.tui.output import library_output_to, log_path
+
+    log = log_path()
+    with library_output_to(log):
+        app = TunerApp(capture_prints=True)
+        code = app.run()
+    if getattr(app, "_exception", None) is not None:
+        print(f"tuner: the wizard stopped on an internal error; what it printed is in {log}", file=sys.stderr)
+    return code or 0

@@ -8,6 +8,7 @@ same judgement ``tuner plan`` gives, without a rule of its own.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -107,8 +108,10 @@ def _moe_widths(shown: dict[str, object], kinds) -> dict[str, object]:
     return out if "expert width" in out else {**out, **widths}
 
 
+@functools.cache
 def catalog_entries() -> list[ModelEntry]:
-    """The demo model first, then the offline catalog."""
+    """The demo model first, then the offline catalog (its facts are shipped: worked out once per process, the
+    wizard does it while the Start screen is shown)."""
     return [_entry(model_id, model_facts(model_id)) for model_id in [DEMO_MODEL_ID, *catalog_ids()]]
 
 

@@ -18,9 +18,11 @@ from typing import Any, Callable
 
 from tuner.rundir.events import Error, Eval, Event, Finished, Started, Step, describe, read_events, rollout_summary
 from tuner.rundir.layout import EVENTS_FILE, LOCK_FILE
+from tuner.rundir.lock import RunLock, RunLocked
 from tuner.rundir.summary import summarize_run
 
 LOG_LINES = 400
+STOPPING = "stopping every rank…"
 TUNER_PREFIX = "[tuner] "
 NOISE = re.compile("|".join((
     r"\d+%\|",  # a tqdm frame: "Loading weights:  50%|#####     | 19/38 [00:00<00:00, ...]"
@@ -57,6 +59,7 @@ class RunWatch:
     can_override: bool = False  # refused by a check the user may override ("Launch anyway")
     exit_code: int | None = None
     log: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES))
+    logged: int = 0  # lines ever added to ``log`` (it keeps the last LOG_LINES): what a reader has not seen yet
     since: float = 0.0  # events older than the launch belong to an earlier run in the same directory
     traceback: list[str] | None = None  # the frames of a traceback being read
     clock: Callable[[], float] = field(default=time.time, repr=False, compare=False)  # now (a test fixes it)
@@ -81,13 +84,14 @@ class RunWatch:
                 self.step = int(event.number("step"))
             if event.number("max_steps"):
                 self.max_steps = int(event.number("max_steps"))
-            if isinstance(event, Started):
-                self.status = "running"
+            running = "running" if not self.cancelled else STOPPING
+            if isinstance(event, Started):  # a run directory's next run (a resume, or a new run after one)
+                self.status, self.step, self.error = running, int(event.resumed_from_step or 0), None
             elif isinstance(event, Eval):
                 if event.number("eval_loss") is not None:
                     self.eval_losses.append(event.number("eval_loss"))
             elif isinstance(event, Step):
-                self.status = "running"
+                self.status = running
                 if event.number("loss") is not None:
                     self.losses.append(event.number("loss"))
                 self.rollout = rollout_summary(event) or self.rollout
@@ -106,7 +110,7 @@ class RunWatch:
                     self.memory_per_rank[key.removeprefix("peak_").removesuffix("_gib_per_rank")] = list(value)
             line = describe(event)
             if line:
-                self.log.append(line)
+                self._log(line)
 
     def _take_log_line(self, line: str) -> None:
         """Keep what a person reads: tuner's lines (the run contract's and the trainer's), warnings and failures.
@@ -125,12 +129,29 @@ class RunWatch:
             if line != "KeyboardInterrupt":
                 last = [frame for frame in frames if frame.lstrip().startswith("File ")][-1:]
                 where = frames[frames.index(last[0]):][:2] if last else []
-                self.log.extend(["Traceback, last frame:", *where, line])
+                self._log("Traceback, last frame:", *where, line)
             return
         if line.startswith("Traceback (most recent call last)"):
             self.traceback = []
         elif line.strip() and not NOISE.search(line):
-            self.log.append(line.removeprefix(TUNER_PREFIX))
+            self._log(line.removeprefix(TUNER_PREFIX))
+
+    def _log(self, *lines: str) -> None:
+        self.log.extend(lines)
+        self.logged += len(lines)
+
+    def log_since(self, seen: int) -> tuple[list[str], bool]:
+        """The lines added after the first ``seen`` ever logged, and whether some of them are gone already (more
+        than LOG_LINES since: the reader starts again from what the log still holds).  A count of lines, not an
+        index into ``log``: once it is full its length stays LOG_LINES while lines keep coming."""
+        new = self.logged - seen
+        if new > len(self.log) or new < 0:
+            return list(self.log), True
+        return list(self.log)[len(self.log) - new:], False
+
+    def cancel(self) -> None:
+        """Asked to stop (every rank gets SIGINT, then harder): said so until the exit is reported."""
+        self.cancelled, self.status = True, STOPPING
 
     def refuse(self, lines: list[str], can_override: bool) -> None:
         """The run did not start: the checks refused it, or it must be started on every machine."""
@@ -152,16 +173,34 @@ class RunWatch:
             self.status = f"failed (exit code {exit_code})"
 
 
+def holder_of(run_dir: Path) -> str | None:
+    """Who runs ``run_dir`` now, as its lock says (the lock ``tuner run`` and this wizard hold while a run goes):
+    "" for a live process on this host, the host's name for one elsewhere (it cannot be checked from here), None
+    when nobody does (no lock, or its process is gone)."""
+    try:
+        holder = RunLock(run_dir).holder()
+    except RunLocked:  # not a lock file tuner wrote
+        return None
+    if holder is None or holder.pid <= 0:
+        return None
+    alive = holder.alive()
+    return None if alive is False else "" if alive else holder.host
+
+
 def replay(run_dir: Path) -> RunWatch:
-    """The state of a run from its events file (recent runs on the Start screen); a finished one ends with the
-    summary ``tuner run`` printed."""
+    """The state of a run from its lock and events file, as ``tuner run`` leaves them (Recent runs, and the Run
+    screen of a run opened there): a finished one ends with the summary ``tuner run`` printed; one whose lock is
+    held by a live process is running, at the step its events reached; one nobody holds any more stopped there."""
     watch = RunWatch(run_dir=run_dir, status="not started")
     events = read_events(run_dir / EVENTS_FILE)
     watch.absorb(events)
     last_start = next((event.time for event in reversed(events) if isinstance(event, Started)), None)
     summary = summarize_run(run_dir, since=last_start or 0.0, events=events)
+    holder = holder_of(run_dir)
     if summary is not None:
         watch.status, watch.outcome = "finished", summary.lines()
+    elif holder is not None:
+        watch.status = f"running on {holder}" if holder else "running"
     elif isinstance(events[-1] if events else None, Error) or watch.error:
         watch.status = "failed"
     elif events:

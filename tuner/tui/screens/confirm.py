@@ -15,17 +15,18 @@ class ConfirmScreen(ModalScreen[bool]):
         Binding("n,escape", "answer(False)", "No", id="confirm_no"),
     ]
 
-    def __init__(self, question: str, yes: str = "Overwrite"):
+    def __init__(self, question: str, yes: str = "Overwrite", no: str = "Cancel"):
         super().__init__()
         self.question = question
         self.yes = yes
+        self.no = no
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog"):
             yield Label(Text(self.question), id="question")  # Text: a path is never markup
             with Horizontal(id="dialog-buttons"):
                 yield Button(f"{self.yes} (y)", variant="warning", id="yes")
-                yield Button("Cancel (n)", variant="primary", id="no")
+                yield Button(f"{self.no} (n)", variant="primary", id="no")
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()

@@ -10,6 +10,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Label, Static
 
+from tuner.tui.output import LOG_NAME
 from tuner.tui.screens.base import WizardScreen
 from tuner.tui.widgets.fields import ChoiceField, InputField, ToggleField, schema_choices
 
@@ -82,11 +83,16 @@ class DataScreen(WizardScreen):
     def load_preview(self, key: tuple, recipe) -> None:
         """The first training example exactly as the trainer tokenises and masks it (datasets and
         transformers are heavy: off the UI thread)."""
+        from tuner.build_once import is_built
+        from tuner.catalog.demo import demo_model_dir, is_builtin
         from tuner.data.preview import preview_examples
         from tuner.doctor import check_model
         from tuner.loading.model import load_tokenizer
 
         model = check_model(recipe)
+        if is_builtin(recipe.model.id) and not is_built(demo_model_dir(recipe.model.id)):  # once, a minute or less
+            self.app.call_from_thread(self._loading, key, f"building the built-in model {recipe.model.id} (once; "
+                                                          f"its output goes to {LOG_NAME} under TUNER_HOME)…")
         if model.status != "ok":  # never a download (or minutes of retries offline) behind "loading an example"
             self.post_message(PreviewLoaded(key, error=f"the preview reads the model's tokenizer from this machine: "
                                                        f"{model.detail} ({model.fix})"))
@@ -100,6 +106,10 @@ class DataScreen(WizardScreen):
             self.post_message(PreviewLoaded(key, error="the training split is empty"))
             return
         self.post_message(PreviewLoaded(key, data_format, examples[0].segments))
+
+    def _loading(self, key: tuple, what: str) -> None:
+        if key == self.preview_key:
+            self.query_one("#preview", Static).update(Text(what, style="italic"))
 
     def on_preview_loaded(self, message: PreviewLoaded) -> None:
         if message.key != self.preview_key:

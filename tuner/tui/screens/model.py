@@ -43,7 +43,7 @@ class ModelScreen(WizardScreen):
     def on_mount(self) -> None:
         self._fill_list("")
         super().on_mount()
-        self.query_one("#model-list", OptionList).focus()
+        self.query_one("#model-search", Input).focus()  # where the user types; Tab, or enter, moves to the list
 
     def _fill_list(self, query: str) -> None:
         """The entries ``query`` matches, the recipe's own model first where the catalog does not list it (an

@@ -12,7 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, ProgressBar, RichLog, Sparkline, Static
 
 from tuner.recipe.io import RecipeError
-from tuner.tui.run_watch import LOG_LINES, RunWatch
+from tuner.tui.run_watch import LOG_LINES, RunWatch, replay
 from tuner.tui.screens.base import WizardScreen
 
 
@@ -61,6 +61,15 @@ def loss_line(watch: RunWatch) -> str:
     return f"loss {first:.4f} → {last:.4f} over {len(watch.losses)} logged steps (min {min(watch.losses):.4f})"
 
 
+class RunLog(RichLog):
+    """The run's log, kept at its end when its box changes height too (the summary above it appears as the run
+    ends, the terminal is resized): a write alone scrolls to the end of the box as it was."""
+
+    def on_resize(self) -> None:
+        if self.auto_scroll:
+            self.scroll_end(animate=False, immediate=False, x_axis=False)
+
+
 class RunScreen(WizardScreen):
     STEP = "run"
     BINDINGS = [
@@ -91,17 +100,23 @@ class RunScreen(WizardScreen):
             yield Static("", id="loss-line")
             yield Sparkline([], id="loss")
             yield Static("", id="memory")
-            yield RichLog(id="log", max_lines=LOG_LINES, wrap=True, markup=False, highlight=False)
+            yield RunLog(id="log", max_lines=LOG_LINES, wrap=True, markup=False, highlight=False)
 
     def on_mount(self) -> None:
         super().on_mount()
         self.set_interval(1.0, self._tick)
 
     def _tick(self) -> None:
-        """The ETA counts down between the run's events."""
+        """The ETA counts down between the run's events; a run another tuner runs (opened from Recent runs) is
+        re-read from its run directory."""
         watch = self.app.run_watch
-        if watch is not None and watch.running and self.is_current:
+        if watch is None or not self.is_current:
+            return
+        if watch.running:
             self.query_one("#run-status", Static).update(status_line(watch))
+        elif not watch.live and watch.status.startswith("running"):
+            self.app.run_watch = replay(watch.run_dir)
+            self.show_run()
 
     def sync(self) -> None:
         super().sync()
@@ -144,11 +159,12 @@ class RunScreen(WizardScreen):
         if self._log_watch is not watch:
             log.clear()
             self._log_watch, self._log_shown = watch, 0
-        lines = list(watch.log)
-        new = lines[self._log_shown:] if self._log_shown <= len(lines) else lines
+        new, restart = watch.log_since(self._log_shown)
+        if restart:
+            log.clear()
         for line in new:
             log.write(Text(line))
-        self._log_shown = len(lines)
+        self._log_shown = watch.logged
 
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if action == "chat":
@@ -195,6 +211,4 @@ class RunScreen(WizardScreen):
         self.show_run()
 
     def action_cancel(self) -> None:
-        if self.app.run_watch and self.app.run_watch.running:
-            self.query_one("#run-status", Static).update("stopping every rank…")
-            self.app.cancel_run()
+        self.app.cancel_run()

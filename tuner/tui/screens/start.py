@@ -13,18 +13,26 @@ from textual.widgets.option_list import Option
 
 from tuner.recipe.registry import builtin_names, builtin_path, describe
 from tuner.rundir.layout import LOCK_FILE
-from tuner.tui.run_watch import recent_runs
+from tuner.tui.run_watch import RunWatch, recent_runs, replay
 from tuner.tui.widgets.lists import PickList
 
 if TYPE_CHECKING:
     from tuner.tui.draft import Draft
 
 RUNS_ROOT = Path("runs")
+FOLLOW_S = 2.0  # how often a running run's line is re-read
 ABOUT = {
     "new": "Start from the defaults: the demo model on this machine.",
     "open": "Edit a recipe YAML file; saving asks before replacing it.",
     "chat": "Talk to a model, a recipe's model or a finished run, in the format it was trained on.",
 }
+
+
+def run_line(watch: RunWatch) -> str:
+    """A recent run: its name, state (tuner.tui.run_watch.replay), step and last loss."""
+    progress = f"step {watch.step}/{watch.max_steps}" if watch.max_steps else ""
+    loss = f"loss {watch.losses[-1]:.3f}" if watch.losses else ""
+    return "  ".join(part for part in (watch.run_dir.name, watch.status, progress, loss) if part)
 
 
 class StartScreen(Screen):
@@ -51,18 +59,26 @@ class StartScreen(Screen):
         self.query_one("#open-path", Input).display = False
         self.query_one("#start-error", Static).display = False
         self.query_one("#actions", OptionList).focus()
+        self.set_interval(FOLLOW_S, self._follow_runs)
 
     def on_screen_resume(self) -> None:
         runs = self.query_one("#runs", OptionList)
         runs.clear_options()
         found = recent_runs(RUNS_ROOT)
         for watch in found:
-            progress = f"step {watch.step}/{watch.max_steps}" if watch.max_steps else ""
-            loss = f"loss {watch.losses[-1]:.3f}" if watch.losses else ""
-            line = "  ".join(part for part in (watch.run_dir.name, watch.status, progress, loss) if part)
-            runs.add_option(Option(line, id=str(watch.run_dir)))
+            runs.add_option(Option(run_line(watch), id=str(watch.run_dir)))
         if not found:
             runs.add_option(Option(f"none yet under {RUNS_ROOT}/", disabled=True))
+        self._live = [watch.run_dir for watch in found if watch.status.startswith("running")]
+
+    def _follow_runs(self) -> None:
+        """A running run's line follows its steps (re-read from its events) while this screen shows it."""
+        if not self.is_current or not getattr(self, "_live", None):
+            return
+        runs = self.query_one("#runs", OptionList)
+        for watch in map(replay, self._live):
+            runs.replace_option_prompt(str(watch.run_dir), run_line(watch))
+        self._live = [run_dir for run_dir in self._live if replay(run_dir).status.startswith("running")]
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
         if event.option_list.id == "actions":
@@ -82,11 +98,11 @@ class StartScreen(Screen):
         self._error("")
         try:
             if event.option_list.id == "runs":
-                from tuner.tui.run_watch import replay
-
                 run_dir = Path(choice)
                 self.app.load_draft(Draft.from_file(run_dir / LOCK_FILE))
-                self.app.run_watch = replay(run_dir)
+                own = self.app.run_watch
+                if own is None or not own.running or own.run_dir.absolute() != run_dir.absolute():
+                    self.app.run_watch = replay(run_dir)  # else the run this wizard follows, live
                 self.app.switch_mode("run")
             elif choice == "new":
                 self._open(Draft())
