@@ -292,7 +292,7 @@ async def test_autofit_proposes_no_plan_needing_more_host_ram_than_this_machine_
 
 # 13: Hardware -------------------------------------------------------------------------------
 @pilot_test
-async def test_hardware_shows_this_machines_ram_in_its_box_and_names_processes_after_the_gpus():
+async def test_hardware_box_and_label_agree_on_this_machines_ram_and_processes_are_named_after_the_gpus():
     from tuner.tui.app import TunerApp
     from tuner.tui.detect import machine_ram_gib
 
@@ -306,8 +306,14 @@ async def test_hardware_shows_this_machines_ram_in_its_box_and_names_processes_a
         await settle(pilot)
         ram = machine_ram_gib()
         assert f"host RAM: {ram:g} GiB" in str(app.screen.query_one("#detected").render())
-        assert app.screen.query_one("#hardware-host_ram_gb-input", Input).value == f"{ram:g}"
-        assert app.draft.value("hardware.host_ram_gb") == ram
+        box = app.screen.query_one("#hardware-host_ram_gb-input", Input)
+        # the box and the label agree: the RAM shown, as the placeholder of a field the recipe leaves unset (a saved
+        # recipe holds only what the user chose), until "Use this machine" writes it
+        assert box.value == "" and f"this machine: {ram:g}" in box.placeholder
+        assert app.draft.value("hardware.host_ram_gb") is None
+        await pilot.click("#use-detected")
+        await settle(pilot)
+        assert box.value == f"{ram:g}" and app.draft.value("hardware.host_ram_gb") == ram
         label = app.screen.query_one("#hardware-num_processes .field-label")
         gpus = app.screen.query_one("#hardware-gpus_per_machine-input", Input)
         gpus.focus()

@@ -106,8 +106,8 @@ def test_dpo_from_scratch_in_a_terminal_saves_exactly_what_was_chosen(tmp_path, 
         tmux.wait_for("GPUs per machine")
         tmux.keys("C-n")
         tmux.wait_for("Memory plan", "Objective", "dpo")
-        # method, LoRA rank, LoRA alpha, Auto-fit's toggle: the objective (keys are handled in the order sent)
-        tmux.keys("Tab", "Tab", "Tab", "Tab", "Right", "Enter")  # sft -> dpo
+        # method, LoRA rank, alpha, dropout, targets, Auto-fit's toggle: the objective (keys handled in the order sent)
+        tmux.keys(*["Tab"] * 6, "Right", "Enter")  # sft -> dpo
         tmux.wait_for("Beta", "reference model")  # dpo's settings, and its frozen reference in the plan
         tmux.keys("C-n")
         tmux.wait_for("builtin:reverse-pairs", "format: preference", timeout=120)  # its example data, read as pairs
@@ -119,7 +119,7 @@ def test_dpo_from_scratch_in_a_terminal_saves_exactly_what_was_chosen(tmp_path, 
     finally:
         tmux.close()
     assert yaml.safe_load((tmp_path / "run.yaml").read_text()) == {
-        "version": 2, "objective": {"kind": "dpo"}, "data": {"source": "builtin:reverse-pairs"}}
+        "version": 2, "objective": {"kind": "dpo"}, "data": {"source": "builtin:reverse-pairs"}}  # no RAM unchosen
 
 
 @SIZES
@@ -186,9 +186,9 @@ def test_grpo_from_scratch_end_to_end_in_a_terminal(tmp_path, size):
         tmux.wait_for("GPUs per machine")
         tmux.keys("C-n")
         tmux.wait_for("Memory plan", "Objective")
-        # method, LoRA rank, LoRA alpha, Auto-fit's toggle: the objective; sft -> dpo -> grpo (kto, refused at
-        # micro-batch 1, is skipped)
-        tmux.keys("Tab", "Tab", "Tab", "Tab", "Right", "Right", "Enter")
+        # method, LoRA rank, alpha, dropout, targets, Auto-fit's toggle: the objective; sft -> dpo -> kto (refused
+        # at micro-batch 1: the arrows step over it, Enter would say why) -> grpo
+        tmux.keys(*["Tab"] * 6, "Right", "Right", "Right", "Enter")
         tmux.wait_for("Generations", "Reward", timeout=60)  # grpo's fields
         tmux.keys("C-n")
         tmux.wait_for("builtin:reverse-prompts", "format: prompt", timeout=240)  # the demo model built meanwhile
@@ -218,7 +218,8 @@ def test_grpo_from_scratch_end_to_end_in_a_terminal(tmp_path, size):
 @SIZES
 def test_moe_lora_on_two_4090s_in_a_terminal(tmp_path, tuner_home, size):
     """Qwen3-30B-A3B on 2x RTX 4090, typed as a user would (bursts, no pauses): LoRA is refused with PEFT's reason and
-    the way to lift it (dropout 0, or linear targets)."""
+    the way to lift it (dropout 0, or linear targets); both controls are on the Method step, so the user sets dropout
+    0 and targets the experts there, picks LoRA, and saves a recipe `tuner run` replays."""
     tmux = wizard(tmp_path, tuner_home, size)
     try:
         tmux.wait_for("New recipe", "Built-in recipe: demo")
@@ -230,9 +231,32 @@ def test_moe_lora_on_two_4090s_in_a_terminal(tmp_path, tuner_home, size):
         tmux.wait_for("Memory plan", "Objective")
         screen = " ".join(tmux.wait_for("ParamWrapper").split())
         assert "LoRA" in screen and "dropout" in screen
-        # MOE_EXPERTS_STEP: with the Method step's LoRA dropout box and target choice (issue 49 item 1), set dropout
-        # 0 and target the experts here, then walk on to Review and save as the grpo walk does
-        tmux.keys("C-q")
-        tmux.wait_for("tuner-exited-0", timeout=QUIT_TIMEOUT)
+        # method, LoRA rank, alpha -> the dropout box: emptied and 0; its next field, the targets: all linear ->
+        # attention -> attention + experts; back to the method: Full -> LoRA
+        tmux.keys("Tab", "Tab", "Tab", "C-a", "C-k", "0", "Tab", "Right", "Right", "Enter",
+                  "BTab", "BTab", "BTab", "BTab", "Right", "Enter")
+        tmux.wait_gone("ParamWrapper", timeout=60)  # the refusal lifted on the screen that showed it
+        # on to the distribution (rank, alpha, dropout, targets, Auto-fit's toggle, objective): Single -> DDP, as two
+        # processes need one
+        tmux.keys(*["Tab"] * 7, "Right", "Enter")
+        tmux.wait_gone("need a way to share", timeout=60)
+        for _ in range(3):  # Data, Training, Review
+            tmux.keys("C-n")
+        tmux.wait_for("Save as", timeout=60)
+        save_and_quit(tmux, tmp_path / "moe.yaml")
     finally:
         tmux.close()
+    saved = yaml.safe_load((tmp_path / "moe.yaml").read_text())
+    assert saved["model"]["id"] == "Qwen/Qwen3-30B-A3B" and saved["method"]["kind"] == "lora"
+    assert saved["method"]["lora"]["dropout"] == 0
+    assert saved["hardware"]["gpus_per_machine"] == 2 and saved["memory"]["distributed"] == "ddp"
+    from tuner.recipe.io import load_recipe
+
+    recipe = load_recipe(tmp_path / "moe.yaml")
+    assert recipe.method.lora.target_parameters and all(".experts." in name for name in
+                                                         recipe.method.lora.target_parameters)  # the fused experts
+    dry = subprocess.run([sys.executable, "-m", "tuner", "render", "moe.yaml", "-o", "out"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "PYTHONPATH": str(REPO), "TUNER_HOME": str(tuner_home),
+                              "HF_HUB_OFFLINE": "1"})
+    assert dry.returncode == 0, dry.stderr  # the saved recipe is one tuner renders as is

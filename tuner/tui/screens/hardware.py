@@ -68,8 +68,10 @@ class HardwareScreen(WizardScreen):
         self.query_one("#detected", Static).update(text)
         self.query_one("#use-detected", Button).disabled = False
         self.query_one("#hardware-host_ram_gb-input", Input).placeholder = f"not set (this machine: {ram_gib:g})"
-        if "hardware" not in self.app.draft.data:  # prefill a new recipe, never an opened one
-            self.post_message(FieldEdited(self.detected))
+        # a new recipe is prefilled with this machine's GPUs, never an opened one; its RAM stays the placeholder (a
+        # recipe holds only what the user chose: "Use this machine" writes it)
+        if found and "hardware" not in self.app.draft.data:
+            self.post_message(FieldEdited(found.recipe_changes()))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "use-detected" and getattr(self, "detected", None):
