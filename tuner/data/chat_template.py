@@ -370,13 +370,14 @@ def render(template: str, messages: list[dict], source: str, add_generation_prom
 
 def template_source(tokenizer, template: str) -> str:
     """Where ``template`` comes from, for messages: the tokenizer folder's ``chat_template.jinja`` or
-    ``tokenizer_config.json`` (transformers reads the first when both exist), or tuner's own template."""
+    ``tokenizer_config.json`` (transformers reads the first when both exist; the file a link points to), or tuner's
+    own template."""
     if template != tokenizer.chat_template:
         return "tuner's chat template for this data format"
     folder = Path(getattr(tokenizer, "name_or_path", "") or ".")
     for name in (TEMPLATE_FILE, TOKENIZER_CONFIG):
         if (folder / name).is_file():
-            return str(folder / name)
+            return str((folder / name).resolve())  # a serving folder links the model's own
     return f"the chat template of {tokenizer.name_or_path} ({TEMPLATE_FILE} or {TOKENIZER_CONFIG})"
 
 
