@@ -35,6 +35,8 @@ MAX_CHARS_ENV = "TUNER_TEMPLATE_MAX_CHARS"
 DEFAULT_TIMEOUT_S = 5.0  # a real template renders a conversation in milliseconds
 DEFAULT_MAX_CHARS = 4 * 1024 * 1024  # 4 Mi characters: a prompt far beyond any model's context
 TOTAL_FACTOR = 16  # all values one render builds, together, as a multiple of the output bound
+MAX_TEMPLATE_CHARS = 1024 * 1024  # a template's own text (compiling is not interruptible; real ones are < 100 KB)
+MAX_INT_BITS = 1 << 16  # a number built by * or ** (big-integer arithmetic is not interruptible either)
 MAX_NESTING = 64  # lists in lists deeper than this are refused (their text is built in one C call)
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -165,9 +167,9 @@ def _estimate(name: str, receiver: Any, args: tuple, weights: list[int], limit: 
         old, new = args[0], args[1]
         occurrences = len(text) + 1 if old == "" else text.count(old)
         return len(text) + occurrences * _weight(new, limit)
-    if name == "join":
-        items = args[0] if args else ()
-        return sum(weights) + _weight(items, limit) * len(text)
+    if name == "join":  # str.join(items), or the filter items|join(separator)
+        items, separator = (args[0] if args else (), text) if text else (receiver, args[0] if args else "")
+        return _weight(items, limit) * (1 + _weight(separator, limit))
     if name == "expandtabs":
         return len(text) + text.count("\t") * (args[0] if args and isinstance(args[0], int) else 8)
     if name == "indent":
@@ -187,6 +189,13 @@ def _run_checked(name: str, receiver: Any, values: list, func, args: tuple, kwar
     before, and its result after."""
     budget = _budget.get()
     limit = budget.limits.max_chars
+    if name == "join":  # what it joins, listed first (a map or select is a generator: weighed, it would be spent)
+        at = values.index(receiver) if receiver is not None and not isinstance(receiver, str) else 1
+        if at < len(values) and not hasattr(values[at], "__len__"):
+            listed = [item for item in values[at] if budget.tick() is None]
+            args = tuple(listed if value is values[at] else value for value in args)
+            values = [listed if index == at else value for index, value in enumerate(values)]
+            receiver = listed if at == 0 else receiver
     plain = {key: value for key, value in kwargs.items() if key not in _PLUMBING}
     weights = _check_args(budget, values, plain)
     estimate = _estimate(name, receiver, tuple(values[1:] if receiver is not None else values), weights, limit)
@@ -314,9 +323,10 @@ def _environment():
             budget = _budget.get()
             limit = budget.limits.max_chars
             budget.tick()
-            if operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and \
-                    right > 0 and abs(left).bit_length() * right > 8 * limit:
-                raise _Exceeded(f"it raised a number to a power of more than {limit} bytes ({MAX_CHARS_ENV})")
+            if isinstance(left, int) and isinstance(right, int) and (
+                    (operator == "**" and abs(left) > 1 and right > 0 and abs(left).bit_length() * right > MAX_INT_BITS)
+                    or (operator == "*" and left.bit_length() + right.bit_length() > MAX_INT_BITS)):
+                raise _Exceeded(f"it built a number of more than {MAX_INT_BITS} bits")
             sized = [value for value in (left, right) if not isinstance(value, (int, float))]
             if operator == "*" and len(sized) == 1:
                 count = right if sized[0] is left else left
@@ -342,6 +352,9 @@ def render(template: str, messages: list[dict], source: str, add_generation_prom
     the messages without their None fields, ``tools``, ``documents``, the generation prompt, ``variables``), within
     :func:`bounds`; ``source`` names the template's file in a refusal."""
     limits = bounds()
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise TemplateRefused(f"{source}: the chat template is {len(template)} characters long, more than a chat "
+                              f"template may be ({MAX_TEMPLATE_CHARS}); fix or replace the template.")
     _environment()  # transformers imported, the environment built: outside the time bound
     budget = _Budget(limits)
     token = _budget.set(budget)
