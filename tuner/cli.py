@@ -38,6 +38,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def user_errors() -> tuple[type[Exception], ...]:
     """Exception types whose message is meant for the user as is."""
+    from tuner.data.chat_template import TemplateRefused
     from tuner.data.sources import DataError
     from tuner.export import ExportRefused
     from tuner.loading.model import ModelLoadError
@@ -45,7 +46,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from tuner.rundir.checkpoints import CheckpointRefused
     from tuner.rundir.lock import RunLocked
 
-    return RecipeError, CheckpointRefused, DataError, ModelLoadError, RunLocked, ExportRefused
+    return RecipeError, CheckpointRefused, DataError, ModelLoadError, RunLocked, ExportRefused, TemplateRefused
 
 
 def environment_errors() -> tuple[type[Exception], ...]:

@@ -158,9 +158,10 @@ def chat_segments(messages: list[dict[str, str]], tokenizer) -> list[tuple[str, 
     Each assistant turn is the text the template adds between the prompt for that turn
     (``add_generation_prompt=True``) and the conversation including the turn.
     """
+    from tuner.data.chat_template import render_chat
+
     template = tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE
-    render = lambda msgs, gen: tokenizer.apply_chat_template(  # noqa: E731
-        msgs, tokenize=False, add_generation_prompt=gen, chat_template=template)
+    render = lambda msgs, gen: render_chat(tokenizer, msgs, template, add_generation_prompt=gen)  # noqa: E731
     segments: list[tuple[str, bool]] = []
     done = ""
     for index, message in enumerate(messages):

@@ -94,9 +94,10 @@ def preference_problem(sample: dict[str, Any], data_format: str) -> str | None:
 
 def _tokenize(tokenizer, value, chat_template: str, **kwargs) -> list[int]:
     """TRL's ``_tokenize``: the chat template for messages, the tokenizer's own call for text."""
+    from tuner.data.chat_template import chat_ids
+
     if isinstance(value, list):
-        return list(tokenizer.apply_chat_template(value, tokenize=True, return_dict=True, chat_template=chat_template,
-                                                  **kwargs)["input_ids"])
+        return chat_ids(tokenizer, value, chat_template, **kwargs)
     return list(tokenizer(text=value)["input_ids"])
 
 
@@ -122,11 +123,12 @@ def encode_completions(sample: dict[str, Any], data_format: str, tokenizer) -> t
 
 def prompt_and_chosen(sample: dict[str, Any], tokenizer) -> tuple[str, str]:
     """The text a model is given for a preference row, and the chosen answer's text (what generation should give)."""
+    from tuner.data.chat_template import render_chat
     from tuner.data.formats import DEFAULT_CHAT_TEMPLATE
 
     sample = with_prompt(sample)
     if isinstance(sample["prompt"], str):
         return sample["prompt"], sample["chosen"]
-    prompt = tokenizer.apply_chat_template(sample["prompt"], tokenize=False, add_generation_prompt=True,
-                                           chat_template=tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE)
+    prompt = render_chat(tokenizer, sample["prompt"], tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE,
+                         add_generation_prompt=True)
     return prompt, "".join(message["content"] for message in sample["chosen"])

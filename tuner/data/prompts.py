@@ -43,20 +43,19 @@ def reward_inputs(sample: dict[str, Any]) -> dict[str, Any]:
 def prompt_ids(prompt, tokenizer) -> list[int]:
     """The tokens generation starts from, as TRL's GRPOTrainer makes them: the chat template with the generation
     prompt for messages, the tokenizer's own call (special tokens included) for text."""
+    from tuner.data.chat_template import chat_ids
     from tuner.data.formats import DEFAULT_CHAT_TEMPLATE
 
     if isinstance(prompt, list):
-        return list(tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True, return_dict=True,
-                                                  chat_template=tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE)
-                    ["input_ids"])
+        return chat_ids(tokenizer, prompt, tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE, add_generation_prompt=True)
     return list(tokenizer(text=prompt)["input_ids"])
 
 
 def prompt_text(prompt, tokenizer) -> str:
     """What the model is given for a prompt: the rendered chat template, or the text itself."""
+    from tuner.data.chat_template import render_chat
     from tuner.data.formats import DEFAULT_CHAT_TEMPLATE
 
     if isinstance(prompt, str):
         return prompt
-    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True,
-                                         chat_template=tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE)
+    return render_chat(tokenizer, prompt, tokenizer.chat_template or DEFAULT_CHAT_TEMPLATE, add_generation_prompt=True)

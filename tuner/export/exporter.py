@@ -105,6 +105,7 @@ def check_prompts(target: InferenceTarget, tokenizer, data_format: str) -> tuple
 def ollama_modelfile(target: InferenceTarget, tokenizer, gguf_name: str) -> tuple[str, str]:
     """(the Modelfile's text, the model name to create): the template as the run prompts, its stop tokens, the
     system prompt its data shares, and the recipe's sampling."""
+    from tuner.data.chat_template import render_chat
     from tuner.data.formats import chat_template_for
     from tuner.export.modelfile import modelfile_text, ollama_name, template_pieces
     from tuner.infer.generate import user_turn
@@ -116,8 +117,7 @@ def ollama_modelfile(target: InferenceTarget, tokenizer, gguf_name: str) -> tupl
     def render(messages, generation):
         messages = [{**m, "content": user_turn(m["content"], found.instruction)} if m["role"] == "user" else m
                     for m in messages]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation,
-                                             chat_template=template)
+        return render_chat(tokenizer, messages, template, add_generation_prompt=generation)
 
     pieces = template_pieces(render)
     stops = list(dict.fromkeys(tokenizer.convert_ids_to_tokens(eos) for eos in _eos_ids(target, tokenizer)))

@@ -108,13 +108,12 @@ def render_prompt(tokenizer, messages: list[dict[str, str]], data_format: str = 
     """The text that asks the model to answer the last user turn, formatted as tuner trains
     (:func:`tuner.data.formats.chat_template_for`: the same template ``tuner serve`` hands the server; an
     instruction turn's first line is the instruction, the rest its input, as :func:`user_turn` joins them)."""
+    from tuner.data.chat_template import TemplateRefused, render_chat
+
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             chat_template=chat_template_for(tokenizer, data_format))
-    except Exception as exc:  # a template's own code failing on this conversation (jinja raises any type)
-        reason = " ".join(str(exc).split())[:300]
-        raise ModelLoadError(f"the chat template cannot render this conversation ({type(exc).__name__}: "
-                             f"{reason}); fix the tokenizer's chat template, or pass --data-format.") from None
+        return render_chat(tokenizer, messages, chat_template_for(tokenizer, data_format), add_generation_prompt=True)
+    except TemplateRefused as exc:  # past a bound, or the template's own code failing on this conversation
+        raise ModelLoadError(str(exc)) from None
 
 
 def user_turn(message: str, instruction: str | None) -> str:

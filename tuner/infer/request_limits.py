@@ -12,14 +12,22 @@ size, and answers a bad field with HTTP 500 and a traceback in the log.  In fron
   ``max_tokens``/``max_completion_tokens`` (1 to what the context leaves after the prompt), ``temperature``,
   ``top_p``, ``frequency_penalty``, ``seed``, ``logit_bias`` (token ids of this vocabulary), ``stop``; a
   ``generation_config`` (which would replace all of them) is refused;
-- the prompt is counted in tokens off the event loop, and one that with its answer exceeds the model's context is
-  refused naming the limit; a request without ``max_tokens`` gets the recipe's ``inference.max_new_tokens``,
-  capped by what the context leaves;
+- the body must arrive within :data:`BODY_TIMEOUT_S` of its headers (408 and the connection closed otherwise: a
+  ``Content-Length`` longer than the body sent is answered then);
+- the prompt is rendered through the model's chat template within its bounds (:mod:`tuner.data.chat_template`:
+  a template past one answers this request with a 500 naming the file, and the server stays as it was) and counted
+  in tokens, off the event loop; one that with its answer exceeds the model's context is refused naming the limit;
+  a request without ``max_tokens`` gets the recipe's ``inference.max_new_tokens``, capped by what the context
+  leaves; ``chat_template_kwargs`` (variables a client would hand the template) are refused;
+- at most :data:`MAX_ACTIVE_REQUESTS` requests are served at once, counted once their body is in (503 beyond): a
+  connection still sending its headers (:mod:`tuner.infer.connection_limits`) or its body takes no place;
+- ``GET /health`` answers 503 naming the oldest request while one has been served for longer than its time budget
+  plus :data:`STUCK_SLACK_S` (a stuck worker), else the server's own answer;
 - an error inside the server is one log line and a JSON 500, never a traceback.
 
 Generation itself is bounded by the server's own means (see :class:`tuner.infer.serve.Server`): each request's
-``generate`` stops after its time budget (``max_time``), at most a fixed number of requests are taken at once
-(uvicorn's ``limit_concurrency``, 503 beyond), and SIGTERM stops the server within its graceful-shutdown timeout.
+``generate`` stops after its time budget (``max_time``), and SIGTERM stops the server within its graceful-shutdown
+timeout.
 """
 from __future__ import annotations
 
@@ -27,12 +35,16 @@ import asyncio
 import json
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 log = logging.getLogger("tuner")
 
 MAX_BODY_BYTES = 1024 * 1024
+BODY_TIMEOUT_S = 10.0  # from a request's headers to the end of its body
+MAX_ACTIVE_REQUESTS = 32  # requests served at once (their bodies read); 503 beyond
+STUCK_SLACK_S = 5.0  # past its time budget by this much, a request is reported stuck by /health
 MAX_MESSAGES = 1024
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARACTERS = 256
@@ -59,7 +71,9 @@ class Limits:
     context: int | None  # the model's longest sequence (prompt and answer); None: not known
     default_max_tokens: int  # the recipe's inference.max_new_tokens
     vocab_size: int
-    count_tokens: Callable[[list[dict]], int]  # the prompt's length as the server will tokenise it
+    count_tokens: Callable[[list[dict], Any], int]  # the prompt's length (messages, tools) as the server tokenises
+    # it, rendered within the template's bounds (TemplateRefused past one)
+    time_budget_s: float = math.inf  # one request's generation (--request-timeout)
 
 
 def _number(body: dict, name: str, low: float, high: float, *, integer: bool = False, low_open: bool = False,
@@ -109,6 +123,9 @@ def _check_fields(body: dict, limits: Limits) -> None:
                            "max_tokens and time); send max_tokens, temperature, top_p, seed or stop.", "generation_config")
     if body.get("stream") is not None and not isinstance(body["stream"], bool):
         raise Refused(400, "stream: must be true or false.", "stream")
+    if "chat_template_kwargs" in body:
+        raise Refused(400, "chat_template_kwargs: not accepted by tuner serve (the model's chat template is rendered "
+                           "with the messages and tools only).", "chat_template_kwargs")
     if body.get("model") is not None and not isinstance(body["model"], str):
         raise Refused(400, "model: must be text (GET /v1/models lists the one served).", "model")
     _number(body, "temperature", 0, 100)
@@ -145,10 +162,10 @@ async def check_chat_request(body: Any, limits: Limits) -> dict:
              for name in ("max_completion_tokens", "max_tokens")}
     field = "max_completion_tokens" if asked["max_completion_tokens"] is not None else "max_tokens"
     max_tokens = asked[field]
+    prompt = await asyncio.get_running_loop().run_in_executor(None, _count, limits, messages, body.get("tools"))
     if context is None:
         body["max_tokens"] = max_tokens or limits.default_max_tokens
         return body
-    prompt = await asyncio.get_running_loop().run_in_executor(None, limits.count_tokens, messages)
     room = context - prompt
     if room < 1 or (max_tokens is not None and max_tokens > room):
         wanted = max_tokens or 1
@@ -158,6 +175,15 @@ async def check_chat_request(body: Any, limits: Limits) -> dict:
     body.pop("max_completion_tokens", None)
     body["max_tokens"] = max_tokens or min(limits.default_max_tokens, room)
     return body
+
+
+def _count(limits: Limits, messages: list[dict], tools) -> int:
+    from tuner.data.chat_template import TemplateRefused
+
+    try:
+        return limits.count_tokens(messages, tools)
+    except TemplateRefused as exc:  # the model's template, not the client's request: the server's error
+        raise Refused(500, str(exc), "messages") from None
 
 
 def _json_response(status: int, payload: dict) -> tuple[list, bytes]:
@@ -171,6 +197,12 @@ class RequestLimits:
     def __init__(self, app: Callable[..., Awaitable[None]], limits: Limits):
         self.app = app
         self.limits = limits
+        self.started: dict[int, float] = {}  # the requests being served: when each took its place
+
+    def stuck(self) -> float | None:
+        """How long the oldest request has been served, when that is past its budget and the slack; else None."""
+        oldest = time.monotonic() - min(self.started.values(), default=time.monotonic())
+        return oldest if oldest > self.limits.time_budget_s + STUCK_SLACK_S else None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":  # lifespan: the app's own start-up and shut-down
@@ -187,14 +219,28 @@ class RequestLimits:
             if (scope["method"], scope["path"]) not in OPEN_ROUTES:
                 raise Refused(404, f"{scope['method']} {scope['path']}: not served by tuner serve (it serves POST "
                                    f"{CHAT_ROUTE}, GET /v1/models and GET /health).")
-            if scope["method"] == "POST":
-                body = await check_chat_request(await self._json_body(scope, receive), self.limits)
-                receive = _replay(json.dumps(body).encode(), receive)
-            await self.app(scope, receive, tracked_send)
+            if (scope["method"], scope["path"]) == ("GET", "/health") and (age := self.stuck()) is not None:
+                await self._answer(send, 503, {"status": "stuck", "message": (
+                    f"a request has been served for {age:.0f} s, past its budget of {self.limits.time_budget_s:g} s "
+                    f"(--request-timeout) and {STUCK_SLACK_S:g} s more")})
+                return
+            if scope["method"] != "POST":
+                await self.app(scope, receive, tracked_send)
+                return
+            body = await self._json_body(scope, receive)
+            if len(self.started) >= MAX_ACTIVE_REQUESTS:
+                raise Refused(503, f"the server is serving {MAX_ACTIVE_REQUESTS} requests at once; retry shortly.")
+            self.started[id(scope)] = time.monotonic()
+            try:
+                body = await check_chat_request(body, self.limits)
+                await self.app(scope, _replay(json.dumps(body).encode(), receive), tracked_send)
+            finally:
+                self.started.pop(id(scope), None)
         except Refused as refused:
             if not started:
-                error = {"message": str(refused), "type": "invalid_request_error", "param": refused.field}
-                await self._answer(send, refused.status, {"error": error})
+                kind = "server_error" if refused.status >= 500 else "invalid_request_error"
+                error = {"message": str(refused), "type": kind, "param": refused.field}
+                await self._answer(send, refused.status, {"error": error}, close=refused.status == 408)
         except Exception as exc:  # never a traceback for a client's request: one line in the log, a JSON 500
             log.error("request %s %s failed: %s: %s", scope["method"], scope["path"], type(exc).__name__,
                       str(exc).splitlines()[0][:200] if str(exc) else "")
@@ -207,8 +253,13 @@ class RequestLimits:
         if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
             raise Refused(413, f"the request body may hold {MAX_BODY_BYTES} bytes; this one declares {declared[:20]!r}.")
         chunks, size = [], 0
+        deadline = time.monotonic() + BODY_TIMEOUT_S
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0))
+            except asyncio.TimeoutError:
+                raise Refused(408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s of its headers "
+                                   f"({size} of {declared.decode() if declared else 'its'} bytes came).") from None
             if message["type"] == "http.disconnect":
                 raise Refused(400, "the client went away before its request was read.")
             chunk = message.get("body", b"")
@@ -224,8 +275,10 @@ class RequestLimits:
             raise Refused(400, "the request body is not JSON.") from None
 
     @staticmethod
-    async def _answer(send, status: int, payload: dict) -> None:
+    async def _answer(send, status: int, payload: dict, close: bool = False) -> None:
         headers, data = _json_response(status, payload)
+        if close:  # a body that did not arrive: what the client sends next is not a request
+            headers.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": data})
 

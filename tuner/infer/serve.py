@@ -28,7 +28,6 @@ from tuner.rundir.lock import RunLock
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers saves and finds a tokenizer's chat template
 REQUEST_TIMEOUT_S = 60  # default time budget of one request's generation (generate's max_time)
-MAX_CONNECTIONS = 32  # requests and connections taken at once (uvicorn's limit_concurrency): 503 beyond
 SHUTDOWN_S = 3  # SIGTERM or Ctrl-C: in-flight requests get this long, then are cancelled
 
 
@@ -176,8 +175,9 @@ class Server:
     """transformers' OpenAI-compatible server for one folder: the model is loaded when this is built, and the
     server listens from :meth:`run` until Ctrl-C or SIGTERM (uvicorn's own graceful shutdown, cut to
     :data:`SHUTDOWN_S`).  Bounded by the library's own means: each request's ``generate`` stops after
-    ``request_timeout_s`` (``max_time``), uvicorn takes :data:`MAX_CONNECTIONS` at once, and tuner's
-    :class:`~tuner.infer.request_limits.RequestLimits` checks every request in front of it."""
+    ``request_timeout_s`` (``max_time``), tuner's :class:`~tuner.infer.request_limits.RequestLimits` checks every
+    request in front of it (and caps those served at once), and its protocol
+    (:mod:`tuner.infer.connection_limits`) closes a connection whose first request's headers are late."""
 
     def __init__(self, served: ServingFolder, host: str, port: int, bits: int | None = None,
                  request_timeout_s: float = REQUEST_TIMEOUT_S):
@@ -217,6 +217,8 @@ class Server:
         self.limits = self._bound(recipe.inference.max_new_tokens, request_timeout_s)
 
     def _bound(self, default_max_tokens: int, request_timeout_s: float):
+        from tuner.data.chat_template import chat_ids
+        from tuner.infer.connection_limits import BoundedH11Protocol
         from tuner.infer.generate import model_context
         from tuner.infer.request_limits import Limits, RequestLimits, message_text
 
@@ -224,16 +226,18 @@ class Server:
         tokenizer = getattr(processor, "tokenizer", processor)
         model.generation_config.max_time = float(request_timeout_s)  # each request's copy inherits the budget
 
-        def count_tokens(messages: list[dict]) -> int:
+        def count_tokens(messages: list[dict], tools) -> int:  # the server renders the same, once this returned
             plain = [{"role": message["role"], "content": message_text(message)} for message in messages]
-            return len(tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=True, return_dict=False))
+            return len(chat_ids(tokenizer, plain, add_generation_prompt=True, tools=tools))
 
         text_config = model.config.get_text_config()
         limits = Limits(model_context(model, tokenizer), default_max_tokens,
-                        getattr(text_config, "vocab_size", None) or len(tokenizer), count_tokens)
+                        getattr(text_config, "vocab_size", None) or len(tokenizer), count_tokens,
+                        float(request_timeout_s))
         config = self._serve.server.config
         config.app = RequestLimits(config.app, limits)
-        config.limit_concurrency = MAX_CONNECTIONS
+        config.http = BoundedH11Protocol
+        config.limit_concurrency = None  # it counted idle sockets; RequestLimits counts requests
         config.timeout_graceful_shutdown = SHUTDOWN_S
         return limits
 
