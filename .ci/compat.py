@@ -89,12 +89,14 @@ def main(argv: list[str]) -> int:
     named = ", ".join(f"{name} {release} (pinned {installed(name)})" for name, release in upgrades.items())
     print(f"compat: the newest releases that differ from the pins: {named}", flush=True)
     python = make_environment(upgrades)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     for name in ("VIRTUAL_ENV", "PYTHONHOME"):
         env.pop(name, None)
     workers = argv[0] if argv else "2"
+    # its own --basetemp (and so its own demo model, under tmp/../tuner-home): pytest prunes all but the newest
+    # three temporary folders of a user, which other pytest sessions on the machine would do mid-run
     tested = subprocess.run([str(python), "-m", "pytest", "-q", "-n", workers, "--dist", "loadgroup",
-                             "-p", "no:cacheprovider", *TESTS], cwd=REPO, env=env)
+                             "-p", "no:cacheprovider", "--durations", "10", "--basetemp", str(ENV / "tmp"), *TESTS], cwd=REPO, env=env)
     minutes = (time.monotonic() - started) / 60
     if tested.returncode != 0:
         print(f"compat: FAILED on {named} ({minutes:.1f} min): the failing tests are listed above; support the "
