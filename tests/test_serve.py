@@ -278,7 +278,7 @@ def test_a_cpu_server_loads_the_weights_in_float32_unless_the_recipe_names_a_dty
         assert target.recipe.model.dtype == "bfloat16"
         server = Server(serving_folder(target), "127.0.0.1", free_port())  # loaded, not listening
         try:
-            assert server.model().dtype == dtype
+            assert server.dtype() == str(dtype)
             assert bool(server.dtype_note) == noted
         finally:
             server.close()
@@ -289,7 +289,8 @@ def test_serve_refuses_a_transformers_release_whose_server_it_does_not_drive():
     from tuner.catalog.model_classes import installed_transformers_version
     from tuner.infer.serve import unsupported_server_transformers
 
-    assert unsupported_server_transformers(installed_transformers_version()) is None
-    problem = unsupported_server_transformers("5.25.0")
-    assert "transformers 5.25.0 is installed" in problem and "<5.25" in problem
+    for served in (installed_transformers_version(), "5.24.0", "5.25.0"):
+        assert unsupported_server_transformers(served) is None, served
+    problem = unsupported_server_transformers("5.26.0")
+    assert "transformers 5.26.0 is installed" in problem and "<5.26" in problem
     assert "pip install 'tuner[serve]'" in problem

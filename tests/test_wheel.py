@@ -8,7 +8,8 @@ resolution of the same pins, which `make install` does already; installing torch
 minutes.
 
 Every other Python version ``requires-python`` admits that this machine has (python3.X on PATH, or pyenv's) runs
-the torch-free core — validate, plan, render, recipes, presets — from the same wheel: a CPU torch wheel exists here
+the torch-free core — validate, plan, render, recipes, presets — from the same wheel (and `tuner`, `tuner demo`,
+`tuner run` there end with one line naming what to install): a CPU torch wheel exists here
 for Python 3.11 only, and PyPI's torch for Linux is a multi-GB CUDA build.
 """
 from __future__ import annotations
@@ -151,3 +152,9 @@ def test_the_torch_free_core_runs_on_each_newer_python(version, dist, tmp_path):
         done = subprocess.run(["tuner", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, f"tuner {' '.join(args)} on Python {version}:\n{done.stdout[-1500:]}{done.stderr[-3000:]}"
     assert (tmp_path / "rendered" / "deepspeed.json").is_file() and (tmp_path / "presets" / "zero3.json").is_file()
+    for args, needs in (([], "'textual"), (["demo"], "'datasets"), (["run", "demo"], "'torch")):  # beyond the core:
+        done = subprocess.run(["tuner", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+                              stdin=subprocess.DEVNULL)  # one line naming what to install, nothing written
+        assert done.returncode == 1 and done.stderr.count("\n") == 1, f"tuner {' '.join(args)}: {done.stderr[-3000:]}"
+        assert done.stderr.startswith("error: ") and "pip install" in done.stderr and needs in done.stderr, done.stderr
+    assert not (tmp_path / "runs").exists()

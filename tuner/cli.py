@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 
 from tuner import __version__
@@ -17,6 +18,17 @@ COMMANDS = ("validate", "recipes", "presets", "plan", "render", "probe", "run", 
 
 EXIT_USAGE = 2
 EXIT_ENVIRONMENT = 1
+
+# What each command imports beyond the torch-free core (validate, plan, render, recipes, presets, doctor), by module:
+# checked before the command runs (nothing written, no traceback), so a core-only install says what to install.
+_MODELS = ("torch", "transformers", "peft")
+_TRAINING = (*_MODELS, "accelerate", "datasets", "trl")
+NEEDS = {
+    None: ("textual", "ruamel.yaml"),  # the TUI (the wizard saves a recipe in place through ruamel.yaml)
+    "run": _TRAINING, "probe": _TRAINING, "demo": (*_TRAINING, "lm_eval"), "eval": (*_MODELS, "datasets", "lm_eval"),
+    "data": (*_MODELS, "datasets"), "merge": _MODELS, "export": _MODELS, "infer": _MODELS, "chat": _MODELS,
+    "serve": _MODELS, "serve --print": ("transformers",),  # printing the vllm command reads only a tokenizer
+}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -81,21 +93,60 @@ def path_argument_problem(args) -> str | None:
     return None
 
 
+def _importable(module: str) -> bool:
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or one whose import was blocked
+        return False
+
+
+def missing_packages_message(command: str | None, modules: list[str]) -> str:
+    """One line: what ``tuner COMMAND`` needs that is not installed, as the pip command that installs it, with the
+    ranges tuner declares (a core-only install is tuner's wheel with ``--no-deps`` and six packages, README)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    try:
+        declared = [Requirement(line) for line in requires("tuner") or ()]
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        declared = []
+    specs = {canonicalize_name(r.name): f"{r.name}{r.specifier}" for r in declared if not r.marker}
+    wanted = dict.fromkeys(specs.get(canonicalize_name(module), module) for module in modules)
+    what = f"tuner {command}" if command else "tuner's terminal UI"
+    return (f"{what} needs packages not installed here (a core-only install validates, plans and renders): "
+            f"pip install {' '.join(shlex.quote(spec) for spec in wanted)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     args.argv = list(argv)  # as typed: what `--tp N` runs again on each rank
-    if args.command is None:
-        from tuner.tui.app import run_app
-
-        return run_app()
+    needs = NEEDS.get("serve --print" if getattr(args, "print_command", None) else args.command, ())
+    missing = [name for name in needs if not _importable(name)]
+    if missing:
+        print(f"error: {missing_packages_message(args.command, missing)}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     problem = path_argument_problem(args)
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
+        if args.command is None:
+            from tuner.tui.app import run_app
+
+            return run_app()
         return args.run(args)
+    except ModuleNotFoundError as exc:  # a package NEEDS does not list (tuner's own modules are bugs: raised)
+        package = (exc.name or "tuner").partition(".")[0]
+        if package == "tuner":
+            raise
+        print(f"error: {missing_packages_message(args.command, [package])}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     except user_errors() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -19,6 +19,9 @@ from tuner.catalog.model_config import ModelConfigError, check_resolved_config
 _SIMPLE = (int, float, bool, str, type(None))
 _MAX_ATTR_CHARS = 200
 _PER_INSTANCE = ("layer_idx", "layer_id", "layer_index", "layer_number", "block_idx", "expert_idx")  # not structure
+# A norm's epsilon under torch's name: transformers spells it per class and release (Llama4TextRMSNorm: eps in 5.24,
+# variance_epsilon in 5.25), and the inventory records the structure, not the spelling
+_SAME_AS = {"variance_epsilon": "eps", "epsilon": "eps"}
 _LORA = re.compile(r"\.(lora_[A-Za-z_]+|base_layer)(\.|$)")
 
 
@@ -222,7 +225,7 @@ def _attrs(module) -> dict:
             continue
         if isinstance(value, str) and len(value) > _MAX_ATTR_CHARS:
             continue
-        attrs[key] = value
+        attrs[_SAME_AS.get(key, key)] = value
     return attrs
 
 

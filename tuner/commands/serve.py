@@ -51,7 +51,7 @@ def serve(args, target) -> int:
     from rich.console import Console
 
     from tuner.infer.load import default_context, planner_facts
-    from tuner.infer.placement import placement_of, placement_table
+    from tuner.infer.placement import placement_table
     from tuner.infer.serve import Server, check_port_free, require_server, serving_folder
 
     require_server()
@@ -66,7 +66,7 @@ def serve(args, target) -> int:
     if server.dtype_note:
         console.print(f"note: {server.dtype_note}", highlight=False)
     context = args.context or default_context(served.target, served.target.recipe.inference.max_new_tokens)
-    placement = placement_of(server.model(), 1, context, facts=planner_facts(served.target))
+    placement = server.placement(context, planner_facts(served.target))
     console.print(placement_table(placement))
     for warning in placement.warnings():
         console.print(f"[bold yellow]warning:[/] {warning}", highlight=False)

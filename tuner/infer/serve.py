@@ -141,8 +141,8 @@ def require_server() -> None:
 
 def unsupported_server_transformers(installed: str | None) -> str | None:
     """Why tuner serve cannot drive the ``installed`` transformers, or None.  Its releases are the ones tuner's
-    ``serve`` extra names (pyproject.toml): tuner's server reaches into ``transformers serve`` (the model in this
-    process, its app wrapped by tuner's limits), which transformers 5.25 rebuilt around a model process of its own."""
+    ``serve`` extra names (pyproject.toml): tuner's server reaches into ``transformers serve`` (its settings, its
+    model manager and app, wrapped by tuner's limits), which changes between releases (:func:`transformers_server`)."""
     from importlib.metadata import PackageNotFoundError, requires
 
     from packaging.requirements import Requirement
@@ -171,6 +171,116 @@ def check_port_free(host: str, port: int) -> None:
             raise
 
 
+MODEL_PROCESS_RELEASE = "5.25"  # transformers' server from here on loads the model in a process of its own
+
+
+def prepare_model(model, processor, request_timeout_s: float) -> tuple[int | None, int]:
+    """Run where the model is: give its generation config the time budget every request's ``generate`` inherits,
+    and return its context and vocabulary size (for :class:`~tuner.infer.request_limits.Limits`)."""
+    from tuner.infer.generate import model_context
+
+    tokenizer = getattr(processor, "tokenizer", processor)
+    model.generation_config.max_time = float(request_timeout_s)
+    vocab = getattr(model.config.get_text_config(), "vocab_size", None) or len(tokenizer)
+    return model_context(model, tokenizer), vocab
+
+
+def model_placement(model, processor, context: int, facts):
+    """Run where the model is: the placement report of the served model at batch 1 (see :func:`placement_of`)."""
+    from tuner.infer.placement import placement_of
+
+    return placement_of(model, 1, context, facts=facts)
+
+
+def model_dtype(model, processor) -> str:
+    """Run where the model is: the dtype its weights were loaded in, e.g. ``torch.float32``."""
+    return str(model.dtype)
+
+
+def transformers_server(installed: str | None, **options):
+    """transformers' server for the ``installed`` release, loaded, not yet listening, as one interface: its
+    ``tokenizer``, ``in_model(function, *args)`` (``function(model, processor, *args)`` run where the model is),
+    ``server`` (uvicorn's, whose ``config.app`` is the FastAPI app) and ``close()``.  Before
+    :data:`MODEL_PROCESS_RELEASE` the model is in this process; from it, in the process transformers starts for it."""
+    from packaging.version import Version
+
+    if installed is not None and Version(installed).release >= Version(MODEL_PROCESS_RELEASE).release:
+        return _ModelProcessServer(**options)
+    return _in_process_server(**options)
+
+
+def _in_process_server(**options):
+    """transformers 5.24: ``Serve`` loads the model here and builds uvicorn's server; ``non_blocking`` would start
+    it in a thread, here it runs in the main thread, where uvicorn handles the signals."""
+    from transformers.cli.serve import Serve
+
+    class InProcess(Serve):
+        def start_server(self) -> None:
+            pass
+
+        @property
+        def tokenizer(self):
+            processor = self._loaded()[1]
+            return getattr(processor, "tokenizer", processor)
+
+        def _loaded(self):
+            manager = self._model_manager  # the force_model it preloaded, from its cache: (model, processor)
+            return manager.load_model_and_processor(manager.process_model_name(manager.force_model))
+
+        def in_model(self, function, *args):
+            return function(*self._loaded(), *args)
+
+        def close(self) -> None:
+            self._generation_state.shutdown()
+            self._model_manager.shutdown()
+
+    return InProcess(**options, non_blocking=True)
+
+
+class _ModelProcessServer:
+    """transformers 5.25: ``Serve`` serves as it is built, so only its settings are taken from it (``run`` does
+    nothing); the model manager starts the model's process and waits for the model, and the app holds the route
+    tuner serves (chat completions, with ``/v1/models`` and ``/health``) the way ``Serve.run`` builds it.  Only those
+    routes pass :class:`~tuner.infer.request_limits.RequestLimits`, so the other handlers are not built."""
+
+    def __init__(self, **options):
+        import uvicorn
+        from transformers.cli.serve import Serve
+        from transformers.cli.serving.chat_completion import ChatCompletionHandler
+        from transformers.cli.serving.model_manager import ModelManager
+        from transformers.cli.serving.server import build_server
+
+        class Settings(Serve):
+            def run(self, socket=None, engine_connection=None) -> None:
+                pass
+
+        settings = Settings(**options)
+        try:
+            self._manager = ModelManager(settings.loader, settings.generation_state, force_model=settings.force_model)
+        except RuntimeError as exc:  # the model's process could not load it (its log says why)
+            raise ValueError(str(exc)) from None
+        self._engine = self._manager.get_engine(None)
+        self.tokenizer = getattr(self._engine.processor, "tokenizer", self._engine.processor)
+        chat = ChatCompletionHandler(model_manager=self._manager, generation_state=settings.generation_state,
+                                     chat_template_kwargs=settings.chat_template_kwargs)
+        app = build_server(self._manager, chat, None, None, None, None)
+
+        async def stop_if_the_model_died() -> None:
+            if self._manager.is_dead:
+                self.server.should_exit = True
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                                    callback_notify=stop_if_the_model_died, timeout_notify=5))
+
+    def in_model(self, function, *args):
+        import asyncio
+
+        return asyncio.run(self._engine.submit(function, *args))
+
+    def close(self) -> None:
+        self._manager.shutdown()
+
+
 class Server:
     """transformers' OpenAI-compatible server for one folder: the model is loaded when this is built, and the
     server listens from :meth:`run` until Ctrl-C or SIGTERM (uvicorn's own graceful shutdown, cut to
@@ -181,35 +291,19 @@ class Server:
 
     def __init__(self, served: ServingFolder, host: str, port: int, bits: int | None = None,
                  request_timeout_s: float = REQUEST_TIMEOUT_S):
-        from transformers.cli.serve import Serve
-
-        class Prepared(Serve):
-            """Serve as ``transformers serve`` builds it, not yet listening: ``non_blocking`` would start it in a
-            thread; here it runs in the main thread, where uvicorn handles the signals."""
-
-            def start_server(self) -> None:
-                pass
-
-            def loaded(self):
-                manager = self._model_manager  # the force_model it preloaded, from its cache: (model, processor)
-                return manager.load_model_and_processor(manager.process_model_name(manager.force_model))
-
-            def close(self) -> None:
-                self._generation_state.shutdown()
-                self._model_manager.shutdown()
-
         import torch
 
+        from tuner.catalog.model_classes import installed_transformers_version
         from tuner.infer.load import inference_dtype
 
         recipe = served.target.recipe
         # transformers' server puts the model on a GPU when there is one, else on the CPU
         dtype, self.dtype_note = inference_dtype(served.target, on_gpu=torch.cuda.is_available())
         try:
-            self._serve = Prepared(
-                force_model=served.model_name, host=host, port=port, dtype=dtype,
+            self._serve = transformers_server(
+                installed_transformers_version(), force_model=served.model_name, host=host, port=port, dtype=dtype,
                 quantization={4: "bnb-4bit", 8: "bnb-8bit"}.get(bits), trust_remote_code=recipe.model.trust_remote_code,
-                log_level="warning", non_blocking=True)
+                log_level="warning")
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"transformers serve cannot load {served.model_name}: {exc}") from None
         self.served = served
@@ -219,21 +313,16 @@ class Server:
     def _bound(self, default_max_tokens: int, request_timeout_s: float):
         from tuner.data.chat_template import chat_ids
         from tuner.infer.connection_limits import BoundedH11Protocol
-        from tuner.infer.generate import model_context
         from tuner.infer.request_limits import Limits, RequestLimits, message_text
 
-        model, processor = self._serve.loaded()
-        tokenizer = getattr(processor, "tokenizer", processor)
-        model.generation_config.max_time = float(request_timeout_s)  # each request's copy inherits the budget
+        tokenizer = self._serve.tokenizer
+        context, vocab_size = self._serve.in_model(prepare_model, float(request_timeout_s))
 
         def count_tokens(messages: list[dict], tools) -> int:  # the server renders the same, once this returned
             plain = [{"role": message["role"], "content": message_text(message)} for message in messages]
             return len(chat_ids(tokenizer, plain, add_generation_prompt=True, tools=tools))
 
-        text_config = model.config.get_text_config()
-        limits = Limits(model_context(model, tokenizer), default_max_tokens,
-                        getattr(text_config, "vocab_size", None) or len(tokenizer), count_tokens,
-                        float(request_timeout_s))
+        limits = Limits(context, default_max_tokens, vocab_size, count_tokens, float(request_timeout_s))
         config = self._serve.server.config
         config.app = RequestLimits(config.app, limits)
         config.http = BoundedH11Protocol
@@ -241,8 +330,12 @@ class Server:
         config.timeout_graceful_shutdown = SHUTDOWN_S
         return limits
 
-    def model(self):
-        return self._serve.loaded()[0]
+    def placement(self, context: int, facts=None):
+        """Where the served model's weights are and the KV cache of one ``context``-token conversation."""
+        return self._serve.in_model(model_placement, context, facts)
+
+    def dtype(self) -> str:
+        return self._serve.in_model(model_dtype)
 
     def run(self) -> None:
         """Listen until Ctrl-C (uvicorn shuts down gracefully, then passes the interrupt on) or SIGTERM."""
