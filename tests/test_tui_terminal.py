@@ -231,31 +231,32 @@ def test_moe_lora_on_two_4090s_in_a_terminal(tmp_path, tuner_home, size):
         tmux.wait_for("Memory plan", "Objective")
         screen = " ".join(tmux.wait_for("ParamWrapper").split())
         assert "LoRA" in screen and "dropout" in screen
-        # method, LoRA rank, alpha -> the dropout box: emptied and 0; its next field, the targets: all linear ->
-        # attention -> attention + experts; back to the method: Full -> LoRA
-        tmux.keys("Tab", "Tab", "Tab", "C-a", "C-k", "0", "Tab", "Right", "Right", "Enter",
-                  "BTab", "BTab", "BTab", "BTab", "Right", "Enter")
-        tmux.wait_gone("ParamWrapper", timeout=60)  # the refusal lifted on the screen that showed it
-        # on to the distribution (rank, alpha, dropout, targets, Auto-fit's toggle, objective): Single -> DDP, as two
-        # processes need one
+        # first the distribution (method, LoRA rank, alpha, dropout, targets, Auto-fit's toggle, objective): Single
+        # -> DDP, as two processes need one
         tmux.keys(*["Tab"] * 7, "Right", "Enter")
-        tmux.wait_gone("need a way to share", timeout=60)
+        tmux.wait_for("each GPU", timeout=60)  # a plan again: the recipe has no errors
+        # back to the dropout box (objective, toggle, targets, dropout): emptied and 0; its next field, the targets:
+        # all linear -> attention -> attention + experts; back to the method: Full -> LoRA
+        tmux.keys("BTab", "BTab", "BTab", "BTab", "C-a", "C-k", "0", "Tab", "Right", "Right", "Enter",
+                  "BTab", "BTab", "BTab", "BTab", "Right", "Enter")
+        tmux.wait_for("lora adapter", timeout=60)  # the refusal lifted on the screen that showed it: LoRA planned
+        assert "ParamWrapper" not in tmux.screen()
         for _ in range(3):  # Data, Training, Review
             tmux.keys("C-n")
         tmux.wait_for("Save as", timeout=60)
-        save_and_quit(tmux, tmp_path / "moe.yaml")
+        save_and_quit(tmux, tmp_path / "run.yaml")
     finally:
         tmux.close()
-    saved = yaml.safe_load((tmp_path / "moe.yaml").read_text())
+    saved = yaml.safe_load((tmp_path / "run.yaml").read_text())
     assert saved["model"]["id"] == "Qwen/Qwen3-30B-A3B" and saved["method"]["kind"] == "lora"
     assert saved["method"]["lora"]["dropout"] == 0
     assert saved["hardware"]["gpus_per_machine"] == 2 and saved["memory"]["distributed"] == "ddp"
     from tuner.recipe.io import load_recipe
 
-    recipe = load_recipe(tmp_path / "moe.yaml")
+    recipe = load_recipe(tmp_path / "run.yaml")
     assert recipe.method.lora.target_parameters and all(".experts." in name for name in
                                                          recipe.method.lora.target_parameters)  # the fused experts
-    dry = subprocess.run([sys.executable, "-m", "tuner", "render", "moe.yaml", "-o", "out"], cwd=tmp_path,
+    dry = subprocess.run([sys.executable, "-m", "tuner", "render", "run.yaml", "-o", "out"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=300,
                          env={**__import__("os").environ, "PYTHONPATH": str(REPO), "TUNER_HOME": str(tuner_home),
                               "HF_HUB_OFFLINE": "1"})
