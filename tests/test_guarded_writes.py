@@ -73,9 +73,41 @@ def test_serve_keeps_a_folder_named_like_its_chat_template(full_run):
     mine = full_run / SERVE_DIR / CHAT_TEMPLATE_FILE
     mine.mkdir(parents=True)
     (mine / "draft.jinja").write_text("{{ mine }}")
-    with pytest.raises(ModelLoadError, match=rf"{CHAT_TEMPLATE_FILE} \(a directory, where tuner writes a file or a symbolic link\)"):
+    with pytest.raises(ModelLoadError, match=rf"holds files tuner did not write \({CHAT_TEMPLATE_FILE} \("):
         serving_folder(resolve_target(str(full_run)))
     assert (mine / "draft.jinja").read_text() == "{{ mine }}"
+
+
+@pytest.mark.parametrize("edited", [False, True], ids=["users-own", "tuners-then-edited"])
+def test_serve_never_replaces_a_chat_template_it_cannot_prove_it_wrote(full_run, edited):
+    """By content, not by name: the user's own chat_template.jinja in serve/ (or tuner's, edited since) is kept."""
+    from tuner.infer.serve import CHAT_TEMPLATE_FILE, serving_folder, write_chat_template
+    from tuner.loading.model import load_tokenizer
+
+    target = resolve_target(str(full_run))
+    serve = full_run / SERVE_DIR
+    serve.mkdir()
+    mine = serve / CHAT_TEMPLATE_FILE
+    if edited:  # tuner wrote it (recorded in the folder's manifest), then the user changed it
+        write_chat_template(serve, load_tokenizer(target.recipe, target.tokenizer_path), target.recipe.data.format)
+        mine.write_text(mine.read_text() + "{# mine #}")
+    else:
+        mine.write_text("{{ mine }}")
+    before = mine.read_bytes()
+    with pytest.raises(ModelLoadError, match=rf"holds files tuner did not write \({CHAT_TEMPLATE_FILE}"):
+        serving_folder(target)
+    assert mine.read_bytes() == before
+
+
+def test_serve_rebuilds_a_chat_template_it_proves_it_wrote(full_run):
+    from tuner.infer.serve import CHAT_TEMPLATE_FILE, serving_folder, write_chat_template
+    from tuner.loading.model import load_tokenizer
+
+    target = resolve_target(str(full_run))
+    serve = full_run / SERVE_DIR
+    serve.mkdir()
+    write_chat_template(serve, load_tokenizer(target.recipe, target.tokenizer_path), target.recipe.data.format)
+    assert serving_folder(target).path == serve and (serve / CHAT_TEMPLATE_FILE).exists()
 
 
 def test_serve_rebuilds_its_own_folder_and_leaves_link_targets_alone(full_run):

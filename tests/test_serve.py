@@ -94,7 +94,7 @@ def test_base_plus_adapter_loads_in_transformers_as_tuner_loads_it(tmp_path, dem
     assert (served_logits - base_logits).abs().max() > 0.1, "the adapter (and its saved norm) changed the answer"
     assert not any(path.is_file() and not path.is_symlink() for path in served.path.iterdir()), "links, no copies"
     (served.path / "notes.txt").write_text("mine")
-    with pytest.raises(ModelLoadError, match=r"holds files tuner did not write \(notes.txt "):
+    with pytest.raises(ModelLoadError, match=r"holds files tuner did not write \(notes.txt\)"):
         serving_folder(target)
     assert (served.path / "notes.txt").read_text() == "mine"
 

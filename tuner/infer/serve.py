@@ -20,10 +20,11 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tuner.fileio import FILE, LINK, DestinationRefused, atomic_write_text, check_destination
+from tuner.fileio import DestinationRefused, atomic_write_text, check_destination
 from tuner.infer.target import MODEL_CONFIG, InferenceTarget
 from tuner.loading.model import ModelLoadError, cannot_load, load_tokenizer
 from tuner.rundir.layout import MERGED_DIR, SERVE_DIR
+from tuner.rundir.manifest import amend, check_owned
 from tuner.rundir.lock import RunLock
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"  # where transformers saves and finds a tokenizer's chat template
@@ -76,10 +77,11 @@ def _link_contents(source: Path, folder: Path) -> None:
 
 def check_serving_folder(folder: Path) -> None:
     """Refuse a serving folder that is not tuner's to rebuild: a link (to anywhere: its entries are not tuner's),
-    or a folder holding anything but links and the chat template tuner writes (a file, or a link to the
-    tokenizer's)."""
+    or a folder holding anything but links (removing one loses no bytes) and the chat template its manifest proves
+    tuner wrote (a file of that name with other bytes is the user's)."""
     try:
-        check_destination(folder, owned=lambda name: (FILE, LINK) if name == CHAT_TEMPLATE_FILE else LINK)
+        check_destination(folder)
+        check_owned(folder, kept=lambda entry, owned: entry.is_symlink())
     except DestinationRefused as exc:
         raise ModelLoadError(f"{exc} (tuner serve rebuilds this folder from links.)") from None
 
@@ -121,7 +123,9 @@ def write_chat_template(folder: Path, tokenizer, data_format: str) -> Path:
     (and what vLLM's --chat-template takes), replacing a link of that name."""
     from tuner.data.formats import chat_template_for
 
-    return atomic_write_text(folder / CHAT_TEMPLATE_FILE, chat_template_for(tokenizer, data_format))
+    path = atomic_write_text(folder / CHAT_TEMPLATE_FILE, chat_template_for(tokenizer, data_format))
+    amend(folder, written=[CHAT_TEMPLATE_FILE])  # proved tuner's by its bytes, as every file tuner writes
+    return path
 
 
 def require_server() -> None:
