@@ -84,6 +84,27 @@ def test_training_data_formatting_is_bounded(quick):
         chat_segments([*HELLO, {"role": "assistant", "content": "cba"}], tokenizer)
 
 
+@pytest.mark.parametrize("data_format", ["preference", "unpaired_preference"])
+def test_dpo_and_kto_rows_are_rendered_within_bounds_before_trl_renders_them(quick, data_format):
+    """TRL's trainers call apply_chat_template themselves: every conversational row is rendered first through the
+    bounded renderer, so a spinning template is refused, naming its bound, before TRL starts."""
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models
+
+    from tuner.data.preference import render_rows_within_bounds
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"a": 0}, unk_token="a")),
+                                        eos_token="a")
+    answer = [{"role": "assistant", "content": "cba"}]
+    row = ({"prompt": HELLO, "chosen": answer, "rejected": answer} if data_format == "preference"
+           else {"prompt": HELLO, "completion": answer, "label": True})
+    tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
+    render_rows_within_bounds([row, row], data_format, tokenizer)  # an honest template passes
+    tokenizer.chat_template = NESTED_LOOPS
+    with pytest.raises(TemplateRefused, match=TIMEOUT_ENV):
+        render_rows_within_bounds([row], data_format, tokenizer)
+
+
 def test_a_bad_bound_in_the_environment_is_refused_naming_it(monkeypatch):
     monkeypatch.setenv(MAX_CHARS_ENV, "lots")
     with pytest.raises(TemplateRefused, match=MAX_CHARS_ENV):

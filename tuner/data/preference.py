@@ -121,6 +121,14 @@ def encode_completions(sample: dict[str, Any], data_format: str, tokenizer) -> t
     return prompt_ids[:prompt_length], [ids[prompt_length:] for ids in full]
 
 
+def render_rows_within_bounds(rows, data_format: str, tokenizer) -> None:
+    """Render every conversational row once through tuner's bounded renderer (:mod:`tuner.data.chat_template`), as
+    TRL's trainers will with ``apply_chat_template``: the sandbox is deterministic, so a template that stays within
+    the bounds here stays within them in TRL, and one that does not is refused (naming its file) before TRL starts."""
+    for sample in rows:
+        encode_completions(sample, data_format, tokenizer)
+
+
 def prompt_and_chosen(sample: dict[str, Any], tokenizer) -> tuple[str, str]:
     """The text a model is given for a preference row, and the chosen answer's text (what generation should give)."""
     from tuner.data.chat_template import render_chat

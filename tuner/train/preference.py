@@ -62,7 +62,7 @@ def preference_trainer(recipe: Recipe, args, tokenizer, callbacks, model_path: s
     its data."""
     from tuner.data.formats import DEFAULT_CHAT_TEMPLATE
     from tuner.data.prepare import split_samples, used_columns
-    from tuner.data.preference import COMPLETION_KEYS, with_prompt
+    from tuner.data.preference import COMPLETION_KEYS, render_rows_within_bounds, with_prompt
     from tuner.data.sources import DataError
     from tuner.loading.model import count_parameters, load_model
 
@@ -74,8 +74,11 @@ def preference_trainer(recipe: Recipe, args, tokenizer, callbacks, model_path: s
     train_raw = for_trl(train_raw)
     eval_raw = for_trl(eval_raw) if eval_raw is not None else None
     keys = COMPLETION_KEYS[data_format]
-    if isinstance(train_raw[0][keys[0]], list) and tokenizer.chat_template is None:
-        tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE  # as SFT renders conversations (docs/training.md)
+    if isinstance(train_raw[0][keys[0]], list):
+        if tokenizer.chat_template is None:
+            tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE  # as SFT renders conversations (docs/training.md)
+        for rows in (train_raw, eval_raw or ()):
+            render_rows_within_bounds(rows, data_format, tokenizer)
     log.info("data: %d training and %d held-out %s samples", len(train_raw), len(eval_raw) if eval_raw else 0,
              data_format)
 
