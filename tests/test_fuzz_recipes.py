@@ -278,8 +278,8 @@ def test_render_leaves_no_run_directory_for_a_bad_recipe(data) -> None:
             assert not run_dir.exists(), f"a rejected recipe left {sorted(run_dir.iterdir())}"
         else:
             files = sorted(p.name for p in run_dir.iterdir())  # a CPU recipe on several machines adds slurm.sbatch
-            assert files in (["accelerate.yaml", "launch.sh", "recipe.lock.yaml"],
-                             ["accelerate.yaml", "launch.sh", "recipe.lock.yaml", "slurm.sbatch"])
+            assert files in (["accelerate.yaml", "launch.sh", "recipe.lock.yaml", "tuner_files.json"],
+                             ["accelerate.yaml", "launch.sh", "recipe.lock.yaml", "slurm.sbatch", "tuner_files.json"])
 
 
 PLAN_MODELS = st.sampled_from(["builtin:demo", "meta-llama/Llama-3.1-8B", "Qwen/Qwen2.5-0.5B", "acme/unknown-7b"])

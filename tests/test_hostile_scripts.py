@@ -19,10 +19,11 @@ from tuner.recipe.io import RecipeError, with_output_dir
 from tuner.render.run_directory import render_run_files
 from tuner.rundir.layout import LAUNCH_SCRIPT, SLURM_SCRIPT
 
-# Run directories a shell would read as code if any copy of them went unquoted (comments included).
+# Run directories a shell would read as code if any copy of them went unquoted (comments included); a ``$NAME`` in
+# output.dir is refused before anything is rendered (tests/test_paths.py), so ``$`` stands here alone.
 HOSTILE_DIRS = [
     "runs/$(touch pwned)", "runs/`touch pwned`", "runs/a;touch pwned", "runs/it's; touch pwned; '",
-    'runs/"; touch pwned; "', "runs/a|touch pwned", "runs/a&&touch pwned", "runs/$HOME ${IFS}x", "runs/*",
+    'runs/"; touch pwned; "', "runs/a|touch pwned", "runs/a&&touch pwned", "runs/a $ b$", "runs/*",
     "runs/-rf", "runs/ünï ✓", "runs/back\\slash", "runs/a#b !x", "runs/%s %n", "runs/{a,b}", "runs/~x",
 ]
 # Addresses of machine 0 that are legal and still look odd to a shell.

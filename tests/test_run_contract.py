@@ -107,7 +107,7 @@ def test_a_refused_resume_leaves_the_run_directory_as_it_was(tmp_path):
     prepared = prepare_run(full, dry_run=True)
     checkpoint = prepared.run_dir / "checkpoints" / "checkpoint-2"
     checkpoint.mkdir(parents=True)
-    for name, text in {"trainer_state.json": "{}", "model.safetensors": "", "recipe.lock.yaml": recipe_to_yaml(full),
+    for name, text in {"trainer_state.json": json.dumps({"global_step": 2}), "model.safetensors": "", "recipe.lock.yaml": recipe_to_yaml(full),
                        "tuner_checkpoint.json": json.dumps({"step": 2, "settings": resume_settings(full, 1)})}.items():
         (checkpoint / name).write_text(text)
     (checkpoint / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")

@@ -178,7 +178,7 @@ def fake_checkpoint(lock: Path, step: int, **changed) -> Path:
     settings = {**resume_settings(recipe, world_size=1), **changed}
     checkpoint = lock.parent / "checkpoints" / f"checkpoint-{step}"
     checkpoint.mkdir(parents=True)
-    (checkpoint / "trainer_state.json").write_text("{}")
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": step}))  # what resume reads
     (checkpoint / "adapter_model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")  # whole, holding no tensors
     (checkpoint / CHECKPOINT_INFO).write_text(json.dumps({"step": step, "settings": settings}))
     return checkpoint

@@ -7,6 +7,7 @@ from textual.widgets import Input, OptionList, ProgressBar, Sparkline, Static
 from conftest import run_tuner
 from tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, pilot_test, read_files, settle, wait_until
 from tuner.recipe.io import load_recipe
+from tuner.rundir.layout import MANIFEST
 from tuner.tui.draft import Draft
 from tuner.tui.messages import PlanUpdated
 from tuner.tui.screens.confirm import ConfirmScreen
@@ -68,7 +69,9 @@ async def test_wizard_end_to_end_saves_what_review_showed(in_tmp, demo_model_pat
     assert load_recipe(saved).method.kind == "lora"
     result = run_tuner("render", str(saved), cwd=in_tmp)
     assert result.returncode == 0, result.stderr
-    assert read_files(in_tmp / load_recipe(saved).output.dir) == shown
+    rendered = read_files(in_tmp / load_recipe(saved).output.dir)
+    assert MANIFEST in rendered  # the record of what tuner wrote, beside the files Review showed
+    assert {name: text for name, text in rendered.items() if name != MANIFEST} == shown
 
 
 @pilot_test
