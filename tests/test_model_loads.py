@@ -123,3 +123,15 @@ def test_modules_to_save_on_a_quantised_layer_is_refused_at_validate_in_torchs_w
     kept = validate_recipe(qlora(["lm_head", "norm"]))  # unquantised modules: accepted, and they load
     model = apply_lora(load_model(kept), kept)
     assert any(p.requires_grad for name, p in model.named_parameters() if "lm_head" in name)
+
+
+@pytest.mark.parametrize("config, expected", [
+    ({"model_type": "qwen2_5_vl"}, model_classes.IMAGE_TEXT),  # only the image-text mapping holds it
+    ({"model_type": "qwen3"}, model_classes.CAUSAL_LM),
+    ({"model_type": "llama4", "vision_config": {}}, model_classes.IMAGE_TEXT),  # both map it: the config decides
+    ({"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"]}, model_classes.IMAGE_TEXT),
+    ({"model_type": "llama4", "architectures": ["Llama4ForCausalLM"]}, model_classes.CAUSAL_LM),
+    ({"model_type": "no_such_type"}, model_classes.CAUSAL_LM),
+])
+def test_a_config_is_built_by_the_auto_class_transformers_maps_it_to(config, expected):
+    assert model_classes.auto_class_for(config) == expected
