@@ -104,7 +104,7 @@ def test_a_crashing_check_is_a_failed_line_not_a_traceback() -> None:
         raise RuntimeError("driver exploded\nwith details")
 
     (result,) = run_checks(None, checks=(check_broken,))
-    assert result == Check("broken", "fail", "the check itself failed: RuntimeError: driver exploded",
+    assert result == Check("broken", "fail", "the check itself failed: RuntimeError: driver exploded with details",
                            "report this with the output of `tuner doctor`")
 
 

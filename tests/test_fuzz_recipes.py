@@ -328,6 +328,7 @@ JSONL_LINES = st.one_of(
 @example(lines=['{"text": {"\\u0000": {}}}'], data_format="auto", tail=b"")  # datasets' KeyError on decoding
 @example(lines=['{"text": {}}'], data_format="auto", tail=b"")  # datasets' Json feature: a dict, not text
 @example(lines=['{"messages": [{"role": "user", "content": {}}]}'], data_format="auto", tail=b"")
+@example(lines=['{"text": {}}', '{"\\r":null,"\\u0000":null}'], data_format="auto", tail=b"")  # columns \r, NUL
 @given(lines=st.lists(JSONL_LINES, max_size=6), data_format=st.sampled_from(["auto", "text", "instruction", "chat"]),
        tail=st.binary(max_size=6))
 def test_data_files_end_in_samples_or_a_message_naming_lines(lines, data_format, tail) -> None:

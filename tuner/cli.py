@@ -11,6 +11,7 @@ import shlex
 import sys
 
 from tuner import __version__
+from tuner.reason import terminal_text
 
 # Each module defines register(subparsers) and sets a ``run(args) -> int`` default.
 COMMANDS = ("validate", "recipes", "presets", "plan", "render", "probe", "run", "demo", "data", "merge", "eval",
@@ -121,6 +122,10 @@ def missing_packages_message(command: str | None, modules: list[str]) -> str:
             f"pip install {' '.join(shlex.quote(spec) for spec in wanted)}")
 
 
+def _print_error(message: str) -> None:
+    print(f"error: {terminal_text(message)}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv[0] if argv else None)
@@ -129,11 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     needs = NEEDS.get("serve --print" if getattr(args, "print_command", None) else args.command, ())
     missing = [name for name in needs if not _importable(name)]
     if missing:
-        print(f"error: {missing_packages_message(args.command, missing)}", file=sys.stderr)
+        _print_error(missing_packages_message(args.command, missing))
         return EXIT_ENVIRONMENT
     problem = path_argument_problem(args)
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
+        _print_error(problem)
         return EXIT_USAGE
     try:
         if args.command is None:
@@ -145,18 +150,18 @@ def main(argv: list[str] | None = None) -> int:
         package = (exc.name or "tuner").partition(".")[0]
         if package == "tuner":
             raise
-        print(f"error: {missing_packages_message(args.command, [package])}", file=sys.stderr)
+        _print_error(missing_packages_message(args.command, [package]))
         return EXIT_ENVIRONMENT
     except user_errors() as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _print_error(str(exc))
         return EXIT_USAGE
     except environment_errors() as exc:  # the hub cannot be reached, refuses the model, or the disk is too small
-        print(f"error: {exc}", file=sys.stderr)
+        _print_error(str(exc))
         return EXIT_ENVIRONMENT
     except OSError as exc:  # disk full, read-only or foreign directory: the machine, not the recipe
         from tuner.fileio import os_error_message
 
-        print(f"error: {os_error_message(exc)}", file=sys.stderr)
+        _print_error(os_error_message(exc))
         return EXIT_ENVIRONMENT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -167,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         if not disk_full(exc):
             raise
         written = next((getattr(args, dest) for dest in ("output", "dest", "run_dir") if getattr(args, dest, None)), ".")
-        print(f"error: {disk_full_message(written, exc)}", file=sys.stderr)
+        _print_error(disk_full_message(written, exc))
         return EXIT_ENVIRONMENT
 
 

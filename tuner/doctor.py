@@ -19,6 +19,7 @@ from typing import Callable
 from tuner.check import Check, Status
 from tuner.planner.items import GIB
 from tuner.recipe.schema import Recipe
+from tuner.reason import library_words
 
 
 
@@ -158,7 +159,7 @@ def check_bitsandbytes(recipe: Recipe | None) -> Check:
             import bitsandbytes
             from bitsandbytes import cextension
     except Exception as exc:  # a broken native library raises all sorts of errors at import
-        return Check("bitsandbytes", missing, f"cannot import: {exc}".splitlines()[0],
+        return Check("bitsandbytes", missing, f"cannot import: {library_words(exc)}",
                      "pip install -U bitsandbytes (needed for qlora and 8-bit optimizers)")
     backend = getattr(cextension, "BNB_BACKEND", "unknown")
     if isinstance(getattr(cextension, "lib", None), getattr(cextension, "ErrorHandlerMockBNBNativeLibrary", ())):
@@ -179,7 +180,7 @@ def _import_check(name: str, module: str, distribution: str, needed: bool, purpo
         with _quiet():
             importlib.import_module(module)
     except Exception as exc:  # undefined symbols: built for another torch or CUDA
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = library_words(exc)
         return Check(name, "fail", f"{_version(distribution) or 'installed'} but cannot import: {first}",
                      f"rebuild it for this torch: pip install --force-reinstall --no-build-isolation {distribution}")
     return Check(name, "ok", f"{_version(distribution) or 'installed'} imports with this torch")
@@ -332,7 +333,7 @@ def check_deepspeed(recipe: Recipe | None) -> Check:
             from deepspeed.ops.op_builder.all_ops import ALL_OPS
             compatible = {name for name, builder in ALL_OPS.items() if builder.is_compatible(verbose=False)}
     except Exception as exc:
-        return Check("deepspeed", "fail" if needs_deepspeed else "warn", f"cannot import: {exc}".splitlines()[0],
+        return Check("deepspeed", "fail" if needs_deepspeed else "warn", f"cannot import: {library_words(exc)}",
                      "pip install deepspeed (needed for distributed: deepspeed)")
     prebuilt = {name for name, built in installed_ops.items() if built}
     needed = _deepspeed_ops_needed(recipe)
@@ -433,7 +434,7 @@ def check_host_ram(recipe: Recipe | None) -> Check:
     try:
         needed = planned_host_ram_gib(recipe)
     except Exception as exc:  # the planner refuses a recipe that cannot fit: `tuner plan` explains why
-        return Check("host RAM", "warn", f"{detail}; no memory plan: {exc}".splitlines()[0], "run tuner plan RECIPE")
+        return Check("host RAM", "warn", f"{detail}; no memory plan: {library_words(exc)}", "run tuner plan RECIPE")
     if needed > total:
         return Check("host RAM", "fail", f"{detail}; the plan needs {needed:.0f} GiB",
                      "offload less (memory.offload_optimizer/offload_params), or use nvme offload")
@@ -494,6 +495,6 @@ def run_checks(recipe: Recipe | None = None,
         try:
             results.append(check(recipe))
         except Exception as exc:
-            results.append(Check(name, "fail", f"the check itself failed: {type(exc).__name__}: {exc}".splitlines()[0],
+            results.append(Check(name, "fail", f"the check itself failed: {type(exc).__name__}: {library_words(exc)}",
                                  "report this with the output of `tuner doctor`"))
     return results

@@ -22,6 +22,7 @@ from tuner.check import Check
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import Recipe
 from tuner.render.launch_script import MAIN_PROCESS_IP_VARIABLE
+from tuner.reason import library_words
 # what must be the same on every machine, and what to do when it is not
 FINGERPRINT_FIELDS = {
     "tuner": "install the same tuner on every machine",
@@ -161,7 +162,7 @@ def machine_checks(recipe: Recipe, machine_rank: int | None = None,
             results.append(check(recipe, machine_rank, environ))
         except Exception as exc:  # like doctor's checks: a line, never a traceback
             results.append(Check(check.__name__.removeprefix("check_").replace("_", " "), "fail",
-                                 f"the check itself failed: {type(exc).__name__}: {exc}".splitlines()[0]))
+                                 f"the check itself failed: {type(exc).__name__}: {library_words(exc)}"))
     return results
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tuner.catalog.inventory import Inventory, ModuleGroup, canonical_config, collapse, config_key
 from tuner.catalog.model_config import ModelConfigError, check_resolved_config
+from tuner.reason import library_words
 
 _SIMPLE = (int, float, bool, str, type(None))
 _MAX_ATTR_CHARS = 200
@@ -73,8 +74,7 @@ def config_object(config: dict, name: str, trust_remote_code: bool = False, code
 
 
 def _reason(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return (text[:300] + "...") if len(text) > 300 else text or type(exc).__name__
+    return library_words(exc)
 
 
 def meta_model(config, trust_remote_code: bool = False):

@@ -11,6 +11,7 @@ from pathlib import Path
 from tuner.commands._inference_args import (add_inference_arguments, load_from_args, prompt_format_from_args,
                                             run_on_ranks)
 from tuner.commands._types import at_least, utf8_text
+from tuner.reason import library_words
 
 EXIT_BAD_LINES = 2
 
@@ -69,7 +70,7 @@ def _run_one(args) -> int:
         answer = generate_answers(loaded.model, loaded.tokenizer, [prompt], speed=speed, **vars(sampling))[0]
     except GENERATION_FAILURES as exc:
         raise ModelLoadError(f"{loaded.target.describe()}: generation failed ({type(exc).__name__}: "
-                             f"{' '.join(str(exc).split())[:300]}); the model's files may not match each other.") from None
+                             f"{library_words(exc)}); the model's files may not match each other.") from None
     print(answer)
     print(speed.line(), file=sys.stderr)
     return 0

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tuner.reason import library_words
+
 if TYPE_CHECKING:
     from tuner.recipe.schema import Recipe
 
@@ -61,7 +63,7 @@ def run_ls(args) -> int:
             recipe = load_recipe(builtin_path(name))
             method, hardware = recipe.method.kind, hardware_needed(recipe)
         except RecipeError as exc:
-            method, hardware = "?", f"invalid: {str(exc).splitlines()[0]}"
+            method, hardware = "?", f"invalid: {library_words(exc)}"
         rows.append((family(name), method, name, hardware))
     families = [DEMO_FAMILY] + sorted({row[0] for row in rows} - {DEMO_FAMILY})
     width = max((len(row[2]) for row in rows), default=0)
@@ -127,7 +129,7 @@ def build_problem(recipe: Recipe) -> str | None:
     try:
         build_on_meta(recipe)
     except Exception as exc:  # any refusal of the libraries is the finding; the message says which
-        return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        return f"{type(exc).__name__}: {library_words(exc, 1000)}"
     return None
 
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tuner.reason import library_words
+
 TIMEOUT_ENV = "TUNER_TEMPLATE_TIMEOUT_S"
 MAX_CHARS_ENV = "TUNER_TEMPLATE_MAX_CHARS"
 DEFAULT_TIMEOUT_S = 5.0  # a real template renders a conversation in milliseconds
@@ -374,7 +376,7 @@ def render(template: str, messages: list[dict], source: str, add_generation_prom
     except (RecursionError, MemoryError) as exc:
         raise TemplateRefused(f"{source}: the chat template was stopped: {'it recursed deeper than Python allows' if isinstance(exc, RecursionError) else 'it ran out of memory'}. Fix or replace the template.") from None
     except Exception as exc:  # the template's own code failing (jinja and its filters raise any type)
-        reason = " ".join(str(exc).split())[:300]
+        reason = library_words(exc)
         raise TemplateRefused(f"{source}: the chat template cannot render this conversation ({type(exc).__name__}: "
                               f"{reason}); fix the template.") from None
     finally:

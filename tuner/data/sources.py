@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Iterator
 from tuner.data.reverse import BUILTIN_DATASETS, builtin_dataset_path
 from tuner.fileio import NotARegularFile, TooLarge, json_kind, open_input, read_limited, special_kind, user_path
 from tuner.home import tuner_home
+from tuner.reason import library_words
 
 FILE_LOADERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 MAX_ROW_BYTES = 8 * 2**20  # one sample (~2M tokens of text): larger rows are refused, never tokenised
@@ -368,8 +369,8 @@ def load_split(source: str, split: str, streaming: bool = False, scan: bool = Tr
                 f"data.source: cannot load dataset {source!r} (split {split!r}): {exc}. Offline, only datasets already "
                 "in the local cache load; otherwise point data.source at a local .jsonl/.csv/.parquet file."
             ) from None
-        raise DataError(f"data.source: {source}: {exc}") from None
+        raise DataError(f"data.source: {source}: {library_words(exc, 1000)}") from None
     except datasets.exceptions.DatasetGenerationError as exc:  # what the checks above did not foresee
         cause = exc.__cause__ or exc
         raise DataError(f"data.source: {source}: datasets cannot read it: {type(cause).__name__}: "
-                        f"{' '.join(str(cause).split())[:300]}") from None
+                        f"{library_words(cause)}") from None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from tuner.reason import library_words
+
 SHOWN = 5  # examples of the held-out task kept with the results
 
 
@@ -41,7 +43,7 @@ def harness_failure(exc: Exception, tasks: list) -> Exception:
     names = ", ".join(sorted({str(task.get("task") if isinstance(task, dict) else
                                   getattr(getattr(task, "config", None), "task", None) or type(task).__name__)
                               for task in tasks}))
-    told = " ".join(str(exc).split())[:400].rstrip(".") or "no message"
+    told = library_words(str(exc), 400).rstrip(".")
     return DataError(f"--tasks: lm-evaluation-harness stopped while scoring {names}: {type(exc).__name__}: {told}. "
                      "Check the task's settings (its YAML, or the model it runs on).")
 

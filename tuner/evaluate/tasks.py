@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from tuner.evaluate import TaskDataMissing
+from tuner.reason import library_words
 from tuner.recipe.schema import Recipe
 
 HELD_OUT_TASK = "held_out"
@@ -197,7 +198,7 @@ def load_named_tasks(names: list[str], include_path: str | None) -> list:
             dataset = (entry.cfg or {}).get("dataset_path") if entry else None
             offline = "HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set and it is not in the local cache"
             raise TaskDataMissing(f"--tasks {name}: its data{f' (dataset {dataset})' if dataset else ''} could not "
-                                  f"be loaded: {' '.join(str(exc).split())[:300]} — {offline}, or it cannot be "
+                                  f"be loaded: {library_words(exc)} — {offline}, or it cannot be "
                                   "reached. Download it where there is network (it lands in the datasets cache) or "
                                   "point the task's dataset_path/data_files at local files.") from None
     return loaded

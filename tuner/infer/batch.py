@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tuner.data.formats import CHAT_ROLES
 from tuner.data.sources import DataError
+from tuner.reason import library_words
 
 EXPECTED = "expected an object with 'prompt' (text) or 'messages' (a list of {role, content} ending with a user turn)"
 
@@ -171,7 +172,7 @@ def _answers_or_errors(asked: list[PromptLine], answer_batch, on_bad) -> list[st
     except GENERATION_FAILURES as exc:
         if len(asked) > 1:  # one line may be the cause: ask each alone
             return [outcome for item in asked for outcome in _answers_or_errors([item], answer_batch, on_bad)]
-        bad = BadLine(asked[0].line, f"generation failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        bad = BadLine(asked[0].line, f"generation failed: {type(exc).__name__}: {library_words(exc)}")
         if on_bad:
             on_bad(bad)
         return [bad]

@@ -13,6 +13,7 @@ from pathlib import Path
 from tuner.infer.placement import DISK, GIB, Placement, hardware_memory_map, placement_of
 from tuner.infer.target import InferenceTarget
 from tuner.loading.model import ModelLoadError, load_model, load_tokenizer, quantization_config
+from tuner.reason import library_words
 from tuner.recipe.schema import QuantizationSection
 from tuner.rundir.layout import OFFLOAD_DIR
 
@@ -119,7 +120,7 @@ def _with_adapter(model, adapter: Path, placement: Placement, max_memory, offloa
         wrapped = PeftModel.from_pretrained(model, str(adapter), max_memory=max_memory,
                                             offload_folder=str(offload_folder))
     except Exception as exc:  # a damaged or mismatched adapter file, whatever peft raises for it
-        reason = " ".join(str(exc).split())[:500]
+        reason = library_words(exc, 500)
         raise ModelLoadError(f"cannot apply the adapter in {adapter} to this base model ({type(exc).__name__}: "
                              f"{reason}).") from None
     wrapped.eval()

@@ -39,6 +39,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from tuner.reason import library_words
+
 log = logging.getLogger("tuner")
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -243,7 +245,7 @@ class RequestLimits:
                 await self._answer(send, refused.status, {"error": error}, close=refused.status == 408)
         except Exception as exc:  # never a traceback for a client's request: one line in the log, a JSON 500
             log.error("request %s %s failed: %s: %s", scope["method"], scope["path"], type(exc).__name__,
-                      str(exc).splitlines()[0][:200] if str(exc) else "")
+                      library_words(exc, 200))
             if not started:
                 await self._answer(send, 500, {"error": {"message": f"internal error: {type(exc).__name__}",
                                                          "type": "server_error", "param": None}})

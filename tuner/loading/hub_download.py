@@ -22,6 +22,7 @@ from pathlib import Path
 
 from tuner.catalog.hub import INDEX_FILE, SINGLE_WEIGHTS_FILE, HubError, human_bytes, hub_error, is_hub_id
 from tuner.loading.model import ModelLoadError
+from tuner.reason import library_words
 from tuner.rundir.layout import MODEL_SNAPSHOT
 
 LOADER_SUFFIXES = (".json", ".jinja", ".model", ".tiktoken", ".txt")  # config, tokenizer, chat template, merges
@@ -166,7 +167,7 @@ def local_snapshot(plan: HubDownload) -> Path:
         return Path(snapshot_download(plan.model_id, revision=plan.commit, local_files_only=True,
                                       allow_patterns=[glob.escape(name) for name in plan.files]))
     except Exception as exc:
-        reason = " ".join(str(exc).split())
+        reason = library_words(exc, 1000)
         raise ModelLoadError(
             f"model.id: {plan.model_id} (commit {plan.commit[:12]}) is not complete in this machine's Hugging Face "
             f"cache {plan.cache_dir} ({reason}). `tuner run` downloads it before launching and `launch.sh N` on each "

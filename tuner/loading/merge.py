@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tuner.fileio import DestinationRefused, check_destination, staged_directory
 from tuner.loading.model import ModelLoadError, load_model, load_tokenizer
+from tuner.reason import library_words
 from tuner.recipe.schema import Recipe
 from tuner.rundir.layout import CHECKPOINTS_DIR, FINAL_DIR, LOCK_FILE
 from tuner.rundir.manifest import check_owned, record_files
@@ -65,7 +66,7 @@ def merged_model(recipe: Recipe, adapter: Path):
     try:
         model = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
     except Exception as exc:  # a damaged or mismatched adapter, whatever peft raises for it
-        reason = " ".join(str(exc).split())[:500]
+        reason = library_words(exc, 500)
         raise ModelLoadError(f"{adapter}: cannot apply the adapter to its base model ({type(exc).__name__}: "
                              f"{reason}).") from None
     model.config.use_cache = True

@@ -12,6 +12,7 @@ from tuner.catalog.demo import is_builtin
 from tuner.catalog.hub import HUB_ID
 from tuner.fileio import user_path
 from tuner.loading.demo_model import builtin_model_path
+from tuner.reason import library_words
 from tuner.recipe.adapters import lora_config
 from tuner.recipe.model_checks import remote_code_problem
 from tuner.recipe.schema import Recipe
@@ -47,7 +48,7 @@ def cannot_load(model_id: str, exc: Exception) -> ModelLoadError:
     """One paragraph for a model that did not load: offline and not cached is the common case on GPU nodes."""
     import os
 
-    reason = " ".join(str(exc).split())  # transformers' messages span lines
+    reason = library_words(exc, 1000)
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         return ModelLoadError(
             f"model.id: {model_id!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set, so it cannot "
@@ -63,7 +64,7 @@ def not_loaded(recipe: Recipe, source: str, exc: Exception) -> ModelLoadError:
     final/, a --model folder) what the library found wrong in it; for a hub id where to get it."""
     if not user_path(source).is_dir():
         return cannot_load(recipe.model.id, exc)
-    reason = " ".join(str(exc).split())[:500] or "no reason given"
+    reason = library_words(exc, 500)
     return ModelLoadError(f"{source}: cannot be loaded ({type(exc).__name__}: {reason}); a file in it is damaged or "
                           "does not match the others. Restore it, or load another folder.")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tuner.catalog.demo import builtin_model, is_builtin
 from tuner.fileio import user_path
+from tuner.reason import library_words
 from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import ModelSection
 
@@ -36,7 +37,7 @@ def model_class(model: ModelSection):
     except (OSError, ValueError) as exc:
         model_type = _catalogued_model_type(model)
         if model_type is None:
-            reason = " ".join(str(exc).split()).rstrip(".")  # transformers' messages span lines
+            reason = library_words(exc, 1000).rstrip(".")
             raise RecipeError([f"model.id: cannot read the config of {model.id!r} to find FSDP's layer class ({reason}). "
                                "Download the model first (its config.json is enough) or point model.id at a local "
                                "directory."]) from None

@@ -19,6 +19,7 @@ from tuner.recipe.schema import Recipe
 from tuner.rundir.checkpoints import CheckpointRefused
 from tuner.rundir.events import BAD_INPUT, DISK_FULL, Error, Finished, Machines, Memory, write_event
 from tuner.rundir.layout import DEEPSPEED_CONFIG, EVENTS_FILE, FINAL_DIR, MEMORY_REPORT, MERGED_DIR, PROFILE_DIR
+from tuner.reason import terminal_text
 
 log = logging.getLogger("tuner")
 
@@ -286,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         bad_input = not isinstance(exc, BuildTimeout)  # a cache another process holds: the machine's problem
         write_event(events, Error(message=str(exc), rank=int(os.environ.get("RANK", 0)),
                                   error_kind=BAD_INPUT if bad_input else None))
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {terminal_text(str(exc))}", file=sys.stderr)
         return 2 if bad_input else 1
     except Exception as exc:
         from tuner.fileio import disk_full, disk_full_message

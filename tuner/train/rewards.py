@@ -24,6 +24,7 @@ from tuner.data.prompts import ROW_COLUMN
 from tuner.recipe.objective import RewardSection
 from tuner.recipe.rewards import reward_names, split_function
 from tuner.recipe.schema import Recipe
+from tuner.reason import library_words
 
 TRL_CONTEXT = ("trainer_state", "log_extra", "log_metric", "environments")  # what TRL adds beside the columns
 
@@ -114,7 +115,7 @@ def user_reward(spec: str) -> Callable:
         module = importlib.util.module_from_spec(loader)
         loader.loader.exec_module(module)
     except Exception as exc:
-        raise RewardError(f"objective.grpo.rewards: importing {path} failed: {type(exc).__name__}: {exc}; fix the "
+        raise RewardError(f"objective.grpo.rewards: importing {path} failed: {type(exc).__name__}: {library_words(exc)}; fix the "
                           "file and run again.") from None
     function = getattr(module, name, None)
     if not callable(function):
@@ -182,7 +183,7 @@ class CheckedReward:
             fix = "make it faster or raise objective.grpo.reward_time_limit_s"
         except (Exception, SystemExit) as exc:  # sys.exit() in a reward must not end the rank unexplained
             at = self._first_failing(prompts, completions, completion_ids, columns)
-            problem = f"raised {type(exc).__name__}: {exc}"
+            problem = f"raised {type(exc).__name__}: {library_words(exc)}"
         if values is not None and len(values) != len(completions):
             problem = f"returned {len(values)} values for {len(completions)} completions (one per completion is due)"
         elif values is not None:
