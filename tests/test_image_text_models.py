@@ -91,3 +91,18 @@ def test_an_unknown_part_is_one_message_naming_file_line_and_field(tmp_path, tun
     assert result.returncode == 2, result.stdout + result.stderr
     err = result.stderr + result.stdout
     assert "recipe.yaml" in err and ":5" in err and "method.train" in err and "Traceback" not in err
+
+
+def test_building_leaves_the_config_as_it_was_so_its_key_finds_the_inventory():
+    """Config classes change nested settings in place (Qwen3-VL's text_config.rope_parameters gains keys): the
+    build works on a copy, so the key a plan computes from the file is the key the inventory is stored under."""
+    from tuner.catalog.inventory import config_key
+    from tuner.catalog.meta_inventory import build_inventory
+
+    from tuner.catalog.models import catalog_config
+
+    config = catalog_config("Qwen/Qwen3-VL-8B-Instruct")  # as published: rope_parameters without its defaults
+    before = json.dumps(config, sort_keys=True)
+    inventory = build_inventory(config, "Qwen3-VL-8B", lora=False)
+    assert json.dumps(config, sort_keys=True) == before
+    assert inventory.config_sha256 == config_key(json.loads(before))

@@ -6,6 +6,7 @@ A build takes a second or a few (imports included); every count in it is what tr
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -55,7 +56,10 @@ def config_object(config: dict, name: str, trust_remote_code: bool = False, code
     which a config built from a mapping lacks (an empty repo id it refuses)."""
     from transformers import AutoConfig
 
-    data = {key: value for key, value in config.items() if not key.startswith("_") and key != "transformers_version"}
+    # a copy: config classes change nested settings in place (Qwen3-VL's text_config.rope_parameters), and the
+    # config's content is the inventory's key
+    data = copy.deepcopy({key: value for key, value in config.items()
+                          if not key.startswith("_") and key != "transformers_version"})
     model_type = data.pop("model_type", None)
     if not isinstance(model_type, str) or not model_type:
         raise ArchitectureError(f"{name}: model_type: missing; transformers needs it to know which model to build.")
