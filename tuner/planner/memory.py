@@ -24,7 +24,7 @@ from tuner.planner.items import (GIB, TIGHT_HEADROOM, CANNOT_JUDGE, STEP, TRAINI
                                  GPU_PHASES, CPU_PHASES, DevicePlan, MemoryPlan)
 from tuner.planner.model_states import (model_state_items, module_params, trainable_full, trainable_lora,
                                         trained_outside_layers_items)
-from tuner.planner.vision import vision_notes, vision_unmodelled
+from tuner.planner.vision import part_summary, vision_notes, vision_unmodelled
 from tuner.planner.phases import cpu_phase_items, host_phase_items, merge_items, overhead_items
 from tuner.planner.rank_setup import Setup, rank_setup
 
@@ -133,7 +133,7 @@ def plan(recipe) -> MemoryPlan:
     return MemoryPlan(model=recipe.model.id, devices=devices, verdict=verdict, missing_gib=missing,
                       host_ram_gib=host_ram, notes=notes, params=counts.as_dict(), trainable_params=trainable,
                       micro_batch_size=recipe.training.micro_batch_size, max_seq_length=recipe.training.max_seq_length,
-                      unmodelled=unmodelled)
+                      unmodelled=unmodelled, parts=part_summary(s))
 
 
 MODEL_STATES = ("weights", "gradients", "optimizer")

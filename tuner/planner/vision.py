@@ -11,6 +11,7 @@ projector gets no verdict rather than a "fits".
 from __future__ import annotations
 
 from tuner.catalog.inventory import LANGUAGE_MODEL, PARTS
+from tuner.planner.items import GIB
 from tuner.planner.rank_setup import Setup
 
 NAMES = {"vision_tower": "vision tower", "projector": "projector", "language_model": "language model"}
@@ -54,3 +55,14 @@ def vision_unmodelled(s: Setup) -> list[str]:
         return []
     return [f"the {' and '.join(NAMES[p] for p in trained)} activations and image tokens "
             f"(method.train: {', '.join(s.train)})"]
+
+
+def part_summary(s: Setup) -> dict[str, dict]:
+    """Per part of an image-text model: its parameters, its weights at the dtype the run holds them in (before
+    quantisation and sharding), and whether ``method.train`` trains it; {} for a causal LM."""
+    inventory = s.model.inventory
+    if inventory is None or not inventory.parts:
+        return {}
+    bytes_per = s.weight_bytes if s.kind == "full" else s.held_weight_bytes
+    return {part: {"params": info["params"], "weights_gib": round(info["params"] * bytes_per / GIB, 3),
+                   "trains": part in s.train} for part in PARTS if (info := inventory.parts.get(part))}
