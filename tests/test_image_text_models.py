@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from image_text_configs import CLASSES, tiny_config
+from image_text_configs import CLASSES, TEXT, VISION, tiny_config
 from tuner.planner import plan
 from tuner.recipe.io import RecipeError, validate_recipe
 
@@ -106,3 +108,31 @@ def test_building_leaves_the_config_as_it_was_so_its_key_finds_the_inventory():
     inventory = build_inventory(config, "Qwen3-VL-8B", lora=False)
     assert json.dumps(config, sort_keys=True) == before
     assert inventory.config_sha256 == config_key(json.loads(before))
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(model_type=st.sampled_from(sorted(CLASSES)), data=st.data())
+def test_any_nested_config_with_settings_left_to_the_defaults_builds_under_its_own_key(model_type, data):
+    """The class: a config whose nested settings transformers' config classes fill in (text_config, vision_config,
+    rope_parameters with keys left out): building never changes the mapping it was given."""
+    from tuner.catalog.inventory import config_key
+    from tuner.catalog.meta_inventory import build_inventory
+
+    config = tiny_config(model_type)
+    for sub in ("text_config", "vision_config"):
+        optional = sorted(key for key, value in config[sub].items() if key not in TEXT and key not in VISION
+                          and key != "model_type")
+        for key in data.draw(st.lists(st.sampled_from(optional), unique=True, max_size=6), label=sub):
+            del config[sub][key]
+    rope = config["text_config"].get("rope_parameters")
+    if isinstance(rope, dict):
+        keep = data.draw(st.lists(st.sampled_from(sorted(rope)), unique=True), label="rope_parameters")
+        config["text_config"]["rope_parameters"] = {key: rope[key] for key in keep}
+    before = json.dumps(config, sort_keys=True)
+    try:
+        inventory = build_inventory(config, model_type, lora=False)
+    except Exception as exc:  # a setting the class cannot do without: refused in transformers' words, unchanged
+        assert "transformers" in str(exc)
+    else:
+        assert inventory.config_sha256 == config_key(json.loads(before))
+    assert json.dumps(config, sort_keys=True) == before
