@@ -94,13 +94,18 @@ def cut_config(model_type: str):
 
 
 def meta_total(folder: Path) -> int:
-    """The parameters of the model transformers builds from ``folder`` on the meta device, tied weights once."""
+    """The parameters of the model transformers builds from ``folder`` on the meta device, tied weights once, with
+    the auto class the config belongs to (an image-text default, such as llama4's with its vision_config, builds
+    the whole image-text model)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import transformers
+    from transformers import AutoConfig
+
+    from tuner.catalog.model_classes import auto_class_for
 
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = getattr(transformers, auto_class_for(config.to_dict())).from_config(config)
     return sum(parameter.numel() for parameter in model.parameters())
 
 

@@ -94,6 +94,37 @@ async def test_a_model_with_a_layer_kind_the_planner_cannot_judge_says_so_as_the
         assert CANNOT_JUDGE in str(app.screen.query_one("#verdict").render())
 
 
+@pilot_test
+async def test_an_image_text_model_shows_its_tower_projector_and_what_trains_and_the_plan_bar_its_parts(tmp_path):
+    from image_text_configs import tiny_config
+    from tuner.tui.widgets.plan_bar import plan_text
+
+    model_dir = tmp_path / "qwen-vl"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(tiny_config("qwen2_5_vl")))
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        app.switch_mode("model")
+        await settle(pilot)
+        box = app.screen.query_one("#model-id-input", Input)
+        box.focus()
+        box.value = str(model_dir)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.draft.value("model.id") == str(model_dir), timeout=120)
+        await wait_until(pilot, lambda: app.plan is not None and app.plan.parts, timeout=120)
+        await settle(pilot)
+        shown = " ".join(facts_shown(app).split())
+        parts = model_facts(str(model_dir)).inventory.parts
+        assert "image-text parts" in shown
+        assert f"vision tower model.visual ({parts['vision_tower']['module']}, {parts['vision_tower']['params']:,})" in shown
+        assert f"projector model.visual.merger ({parts['projector']['module']}" in shown
+        assert "trains language model (method.train); the other parts are loaded and frozen" in shown
+        bar = " ".join(str(plan_text(app.plan, 100)).split())
+        assert "weights by part: vision tower" in bar and "frozen · projector" in bar
+        assert "language model" in bar and "trains" in bar
+        assert app.plan.parts["vision_tower"]["trains"] is False and app.plan.parts["language_model"]["trains"]
+
+
 HUB_SCRIPT = textwrap.dedent('''
     import asyncio, sys
     sys.path.insert(0, sys.argv[1])

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
-from tuner.catalog.inventory import Inventory, ModuleGroup, inventory_for, with_lora
+from tuner.catalog.inventory import PARTS, Inventory, ModuleGroup, inventory_for, with_lora
 from tuner.catalog.layer_kinds import LayerKind, LinearLayer, classify
 from tuner.catalog.model_config import ModelConfigError, check_config
 
@@ -142,12 +142,19 @@ class ModelFacts:
     def peft_targets(self, target_modules: list[str] | str, target_parameters=()) -> PeftTargets:
         return peft_targets(self.lora_inventory, target_modules, tuple(target_parameters))
 
-    def lora_params(self, r: int, target_modules: list[str] | str, target_parameters=()) -> int:
+    def lora_params(self, r: int, target_modules: list[str] | str, target_parameters=(), parts=PARTS) -> int:
         """LoRA parameters PEFT adds for these targets at rank ``r`` (PEFT's own counts, per module, from the
-        inventory): r x (in + out) for an nn.Linear, r x experts x (in + out) for a fused expert tensor."""
+        inventory): r x (in + out) for an nn.Linear, r x experts x (in + out) for a fused expert tensor; of an
+        image-text model, only those in ``parts`` (``method.train``: the targets are resolved inside them)."""
         targets = self.peft_targets(target_modules, target_parameters)
-        per_rank = sum(coefficient * self._share(group) for group, coefficient in _adapted(self.lora_inventory, targets))
+        inventory = self.lora_inventory
+        per_rank = sum(coefficient * self._share(group) for group, coefficient in _adapted(inventory, targets)
+                       if inventory.part_of(group) in parts)
         return round(r * per_rank)
+
+    def frozen_params(self, train) -> int:
+        """Parameters of the parts of an image-text model ``method.train`` leaves frozen (0 for a causal LM)."""
+        return self.inventory.part_params([part for part in self.inventory.parts if part not in train])
 
     def adapts_parameters(self, target_modules: list[str] | str, target_parameters=()) -> bool:
         """Whether these targets make PEFT adapt a parameter directly (fused experts: lora.ParamWrapper)."""
@@ -373,7 +380,7 @@ def facts_from_inventory(inventory: Inventory, name: str, source: str, trust_rem
                         experts_per_token=max(kind.dims["top_k"] for kind in moe))
     notes = []
     branch, _ = facts._text_path_outside()
-    if branch:
+    if branch and not inventory.image_text:  # an image-text model's parts are the plan's (tuner.planner.vision)
         parts = sorted({group.pattern.split(".")[min(1, group.pattern.count("."))] for group in branch})
         notes.append(f"{', '.join(parts)}: weights counted, not run by text-only training (no activations).")
     return replace(facts, notes=tuple(notes))

@@ -22,12 +22,15 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from tuner.catalog.model_classes import installed_transformers_version
+from tuner.catalog.model_classes import CAUSAL_LM, installed_transformers_version
 
 INVENTORY_FORMAT = 1
 SHIPPED_DIR = Path(__file__).with_name("inventories")
 VOLATILE_KEYS = ("transformers_version", "_name_or_path", "_commit_hash")  # written by save_pretrained, not structure
 KINDS = ("linear", "experts", "router", "embedding", "output", "norm", "other")
+# The parts of an image-text model (a causal LM is all language model); what ``method.train`` chooses among
+VISION_TOWER, PROJECTOR, LANGUAGE_MODEL = "vision_tower", "projector", "language_model"
+PARTS = (VISION_TOWER, PROJECTOR, LANGUAGE_MODEL)
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ class ModuleGroup:
 class Inventory:
     """The parameters of one model as transformers builds it from its config."""
 
-    architecture: str  # the class AutoModelForCausalLM builds, e.g. Qwen3MoeForCausalLM
+    architecture: str  # the class the auto class builds, e.g. Qwen3MoeForCausalLM
     model_type: str
     transformers_version: str
     peft_version: str
@@ -95,6 +98,10 @@ class Inventory:
     peft_fused_targets: dict[str, list[str]] = field(default_factory=dict)  # v5 parameter -> v4 names fused in it
     tp_plan: dict[str, str] = field(default_factory=dict)  # config.base_model_tp_plan
     source_config: dict = field(default_factory=dict)  # the config it was built from (canonical_config)
+    auto_class: str = CAUSAL_LM  # the auto class that built it (tuner.catalog.model_classes.auto_class_for)
+    # an image-text model's parts, from its own module tree: part -> {"paths": module paths, "module": the class
+    # name of the first, "params": parameters (tied ones once)}; empty for a causal LM (all language model)
+    parts: dict[str, dict] = field(default_factory=dict)
     format: int = INVENTORY_FORMAT
 
     @property
@@ -106,6 +113,24 @@ class Inventory:
     def total(self) -> int:
         """Every parameter once (tied ones once), as ``model.num_parameters()`` counts."""
         return sum(group.numel for group in self.groups)
+
+    @property
+    def image_text(self) -> bool:
+        return bool(self.parts)
+
+    def part_of(self, group: ModuleGroup) -> str:
+        """The part a group belongs to: the part whose module path is the group's longest prefix (the output head
+        and anything else outside the tower and the projector count with the language model)."""
+        best, length = LANGUAGE_MODEL, -1
+        for part, info in self.parts.items():
+            for path in info["paths"]:
+                if (group.pattern == path or group.pattern.startswith(path + ".")) and len(path) > length:
+                    best, length = part, len(path)
+        return best
+
+    def part_params(self, parts) -> int:
+        """Parameters of the groups in ``parts`` (every parameter once)."""
+        return sum(group.numel for group in self.groups if self.part_of(group) in parts)
 
     def by_kind(self, *kinds: str) -> list[ModuleGroup]:
         return [group for group in self.groups if group.kind in kinds]

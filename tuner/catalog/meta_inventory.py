@@ -6,6 +6,7 @@ A build takes a second or a few (imports included); every count in it is what tr
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -13,7 +14,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from tuner.catalog.inventory import Inventory, ModuleGroup, canonical_config, collapse, config_key
+from tuner.catalog.inventory import (LANGUAGE_MODEL, PROJECTOR, VISION_TOWER, Inventory, ModuleGroup, canonical_config,
+                                     collapse, config_key)
+from tuner.catalog.model_classes import CAUSAL_LM, auto_class_for
 from tuner.catalog.model_config import ModelConfigError, check_resolved_config
 from tuner.reason import library_words
 
@@ -54,7 +57,10 @@ def config_object(config: dict, name: str, trust_remote_code: bool = False, code
     which a config built from a mapping lacks (an empty repo id it refuses)."""
     from transformers import AutoConfig
 
-    data = {key: value for key, value in config.items() if not key.startswith("_") and key != "transformers_version"}
+    # a copy: config classes change nested settings in place (Qwen3-VL's text_config.rope_parameters), and the
+    # config's content is the inventory's key
+    data = copy.deepcopy({key: value for key, value in config.items()
+                          if not key.startswith("_") and key != "transformers_version"})
     model_type = data.pop("model_type", None)
     if not isinstance(model_type, str) or not model_type:
         raise ArchitectureError(f"{name}: model_type: missing; transformers needs it to know which model to build.")
@@ -78,12 +84,14 @@ def _reason(exc: BaseException) -> str:
 
 
 def meta_model(config, trust_remote_code: bool = False):
-    """The model AutoModelForCausalLM builds from ``config``, on the meta device."""
+    """The model ``config``'s auto class builds from it (a causal LM, or an image-text model: :func:`auto_class_for`,
+    from transformers' own mappings), on the meta device."""
     import torch
-    from transformers import AutoModelForCausalLM
+    import transformers
 
+    auto = getattr(transformers, auto_class_for(config.to_dict()))
     with _quiet(), torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        return auto.from_config(config, trust_remote_code=trust_remote_code)
 
 
 def build_inventory(config: dict, name: str, trust_remote_code: bool = False, lora: bool = True,
@@ -102,7 +110,8 @@ def build_inventory(config: dict, name: str, trust_remote_code: bool = False, lo
         except Exception as exc:
             raise ArchitectureError(f"{name}: transformers cannot build {type(config_obj).__name__} "
                                     f"({getattr(config_obj, 'model_type', '?')}): {_reason(exc)}") from None
-    layers_path, num_layers = _decoder_layers(model)
+    parts = _parts(model)
+    layers_path, num_layers = _decoder_layers(model, parts[LANGUAGE_MODEL]["paths"][0] if parts else "")
     groups = tuple(group for group, _ in _groups(model, layers_path))
     layer_types = getattr(text, "layer_types", None)
     inventory = Inventory(
@@ -112,6 +121,7 @@ def build_inventory(config: dict, name: str, trust_remote_code: bool = False, lo
         tied=_tied(model), config=_jsonable(text.to_dict()), source_config=canonical_config(config),
         layer_types=[str(t) for t in layer_types] if isinstance(layer_types, (list, tuple)) else [],
         tp_plan={str(k): str(v) for k, v in (getattr(text, "base_model_tp_plan", None) or {}).items()},
+        auto_class=auto_class_for(config_obj.to_dict()), parts=parts,
     )
     return measure_lora(inventory, name, trust_remote_code, code_folder) if lora else inventory
 
@@ -169,18 +179,54 @@ def _keeps(value) -> bool:
     return isinstance(value, (*_SIMPLE, dict, list, tuple))
 
 
-def _decoder_layers(model) -> tuple[str, int]:
-    """The ModuleList of the decoder layers: the one holding most parameters (the text decoder's when the model
-    has several, e.g. a vision tower's)."""
+def _decoder_layers(model, language_model: str = "") -> tuple[str, int]:
+    """The ModuleList of the decoder layers: the one holding most parameters, inside the language model of an
+    image-text model (its vision tower's blocks may hold more in a small model)."""
     import torch
 
     best, best_numel, count = "", -1, 0
     for path, module in model.named_modules():
+        if language_model and not path.startswith(language_model + "."):
+            continue
         if isinstance(module, torch.nn.ModuleList) and len(module):
             numel = sum(p.numel() for p in module.parameters())
             if numel > best_numel:
                 best, best_numel, count = path, numel, len(module)
     return best, count
+
+
+def _parts(model) -> dict[str, dict]:
+    """An image-text model's vision tower, projector and language model, found as transformers finds them
+    (``get_encoder(modality="image")``, ``get_decoder()``): the projector is every module outside both, and outside
+    their ancestors and the output head (Gemma 3's multi_modal_projector, Idefics 3's connector), or, where there is
+    none, the tower's own mergers (Qwen-VL's merger and deepstack_merger_list, which the tower runs last).  {} for a
+    causal LM."""
+    if auto_class_for(model.config.to_dict()) == CAUSAL_LM:
+        return {}
+    paths = {id(module): path for path, module in model.named_modules()}
+    tower, decoder = paths.get(id(model.get_encoder(modality="image"))), paths.get(id(model.get_decoder()))
+    if not tower or not decoder:
+        return {}  # transformers finds no tower or no decoder: the model is planned as a causal LM is
+    output = model.get_output_embeddings()
+    projector = []
+    for path, module in model.named_modules():
+        ancestor = any(_under(part, path) for part in (tower, decoder)) if path else True
+        inside = any(_under(path, known) for known in [tower, decoder, *projector])
+        if not ancestor and not inside and module is not output and any(True for _ in module.parameters()):
+            projector.append(path)
+    if not projector:
+        projector = [f"{tower}.{name}" for name, _ in model.get_submodule(tower).named_children() if "merger" in name]
+    found = {VISION_TOWER: [tower], PROJECTOR: projector, LANGUAGE_MODEL: [decoder]}
+    counts = dict.fromkeys(found, 0)
+    for name, param in model.named_parameters():  # every parameter once (tied ones at their first owner)
+        hits = [(len(path), part) for part, group in found.items() for path in group if _under(name, path)]
+        counts[max(hits)[1] if hits else LANGUAGE_MODEL] += param.numel()
+    return {part: {"paths": group, "module": type(model.get_submodule(group[0])).__name__ if group else "",
+                   "params": counts[part]} for part, group in found.items()}
+
+
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + ".")
 
 
 def _layer_index(path: str, layers_path: str) -> int | None:

@@ -157,6 +157,8 @@ class MemoryPlan:
     micro_batch_size: int
     max_seq_length: int
     unmodelled: list[str] = field(default_factory=list)  # the model's parts no term covers (verdict CANNOT_JUDGE)
+    # an image-text model's parts (tuner.planner.vision.part_summary): part -> params, weights_gib, trains
+    parts: dict[str, dict] = field(default_factory=dict)
 
     @property
     def fits(self) -> bool:
@@ -188,7 +190,7 @@ class MemoryPlan:
                      "gib": _round(limiting.total_gib)},
             "host_ram_gib": _round(self.host_ram_gib), "params": self.params,
             "trainable_params": self.trainable_params, "micro_batch_size": self.micro_batch_size,
-            "max_seq_length": self.max_seq_length, "unmodelled": self.unmodelled,
+            "max_seq_length": self.max_seq_length, "unmodelled": self.unmodelled, "parts": self.parts,
             "devices": [d.to_dict() for d in self.devices], "notes": self.notes,
         }
 

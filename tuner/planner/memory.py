@@ -22,7 +22,9 @@ from __future__ import annotations
 from tuner.planner.activations import activation_items, eval_items
 from tuner.planner.items import (GIB, TIGHT_HEADROOM, CANNOT_JUDGE, STEP, TRAINING_STEP, GENERATION, AFTER_LOADING,
                                  GPU_PHASES, CPU_PHASES, DevicePlan, MemoryPlan)
-from tuner.planner.model_states import model_state_items, module_params, trainable_lora, trained_outside_layers_items
+from tuner.planner.model_states import (model_state_items, module_params, trainable_full, trainable_lora,
+                                        trained_outside_layers_items)
+from tuner.planner.vision import part_summary, vision_notes, vision_unmodelled
 from tuner.planner.phases import cpu_phase_items, host_phase_items, merge_items, overhead_items
 from tuner.planner.rank_setup import Setup, rank_setup
 
@@ -63,7 +65,7 @@ def plan(recipe) -> MemoryPlan:
         gpu_items, host_per_gpu = gpu_items + on_gpu, host_per_gpu + on_host
         notes += fold_note(s)
     act_items, act_host, act_notes = activation_items(s)
-    notes += list(f.notes) + act_notes
+    notes += list(f.notes) + vision_notes(s) + act_notes
     items = gpu_items + act_items + (eval_items(s) if s.evaluates else [])
     capacity, gpu_name = _capacity(recipe)
     if s.rollout:
@@ -120,18 +122,18 @@ def plan(recipe) -> MemoryPlan:
     notes += list(s.kernel_notes) + _setting_notes(recipe, s)
 
     verdict, missing = _verdict(devices)
-    unmodelled = list(s.model.unmodelled)
+    unmodelled = list(s.model.unmodelled) + vision_unmodelled(s)
     if unmodelled:
         verdict, missing = CANNOT_JUDGE, 0.0
         notes.insert(0, f"no verdict: tuner has no memory terms for {'; '.join(unmodelled)}, so the figures above "
                         "leave them out; `tuner plan --simulate` traces the real step on fake tensors.")
     counts = s.model.param_counts
-    trainable = counts.total if s.kind == "full" else trainable_lora(s, f) + sum(
+    trainable = trainable_full(s) if s.kind == "full" else trainable_lora(s, f) + sum(
         (module_params(s, name) or (0, 0))[0] for name in s.modules_to_save)
     return MemoryPlan(model=recipe.model.id, devices=devices, verdict=verdict, missing_gib=missing,
                       host_ram_gib=host_ram, notes=notes, params=counts.as_dict(), trainable_params=trainable,
                       micro_batch_size=recipe.training.micro_batch_size, max_seq_length=recipe.training.max_seq_length,
-                      unmodelled=unmodelled)
+                      unmodelled=unmodelled, parts=part_summary(s))
 
 
 MODEL_STATES = ("weights", "gradients", "optimizer")

@@ -27,8 +27,14 @@ def layer_params(facts: ModelFacts) -> float:
 
 
 def trainable_lora(s: Setup, facts: ModelFacts | None = None) -> int:
-    """LoRA parameters PEFT adds for the recipe's targets (one rank's share of them under tensor parallelism)."""
-    return (facts or s.facts).lora_params(s.lora_r, s.lora_targets, s.lora_parameters)
+    """LoRA parameters PEFT adds for the recipe's targets (one rank's share of them under tensor parallelism),
+    inside the parts ``method.train`` names."""
+    return (facts or s.facts).lora_params(s.lora_r, s.lora_targets, s.lora_parameters, s.train)
+
+
+def trainable_full(s: Setup) -> int:
+    """Parameters a full fine-tune trains: all of them, but the frozen parts of an image-text model."""
+    return s.counts.total - s.model.frozen_params(s.train)
 
 
 def _frozen_weight_items(s: Setup) -> list[Item]:
@@ -72,7 +78,7 @@ def model_state_items(s: Setup) -> tuple[list[Item], list[Item], list[str]]:
     f, counts = s.facts, s.counts
     notes: list[str] = []
     full = s.kind == "full"
-    trainable = counts.total if full else trainable_lora(s, f)
+    trainable = trainable_full(s) if full else trainable_lora(s, f)
     deepspeed = s.distributed == "deepspeed" and s.world >= 1 and s.zero is not None
     fsdp = s.distributed == "fsdp"
     n = s.zero_ranks if deepspeed else s.shard_group if fsdp else s.world

@@ -63,6 +63,7 @@ class Setup:
     tp: int = 1  # tensor-parallel ranks (parallelism.tp)
     seq_shards: int = 1  # ranks a sequence is split across: cp (ring attention) or sp (Ulysses)
     modules_to_save: tuple[str, ...] = ()  # method.lora.modules_to_save: trained in full beside the adapters
+    train: tuple[str, ...] = ("language_model",)  # method.train: the parts of an image-text model that train
     logprob_fold: str | None = None  # dpo/kto: how TRL's fused head folds its tiles (tuner.planner.kernels)
     kernel_notes: tuple[str, ...] = ()  # the kernels the plan assumes, and why (tuner.planner.kernels)
 
@@ -148,4 +149,5 @@ def rank_setup(recipe) -> Setup:
         precompute=objective.precompute_ref_log_probs, reference=objective.reference_model,
         rollout=rollout_of(recipe) if objective.grpo else None, logprob_fold=chosen.logprob_fold,
         kernel_notes=chosen.notes, modules_to_save=tuple(method.lora.modules_to_save) if method.kind != "full" else (),
+        train=tuple(method.train),
     )

@@ -44,6 +44,11 @@ def _loads(recipe: Recipe) -> list[Problem]:
         problems.append(Problem(
             "memory.chunked_loss", f"{recipe.model.id} soft-caps its logits (final_logit_softcapping "
             f"{facts.final_logit_softcapping:g}), which the chunked loss cannot do: set chunked_loss: false."))
+    missing = [part for part in recipe.method.train if part != "language_model" and not facts.inventory.parts]
+    if missing:
+        problems.append(Problem(
+            "method.train", f"{recipe.model.id} is a causal LM ({facts.inventory.architecture}): it has no "
+            f"{' or '.join(missing)}; set train: [language_model], or choose an image-text model."))
     lora = recipe.method.lora
     if recipe.method.kind == "qlora" and lora.modules_to_save:
         # bitsandbytes quantises the decoder layers' nn.Linear maps (lm_head and embeddings stay in model.dtype)

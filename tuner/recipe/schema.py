@@ -129,6 +129,12 @@ class MethodSection(Section):
     allow_method_change: bool = Field(
         False, description="Let the advisor propose a cheaper method (LoRA, then QLoRA) when nothing else fits."
     )
+    train: list[Literal["language_model", "projector", "vision_tower"]] = Field(
+        default_factory=lambda: ["language_model"], min_length=1,
+        description="The parts of an image-text model that train (in full for kind full, with adapters for lora "
+        "and qlora): language_model, projector (the merger or connector that maps image features to tokens), "
+        "vision_tower; the others are loaded and frozen. A causal LM is all language_model.",
+    )
 
 
 class FsdpSection(Section):

@@ -16,6 +16,7 @@ from tuner.catalog.demo import DEMO_MODEL_ID
 from tuner.catalog.facts import UnknownModelError
 from tuner.catalog.models import catalog_ids, model_facts
 from tuner.planner.items import CANNOT_JUDGE
+from tuner.planner.vision import describe_parts
 
 FACT_LABELS = (
     ("model_type", "family"),
@@ -42,6 +43,7 @@ class ModelEntry:
     source: str = ""
     layer_kinds: tuple[str, ...] = ()  # "48 x attention + MoE": the planner's grouping of the decoder layers
     cannot_judge: tuple[str, ...] = ()  # parts no memory term covers: every plan of this model gives no verdict
+    parts: tuple[str, ...] = ()  # an image-text model's vision tower, projector and language model, one line each
     error: str = ""  # why there are no facts (the CLI's words: an unknown id, a hub that refused or is unreachable)
 
     @property
@@ -86,7 +88,8 @@ def _entry(model_id: str, facts) -> ModelEntry:
     # one row of the list: the context is on the facts panel (a wide row would wrap in 120 columns)
     summary = f"{data['model_type']:<11.11} {_params(total):>6}{moe}"
     return ModelEntry(model_id, summary, size=_params(total), facts=shown, source=facts.source,
-                      layer_kinds=tuple(data["layer_kinds"]), cannot_judge=tuple(data["unmodelled"]))
+                      layer_kinds=tuple(data["layer_kinds"]), cannot_judge=tuple(data["unmodelled"]),
+                      parts=tuple(describe_parts(facts.inventory)) if facts.inventory else ())
 
 
 def _moe_widths(shown: dict[str, object], kinds) -> dict[str, object]:

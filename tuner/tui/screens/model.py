@@ -11,6 +11,7 @@ from textual.widgets.option_list import Option, OptionDoesNotExist
 
 from tuner.catalog.demo import DEMO_MODEL_ID
 from tuner.catalog.hub import is_hub_id
+from tuner.planner.vision import NAMES
 from tuner.tui.catalog import ModelEntry, catalog_entries, describe_model
 from tuner.tui.messages import FieldEdited
 from tuner.tui.screens.base import NARROW_BELOW, WizardScreen
@@ -129,10 +130,11 @@ class ModelScreen(WizardScreen):
                 search.value = ""  # refills the list
         self._highlight_current()
         model_id = self.app.draft.value("model.id")
-        self.query_one("#facts", Static).update(facts_text(describe_model(model_id, self.entries)))
+        self.query_one("#facts", Static).update(facts_text(describe_model(model_id, self.entries),
+                                                           self.app.draft.value("method.train")))
 
 
-def facts_text(entry: ModelEntry) -> str:
+def facts_text(entry: ModelEntry, train=()) -> str:
     """The side panel: the id, where its facts come from (or why there are none); what the planner cannot judge
     first, then the size (a MoE model's experts and active parameters), the layer kinds, the other facts (the
     panel scrolls on a small terminal)."""
@@ -145,6 +147,10 @@ def facts_text(entry: ModelEntry) -> str:
     first = [label for label in HEADLINE if label in entry.facts]
     rest = [label for label in entry.facts if label not in HEADLINE]
     lines += ["", *(f"{label:<16} {escape(str(entry.facts[label]))}" for label in first)]
+    if entry.parts:  # an image-text model: its parts, and what method.train trains (the Method step sets it)
+        lines += ["[b]image-text parts[/b]", *(escape(part) for part in entry.parts),
+                  f"trains           {escape(', '.join(NAMES[part] for part in train))} (method.train); "
+                  "the other parts are loaded and frozen"]
     if entry.layer_kinds:
         lines += ["[b]layer kinds[/b]", *(escape(kind) for kind in entry.layer_kinds)]
     lines += [f"{label:<16} {escape(str(entry.facts[label]))}" for label in rest]

@@ -140,6 +140,18 @@ def legend(terms: dict[str, float], width: int) -> Text:
     return out
 
 
+def parts_text(plan: MemoryPlan) -> Text:
+    """An image-text model's weights by part, and which train: ``vision tower 0.77 GiB frozen · projector ...``."""
+    from tuner.planner.vision import NAMES
+
+    out = Text("weights by part: ", "bold")
+    for index, (part, info) in enumerate(plan.parts.items()):
+        out.append(" · " if index else "")
+        out.append(f"{NAMES[part]} {gib(info['weights_gib'])} ")
+        out.append("trains" if info["trains"] else "frozen", "green" if info["trains"] else "dim")
+    return out
+
+
 def summary_text(plan: MemoryPlan, disk: Check | None = None) -> Text:
     """The verdict and the training device's peak and headroom (what Review and the pinned line above the plan show)."""
     return Text("\n").join([verdict_text(plan, disk), peak_text(plan)])
@@ -181,6 +193,8 @@ def plan_text(plan: MemoryPlan, width: int, disk: Check | None = None, measured=
             out.append("\n")
     if len(devices) > len(shown):
         out.append(f"... and {len(devices) - len(shown)} more devices with the same layout\n", "dim")
+    if plan.parts:
+        out.append("\n").append_text(parts_text(plan)).append("\n")
     for note in plan.notes:
         out.append(f"\n• {note}", "dim")
     return out

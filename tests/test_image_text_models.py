@@ -1,0 +1,138 @@
+"""Image-text models are planned from their real module tree (issue 50): the model transformers' image-text auto
+class builds, its vision tower, projector and language model each a part with its parameters, and ``method.train``
+choosing what trains -- the rest loaded and frozen."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from image_text_configs import CLASSES, TEXT, VISION, tiny_config
+from tuner.planner import plan
+from tuner.recipe.io import RecipeError, validate_recipe
+
+
+def _meta(config: dict):
+    from tuner.catalog.meta_inventory import config_object, meta_model
+
+    return meta_model(config_object(config, "test"))
+
+
+def _model_dir(tmp_path, model_type: str) -> tuple[str, dict]:
+    config = tiny_config(model_type)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path), config
+
+
+def _recipe(model: str, **method):
+    return validate_recipe({"model": {"id": model}, "method": {"kind": "full", **method},
+                            "hardware": {"gpus_per_machine": 1, "gpu": "H100-80GB"}})
+
+
+@pytest.mark.parametrize("model_type", sorted(CLASSES))
+def test_every_image_text_class_plans_its_meta_built_total_with_the_tower_frozen(model_type, tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    model, config = _model_dir(tmp_path, model_type)
+    built = _meta(config)
+    assert isinstance(built, tuple(AutoModelForImageTextToText._model_mapping.values()))
+    count = sum(p.numel() for p in built.parameters())  # tied weights once
+    tower = built.get_encoder(modality="image")
+    tower_count = sum(p.numel() for p in tower.parameters())
+    memory_plan = plan(_recipe(model))
+    parts = memory_plan_parts(model)
+    assert memory_plan.params["total"] == count == sum(info["params"] for info in parts.values())
+    merger = sum(p.numel() for path in parts["projector"]["paths"] if path.startswith(parts["vision_tower"]["paths"][0])
+                 for p in built.get_submodule(path).parameters())  # Qwen-VL's merger runs last in the tower
+    assert parts["vision_tower"]["params"] == tower_count - merger
+    assert parts["projector"]["params"] > 0 and parts["language_model"]["params"] > parts["projector"]["params"]
+    # full fine-tuning of the language model only: the tower and the projector are frozen
+    assert memory_plan.trainable_params == parts["language_model"]["params"]
+    assert memory_plan.verdict in ("fits", "tight", "does not fit")
+    note = next(n for n in memory_plan.notes if n.startswith("image-text model"))
+    assert "vision tower and the projector are loaded with the model and frozen" in note
+    assert type(tower).__name__ in note
+
+
+def memory_plan_parts(model: str) -> dict:
+    from tuner.catalog.models import model_facts
+
+    return model_facts(model).inventory.parts
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "gemma3", "llama4"])
+def test_lora_on_each_part_is_peft_s_own_count_and_a_trained_tower_gets_no_verdict(model_type, tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    model, config = _model_dir(tmp_path, model_type)
+    with torch.device("meta"):
+        wrapped = get_peft_model(_meta(config), LoraConfig(r=4, target_modules="all-linear"))
+    peft_count = sum(p.numel() for name, p in wrapped.named_parameters() if "lora_" in name)
+    every = plan(_recipe(model, kind="lora", lora={"r": 4}, train=["language_model", "projector", "vision_tower"]))
+    text = plan(_recipe(model, kind="lora", lora={"r": 4}))
+    assert every.trainable_params == peft_count > text.trainable_params > 0
+    assert every.verdict == "cannot judge" and not every.fits
+    assert "vision tower activations" in every.notes[0] and "method.train" in every.notes[0]
+    assert text.verdict != "cannot judge"
+
+
+def test_a_part_a_causal_lm_lacks_is_refused_naming_method_train(demo_model_path):
+    with pytest.raises(RecipeError) as refused:
+        validate_recipe({"model": {"id": str(demo_model_path)}, "method": {"train": ["vision_tower"]}})
+    message = str(refused.value)
+    assert "method.train" in message and "no vision_tower" in message and "causal LM" in message
+
+
+def test_an_unknown_part_is_one_message_naming_file_line_and_field(tmp_path, tuner_cli):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model:\n  id: tuner-demo\nmethod:\n  kind: lora\n  train: [language_model, eyes]\n")
+    result = tuner_cli("validate", str(recipe))
+    assert result.returncode == 2, result.stdout + result.stderr
+    err = result.stderr + result.stdout
+    assert "recipe.yaml" in err and ":5" in err and "method.train" in err and "Traceback" not in err
+
+
+def test_building_leaves_the_config_as_it_was_so_its_key_finds_the_inventory():
+    """Config classes change nested settings in place (Qwen3-VL's text_config.rope_parameters gains keys): the
+    build works on a copy, so the key a plan computes from the file is the key the inventory is stored under."""
+    from tuner.catalog.inventory import config_key
+    from tuner.catalog.meta_inventory import build_inventory
+
+    from tuner.catalog.models import catalog_config
+
+    config = catalog_config("Qwen/Qwen3-VL-8B-Instruct")  # as published: rope_parameters without its defaults
+    before = json.dumps(config, sort_keys=True)
+    inventory = build_inventory(config, "Qwen3-VL-8B", lora=False)
+    assert json.dumps(config, sort_keys=True) == before
+    assert inventory.config_sha256 == config_key(json.loads(before))
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(model_type=st.sampled_from(sorted(CLASSES)), data=st.data())
+def test_any_nested_config_with_settings_left_to_the_defaults_builds_under_its_own_key(model_type, data):
+    """The class: a config whose nested settings transformers' config classes fill in (text_config, vision_config,
+    rope_parameters with keys left out): building never changes the mapping it was given."""
+    from tuner.catalog.inventory import config_key
+    from tuner.catalog.meta_inventory import build_inventory
+
+    config = tiny_config(model_type)
+    for sub in ("text_config", "vision_config"):
+        optional = sorted(key for key, value in config[sub].items() if key not in TEXT and key not in VISION
+                          and key != "model_type")
+        for key in data.draw(st.lists(st.sampled_from(optional), unique=True, max_size=6), label=sub):
+            del config[sub][key]
+    rope = config["text_config"].get("rope_parameters")
+    if isinstance(rope, dict):
+        keep = data.draw(st.lists(st.sampled_from(sorted(rope)), unique=True), label="rope_parameters")
+        config["text_config"]["rope_parameters"] = {key: rope[key] for key in keep}
+    before = json.dumps(config, sort_keys=True)
+    try:
+        inventory = build_inventory(config, model_type, lora=False)
+    except Exception as exc:  # a setting the class cannot do without: refused in transformers' words, unchanged
+        assert "transformers" in str(exc)
+    else:
+        assert inventory.config_sha256 == config_key(json.loads(before))
+    assert json.dumps(config, sort_keys=True) == before
