@@ -79,8 +79,9 @@ def expert_pipeline_problems(recipe: Recipe) -> list[Problem]:
         problems.append(Problem("parallelism.pp", (
             "transformers' pipeline stages run forward only (pipeline_parallel_naive_forward broadcasts the last "
             "stage's logits for generate; it has no backward schedule, and \"Combining FSDP with pipeline "
-            "parallelism is not supported yet\"): training cannot use them. Set pp: 1 here and pass --pp N to tuner "
-            "infer, chat or serve."), anchor="parallelism"))
+            "parallelism is not supported yet\"): training cannot use them, and tuner does not run pipeline inference "
+            "yet (device_map=\"auto\" already places whole layers on several GPUs for tuner infer): set pp: 1."),
+            anchor="parallelism"))
     if par.ep == 1:
         return problems
     if mem.distributed != "fsdp":

@@ -221,9 +221,8 @@ class ParallelismSection(Section):
     )
     pp: int = Field(
         1, ge=1, le=1024,
-        description="Pipeline stages for inference (tuner infer/chat/serve --pp): the decoder layers split into this "
-        "many consecutive stages on as many local ranks. transformers' stages run forward only, so training refuses "
-        "it. 1: off.",
+        description="Pipeline stages (transformers' DistributedConfig pp_size): the decoder layers split into this "
+        "many consecutive stages. transformers' stages run forward only, so a training recipe refuses it. 1: off.",
     )
     dp_replicate: int | None = Field(
         None, ge=1, le=262144,
