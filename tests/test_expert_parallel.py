@@ -305,3 +305,26 @@ def test_the_advisor_offers_ep_where_full_sharding_gathers_every_expert():
     assert best.cost < RUNG_COST[Rung.ZERO3] + MOE_FULL_SHARDING_COST  # cheaper than gathering every expert
     validate_recipe(best.recipe.model_dump(mode="json"))
     assert accelerate_config(best.recipe, layer_classes=["Qwen3MoeDecoderLayer"])["distributed_type"] == "MULTI_GPU"
+
+
+def test_a_two_machine_ep_run_renders_plain_ranks_carrying_ep(tuner_cli, tmp_path):
+    """One ep group per machine (ep 8 over each machine's 8 GPUs, the replicas across machines: HSDP): launch.sh and
+    the Slurm job start 16 plain ranks (transformers shards the model) whose lock recipe carries the layout."""
+    import yaml
+
+    recipe = tmp_path / "ep.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "model": {"id": QWEN3_MOE}, "method": {"kind": "full"},
+        "hardware": {"machines": 2, "gpus_per_machine": GPUS, "gpu": "H100-80GB", "main_process_ip": "10.0.0.1"},
+        "memory": {"distributed": "fsdp", "gradient_checkpointing": True},
+        "parallelism": {"ep": 8, "dp_replicate": 2}}), encoding="utf-8")
+    result = tuner_cli("render", str(recipe), "-o", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr
+    run = tmp_path / "run"
+    accelerate = yaml.safe_load((run / "accelerate.yaml").read_text())
+    assert (accelerate["distributed_type"], accelerate["num_machines"], accelerate["num_processes"]) == \
+        ("MULTI_GPU", 2, 16) and "fsdp_config" not in accelerate
+    parallelism = yaml.safe_load((run / "recipe.lock.yaml").read_text())["parallelism"]
+    assert (parallelism["ep"], parallelism["dp_replicate"], parallelism["dp_shard"]) == (8, 2, 8)
+    sbatch = (run / "slurm.sbatch").read_text()
+    assert "#SBATCH --nodes=2" in sbatch and "launch.sh" in sbatch
