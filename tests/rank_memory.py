@@ -4,7 +4,9 @@
 
 ENGINE: zero1, zero2, zero3 (DeepSpeed, given a torch AdamW as the Trainer gives it), autotp1 (DeepSpeed AutoTP over
 every rank, ZeRO-1: the model split by ``deepspeed.tp_model_init`` as the Trainer splits it), fsdp2 (torch's
-``fully_shard`` on every decoder layer and the root, as Accelerate's FSDP2 plugin wraps a model), or grpo-ddp and
+``fully_shard`` on every decoder layer and the root, as Accelerate's FSDP2 plugin wraps a model), ep2 (MODEL_DIR's saved
+MoE loaded with transformers' DistributedConfig(ep_size, fsdp_size) over every rank, as ``tuner run demo-moe-ep``
+loads it), or grpo-ddp and
 grpo-zero2 (one GRPO round of :data:`GRPO` under torch's DDP or DeepSpeed ZeRO-2, with a frozen reference: its
 generation and its training step, each with its own peak); ``-lora`` after a DeepSpeed engine (zero3-lora) wraps the
 model first with the LoRA of the built-in recipe :data:`LORA_RECIPE` (PEFT, the Trainer's optimizer over the trainable
@@ -128,6 +130,26 @@ def _fsdp2_model(model, bf16: bool):
     return model, step
 
 
+def _expert_parallel_model(model_dir: str, ranks: int):
+    """The saved model in MODEL_DIR loaded as ``tuner run demo-moe-ep`` loads it: transformers' DistributedConfig with
+    ep_size and fsdp_size over every rank (each rank ``num_experts / ranks`` experts, FSDP2 over the rest), fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.distributed import DistributedConfig
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa",
+                                                 distributed_config=DistributedConfig(ep_size=ranks, fsdp_size=ranks))
+    model.config.use_cache = False
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+
+    def step(ids):
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, step
+
+
 def _tensors(obj, depth: int = 0):
     """Every tensor an engine holds in its attributes, lists and dicts (a few levels deep)."""
     import torch
@@ -181,6 +203,15 @@ def trace(engine_name: str, precision: str, config, rank: int, model_dir: str = 
             persistent = _snapshot(tracker, "current")
         # the elements of the parameters as this rank holds them (its slice of each split one)
         elements = sum(parameter.numel() for parameter in engine.module.parameters())
+    elif engine_name == "ep2":
+        model, step = _expert_parallel_model(model_dir, int(os.environ["WORLD_SIZE"]))
+        tracker.track_external(model)
+        with tracker:
+            step(ids)  # warm-up: creates the optimizer states
+            _restart_peak(tracker)
+            step(ids)
+            persistent = _snapshot(tracker, "current")
+        elements = sum(parameter.to_local().numel() for parameter in model.parameters())
     else:
         tracker.track_external(model)
         with tracker:

@@ -119,6 +119,9 @@ async def test_tensor_parallel_is_chosen_on_the_method_step_with_reasons_and_sav
         assert tp.button("2").disabled and "runs under distributed: deepspeed" in str(tp.button("2").tooltip)
         sp = app.screen.query_one("#parallelism-sp", ChoiceField)
         assert sp.button("2").disabled and "sequence parallelism is DeepSpeed Ulysses" in str(sp.button("2").tooltip)
+        ep = app.screen.query_one("#parallelism-ep", ChoiceField)  # offered, with validate's reason where refused
+        assert ep.button("2").disabled and "expert parallelism is transformers' DistributedConfig" in str(
+            ep.button("2").tooltip)
 
         app.screen.query_one("#distribution", ChoiceField).button("ZeRO-1").value = True
         await wait_until(pilot, lambda: not tp.button("2").disabled

@@ -41,6 +41,7 @@ RUNG_COST = {
     Rung.ZERO3: 0.30,  # 1.5x DDP's communication volume and a gather before every module, rarely fully overlapped
     Rung.TENSOR_PARALLEL: 0.07,  # per doubling of tp: all-reduces inside every layer over NVLink, smaller matmuls
     Rung.CONTEXT_PARALLEL: 0.05,  # per doubling of cp/sp: KV exchange (ring) or all-to-all per layer, mostly overlapped
+    Rung.EXPERT_PARALLEL: 0.10,  # per doubling of ep: two all-to-alls of k routed rows per token per MoE layer, each way
     Rung.OFFLOAD_OPTIMIZER: 0.60,  # optimizer step on the CPU and gradients over PCIe
     Rung.OFFLOAD_PARAMS: 1.20,  # every parameter crosses PCIe twice per step
     Rung.NO_REFERENCE: 0.9,  # grpo: faster (no reference forward), but drops the KL penalty: only when nothing else fits
@@ -84,7 +85,7 @@ _SHARDING_FIELDS = ("memory.distributed", "memory.zero_stage", "memory.fsdp.shar
 _NAMES = {"training.micro_batch_size": "micro-batch", "training.gradient_accumulation_steps": "accumulation",
           "memory.offload_optimizer": "optimizer offload to", "memory.offload_params": "parameter offload to",
           "objective.precompute_ref_log_probs": "precomputed reference", "parallelism.tp": "tp",
-          "parallelism.cp": "cp", "parallelism.sp": "sp"}
+          "parallelism.cp": "cp", "parallelism.sp": "sp", "parallelism.ep": "ep"}
 _FOLLOWERS = ("output.save", "parallelism.dp_replicate", "parallelism.dp_shard", "method.quantization")
 
 
@@ -123,8 +124,11 @@ def change_label(before, after) -> str:
     return " + ".join(words)
 
 
-def _cost(rungs: list[Rung], moe: bool = False) -> float:
-    return sum(RUNG_COST[r] + (MOE_FULL_SHARDING_COST if moe and r is Rung.ZERO3 else 0.0) for r in rungs)
+def _cost(rungs: list[Rung], moe: bool = False, ep: int = 1) -> float:
+    """The rungs' summed cost; full sharding of a MoE pays for gathering every expert unless ep keeps each rank's
+    experts its own (it then gathers them only over the efsdp ranks that share them)."""
+    surcharge = MOE_FULL_SHARDING_COST if moe and ep == 1 else 0.0
+    return sum(RUNG_COST[r] + (surcharge if r is Rung.ZERO3 else 0.0) for r in rungs)
 
 
 def _candidates(recipe) -> list[Tactics]:
@@ -147,6 +151,9 @@ def _candidates(recipe) -> list[Tactics]:
     # tensor parallelism within a machine, sequences split across the data-parallel ranks (doublings)
     tps = _doublings(base.tp, recipe.hardware.gpus_per_machine) if on_gpu and "full" in methods else [base.tp]
     seq_shards = _doublings(base.seq_shards, world) if on_gpu else [base.seq_shards]
+    eps = _doublings(base.ep, world) if on_gpu and world > 1 and _has_ep_plan(recipe) else [base.ep]
+    if len(eps) > 1 and not base.sharding.startswith("fsdp:"):
+        shardings.append("fsdp:full_shard")  # ep runs under transformers' FSDP2: offered from any backend, with ep only
 
     def at_least(value, floor):  # a tactic the recipe already uses is kept
         return [v for v in value if v or not floor]
@@ -165,11 +172,15 @@ def _candidates(recipe) -> list[Tactics]:
                     for k, sleep, no_ref in product(rounds, sleeps, references)]
 
     out = []
-    for sharding, ckpt, act_off, chunked, opt_off, par_off, mb, meth, pre, tp, shards, rollout in product(
+    for sharding, ckpt, act_off, chunked, opt_off, par_off, mb, meth, pre, tp, shards, rollout, ep in product(
             shardings, at_least((False, True), base.checkpointing), at_least((False, True) if on_gpu else (False,),
                                                                               base.activation_offloading),
             at_least((False, True), base.chunked_loss), offload, offload, batches, methods, precompute, tps,
-            seq_shards, rollouts):
+            seq_shards, rollouts, eps):
+        if ep > 1 and (not sharding.startswith("fsdp:") or meth != "full" or shards > 1 or chunked or ep % tp):
+            continue  # ep: fsdp, full weights, no cp, a multiple of tp (the checks refuse the rest)
+        if ep == 1 and sharding.startswith("fsdp:") and not base.sharding.startswith("fsdp:"):
+            continue  # FSDP offered to a DeepSpeed or DDP recipe only for ep
         if act_off and not ckpt:
             continue  # offloading holds the checkpointed inputs
         if world % (tp * shards) or (tp > 1 and (meth != "full" or chunked)):
@@ -185,8 +196,21 @@ def _candidates(recipe) -> list[Tactics]:
         if par_off != "none" and base.offload_params != "none":
             par_off = base.offload_params
         out.append(Tactics(sharding, ckpt, opt_off, par_off, mb, meth, chunked, act_off, pre, tp, shards,
-                           rollout.round_steps, rollout.vllm_sleep, rollout.no_reference))
+                           rollout.round_steps, rollout.vllm_sleep, rollout.no_reference, ep))
     return list(dict.fromkeys(out))
+
+
+def _has_ep_plan(recipe) -> bool:
+    """A MoE model transformers can shard by expert (its config's base_model_ep_plan): where the ep rung applies."""
+    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.models import model_facts
+    from tuner.recipe.expert_checks import model_ep_plan
+
+    try:
+        facts = model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code)
+    except UnknownModelError:
+        return False
+    return facts.is_moe and bool(model_ep_plan(facts.model_type))
 
 
 def _halvings(start: int) -> list[int]:
@@ -227,6 +251,9 @@ REASONS = {
                           "the effective batch of {batch}",
     Rung.CONTEXT_PARALLEL: "{split} splits each sequence across {shards} GPUs, so each holds 1/{shards} of the "
                            "activations; {acc} accumulation steps keep the effective batch of {batch}",
+    Rung.EXPERT_PARALLEL: "expert parallelism (ep {ep}) gives each GPU 1/{ep} of every layer's experts and sends "
+                          "the routed tokens to them all-to-all, so full sharding no longer gathers every expert "
+                          "of a layer on every GPU",
     Rung.OFFLOAD_OPTIMIZER: "optimizer states and the optimizer step move to CPU RAM",
     Rung.OFFLOAD_PARAMS: "parameters move to CPU RAM between uses",
     Rung.NO_REFERENCE: "beta 0 drops the KL penalty, so no reference model is loaded or run (it changes what is "
@@ -245,6 +272,7 @@ def reason(recipe, rung: Rung) -> str:
     line = REASONS[rung].format(world=recipe.world_size, mb=recipe.training.micro_batch_size, acc=recipe.training.gradient_accumulation_steps,
                                 eff=recipe.training.micro_batch_size * recipe.training.gradient_accumulation_steps,
                                 batch=recipe.effective_batch_size, tp=par.tp, shards=par.cp * par.sp, split=split,
+                                ep=par.ep,
                                 rounds=rounds, round=recipe.training.micro_batch_size * rounds)
     if recipe.world_size == 1:
         line = line.replace(" over the 1 GPUs", " (on one GPU: what lets DeepSpeed offload)")
@@ -327,7 +355,7 @@ def _search(recipe, keep=None) -> tuple[list[tuple], list[tuple]]:
             continue  # e.g. 8-bit QLoRA with ZeRO-3, offload without sharding
         memory_plan = plan(candidate)
         changes = rungs_between(base, tactics, machines)
-        scored.append((memory_plan.fits, _cost(changes, moe), memory_plan.gpu.total_gib, tactics, candidate, memory_plan, changes))
+        scored.append((memory_plan.fits, _cost(changes, moe, tactics.ep), memory_plan.gpu.total_gib, tactics, candidate, memory_plan, changes))
     fitting = [s for s in sorted((s for s in scored if s[0]), key=lambda s: (s[1], s[2]))
                if s[4] is recipe or _runnable(s[4])]  # a rung can push a field past its limit (found by fuzzing)
     return scored, fitting

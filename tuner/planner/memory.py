@@ -67,6 +67,11 @@ def plan(recipe) -> MemoryPlan:
     act_items, act_host, act_notes = activation_items(s)
     notes += list(f.notes) + vision_notes(s) + act_notes
     items = gpu_items + act_items + (eval_items(s) if s.evaluates else [])
+    if s.experts:
+        from tuner.planner.expert_parallel import dispatch_items
+
+        items += dispatch_items(s.experts, f, s.batch * s.seq, s.act_bytes)
+        notes.append(s.experts.line())
     capacity, gpu_name = _capacity(recipe)
     if s.rollout:
         from tuner.planner.grpo import rollout_items

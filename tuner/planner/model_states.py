@@ -7,6 +7,7 @@ from dataclasses import replace
 from tuner.catalog.facts import ModelFacts
 from tuner.planner.items import (ALWAYS, EVAL, LAYER_BACKWARD, STEP, BACKWARD, NF4_DOUBLE_QUANT_BYTES, NF4_BYTES,
                                  ADAM8BIT_BYTES, ZERO3_MAX_LIVE_PARAMETERS, Item)
+from tuner.planner.expert_parallel import gathered_layer_params
 from tuner.planner.layers import largest
 from tuner.planner.rank_setup import Setup
 
@@ -134,8 +135,12 @@ def model_state_items(s: Setup) -> tuple[list[Item], list[Item], list[str]]:
                             counts.total * compute, BACKWARD, source="fsdp"))
         elif group > 1:
             root = counts.embeddings + counts.lm_head + f.hidden_size
-            gpu.append(Item("gathered parameters (root module + two decoder layers)" + s.tp_label, "weights",
-                            (root + 2 * layer_params(f)) * compute, BACKWARD, source="fsdp"))
+            layer, experts = layer_params(f), ""
+            if s.experts:  # under ep FSDP gathers a layer's dense part and only this rank's experts
+                layer = gathered_layer_params(s.experts, layer)
+                experts = f", {s.experts.experts_per_rank} of {s.experts.experts} experts (ep {s.experts.ep})"
+            gpu.append(Item(f"gathered parameters (root module + two decoder layers{experts})" + s.tp_label,
+                            "weights", (root + 2 * layer) * compute, BACKWARD, source="fsdp"))
     else:
         if full:
             gpu.append(Item("parameters", "weights", counts.total * s.weight_bytes, source="dtype"))
@@ -210,7 +215,8 @@ def model_state_items(s: Setup) -> tuple[list[Item], list[Item], list[str]]:
             # every layer's; a layer's wait only for its own backward to end.  Computed in the compute dtype.
             if full:
                 head = counts.lm_head or counts.embeddings
-                module = head + max(layer_params(f), counts.embeddings if counts.lm_head else 0)
+                layer = gathered_layer_params(s.experts, layer_params(f)) if s.experts else layer_params(f)
+                module = head + max(layer, counts.embeddings if counts.lm_head else 0)
             else:
                 module = trainable / f.num_layers
             gpu.append(Item("unsharded gradients awaiting reduce-scatter (output head, and a layer's)", "gradients",

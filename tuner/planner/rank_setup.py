@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from tuner.catalog.facts import ModelFacts, ParamCounts
 from tuner.catalog.models import model_facts
+from tuner.planner.expert_parallel import expert_share
 from tuner.planner.grpo import rollout_of
 from tuner.planner.items import DTYPE_BYTES
 from tuner.planner.kernels import kernels
@@ -61,6 +62,7 @@ class Setup:
     reference: bool = False  # a reference model is compared with: dpo, kto, grpo with beta > 0
     rollout: object = None  # grpo: tuner.planner.grpo.Rollout
     tp: int = 1  # tensor-parallel ranks (parallelism.tp)
+    experts: object = None  # ep > 1: tuner.planner.expert_parallel.ExpertShare, the experts this rank holds
     seq_shards: int = 1  # ranks a sequence is split across: cp (ring attention) or sp (Ulysses)
     modules_to_save: tuple[str, ...] = ()  # method.lora.modules_to_save: trained in full beside the adapters
     train: tuple[str, ...] = ("language_model",)  # method.train: the parts of an image-text model that train
@@ -114,7 +116,8 @@ def rank_setup(recipe) -> Setup:
     objective = recipe.objective
     par = recipe.parallelism
     model = model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code)
-    if mem.distributed == "fsdp" and par.model_parallel > 1:  # Accelerate's dp_shard_cp mesh: cp ranks shard too
+    if mem.distributed == "fsdp" and (par.model_parallel > 1 or par.ep > 1):  # Accelerate's dp_shard_cp mesh: cp
+        # ranks shard too; transformers' fsdp mesh under ep
         shard_group = par.dp_shard * par.cp
     elif mem.fsdp.sharding_strategy == "hybrid_shard":
         shard_group = min(world, recipe.hardware.gpus_per_machine)
@@ -124,6 +127,7 @@ def rank_setup(recipe) -> Setup:
     return Setup(
         facts=rank_facts(model, par.tp), model=model, counts=rank_param_counts(model, par.tp, mem.distributed),
         tp=par.tp, seq_shards=par.cp * par.sp,
+        experts=expert_share(model, par.ep, par.dp_shard or 1, par.tp),
         # ZeRO partitions across DeepSpeed's sequence-data-parallel group: every rank but the tensor-parallel ones
         zero_ranks=max(1, world // par.tp),
         kind=method.kind, weight_bytes=weight_bytes, act_bytes=2 if mixed else weight_bytes, mixed=mixed,

@@ -6,6 +6,7 @@ conflict is reported at that field's line rather than at the top of the file.
 from __future__ import annotations
 
 from tuner.catalog.gpus import AmbiguousGpuError, known_gpu_names, lookup_gpu
+from tuner.recipe.expert_checks import expert_pipeline_problems
 from tuner.recipe.model_checks import _loads, _model
 from tuner.recipe.objective_checks import _grpo, _objective, _streaming
 from tuner.recipe.problem import Problem
@@ -68,7 +69,8 @@ def _sharding(recipe: Recipe) -> list[Problem]:
         else:
             message = "zero_stage is a DeepSpeed setting: set distributed: deepspeed, or remove zero_stage."
         problems.append(Problem("memory.zero_stage", message))
-    if mem.distributed == "fsdp" and not hw.gpus_per_machine:
+    if mem.distributed == "fsdp" and not hw.gpus_per_machine and recipe.parallelism.ep == 1:
+        # with ep transformers applies FSDP2 itself while loading (DistributedConfig), on gloo CPU ranks too
         problems.append(Problem(
             "memory.distributed", "FSDP needs GPUs (on the CPU Accelerate silently falls back to DDP); use ddp or deepspeed."))
 
@@ -283,7 +285,7 @@ def _parallelism(recipe: Recipe) -> list[Problem]:
                 "parallelism.tp" if par.tp > 1 else "parallelism.sp",
                 f"tp x sp = {par.tp * par.sp} must divide the {world} processes, so that each data-parallel "
                 "group is whole: change it, or hardware.num_processes.", anchor="parallelism"))
-    elif mem.distributed == "fsdp" and (par.tp > 1 or par.cp > 1):
+    elif mem.distributed == "fsdp" and (par.tp > 1 or par.cp > 1 or par.ep > 1):
         total = par.dp_replicate * par.dp_shard * par.tp * par.cp
         if par.tp > 1 and par.cp > 1:
             problems.append(Problem(
@@ -301,14 +303,14 @@ def _parallelism(recipe: Recipe) -> list[Problem]:
                 "parallelism.dp_shard", "Accelerate refuses tensor/context parallelism with pure replication "
                 "(dp_replicate > 1, dp_shard 1): shard inside each copy (dp_shard > 1), or set dp_replicate: 1.",
                 anchor="parallelism"))
-        elif par.dp_shard == 1 and par.cp == 1:
+        elif par.dp_shard == 1 and par.cp == 1 and par.tp > 1:
             problems.append(Problem(
                 "parallelism.tp", f"with fsdp and tp {par.tp} on {world} processes no rank is left for FSDP to shard "
                 "across, which Accelerate refuses: use more processes (dp_shard 2 or more), or distributed: deepspeed "
                 "with zero_stage 1 or 2 for tensor parallelism alone.", anchor="parallelism"))
     elif par.dp_replicate is not None or par.dp_shard is not None:
         field = "parallelism.dp_replicate" if par.dp_replicate is not None else "parallelism.dp_shard"
-        problems.append(Problem(field, "dp_replicate and dp_shard lay out fsdp with tp or cp: remove them."))
+        problems.append(Problem(field, "dp_replicate and dp_shard lay out fsdp with tp, cp or ep: remove them."))
     if par.cp > 1 and mem.attention != "sdpa":
         problems.append(Problem(
             "memory.attention", "context parallelism replaces PyTorch's SDPA with ring attention: set attention: sdpa.",
@@ -363,7 +365,7 @@ def _heads_divisible(recipe: Recipe) -> list[Problem]:
 
 
 
-RULES = (_model, _topology, _sharding, _parallelism, _method, _lora_targets, _loads, _precision, _training,
+RULES = (_model, _topology, _sharding, _parallelism, expert_pipeline_problems, _method, _lora_targets, _loads, _precision, _training,
          _long_context, _objective, _grpo, _streaming)
 
 

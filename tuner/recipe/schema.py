@@ -218,13 +218,25 @@ class ParallelismSection(Section):
         description="Sequence-parallel degree with DeepSpeed Ulysses: the tokens are split across this many GPUs and "
         "attention heads are exchanged all-to-all. Needs distributed: deepspeed; heads divisible by sp. 1: off.",
     )
+    ep: int = Field(
+        1, ge=1, le=1024,
+        description="Expert-parallel degree for MoE models: each rank holds num_experts / ep whole experts and the "
+        "routed tokens travel to them all-to-all (transformers' DistributedConfig ep_size, with FSDP2 over dp_shard). "
+        "Needs distributed: fsdp and a model whose config has a base_model_ep_plan; a multiple of tp dividing "
+        "dp_shard x tp. 1: off.",
+    )
+    pp: int = Field(
+        1, ge=1, le=1024,
+        description="Pipeline stages (transformers' DistributedConfig pp_size): the decoder layers split into this "
+        "many consecutive stages. transformers' stages run forward only, so a training recipe refuses it. 1: off.",
+    )
     dp_replicate: int | None = Field(
         None, ge=1, le=262144,
-        description="fsdp with tp or cp: copies of the FSDP-sharded model (HSDP, e.g. one per machine). Default 1.",
+        description="fsdp with tp, cp or ep: copies of the FSDP-sharded model (HSDP, e.g. one per machine). Default 1.",
     )
     dp_shard: int | None = Field(
         None, ge=1, le=262144,
-        description="fsdp with tp or cp: ranks each model copy is FSDP-sharded across. Default: the processes left "
+        description="fsdp with tp, cp or ep: ranks each model copy is FSDP-sharded across. Default: the processes left "
         "over, num_processes / (dp_replicate x tp x cp).",
     )
 
@@ -392,7 +404,7 @@ class Recipe(Section):
         if objective.kind == "grpo":
             self._resolve_grpo()
         par = self.parallelism
-        if mem.distributed == "fsdp" and (par.tp > 1 or par.cp > 1):
+        if mem.distributed == "fsdp" and (par.tp > 1 or par.cp > 1 or par.ep > 1):
             if par.dp_replicate is None:
                 object.__setattr__(par, "dp_replicate", 1)
             if par.dp_shard is None:

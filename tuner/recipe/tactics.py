@@ -32,6 +32,7 @@ class Rung(str, Enum):
     ZERO3 = "zero3"  # shard the parameters too
     TENSOR_PARALLEL = "tensor_parallelism"  # per doubling of tp: split every layer's weights across GPUs of a machine
     CONTEXT_PARALLEL = "context_parallelism"  # per doubling of cp (fsdp) or sp (deepspeed): split each sequence
+    EXPERT_PARALLEL = "expert_parallelism"  # per doubling of ep (fsdp, MoE): each rank holds and runs its own experts
     OFFLOAD_OPTIMIZER = "offload_optimizer"  # optimizer states and step in CPU RAM
     OFFLOAD_PARAMS = "offload_params"  # parameter shards in CPU RAM
     NO_REFERENCE = "no_reference"  # grpo: beta 0, no KL penalty and no reference model (method.allow_method_change)
@@ -44,7 +45,7 @@ SHARDING_RUNGS = (Rung.ZERO1, Rung.ZERO2, Rung.ZERO3)  # sharding level 1, 2, 3
 # Rungs after which a run can resume from its checkpoints: the layout of weights and optimizer states is unchanged
 # Rungs that change which ranks share a batch (the effective batch is kept by more accumulation, the checkpoints are
 # laid out anew): the advisor proposes them where its plans show them cheapest; an out-of-memory run does not climb them
-LAYOUT_RUNGS = (Rung.TENSOR_PARALLEL, Rung.CONTEXT_PARALLEL)
+LAYOUT_RUNGS = (Rung.TENSOR_PARALLEL, Rung.CONTEXT_PARALLEL, Rung.EXPERT_PARALLEL)
 KEEPS_CHECKPOINTS = frozenset({Rung.MICRO_BATCH, Rung.GRADIENT_CHECKPOINTING, Rung.ACTIVATION_OFFLOADING,
                                Rung.CHUNKED_LOSS, Rung.PRECOMPUTE_REFERENCE, Rung.SMALLER_ROUNDS, Rung.VLLM_SLEEP,
                                Rung.NO_REFERENCE})
@@ -68,6 +69,7 @@ class Tactics:
     round_steps: int = 1  # grpo: objective.grpo.steps_per_generation
     vllm_sleep: bool = False  # grpo: objective.grpo.vllm_sleep_mode
     no_reference: bool = False  # grpo: objective.beta is 0
+    ep: int = 1  # parallelism.ep
 
 
 def tactics_of(recipe: Recipe) -> Tactics:
@@ -84,7 +86,7 @@ def tactics_of(recipe: Recipe) -> Tactics:
     return Tactics(sharding, mem.gradient_checkpointing, mem.offload_optimizer, mem.offload_params,
                    recipe.training.micro_batch_size, recipe.method.kind, mem.chunked_loss, mem.activation_offloading,
                    recipe.objective.precompute_ref_log_probs, recipe.parallelism.tp,
-                   recipe.parallelism.cp * recipe.parallelism.sp, **rollout)
+                   recipe.parallelism.cp * recipe.parallelism.sp, **rollout, ep=recipe.parallelism.ep)
 
 
 _FSDP_LEVEL = {"no_shard": 0.0, "shard_grad_op": 2.0, "full_shard": 3.0}
@@ -121,7 +123,8 @@ def rungs_between(base: Tactics, tactics: Tactics, machines: int = 1) -> list[Ru
     for rung in (Rung.OFFLOAD_OPTIMIZER, Rung.OFFLOAD_PARAMS):
         if getattr(tactics, rung.value) != "none" and getattr(base, rung.value) == "none":
             rungs.append(rung)
-    for rung, field in ((Rung.TENSOR_PARALLEL, "tp"), (Rung.CONTEXT_PARALLEL, "seq_shards")):
+    for rung, field in ((Rung.TENSOR_PARALLEL, "tp"), (Rung.CONTEXT_PARALLEL, "seq_shards"),
+                        (Rung.EXPERT_PARALLEL, "ep")):
         if getattr(tactics, field) > getattr(base, field):
             rungs += [rung] * int(round(math.log2(getattr(tactics, field) / getattr(base, field))))
     if tactics.micro_batch < base.micro_batch:
@@ -203,7 +206,8 @@ def apply_tactics(recipe: Recipe, t: Tactics) -> Recipe:
     else:
         update.update(distributed=t.sharding, zero_stage=None)
     changes = {"memory": mem.model_copy(update=update), "training": recipe.training.model_copy(update=training)}
-    if (t.tp, t.seq_shards) != (recipe.parallelism.tp, recipe.parallelism.cp * recipe.parallelism.sp):
+    if (t.tp, t.seq_shards, t.ep) != (recipe.parallelism.tp, recipe.parallelism.cp * recipe.parallelism.sp,
+                                      recipe.parallelism.ep):
         changes["parallelism"] = _layout(recipe, t, update["distributed"])
     if t.precompute_reference != recipe.objective.precompute_ref_log_probs:
         changes["objective"] = recipe.objective.model_copy(update={"precompute_ref_log_probs": t.precompute_reference})
@@ -248,11 +252,12 @@ def _layout(recipe: Recipe, t: Tactics, distributed: str):
     (the recipe's replication kept), deepspeed with sp and shards ZeRO over the rest."""
     par = recipe.parallelism
     if distributed != "fsdp":
-        return par.model_copy(update={"tp": t.tp, "cp": 1, "sp": t.seq_shards, "dp_replicate": None, "dp_shard": None})
-    if t.tp == 1 and t.seq_shards == 1:
-        return par.model_copy(update={"tp": 1, "cp": 1, "sp": 1, "dp_replicate": None, "dp_shard": None})
+        return par.model_copy(update={"tp": t.tp, "cp": 1, "sp": t.seq_shards, "ep": t.ep, "dp_replicate": None,
+                                      "dp_shard": None})
+    if t.tp == 1 and t.seq_shards == 1 and t.ep == 1:
+        return par.model_copy(update={"tp": 1, "cp": 1, "sp": 1, "ep": 1, "dp_replicate": None, "dp_shard": None})
     replicate = par.dp_replicate or 1
-    return par.model_copy(update={"tp": t.tp, "cp": t.seq_shards, "sp": 1, "dp_replicate": replicate,
+    return par.model_copy(update={"tp": t.tp, "cp": t.seq_shards, "sp": 1, "ep": t.ep, "dp_replicate": replicate,
                                   "dp_shard": max(1, recipe.world_size // (replicate * t.tp * t.seq_shards))})
 
 

@@ -9,7 +9,8 @@ How each topology maps:
   (``MULTI_CPU``). Accelerate's own ``MULTI_CPU`` type expects mpirun and starts one process here;
 - deepspeed: ``DEEPSPEED`` pointing at the run's deepspeed.json. Precision and batch settings live in
   that file only: Accelerate refuses a config that sets them in both places;
-- fsdp: ``FSDP`` version 2, wrapping the model's own decoder-layer class;
+- fsdp: ``FSDP`` version 2, wrapping the model's own decoder-layer class; with ep (and tp 1) ``MULTI_GPU``, since
+  transformers shards the model itself while loading it;
 - tensor, context and sequence parallelism: Accelerate's ``parallelism_config`` (fsdp with tp/cp, DeepSpeed
   Ulysses' sp); DeepSpeed AutoTP's tp is deepspeed.json's ``tensor_parallel`` instead.
 """
@@ -31,6 +32,11 @@ def distributed_type(recipe: Recipe) -> str:
     kind = recipe.memory.distributed
     if kind in ("none", "ddp") and recipe.world_size == 1:
         return "NO"  # Accelerate refuses MULTI_GPU with one process
+    if kind == "fsdp" and recipe.parallelism.ep > 1 and recipe.parallelism.tp == 1:
+        # transformers applies FSDP2 itself while loading (DistributedConfig with ep_size) and the Trainer leaves the
+        # model to it: the launcher only starts the ranks, as for ddp (an FSDP plugin would make the Trainer delay
+        # the optimizer and load checkpoints as if Accelerate had wrapped the model)
+        return "MULTI_GPU"
     return DISTRIBUTED_TYPES[kind]
 
 

@@ -33,7 +33,8 @@ class CheckpointRefused(Exception):
 
 
 # settings added after checkpoints were first written, with the value every older checkpoint was saved under
-SAVED_BEFORE = {"objective.kind": "sft", "parallelism.tp": 1, "parallelism.sp": 1, "parallelism.cp": 1}
+SAVED_BEFORE = {"objective.kind": "sft", "parallelism.tp": 1, "parallelism.sp": 1, "parallelism.cp": 1,
+                "parallelism.ep": 1}
 
 
 def resume_settings(recipe: Recipe, world_size: int) -> dict[str, Any]:
@@ -51,6 +52,7 @@ def resume_settings(recipe: Recipe, world_size: int) -> dict[str, Any]:
         "parallelism.tp": recipe.parallelism.tp,
         "parallelism.sp": recipe.parallelism.sp,
         "parallelism.cp": recipe.parallelism.cp,
+        "parallelism.ep": recipe.parallelism.ep,  # which experts each rank's optimizer state holds
     }
     if method.kind != "full":
         lora = method.lora

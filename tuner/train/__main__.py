@@ -214,7 +214,9 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
         model, args.use_liger_kernel = build_model(recipe, model_path)  # the Trainer patches the kernels in at start
         collator = data_collator(recipe, tokenizer)
         trace = RankTrace(events, collator) if tracing_ranks() else None
-        trainer = Trainer(
+        from tuner.train.parallelism import loads_sharded, sharded_trainer_class
+
+        trainer = (sharded_trainer_class() if loads_sharded(recipe) else Trainer)(
             model=model,
             args=args,
             train_dataset=data.train,

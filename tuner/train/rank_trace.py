@@ -1,6 +1,6 @@
 """Per-rank evidence of data and tensor parallelism, for tests: which samples each rank's first batch held, and
 each rank's final weights (their sum, and the shape of each as this rank holds it: a tensor-parallel rank holds
-its slice). Off unless TUNER_TRACE_RANKS=1, so a normal run pays nothing for it."""
+its slice, an expert-parallel one its experts). Off unless TUNER_TRACE_RANKS=1, so a normal run pays nothing for it."""
 from __future__ import annotations
 
 import hashlib
@@ -18,8 +18,15 @@ def tracing_ranks() -> bool:
     return os.environ.get(TRACE_RANKS_VARIABLE) == "1"
 
 
+def held(parameter):
+    """The part of ``parameter`` this rank holds: a DTensor's local shard (transformers' FSDP2 and expert shards),
+    else the tensor itself."""
+    return parameter.to_local() if hasattr(parameter, "to_local") else parameter
+
+
 def parameters_checksum(model) -> float:
-    """Sum of every parameter, gathered one at a time under ZeRO-3 (equal on every rank of a healthy run)."""
+    """Sum of every parameter, gathered one at a time under ZeRO-3 (equal on every rank of a healthy run); of a
+    DTensor, the rank's own shard."""
     from contextlib import nullcontext
 
     total = 0.0
@@ -30,7 +37,7 @@ def parameters_checksum(model) -> float:
 
             gather = deepspeed.zero.GatheredParameters([parameter])
         with gather:
-            total += float(parameter.detach().double().sum())
+            total += float(held(parameter).detach().double().sum())
     return total
 
 
@@ -51,10 +58,15 @@ class RankTrace(TrainerCallback):
         return self.collator(features)
 
     def on_train_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():  # FSDP2 keeps the root unsharded after a forward (reshard_after_forward off)
+            if isinstance(module, FSDPModule):
+                module.reshard()
         inner = optimizer  # Accelerate's and DeepSpeed's wrappers each hold the next one in .optimizer
         while getattr(inner, "optimizer", inner) is not inner:
             inner = inner.optimizer
         write_event(self.path, RankFinished(
             rank=self.rank, world_size=args.world_size, optimizer=type(inner).__name__,
             parameters_checksum=parameters_checksum(model),
-            shapes={name: list(parameter.shape) for name, parameter in model.named_parameters()}))
+            shapes={name: list(held(parameter).shape) for name, parameter in model.named_parameters()}))

@@ -116,7 +116,8 @@ class WrittenChoice(Choice):
         return all(draft.written(field) == value for field, value in self.changes.items())
 
 
-PARALLEL_DEGREES = [1, 2, 4, 8]  # ranks splitting one layer (tp) or one sequence (cp, sp); a refused one says why
+PARALLEL_DEGREES = [1, 2, 4, 8]  # ranks splitting one layer (tp), one sequence (cp, sp) or the experts (ep); a refused
+# one says why (tuner validate's message: ep needs fsdp, a MoE model with a base_model_ep_plan, ...)
 
 OPTIMIZERS = schema_choices("training.optimizer", {
     "adamw_torch": "AdamW", "adamw_torch_fused": "fused", "adamw_8bit": "8-bit", "paged_adamw_8bit": "paged 8-bit",
@@ -227,7 +228,8 @@ class MethodScreen(WizardScreen):
                                   help=_help(MemorySection, "distributed"))
                 yield ChoiceField("FSDP sharding", schema_choices("memory.fsdp.sharding_strategy"),
                                   id="fsdp-sharding", help=_help(FsdpSection, "sharding_strategy"))
-                for degree, label in (("tp", "Tensor parallel"), ("cp", "Context parallel"), ("sp", "Sequence parallel")):
+                for degree, label in (("tp", "Tensor parallel"), ("cp", "Context parallel"), ("sp", "Sequence parallel"),
+                                      ("ep", "Expert parallel")):
                     yield ChoiceField(f"{label} ({degree})", value_choices(f"parallelism.{degree}", PARALLEL_DEGREES),
                                       id=f"parallelism-{degree}", help=_help(ParallelismSection, degree))
                 yield ChoiceField("Offload optimizer", schema_choices("memory.offload_optimizer"),
