@@ -1,4 +1,4 @@
-"""The objective section: what the model learns (sft, dpo, kto, grpo), its losses, rewards and data layouts."""
+"""The objective section: what the model learns (sft, dpo, kto, grpo, reward), its losses, rewards and data layouts."""
 from __future__ import annotations
 
 import typing
@@ -98,21 +98,25 @@ class ObjectiveData(typing.NamedTuple):
     example: str | None
 
 
-# every objective.kind (a test holds them to the Literal below), each data.format but auto belonging to one
+# every objective.kind (a test holds them to the Literal below), each data.format but auto read by at least one
 OBJECTIVE_DATA = {"sft": ObjectiveData(("text", "instruction", "chat"), "builtin:reverse"),
                   "dpo": ObjectiveData(("preference",), "builtin:reverse-pairs"),
                   "kto": ObjectiveData(("unpaired_preference",), None),
-                  "grpo": ObjectiveData(("prompt",), "builtin:reverse-prompts")}
+                  "grpo": ObjectiveData(("prompt",), "builtin:reverse-prompts"),
+                  "reward": ObjectiveData(("preference",), "builtin:reverse-pairs")}
 
 
 class ObjectiveSection(Section):
-    kind: Literal["sft", "dpo", "kto", "grpo"] = Field(
+    kind: Literal["sft", "dpo", "kto", "grpo", "reward"] = Field(
         "sft",
         description="What the model learns. sft: the completions of the data (transformers Trainer). dpo: to prefer "
         "each pair's chosen answer to its rejected one, relative to the starting model (TRL DPOTrainer). kto: to "
         "raise desirable and lower undesirable completions (TRL KTOTrainer). dpo and kto start from model.id, "
         "usually an SFT result, which also serves as the frozen reference. grpo: online RL (TRL GRPOTrainer): "
-        "completions sampled for each prompt are scored by objective.grpo.rewards and the better ones made likelier.",
+        "completions sampled for each prompt are scored by objective.grpo.rewards and the better ones made likelier. "
+        "reward: a reward model (TRL RewardTrainer): a one-output sequence-classification head on model.id, trained "
+        "to score each pair's chosen answer above its rejected one; its held-out pair accuracy is reported, and its "
+        "run directory serves a grpo recipe as rewards: [{kind: model, model: <run dir>}].",
     )
     beta: float | None = Field(
         None, ge=0, le=1000,
