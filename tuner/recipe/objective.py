@@ -29,7 +29,7 @@ class RewardSection(Section):
         "the column, else 0. format: 1 when the whole completion matches pattern, else 0. length: a penalty of "
         "-(completion tokens beyond target_tokens) / max_completion_length. function: your own Python function "
         "(function: path/to/file.py:name, next to the recipe). model: a sequence-classification reward model "
-        "(model: its directory or hub id), scoring prompt + completion.")
+        "(model: its directory, a hub id, or the run directory of an objective.kind: reward run, whose final/ it names), scoring prompt + completion.")
     weight: float = Field(1.0, ge=-1000, le=1000, description="Weight of this reward in the sum GRPO normalises.")
     column: str | None = Field(
         None, min_length=1, description="exact_match, regex_match: the data column holding each prompt's expected "
