@@ -3,7 +3,9 @@ demo-reward run, whose held-out pair accuracy rises."""
 from __future__ import annotations
 
 import json
+import re
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from tuner.recipe.checks import find_problems
@@ -60,3 +62,28 @@ def test_a_reward_recipe_validates_with_no_beta_and_plans_a_score_head_not_logit
     # the vocabulary-wide output head and logits are gone, though the reward model runs twice the sequences
     assert reward.terms["weights"] < sft.terms["weights"] - 32000 * 64 * 4 / 2**30 * 0.99
     assert reward.terms["logits_loss"] < sft.terms["logits_loss"] / 100
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("trained-demo")
+def test_demo_reward_raises_held_out_pair_accuracy_and_scores_a_grpo_runs_completions(trained_demo, tuner_cli):
+    """`tuner demo --recipe demo-reward` (shortened) beside the shared SFT demo, then one grpo step of demo-grpo from
+    that SFT result whose only reward is the reward model, named by its run directory."""
+    from tuner.rundir.events import read_records
+
+    workdir = trained_demo.parent.parent  # where `tuner run demo` ran: demo-grpo's model.id is runs/demo/final
+    demo = tuner_cli("demo", "--recipe", "demo-reward", "-o", "runs/demo-reward", "--set", "training.max_steps=20",
+                     "--set", "training.eval_steps=10", cwd=workdir, timeout=600)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    found = re.search(r"held-out pair accuracy (\d+\.\d)% -> (\d+\.\d)%", demo.stdout)
+    assert found and float(found[2]) > float(found[1]) + 5, demo.stdout
+    assert "kind: model, model: runs/demo-reward" in demo.stdout  # what to do with it, in the summary
+    grpo = tuner_cli("run", "demo-grpo", "--set", "objective.grpo.rewards=[{kind: model, model: runs/demo-reward}]",
+                     "--set", "training.max_steps=1", "--set", "data.eval_fraction=0", "--set", "training.eval_steps=null",
+                     "--set", "training.micro_batch_size=8", "--set", "output.dir=runs/grpo-scored", cwd=workdir,
+                     timeout=600)
+    assert grpo.returncode == 0, grpo.stdout + grpo.stderr
+    events = read_records(workdir / "runs" / "grpo-scored" / "events.jsonl")
+    scored = [e["rewards/demo-reward/mean"] for e in events if "rewards/demo-reward/mean" in e]
+    assert scored and all(isinstance(value, float) for value in scored), events
+    assert events[-1]["event"] == "finished"

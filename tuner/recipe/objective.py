@@ -19,7 +19,7 @@ GRPO_LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", 
 TRL_LOSS_TYPES = {**LOSS_TYPES, "grpo": GRPO_LOSS_TYPES}  # every objective with a loss_type, its default first
 DPO_DEFAULT_BETA = 0.1
 GENERATION_BACKENDS = ("transformers", "vllm_colocate", "vllm_server")
-REWARD_KINDS = ("exact_match", "regex_match", "format", "length", "function", "model")
+REWARD_KINDS = ("exact_match", "regex_match", "format", "length", "math", "think_format", "function", "model")
 
 
 class RewardSection(Section):
@@ -27,12 +27,16 @@ class RewardSection(Section):
         description="exact_match: 1 when the completion (stripped) equals the data column named by column, else 0. "
         "regex_match: 1 when pattern is found in the completion and its first group (or the whole match) equals "
         "the column, else 0. format: 1 when the whole completion matches pattern, else 0. length: a penalty of "
-        "-(completion tokens beyond target_tokens) / max_completion_length. function: your own Python function "
+        "-(completion tokens beyond target_tokens) / max_completion_length. math: 1 when the completion's answer (its first "
+        "\\boxed{} or LaTeX expression) is mathematically equal to the column's solution, else 0; none where the "
+        "solution does not parse (TRL's accuracy_reward; needs the math-verify package). think_format: 1 when the "
+        "completion opens with its reasoning in <think>...</think> (one of them) before the answer, else 0 (TRL's "
+        "think_format_reward). function: your own Python function "
         "(function: path/to/file.py:name, next to the recipe). model: a sequence-classification reward model "
         "(model: its directory, a hub id, or the run directory of an objective.kind: reward run, whose final/ it names), scoring prompt + completion.")
     weight: float = Field(1.0, ge=-1000, le=1000, description="Weight of this reward in the sum GRPO normalises.")
     column: str | None = Field(
-        None, min_length=1, description="exact_match, regex_match: the data column holding each prompt's expected "
+        None, min_length=1, description="exact_match, regex_match, math: the data column holding each prompt's expected "
         "answer (a reward input: preview shows it).")
     pattern: str | None = Field(
         None, min_length=1, description="regex_match: the regular expression that finds the answer in a completion "

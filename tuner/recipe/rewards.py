@@ -20,10 +20,13 @@ REWARD_FIELDS = {
     "regex_match": ("column", "pattern"),
     "format": ("pattern",),
     "length": ("target_tokens",),
+    "math": ("column",),
+    "think_format": (),
     "function": ("function",),
     "model": ("model",),
 }
 REQUIRED_FIELDS = {"exact_match": ("column",), "regex_match": ("column", "pattern"), "format": ("pattern",),
+                   "math": ("column",),
                    "function": ("function",), "model": ("model",)}
 OPTIONAL_FIELDS = ("column", "pattern", "target_tokens", "function", "model")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -79,7 +79,7 @@ def _expected(value: Any, column: str) -> str:
 
 
 def builtin_reward(reward: RewardSection, max_completion_length: int) -> Callable:
-    """The function of a built-in reward kind (exact_match, regex_match, format, length)."""
+    """The function of a built-in reward kind (exact_match, regex_match, format, length, math, think_format)."""
     column = reward.column
     compiled = re.compile(reward.pattern) if reward.pattern else None
 
@@ -101,8 +101,29 @@ def builtin_reward(reward: RewardSection, max_completion_length: int) -> Callabl
         allowed = reward.target_tokens or 0
         return [-max(0, len(ids) - allowed) / max_completion_length for ids in completion_ids]
 
+    def as_messages(completions) -> list:  # TRL's reward functions read completion[0]["content"]
+        return [[{"role": "assistant", "content": completion_text(c)}] for c in completions]
+
+    def math(completions, **columns):  # None where the solution does not parse: TRL leaves the completion out
+        from trl.rewards import accuracy_reward
+
+        return accuracy_reward(as_messages(completions), [_expected(v, column) for v in columns[column]])
+
+    def think_format(completions, **_):
+        from trl.rewards import think_format_reward
+
+        return think_format_reward(as_messages(completions))
+
     return {"exact_match": exact_match, "regex_match": regex_match, "format": format_check,
-            "length": length}[reward.kind]
+            "length": length, "math": math, "think_format": think_format}[reward.kind]
+
+
+def math_checker_problem() -> str | None:
+    """Why a math reward cannot run here: TRL's checker needs the math-verify package."""
+    if importlib.util.find_spec("math_verify") is None:
+        return ("a math reward checks answers with TRL's accuracy_reward, which needs the math-verify package: "
+                "pip install 'math-verify[antlr4_13_2]' on every machine, or use another reward kind")
+    return None
 
 
 def user_reward(spec: str) -> Callable:
@@ -208,6 +229,8 @@ def reward_functions(recipe: Recipe) -> tuple[list, list]:
             functions.append(model)
             tokenizers.append(tokenizer)
             continue
+        if reward.kind == "math" and (problem := math_checker_problem()):
+            raise RewardError(f"objective.grpo.rewards.{index}.kind: {problem}.")
         user = reward.kind == "function"
         function = user_reward(reward.function) if user else builtin_reward(reward, grpo.max_completion_length)
         functions.append(CheckedReward(function, name, index, recipe.data.source, user, grpo.reward_time_limit_s))
