@@ -16,6 +16,14 @@ ADAPTER_CONFIG = "adapter_config.json"  # peft's file: its presence makes a save
 EVAL_READ_LIMIT = 16 << 20  # an eval/ result of tuner eval is kilobytes; more is not one it wrote
 
 
+def adapter_base(folder: str | Path) -> str | None:
+    """The model an adapter folder (peft's, e.g. a LoRA run's final/) was trained on; None for a whole model."""
+    try:
+        return json.loads((Path(folder) / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 @dataclass(frozen=True)
 class RunSummary:
     run_dir: Path

@@ -239,18 +239,29 @@ def reward_functions(recipe: Recipe) -> tuple[list, list]:
 
 
 def load_reward_model(recipe: Recipe, model_id: str):
-    """A sequence-classification reward model (one output) and its tokenizer, in the recipe's dtype, frozen."""
+    """A sequence-classification reward model (one output) and its tokenizer, in the recipe's dtype, frozen.  A
+    LoRA reward model tuner trained (an adapter folder: the adapters and the head) is loaded on its base and merged,
+    so it scores as one model."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from tuner.fileio import user_path
     from tuner.loading.model import cannot_load, refuse_custom_code, resolve_model_path, torch_dtype
+    from tuner.rundir.summary import adapter_base
 
-    source = resolve_model_path(model_id)
+    folder = user_path(model_id)
+    base = adapter_base(folder)
+    source = resolve_model_path(base or model_id)
     refuse_custom_code(recipe, source)
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
             source, num_labels=1, dtype=torch_dtype(recipe.model.dtype),
             trust_remote_code=recipe.model.trust_remote_code)
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=recipe.model.trust_remote_code)
+        if base:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+        tokenizer = AutoTokenizer.from_pretrained(str(folder) if base else source,
+                                                  trust_remote_code=recipe.model.trust_remote_code)
     except OSError as exc:
         raise cannot_load(model_id, exc) from None
     model.requires_grad_(False)
