@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given, settings, strategies as st
 
 from tuner.data.prompts import ROW_COLUMN
 from tuner.rundir.events import read_records
@@ -185,6 +186,42 @@ def test_builtin_rewards_score_completions():
     assert form(completions=["abc", "ab c"]) == [1.0, 0.0]
     length = builtin_reward(reward_section(kind="length", target_tokens=2), 8)
     assert length(completion_ids=[[1], [1, 2, 3, 4]]) == [0.0, -0.25]
+
+
+def test_think_format_rewards_reasoning_in_one_think_block_before_the_answer():
+    from tuner.train.rewards import builtin_reward
+
+    think = builtin_reward(reward_section(kind="think_format"), 8)
+    completions = ["<think>\n2 + 2 is 4\n</think>\nThe answer is 4.", [{"role": "assistant", "content": "<think>x</think>4"}],
+                   "The answer is 4.", "<think>unclosed, 4", "<think>a</think><think>b</think>4", " <think>a</think>4"]
+    assert think(completions=completions) == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.text(max_size=40), st.text(max_size=40))
+def test_think_format_holds_for_any_reasoning_and_answer_without_another_think_tag(reasoning, answer):
+    from tuner.train.rewards import builtin_reward
+
+    think = builtin_reward(reward_section(kind="think_format"), 8)
+    assume("<think>" not in reasoning + answer and "</think>" not in reasoning)
+    assert think(completions=[f"<think>{reasoning}</think>{answer}", f"{reasoning}{answer}"]) == [1.0, 0.0]
+
+
+def test_a_math_reward_checks_answers_with_trls_checker_or_names_the_package_it_needs(tmp_path):
+    import importlib.util
+
+    from tuner.train.rewards import RewardError, builtin_reward, reward_functions
+
+    recipe = validate_recipe({"objective": {"kind": "grpo", "grpo": {"rewards": [
+        {"kind": "think_format"}, {"kind": "math", "column": "solution"}]}},
+        "data": {"source": "builtin:reverse-prompts"}, "training": {"micro_batch_size": 8}})
+    if importlib.util.find_spec("math_verify") is None:  # refused before training, naming the field and the fix
+        with pytest.raises(RewardError, match=r"objective.grpo.rewards.1.kind: .*pip install 'math-verify"):
+            reward_functions(recipe)
+        return
+    math_reward = builtin_reward(reward_section(kind="math", column="solution"), 8)
+    completions = ["so \\boxed{\\frac{1}{2}}", [{"role": "assistant", "content": "$0.5$"}], "\\boxed{3}", "no idea"]
+    assert math_reward(completions=completions, solution=["$\\frac{1}{2}$"] * 4) == [1.0, 1.0, 0.0, 0.0]
 
 
 def checked(function, user=True, time_limit_s=5.0):

@@ -196,3 +196,32 @@ def test_a_module_to_save_the_planner_cannot_size_is_a_note_not_silence(model_di
     saved = plan(recipe)
     assert saved.trainable_params - plan(_recipe(model_dirs / "llama", "lora", False, "sdpa", 64, 1)).trainable_params \
         == 512 * 128, "the trained copy of the head counts as trainable"
+
+
+# reward: TRL's RewardTrainer step (the score head in place of the output head, chosen and rejected stacked, the
+# margin loss) on two shapes: the preference cells' wide-vocabulary Llama and the fused-projection Phi-3
+REWARD_CELLS = [  # (config, method, checkpointing, attention, seq, batch)
+    (PREFERENCE_ARCHITECTURE, "full", False, "sdpa", 192, 3),
+    (PREFERENCE_ARCHITECTURE, "lora", True, "eager", 64, 3),
+    (ARCHITECTURES["phi3"], "full", True, "eager", 64, 1),
+    (ARCHITECTURES["phi3"], "lora", False, "sdpa", 192, 1),
+]
+
+
+@pytest.mark.parametrize("config, method, checkpointing, attention, seq, batch", REWARD_CELLS,
+                         ids=["-".join(map(str, (c[0]["model_type"], *c[1:]))) for c in REWARD_CELLS])
+def test_reward_plan_within_8_percent_of_a_traced_reward_step(tmp_path, config, method, checkpointing, attention,
+                                                              seq, batch):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    recipe = validate_recipe({"model": {"id": str(tmp_path), "dtype": "float32"}, "method": {"kind": method},
+                              "objective": {"kind": "reward"},
+                              "memory": {"mixed_precision": "no", "attention": attention,
+                                         "gradient_checkpointing": checkpointing},
+                              "training": {"max_seq_length": seq, "micro_batch_size": batch}})
+    device = plan(recipe).devices[0]
+    simulated = simulate(recipe)
+    assert simulated.error is None
+    assert device.total_gib - device.terms["overhead"] == pytest.approx(simulated.peak_gib, rel=0.08), \
+        (device.terms, simulated.peak_by_category)
+    # one score per position, no vocabulary logits: the loss is a sliver of the paired batch's hidden states
+    assert device.terms["logits_loss"] * 2**30 < 2 * batch * seq * config["hidden_size"] * 4

@@ -38,6 +38,19 @@ def test_the_library_covers_each_model_and_setup():
         assert recipe.name == name.replace("/", "-"), "the run is named after the recipe"
 
 
+def test_the_library_has_grpo_recipes_for_real_models_on_the_hardware_users_have():
+    recipes = [load_recipe(builtin_path(name)) for name in builtin_names() if family(name) != "demo"]
+    grpo = {(r.model.id, r.method.kind, hardware_needed(r), r.objective.grpo.generation) for r in recipes
+            if r.objective.kind == "grpo"}
+    assert grpo == {("Qwen/Qwen3-8B", "lora", "1 x RTX4090", "transformers"),
+                    ("Qwen/Qwen3-8B", "full", "8 x H100-80GB", "vllm_colocate"),
+                    ("Qwen/Qwen3-30B-A3B", "lora", "1 x H100-80GB", "transformers")}
+    for recipe in recipes:  # verifiable rewards: TRL's maths checker on the data's solutions, and the format
+        if recipe.objective.kind == "grpo":
+            assert [(r.kind, r.column) for r in recipe.objective.grpo.rewards] == [("math", "solution"),
+                                                                                  ("think_format", None)]
+
+
 @pytest.mark.slow
 def test_a_stale_peak_is_caught_and_make_recipe_peaks_refreshes_it(tmp_path, monkeypatch, capsys):
     library = tmp_path / "recipes"

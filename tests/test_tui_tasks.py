@@ -124,6 +124,16 @@ def test_choosing_an_objective_on_a_new_recipe_brings_data_it_trains_on(kind):
     assert draft.value("data.source") == OBJECTIVE_DATA[kind].example
 
 
+def test_a_reward_model_after_dpo_keeps_the_pairs_and_drops_the_beta_and_loss_it_has_no_use_for():
+    draft = Draft()
+    for kind, typed in (("dpo", {"objective.beta": 0.3, "objective.loss_type": "ipo"}), ("reward", {})):
+        choice = next(choice for choice in OBJECTIVES if choice.changes["objective.kind"] == kind)
+        draft.apply({**choice.changes_for(draft), **typed})
+        assert draft.valid, draft.errors
+    assert draft.value("data.source") == OBJECTIVE_DATA["reward"].example == OBJECTIVE_DATA["dpo"].example
+    assert draft.value("objective.beta") is None and draft.value("objective.loss_type") is None
+
+
 @pilot_test
 async def test_save_as_a_folder_or_into_a_missing_folder_says_why_without_asking_or_creating(in_tmp):
     (in_tmp / "recipes").mkdir()
@@ -139,10 +149,10 @@ async def test_save_as_a_folder_or_into_a_missing_folder_says_why_without_asking
     assert sorted(path.name for path in in_tmp.rglob("*")) == ["recipes"]  # nothing created
 
 
-def test_every_objective_has_its_data_layouts_and_every_layout_one_objective():
+def test_every_objective_has_its_data_layouts_and_every_layout_an_objective():
     assert set(OBJECTIVE_DATA) == set(schema_values("objective.kind"))
-    layouts = [layout for data in OBJECTIVE_DATA.values() for layout in data.formats]
-    assert sorted(layouts) == sorted(set(schema_values("data.format")) - {"auto"})
+    layouts = {layout for data in OBJECTIVE_DATA.values() for layout in data.formats}
+    assert layouts == set(schema_values("data.format")) - {"auto"}
 
 
 @pilot_test

@@ -30,6 +30,8 @@ def run_preview(args) -> int:
     masking = "loss on every token" if recipe.data.train_on_prompt or data_format == "text" else "loss on completions only"
     if recipe.objective.preference:
         masking = f"{recipe.objective.kind}: each answer after its masked prompt"
+    if recipe.objective.kind == "reward":
+        masking = "reward: prompt + chosen and prompt + rejected, each scored whole by the head (bold: the answers)"
     grpo = recipe.objective.grpo
     if grpo is not None:
         masking = (f"grpo: {grpo.num_generations} completions of up to {grpo.max_completion_length} tokens are sampled "

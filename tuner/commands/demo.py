@@ -58,7 +58,7 @@ def _reward_lines(run_dir: Path) -> list[str]:
     from tuner.rundir.layout import EVENTS_FILE, LOCK_FILE
 
     recipe = load_recipe(run_dir / LOCK_FILE)
-    key = "eval_reward" if recipe.objective.kind == "grpo" else "eval_rewards/margins"
+    key = {"grpo": "eval_reward", "reward": "eval_accuracy"}.get(recipe.objective.kind, "eval_rewards/margins")
     evals = [e for e in read_events(run_dir / EVENTS_FILE) if e.get(key) is not None]
     if len(evals) < 2:
         return []
@@ -67,6 +67,10 @@ def _reward_lines(run_dir: Path) -> list[str]:
     def change(key: str, percent: bool = False) -> str:
         return " -> ".join(f"{e.get(key):.1%}" if percent else f"{e.get(key):.3f}" for e in (first, last))
 
+    if recipe.objective.kind == "reward":
+        return [f"held-out pair accuracy {change('eval_accuracy', True)}, mean margin {change('eval_margin')} "
+                f"(steps {first.step} -> {last.step}; pairs whose right reversal the reward model scores above the "
+                "near miss)"]
     if recipe.objective.kind == "grpo":
         grpo = recipe.objective.grpo
         return [f"held-out mean reward {change('eval_reward')} (steps {first.step} -> {last.step}; "
@@ -113,6 +117,8 @@ def run(args) -> int:
         prepared = prepare_or_refuse(recipe, output_dir=run_dir)
     else:
         print(f"demo model: {resolve_model_path(recipe.model.id)}")
+    if recipe.objective.kind == "reward":  # it scores, it does not answer: the trainer measures it on the pairs
+        return _reward_model_demo(prepared, run_dir, start)
     base = resolve_model_path(recipe.model.id)
     before = held_out_score("base", InferenceTarget(recipe, base, base))
     shown_before = _print_score("before training", before)
@@ -128,4 +134,19 @@ def run(args) -> int:
     for line in save_results(trained, [before, after])[1]:
         print(line)
     print(f"demo finished in {time.monotonic() - start:.0f} s: {shown_before[0]} -> {shown_after[0].split(' ')[-1]}")
+    return 0
+
+
+def _reward_model_demo(prepared, run_dir: Path, start: float) -> int:
+    """Train a reward model and show its held-out pair accuracy before training and after (the trainer evaluates
+    the held-out pairs at step 0 and at the end)."""
+    print(f"training in {run_dir} ...")
+    outcome = launch_and_report(prepared)
+    if outcome.exit_code != 0:
+        return outcome.exit_code
+    lines = _reward_lines(run_dir)
+    for line in lines:
+        print(line)
+    shown = lines[0].split(",")[0] if lines else "no held-out evaluation"
+    print(f"demo finished in {time.monotonic() - start:.0f} s: {shown}")
     return 0

@@ -56,7 +56,7 @@ def preview_examples(recipe: Recipe, tokenizer, count: int = 3) -> tuple[str, li
     else:
         train, _, data_format = split_samples(recipe)
         rows = first_rows(train, count)
-        if recipe.objective.preference:
+        if recipe.objective.preference or recipe.objective.kind == "reward":  # pairs: each answer after its prompt
             return data_format, [example for row, sample in enumerate(rows, 1)
                                  for example in preference_examples(sample, data_format, tokenizer, recipe, row)]
         if recipe.objective.kind == "grpo":

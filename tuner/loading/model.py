@@ -174,11 +174,21 @@ def quantization_config(recipe: Recipe):
     )
 
 
+def trained_class(recipe: Recipe) -> tuple[type, dict]:
+    """The transformers auto class training builds and its extra arguments: for a reward model the causal LM's
+    body under a one-output sequence-classification head (``score``, newly initialised; TRL's reward models),
+    else the causal LM itself."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    if recipe.objective.kind == "reward":
+        return AutoModelForSequenceClassification, {"num_labels": 1}
+    return AutoModelForCausalLM, {}
+
+
 def load_model(recipe: Recipe, path: str | None = None, **kwargs):
     """The base model as the recipe describes it (no adapters yet); ``kwargs`` add to or replace the
     ``from_pretrained`` arguments (inference passes device_map, max_memory and its own quantisation config)."""
-    from transformers import AutoModelForCausalLM
-
+    auto_class, head = trained_class(recipe)
     source = path or resolve_model_path(recipe.model.id)
     refuse_custom_code(recipe, source)
     attention, reason = choose_attention(recipe.memory.attention, model_type_of(recipe, source))
@@ -189,9 +199,10 @@ def load_model(recipe: Recipe, path: str | None = None, **kwargs):
         attn_implementation=attention,
         quantization_config=quantization_config(recipe),
         trust_remote_code=recipe.model.trust_remote_code,
+        **head,
     )
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, **{**arguments, **kwargs})
+        model = auto_class.from_pretrained(source, **{**arguments, **kwargs})
     except Exception as exc:  # whatever a damaged file makes the library raise: one message naming the folder
         raise not_loaded(recipe, source, exc) from None
     keep_4bit_cpu_inference_generic(model)
@@ -232,7 +243,7 @@ def build_on_meta(recipe: Recipe, layers: int | None = 2, flash_missing: str | N
     adapters -- on the meta device: no weights, and at most ``layers`` decoder layers (they all hold the same
     modules; None: all); ``flash_missing``: see :func:`choose_attention`.  Raises what transformers, bitsandbytes or PEFT raise: a recipe that validates builds."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from tuner.catalog.models import model_config
 
@@ -243,11 +254,11 @@ def build_on_meta(recipe: Recipe, layers: int | None = 2, flash_missing: str | N
         data["num_hidden_layers"] = layers
         if isinstance(data.get("layer_types"), list):
             data["layer_types"] = data["layer_types"][:layers]
-    config = AutoConfig.for_model(**data)
+    auto_class, head = trained_class(recipe)
+    config = AutoConfig.for_model(**data, **head)
     attention, _ = choose_attention(recipe.memory.attention, config.model_type, flash_missing)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(recipe.model.dtype),
-                                                 attn_implementation=attention)
+        model = auto_class.from_config(config, dtype=torch_dtype(recipe.model.dtype), attn_implementation=attention)
     quantization = quantization_config(recipe)
     if quantization is not None:
         from transformers.quantizers import AutoHfQuantizer

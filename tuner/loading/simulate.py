@@ -173,6 +173,25 @@ def _preference_loss(model, reference, ids, recipe):
     return (1 - torch.sigmoid(beta * ratios)).mean()  # kto's desirable loss (its KL term needs no gradient)
 
 
+def _reward_step(model):
+    """The loss of TRL's RewardTrainer on a micro-batch of chosen then rejected sequences: one score each (the head
+    reads the last token before padding), ``-log sigmoid(chosen - rejected)``."""
+    import torch
+    import torch.nn.functional as F
+
+    from trl.trainer.utils import disable_dropout_in_model
+
+    disable_dropout_in_model(model)
+    if model.config.pad_token_id is None:  # the head finds each sequence's end by its padding (RewardTrainer sets it)
+        model.config.pad_token_id = 0
+
+    def loss(ids):
+        chosen, rejected = model(input_ids=ids, use_cache=False).logits.squeeze(-1).chunk(2)
+        return -F.logsigmoid(chosen - rejected).mean()
+
+    return loss
+
+
 def _snapshot_gib(tracker) -> tuple[float, dict[str, float]]:
     """The tracker's peak: the total and by category, in GiB."""
     by_category: dict[str, float] = {}
@@ -400,11 +419,13 @@ def simulate(recipe, evaluation: bool = False) -> SimulationResult:
         model.train()
         trainable, optimizer = _optimizer_with_states(model)
         preference = _preference_step(model, reference, recipe) if objective.preference else None
+        if objective.kind == "reward":
+            preference = _reward_step(model)
         if recipe.data.packing:
             ids = torch.randint(0, vocab, (1, batch * seq))
             inputs = {"input_ids": ids, "labels": ids, "position_ids": torch.arange(seq).repeat(batch)[None]}
-        else:  # dpo stacks the chosen and rejected sequences of each pair
-            ids = torch.randint(0, vocab, (batch * (2 if objective.kind == "dpo" else 1), seq))
+        else:  # dpo and reward stack the chosen and rejected sequences of each pair
+            ids = torch.randint(0, vocab, (batch * (2 if objective.kind in ("dpo", "reward") else 1), seq))
             inputs = {"input_ids": ids, "labels": ids}
 
         def step() -> None:
@@ -417,7 +438,7 @@ def simulate(recipe, evaluation: bool = False) -> SimulationResult:
             optimizer.zero_grad(set_to_none=True)
 
         tracker = frozen_aware_tracker()
-        tracker.track_external(preference or model, optimizer)
+        tracker.track_external(model if objective.kind == "reward" or preference is None else preference, optimizer)
         if evaluation:
             model.eval()
         with tracker, _grouped_mm_traceable():

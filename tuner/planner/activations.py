@@ -33,6 +33,12 @@ def _loss_items(s: Setup, tokens: int, full: bool) -> list[Item]:
     rb = residual_bytes(s)
     rotary = s.seq * f.head_dim * 2 * s.act_bytes
     final_norm = tokens * h * (4 + (s.act_bytes if full else 0))
+    if s.objective == "reward":
+        from tuner.planner.reward import loss_items as reward_loss_items
+
+        return [Item("final norm, score-head input, rotary tables", "activations",
+                     final_norm + tokens * h * s.act_bytes + rotary, FORWARD_BACKWARD, source="korthikanti"),
+                *reward_loss_items(s)]
     if s.objective != "sft":  # TRL's fused log-prob head replaces the logits and the cross-entropy
         from tuner.planner.grpo import loss_items as grpo_loss_items
         from tuner.planner.preference import loss_items
@@ -230,7 +236,11 @@ def eval_items(s: Setup) -> list[Item]:
     held = 3 if f.num_layers > 1 else 2
     hidden = Item("evaluation: hidden states (the embedding output, the layer's input, its normalised input)",
                   "activations", held * tokens * f.hidden_size * rb, EVAL, source="korthikanti")
-    if s.objective != "sft":  # TRL's fused log-prob head, forward only
+    if s.objective == "reward":
+        from tuner.planner.reward import eval_loss_items
+
+        loss = [hidden, *eval_loss_items(s)]
+    elif s.objective != "sft":  # TRL's fused log-prob head, forward only
         loss = [hidden, Item("evaluation: the fused log-prob head's forward tiles", "logits_loss",
                              head_transient_bytes(s, tokens, backward=False), EVAL, source="trl-fused-head")]
     elif s.liger or s.chunked_loss:

@@ -55,8 +55,11 @@ def rollout_of(recipe) -> Rollout:
 
     grpo = recipe.objective.grpo
     vllm = grpo.generation != "transformers"
-    models = tuple(model_facts(reward.model, None, recipe.model.trust_remote_code) for reward in grpo.rewards
-                   if reward.kind == "model")
+    from tuner.rundir.summary import adapter_base
+
+    # a LoRA reward model is loaded on its base and merged: the base's weights
+    models = tuple(model_facts(adapter_base(reward.model) or reward.model, None, recipe.model.trust_remote_code)
+                   for reward in grpo.rewards if reward.kind == "model")
     return Rollout(
         generations=grpo.num_generations, prompt=grpo.max_prompt_length, completion=grpo.max_completion_length,
         steps_per_generation=grpo.steps_per_generation, round=recipe.training.micro_batch_size * grpo.steps_per_generation,

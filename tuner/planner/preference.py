@@ -22,8 +22,9 @@ CPU_BACKWARD_TILES = 7.25  # scaled logits, logits, log-probabilities, probabili
 
 
 def sequences_per_sample(objective: str) -> int:
-    """Sequences one sample puts through the policy's forward: DPO stacks chosen and rejected."""
-    return 2 if objective == "dpo" else 1
+    """Sequences one sample puts through the policy's forward: DPO and a reward model stack chosen and rejected
+    ``[trl-dpo]``, ``[trl-reward]``."""
+    return 2 if objective in ("dpo", "reward") else 1
 
 
 def reference_items(s, gpu: list[Item], host: list[Item]) -> tuple[list[Item], list[Item]]:

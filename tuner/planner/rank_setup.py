@@ -124,8 +124,13 @@ def rank_setup(recipe) -> Setup:
     else:
         shard_group = world
     chosen = kernels(recipe, model.model_type)
+    counts = rank_param_counts(model, par.tp, mem.distributed)
+    if objective.kind == "reward":
+        from tuner.planner.reward import reward_counts
+
+        counts = reward_counts(model, counts)
     return Setup(
-        facts=rank_facts(model, par.tp), model=model, counts=rank_param_counts(model, par.tp, mem.distributed),
+        facts=rank_facts(model, par.tp), model=model, counts=counts,
         tp=par.tp, seq_shards=par.cp * par.sp,
         experts=expert_share(model, par.ep, par.dp_shard or 1, par.tp),
         # ZeRO partitions across DeepSpeed's sequence-data-parallel group: every rank but the tensor-parallel ones

@@ -17,5 +17,6 @@ def lora_config(recipe: Recipe):
         target_modules=lora.target_modules,
         target_parameters=lora.target_parameters or None,
         modules_to_save=lora.modules_to_save or None,
-        task_type="CAUSAL_LM",
+        # a reward model's head (score) is new: SEQ_CLS trains and saves it in full beside the adapters
+        task_type="SEQ_CLS" if recipe.objective.kind == "reward" else "CAUSAL_LM",
     )

@@ -437,13 +437,14 @@ def validate_recipe(data: Any, source: RecipeSource | None = None) -> Recipe:
 
 
 def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
-    """Read, override and validate a recipe file (a grpo reward's file is found relative to the recipe's folder)."""
-    from tuner.recipe.rewards import resolve_reward_functions
+    """Read, override and validate a recipe file (a grpo reward's file is found relative to the recipe's folder, a
+    reward model's run directory gives the model it saved)."""
+    from tuner.recipe.rewards import resolve_reward_paths
 
     text = read_recipe_text(path)
     data, source = parse_yaml(text, str(path))
     data = apply_overrides(data, overrides, source)
-    resolve_reward_functions(data, Path(path).parent)
+    resolve_reward_paths(data, Path(path).parent)
     return validate_recipe(data, source)
 
 

@@ -1,4 +1,4 @@
-"""The objective section: what the model learns (sft, dpo, kto, grpo), its losses, rewards and data layouts."""
+"""The objective section: what the model learns (sft, dpo, kto, grpo, reward), its losses, rewards and data layouts."""
 from __future__ import annotations
 
 import typing
@@ -19,7 +19,7 @@ GRPO_LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", 
 TRL_LOSS_TYPES = {**LOSS_TYPES, "grpo": GRPO_LOSS_TYPES}  # every objective with a loss_type, its default first
 DPO_DEFAULT_BETA = 0.1
 GENERATION_BACKENDS = ("transformers", "vllm_colocate", "vllm_server")
-REWARD_KINDS = ("exact_match", "regex_match", "format", "length", "function", "model")
+REWARD_KINDS = ("exact_match", "regex_match", "format", "length", "math", "think_format", "function", "model")
 
 
 class RewardSection(Section):
@@ -27,12 +27,16 @@ class RewardSection(Section):
         description="exact_match: 1 when the completion (stripped) equals the data column named by column, else 0. "
         "regex_match: 1 when pattern is found in the completion and its first group (or the whole match) equals "
         "the column, else 0. format: 1 when the whole completion matches pattern, else 0. length: a penalty of "
-        "-(completion tokens beyond target_tokens) / max_completion_length. function: your own Python function "
+        "-(completion tokens beyond target_tokens) / max_completion_length. math: 1 when the completion's answer (its first "
+        "\\boxed{} or LaTeX expression) is mathematically equal to the column's solution, else 0; none where the "
+        "solution does not parse (TRL's accuracy_reward; needs the math-verify package). think_format: 1 when the "
+        "completion opens with its reasoning in <think>...</think> (one of them) before the answer, else 0 (TRL's "
+        "think_format_reward). function: your own Python function "
         "(function: path/to/file.py:name, next to the recipe). model: a sequence-classification reward model "
-        "(model: its directory or hub id), scoring prompt + completion.")
+        "(model: its directory, a hub id, or the run directory of an objective.kind: reward run, whose final/ it names), scoring prompt + completion.")
     weight: float = Field(1.0, ge=-1000, le=1000, description="Weight of this reward in the sum GRPO normalises.")
     column: str | None = Field(
-        None, min_length=1, description="exact_match, regex_match: the data column holding each prompt's expected "
+        None, min_length=1, description="exact_match, regex_match, math: the data column holding each prompt's expected "
         "answer (a reward input: preview shows it).")
     pattern: str | None = Field(
         None, min_length=1, description="regex_match: the regular expression that finds the answer in a completion "
@@ -98,21 +102,25 @@ class ObjectiveData(typing.NamedTuple):
     example: str | None
 
 
-# every objective.kind (a test holds them to the Literal below), each data.format but auto belonging to one
+# every objective.kind (a test holds them to the Literal below), each data.format but auto read by at least one
 OBJECTIVE_DATA = {"sft": ObjectiveData(("text", "instruction", "chat"), "builtin:reverse"),
                   "dpo": ObjectiveData(("preference",), "builtin:reverse-pairs"),
                   "kto": ObjectiveData(("unpaired_preference",), None),
-                  "grpo": ObjectiveData(("prompt",), "builtin:reverse-prompts")}
+                  "grpo": ObjectiveData(("prompt",), "builtin:reverse-prompts"),
+                  "reward": ObjectiveData(("preference",), "builtin:reverse-pairs")}
 
 
 class ObjectiveSection(Section):
-    kind: Literal["sft", "dpo", "kto", "grpo"] = Field(
+    kind: Literal["sft", "dpo", "kto", "grpo", "reward"] = Field(
         "sft",
         description="What the model learns. sft: the completions of the data (transformers Trainer). dpo: to prefer "
         "each pair's chosen answer to its rejected one, relative to the starting model (TRL DPOTrainer). kto: to "
         "raise desirable and lower undesirable completions (TRL KTOTrainer). dpo and kto start from model.id, "
         "usually an SFT result, which also serves as the frozen reference. grpo: online RL (TRL GRPOTrainer): "
-        "completions sampled for each prompt are scored by objective.grpo.rewards and the better ones made likelier.",
+        "completions sampled for each prompt are scored by objective.grpo.rewards and the better ones made likelier. "
+        "reward: a reward model (TRL RewardTrainer): a one-output sequence-classification head on model.id, trained "
+        "to score each pair's chosen answer above its rejected one; its held-out pair accuracy is reported, and its "
+        "run directory serves a grpo recipe as rewards: [{kind: model, model: <run dir>}].",
     )
     beta: float | None = Field(
         None, ge=0, le=1000,

@@ -1,4 +1,5 @@
-"""Cross-field rules about the objective: its data layouts, its losses, GRPO's generation and streamed data."""
+"""Cross-field rules about the objective: its data layouts, its losses, GRPO's generation, reward models and streamed
+data."""
 from __future__ import annotations
 
 from tuner.recipe.model_checks import remote_code_problem
@@ -21,6 +22,8 @@ def _objective(recipe: Recipe) -> list[Problem]:
         problems.append(Problem(
             "data.format", f"objective {kind} reads {wanted} data, not {data.format}: set data.format to {wanted} "
                            f"(or auto), or set objective.kind: {owner}."))
+    if kind == "reward":
+        return problems + _reward(recipe)
     if not objective.preference:
         if objective.loss_type is not None and kind == "sft":
             problems.append(Problem(
@@ -77,7 +80,7 @@ def _streaming(recipe: Recipe) -> list[Problem]:
             "data.streaming", "a stream is read by each rank for its own batches (tested with data parallelism), but "
             "tensor-, context- and sequence-parallel ranks must share theirs: set streaming: false, or tp, cp and sp "
             "to 1."))
-    if recipe.objective.preference:
+    if recipe.objective.preference or recipe.objective.kind == "reward":
         problems.append(Problem(
             "data.streaming", f"{recipe.objective.kind} trains on a dataset TRL's trainer tokenises whole before the "
             "first step, not on a stream: set streaming: false, or objective.kind: sft."))
@@ -86,6 +89,38 @@ def _streaming(recipe: Recipe) -> list[Problem]:
 
 DPO_KTO_FIELDS = {"label_smoothing": 0.0, "sft_weight": 0.0, "precompute_ref_log_probs": False,
                   "desirable_weight": 1.0, "undesirable_weight": 1.0}  # and their defaults
+
+
+def _reward(recipe: Recipe) -> list[Problem]:
+    """A reward model (TRL's RewardTrainer): its one loss has no setting of the other objectives, it reads pairs
+    padded per micro-batch, and its head has no vocabulary logits to chunk."""
+    objective, data = recipe.objective, recipe.data
+    problems = []
+    if objective.loss_type is not None:
+        problems.append(Problem("objective.loss_type", "reward trains with one loss, -log sigmoid(chosen score - "
+                                                       "rejected score): remove loss_type."))
+    if objective.beta is not None:
+        problems.append(Problem("objective.beta", "beta is a dpo/kto/grpo setting (a reward model has no reference "
+                                                  "to stay near): remove it."))
+    for field, default in DPO_KTO_FIELDS.items():
+        if getattr(objective, field) != default:
+            problems.append(Problem(f"objective.{field}", f"{field} is a dpo/kto setting: remove it, or set "
+                                                          "objective.kind: dpo or kto."))
+    for field, why in (("packing", "pads each micro-batch of chosen and rejected sequences (TRL packs nothing)"),
+                       ("train_on_prompt", "scores whole sequences; no token is learned")):
+        if getattr(data, field):
+            problems.append(Problem(f"data.{field}", f"reward {why}: set {field}: false."))
+    if recipe.memory.chunked_loss:
+        problems.append(Problem("memory.chunked_loss", "a reward head scores each sequence with one number, no "
+                                                       "vocabulary logits to chunk: set chunked_loss: false."))
+    if recipe.parallelism.model_parallel > 1:
+        problems.append(Problem("parallelism", "reward is trained with data parallelism here (tp, cp and sp are not "
+                                               "tested with TRL's RewardTrainer): set tp, cp and sp to 1."))
+    if recipe.method.kind != "full" and recipe.output.save in ("merged", "full"):
+        problems.append(Problem("output.save", "a reward model's adapter is saved with its trained head "
+                                               "(output.save: adapter); merging it is not supported: set save: "
+                                               "adapter, or method.kind: full."))
+    return problems
 
 
 def _grpo(recipe: Recipe) -> list[Problem]:

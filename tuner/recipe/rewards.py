@@ -11,16 +11,22 @@ import re
 from pathlib import Path
 from typing import Any
 
+from tuner.fileio import user_path
+from tuner.rundir.layout import FINAL_DIR, LOCK_FILE
+
 # the fields each kind of reward reads beside kind and weight (the others are refused, naming the kind)
 REWARD_FIELDS = {
     "exact_match": ("column",),
     "regex_match": ("column", "pattern"),
     "format": ("pattern",),
     "length": ("target_tokens",),
+    "math": ("column",),
+    "think_format": (),
     "function": ("function",),
     "model": ("model",),
 }
 REQUIRED_FIELDS = {"exact_match": ("column",), "regex_match": ("column", "pattern"), "format": ("pattern",),
+                   "math": ("column",),
                    "function": ("function",), "model": ("model",)}
 OPTIONAL_FIELDS = ("column", "pattern", "target_tokens", "function", "model")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -32,13 +38,18 @@ def split_function(spec: str) -> tuple[str, str]:
     return path, name
 
 
-def resolve_reward_functions(data: Any, folder: Path) -> None:
-    """Make every relative ``function`` path of the recipe data absolute against ``folder`` (the recipe's), in
-    place; anything not shaped like a reward list is left for the schema to refuse."""
+def resolve_reward_paths(data: Any, folder: Path) -> None:
+    """Make every relative ``function`` path of the recipe data absolute against ``folder`` (the recipe's), and every
+    reward ``model`` that names a tuner run directory name the model that run saved (its final/), in place;
+    anything not shaped like a reward list is left for the schema to refuse."""
     grpo = (data.get("objective") or {}).get("grpo") if isinstance(data, dict) and isinstance(
         data.get("objective"), dict) else None
     rewards = grpo.get("rewards") if isinstance(grpo, dict) else None
     for reward in rewards if isinstance(rewards, list) else []:
+        model = reward.get("model") if isinstance(reward, dict) else None
+        run = user_path(model) if isinstance(model, str) and model else None
+        if run is not None and (run / LOCK_FILE).is_file() and (run / FINAL_DIR).is_dir():
+            reward["model"] = str(run / FINAL_DIR)
         spec = reward.get("function") if isinstance(reward, dict) else None
         if isinstance(spec, str) and ":" in spec:
             path, name = split_function(spec)
@@ -96,11 +107,12 @@ def reward_problems(reward) -> list[tuple[str, str]]:
 
 def reward_name(reward) -> str:
     """How logs and messages name a reward: its kind and the column it reads (``exact_match(answer)``), the
-    function's name, or the reward model's folder."""
+    function's name, or the reward model's folder (its run directory's, for a run's final/)."""
     if reward.kind == "function":
         return split_function(reward.function)[1]
-    if reward.kind == "model":
-        return Path(reward.model).name or reward.model
+    if reward.kind == "model":  # a tuner run's final/ is named by its run directory
+        path = Path(reward.model)
+        return (path.parent.name if path.name == FINAL_DIR else path.name) or reward.model
     return f"{reward.kind}({reward.column})" if reward.column else reward.kind
 
 

@@ -399,7 +399,7 @@ class Recipe(Section):
         objective = self.objective
         if objective.loss_type is None and objective.kind in TRL_LOSS_TYPES:
             object.__setattr__(objective, "loss_type", TRL_LOSS_TYPES[objective.kind][0])
-        if objective.beta is None:
+        if objective.beta is None and objective.kind != "reward":  # a reward model has no reference
             object.__setattr__(objective, "beta", 0.0 if objective.kind == "grpo" else DPO_DEFAULT_BETA)
         if objective.kind == "grpo":
             self._resolve_grpo()

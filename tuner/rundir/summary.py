@@ -16,6 +16,14 @@ ADAPTER_CONFIG = "adapter_config.json"  # peft's file: its presence makes a save
 EVAL_READ_LIMIT = 16 << 20  # an eval/ result of tuner eval is kilobytes; more is not one it wrote
 
 
+def adapter_base(folder: str | Path) -> str | None:
+    """The model an adapter folder (peft's, e.g. a LoRA run's final/) was trained on; None for a whole model."""
+    try:
+        return json.loads((Path(folder) / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 @dataclass(frozen=True)
 class RunSummary:
     run_dir: Path
@@ -30,13 +38,31 @@ class RunSummary:
     steps: int | None = None
     notes: list[str] = field(default_factory=list)  # e.g. truncated or dropped samples
     evaluation: str | None = None  # the newest `tuner eval` result of the run, in one line
+    pair_accuracy: tuple[float, float] | None = None  # a reward model's held-out pair accuracy, first and last eval
 
     @property
     def adapter(self) -> bool:
         return bool(self.final_dir) and (Path(self.final_dir) / ADAPTER_CONFIG).is_file()
 
+    @property
+    def reward_model(self) -> bool:
+        """The run trained a reward model (a sequence-classification head): it scores text, it does not write any."""
+        if not self.final_dir:
+            return False
+        final = Path(self.final_dir)
+        try:
+            if (final / ADAPTER_CONFIG).is_file():
+                return json.loads((final / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("task_type") == "SEQ_CLS"
+            architectures = json.loads((final / "config.json").read_text(encoding="utf-8")).get("architectures")
+        except (OSError, ValueError, AttributeError):
+            return False
+        return any(name.endswith("ForSequenceClassification") for name in architectures or ())
+
     def next_commands(self) -> list[str]:
         run = shlex.quote(str(self.run_dir))
+        if self.reward_model:
+            return [f"score a grpo recipe's completions with it: objective.grpo.rewards: [{{kind: model, model: "
+                    f"{run}}}]"]
         commands = [f'tuner infer {run} --prompt "..."', f"tuner chat {run}"]
         if self.adapter and not self.merged_dir:
             commands.append(f"tuner merge {run}")
@@ -53,6 +79,8 @@ class RunSummary:
             losses.append(f"train loss {self.first_loss:.4f} -> {self.last_loss:.4f}")
         if self.eval_loss is not None:
             losses.append(f"held-out loss {self.eval_loss:.4f}")
+        if self.pair_accuracy is not None:
+            losses.append("held-out pair accuracy " + " -> ".join(f"{value:.1%}" for value in self.pair_accuracy))
         if self.tokens_per_s is not None:
             losses.append(f"{self.tokens_per_s:,.0f} tokens/s")
         if losses:
@@ -102,6 +130,7 @@ def summarize_run(run_dir: str | Path, since: float = 0.0, wall_s: float | None 
         return None
     losses = [e.number("loss") for e in events if type(e) is Step and e.number("loss") is not None]
     evals = [e.number("eval_loss") for e in events if e.number("eval_loss") is not None]
+    accuracies = [e.number("eval_accuracy") for e in events if e.number("eval_accuracy") is not None]  # reward
     speeds = [e.number("tokens_per_s") for e in events if e.number("tokens_per_s") is not None]
     memory_line = None
     try:
@@ -123,4 +152,5 @@ def summarize_run(run_dir: str | Path, since: float = 0.0, wall_s: float | None 
         eval_loss=evals[-1] if evals else None, memory_line=memory_line,
         wall_s=wall_s if wall_s is not None else (float(runtime) if runtime is not None else None),
         tokens_per_s=speeds[-1] if speeds else None, steps=finished.step, notes=notes,
+        pair_accuracy=(accuracies[0], accuracies[-1]) if accuracies else None,
         evaluation=latest_evaluation(run_dir, since=finished.time or 0))

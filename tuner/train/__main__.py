@@ -54,6 +54,10 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         from tuner.train.grpo import grpo_arguments
 
         arguments_class, objective = grpo_arguments(recipe)
+    elif recipe.objective.kind == "reward":
+        from tuner.train.reward_model import reward_arguments
+
+        arguments_class, objective = reward_arguments(recipe)
     mem, training = recipe.memory, recipe.training
     evaluate = recipe.data.eval_fraction > 0
     common = dict(
@@ -201,6 +205,10 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
         from tuner.train.grpo import grpo_trainer
 
         trainer, data = grpo_trainer(recipe, args, tokenizer, callbacks, model_path)
+    elif recipe.objective.kind == "reward":
+        from tuner.train.reward_model import reward_trainer
+
+        trainer, data = reward_trainer(recipe, args, tokenizer, callbacks, model_path)
     else:
         data = prepare_data(recipe, tokenizer)
         if probe is not None:

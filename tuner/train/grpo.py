@@ -69,6 +69,7 @@ def grpo_trainer(recipe: Recipe, args, tokenizer, callbacks, model_path: str | N
     from tuner.data.formats import DEFAULT_CHAT_TEMPLATE
     from tuner.data.prepare import split_samples
     from tuner.loading.model import count_parameters
+    from tuner.recipe.rewards import reward_names
     from tuner.train.preference import trl_policy
     from tuner.train.rewards import reward_functions
 
@@ -91,6 +92,7 @@ def grpo_trainer(recipe: Recipe, args, tokenizer, callbacks, model_path: str | N
     trainer = GRPOTrainer(model=model, reward_funcs=functions, args=args, train_dataset=train_raw,
                           eval_dataset=eval_raw, processing_class=tokenizer,
                           reward_processing_classes=reward_tokenizers, callbacks=callbacks, peft_config=peft_config)
+    trainer.reward_func_names = reward_names(grpo.rewards)  # TRL would name a reward model by its folder (final)
     if trainer.ref_model is not None:  # frozen: under autocast it then keeps no 16-bit copies of its weights
         trainer.ref_model.requires_grad_(False)
     trainable, total = count_parameters(trainer.model)

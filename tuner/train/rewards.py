@@ -80,7 +80,7 @@ def _expected(value: Any, column: str) -> str:
 
 
 def builtin_reward(reward: RewardSection, max_completion_length: int) -> Callable:
-    """The function of a built-in reward kind (exact_match, regex_match, format, length)."""
+    """The function of a built-in reward kind (exact_match, regex_match, format, length, math, think_format)."""
     column = reward.column
     compiled = re.compile(reward.pattern) if reward.pattern else None
 
@@ -102,8 +102,29 @@ def builtin_reward(reward: RewardSection, max_completion_length: int) -> Callabl
         allowed = reward.target_tokens or 0
         return [-max(0, len(ids) - allowed) / max_completion_length for ids in completion_ids]
 
+    def as_messages(completions) -> list:  # TRL's reward functions read completion[0]["content"]
+        return [[{"role": "assistant", "content": completion_text(c)}] for c in completions]
+
+    def math(completions, **columns):  # None where the solution does not parse: TRL leaves the completion out
+        from trl.rewards import accuracy_reward
+
+        return accuracy_reward(as_messages(completions), [_expected(v, column) for v in columns[column]])
+
+    def think_format(completions, **_):
+        from trl.rewards import think_format_reward
+
+        return think_format_reward(as_messages(completions))
+
     return {"exact_match": exact_match, "regex_match": regex_match, "format": format_check,
-            "length": length}[reward.kind]
+            "length": length, "math": math, "think_format": think_format}[reward.kind]
+
+
+def math_checker_problem() -> str | None:
+    """Why a math reward cannot run here: TRL's checker needs the math-verify package."""
+    if importlib.util.find_spec("math_verify") is None:
+        return ("a math reward checks answers with TRL's accuracy_reward, which needs the math-verify package: "
+                "pip install 'math-verify[antlr4_13_2]' on every machine, or use another reward kind")
+    return None
 
 
 def user_reward(spec: str) -> Callable:
@@ -209,6 +230,8 @@ def reward_functions(recipe: Recipe) -> tuple[list, list]:
             functions.append(model)
             tokenizers.append(tokenizer)
             continue
+        if reward.kind == "math" and (problem := math_checker_problem()):
+            raise RewardError(f"objective.grpo.rewards.{index}.kind: {problem}.")
         user = reward.kind == "function"
         function = user_reward(reward.function) if user else builtin_reward(reward, grpo.max_completion_length)
         functions.append(CheckedReward(function, name, index, recipe.data.source, user, grpo.reward_time_limit_s))
@@ -217,18 +240,29 @@ def reward_functions(recipe: Recipe) -> tuple[list, list]:
 
 
 def load_reward_model(recipe: Recipe, model_id: str):
-    """A sequence-classification reward model (one output) and its tokenizer, in the recipe's dtype, frozen."""
+    """A sequence-classification reward model (one output) and its tokenizer, in the recipe's dtype, frozen.  A
+    LoRA reward model tuner trained (an adapter folder: the adapters and the head) is loaded on its base and merged,
+    so it scores as one model."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from tuner.fileio import user_path
     from tuner.loading.model import cannot_load, refuse_custom_code, resolve_model_path, torch_dtype
+    from tuner.rundir.summary import adapter_base
 
-    source = resolve_model_path(model_id)
+    folder = user_path(model_id)
+    base = adapter_base(folder)
+    source = resolve_model_path(base or model_id)
     refuse_custom_code(recipe, source)
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
             source, num_labels=1, dtype=torch_dtype(recipe.model.dtype),
             trust_remote_code=recipe.model.trust_remote_code)
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=recipe.model.trust_remote_code)
+        if base:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+        tokenizer = AutoTokenizer.from_pretrained(str(folder) if base else source,
+                                                  trust_remote_code=recipe.model.trust_remote_code)
     except OSError as exc:
         raise cannot_load(model_id, exc) from None
     model.requires_grad_(False)

@@ -44,9 +44,10 @@ DISTRIBUTION = [  # deepspeed: one choice per ZeRO stage
 ]
 
 # every objective of the schema; sft, dpo and kto drop grpo's section; grpo starts with one group (its default 8
-# generations) per micro-batch, scored by exact match
+# generations) per micro-batch, scored by exact match; reward also drops the beta and loss of dpo, kto and grpo
 EXACT_MATCH = {"kind": "exact_match", "column": "answer"}
-OBJECTIVE_CHANGES = {"grpo": {"objective.grpo": {"rewards": [EXACT_MATCH]}, "training.micro_batch_size": 8}}
+OBJECTIVE_CHANGES = {"grpo": {"objective.grpo": {"rewards": [EXACT_MATCH]}, "training.micro_batch_size": 8},
+                     "reward": {"objective.grpo": None, "objective.beta": None, "objective.loss_type": None}}
 OBJECTIVES = [ObjectiveChoice(kind, {"objective.kind": kind, **OBJECTIVE_CHANGES.get(kind, {"objective.grpo": None})})
               for kind in schema_values("objective.kind")]
 REWARDS = [

@@ -1,0 +1,89 @@
+"""objective.kind: reward (TRL's RewardTrainer): its recipe checks, the model under its head, its plan, and (slow) the
+demo-reward run, whose held-out pair accuracy rises."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tuner.recipe.checks import find_problems
+from tuner.recipe.io import validate_recipe
+from tuner.recipe.schema import Recipe
+
+REWARD = {"objective": {"kind": "reward"}, "data": {"source": "builtin:reverse-pairs"}}
+# every setting a reward recipe cannot use, as (the fields it is set at, the one field its message names)
+NOT_FOR_REWARD = {
+    "beta": ({"objective": {"beta": 0.2}}, "objective.beta"),
+    "loss_type": ({"objective": {"loss_type": "sigmoid"}}, "objective.loss_type"),
+    "sft_weight": ({"objective": {"sft_weight": 1.0}}, "objective.sft_weight"),
+    "label_smoothing": ({"objective": {"label_smoothing": 0.1}}, "objective.label_smoothing"),
+    "precompute": ({"objective": {"precompute_ref_log_probs": True}}, "objective.precompute_ref_log_probs"),
+    "desirable_weight": ({"objective": {"desirable_weight": 2.0}}, "objective.desirable_weight"),
+    "packing": ({"data": {"packing": True}}, "data.packing"),
+    "train_on_prompt": ({"data": {"train_on_prompt": True}}, "data.train_on_prompt"),
+    "chunked_loss": ({"memory": {"chunked_loss": True}}, "memory.chunked_loss"),
+    "merged": ({"method": {"kind": "lora"}, "output": {"save": "merged"}}, "output.save"),
+}
+
+
+def _merged(*parts: dict) -> dict:
+    data: dict = {}
+    for part in parts:
+        for section, values in part.items():
+            data[section] = {**data.get(section, {}), **values}
+    return data
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sets(st.sampled_from(sorted(NOT_FOR_REWARD))))
+def test_each_setting_a_reward_model_cannot_use_is_one_message_naming_its_field(chosen):
+    recipe = Recipe.model_validate(_merged(REWARD, *(NOT_FOR_REWARD[name][0] for name in sorted(chosen))))
+    fields = [problem.field for problem in find_problems(recipe)
+              if problem.field in {field for _, field in NOT_FOR_REWARD.values()}]
+    assert sorted(fields) == sorted(NOT_FOR_REWARD[name][1] for name in chosen)
+
+
+def test_a_reward_recipe_validates_with_no_beta_and_plans_a_score_head_not_logits(tmp_path):
+    from tuner.planner import plan
+
+    recipe = validate_recipe(REWARD)
+    assert recipe.objective.beta is None and recipe.objective.loss_type is None
+    tensor_parallel = Recipe.model_validate(_merged(REWARD, {"parallelism": {"tp": 2}, "memory": {"distributed": "fsdp"},
+                                                             "hardware": {"gpus_per_machine": 4, "gpu": "H100"}}))
+    assert [p.field for p in find_problems(tensor_parallel)] == ["parallelism"]
+    (tmp_path / "config.json").write_text(json.dumps(dict(
+        model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=32000)))
+    shape = {"model": {"id": str(tmp_path), "dtype": "float32"}, "training": {"micro_batch_size": 2}}
+    reward = plan(validate_recipe(_merged(REWARD, shape))).devices[0]
+    sft = plan(validate_recipe(_merged({"data": {"source": "builtin:reverse"}}, shape))).devices[0]
+    # the vocabulary-wide output head and logits are gone, though the reward model runs twice the sequences
+    assert reward.terms["weights"] < sft.terms["weights"] - 32000 * 64 * 4 / 2**30 * 0.99
+    assert reward.terms["logits_loss"] < sft.terms["logits_loss"] / 100
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("trained-demo")
+def test_demo_reward_raises_held_out_pair_accuracy_and_scores_a_grpo_runs_completions(trained_demo, tuner_cli):
+    """`tuner demo --recipe demo-reward` (shortened) beside the shared SFT demo, then one grpo step of demo-grpo from
+    that SFT result whose only reward is the reward model, named by its run directory."""
+    from tuner.rundir.events import read_records
+
+    workdir = trained_demo.parent.parent  # where `tuner run demo` ran: demo-grpo's model.id is runs/demo/final
+    demo = tuner_cli("demo", "--recipe", "demo-reward", "-o", "runs/demo-reward", "--set", "training.max_steps=20",
+                     "--set", "training.eval_steps=10", cwd=workdir, timeout=600)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    found = re.search(r"held-out pair accuracy (\d+\.\d)% -> (\d+\.\d)%", demo.stdout)
+    assert found and float(found[2]) > float(found[1]) + 5, demo.stdout
+    assert "kind: model, model: runs/demo-reward" in demo.stdout  # what to do with it, in the summary
+    grpo = tuner_cli("run", "demo-grpo", "--set", "objective.grpo.rewards=[{kind: model, model: runs/demo-reward}]",
+                     "--set", "training.max_steps=1", "--set", "data.eval_fraction=0", "--set", "training.eval_steps=null",
+                     "--set", "training.micro_batch_size=8", "--set", "output.dir=runs/grpo-scored", cwd=workdir,
+                     timeout=600)
+    assert grpo.returncode == 0, grpo.stdout + grpo.stderr
+    events = read_records(workdir / "runs" / "grpo-scored" / "events.jsonl")
+    scored = [e["rewards/demo-reward/mean"] for e in events if "rewards/demo-reward/mean" in e]
+    assert scored and all(isinstance(value, float) for value in scored), events
+    assert events[-1]["event"] == "finished"
