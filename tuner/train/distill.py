@@ -13,19 +13,10 @@ import logging
 
 from tuner.data.formats import IGNORE_INDEX
 from tuner.data.prepare import PreparedData
+from tuner.loading.teacher import gkd, load_teacher
 from tuner.recipe.schema import Recipe
 
 log = logging.getLogger("tuner")
-
-
-def gkd():
-    """TRL's GKD module (trl.experimental.gkd), without its warning that experimental APIs may change: TRL's
-    version is pinned (constraints.txt) and the tests hold tuner to this one."""
-    import importlib
-    import os
-
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    return importlib.import_module("trl.experimental.gkd")
 
 
 def distill_arguments(recipe: Recipe) -> tuple[type, dict]:
@@ -59,16 +50,6 @@ class PromptCollator:
         batch["prompts"] = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p in prompts])
         batch["prompt_attention_mask"] = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         return batch
-
-
-def load_teacher(recipe: Recipe):
-    """The teacher, frozen, loaded as the student's base is (its dtype, attention and quantisation)."""
-    from tuner.loading.model import load_model, resolve_model_path
-
-    teacher = load_model(recipe, resolve_model_path(recipe.objective.teacher), revision=None)  # model.revision is the student's
-    teacher.config.use_cache = False
-    teacher.requires_grad_(False)  # and autocast then keeps no 16-bit copies of its weights in the step
-    return teacher.eval()
 
 
 def distill_trainer(recipe: Recipe, args, tokenizer, callbacks, model_path: str | None = None
