@@ -3,6 +3,7 @@ recipe mapped to GKDConfig, the trainer's teacher and prompts, and (slow) demo-d
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -128,11 +129,12 @@ def test_every_distill_setting_reaches_gkd_config_and_the_teacher_is_frozen(tmp_
     from tuner.train.__main__ import training_arguments
     from tuner.train.distill import distill_trainer
 
-    recipe = make_recipe(tmp_path, distill={"on_policy": 0.25, "beta": 0.1, "temperature": 0.7, "max_new_tokens": 8,
-                                            "sequence_level": True})
+    recipe = make_recipe(tmp_path, distill={"on_policy": 1.0, "beta": 0.1, "temperature": 0.7, "max_new_tokens": 8,
+                                            "sequence_level": True}, training={"micro_batch_size": 2,
+                                                                               "max_seq_length": 32, "max_steps": 1})
     args = training_arguments(recipe, tmp_path)
     assert isinstance(args, GKDConfig)
-    assert (args.lmbda, args.beta, args.temperature, args.max_new_tokens, args.seq_kd) == (0.25, 0.1, 0.7, 8, True)
+    assert (args.lmbda, args.beta, args.temperature, args.max_new_tokens, args.seq_kd) == (1.0, 0.1, 0.7, 8, True)
     assert args.max_length == 32 and args.learning_rate == recipe.training.learning_rate and not args.bf16
     trainer, data = distill_trainer(recipe, args, load_tokenizer(recipe), [])
     assert isinstance(trainer, GKDTrainer) and data.data_format == "instruction" and len(data.train) == 4
@@ -145,6 +147,8 @@ def test_every_distill_setting_reaches_gkd_config_and_the_teacher_is_frozen(tmp_
         prompt = batch["prompts"][row][batch["prompt_attention_mask"][row].bool()].tolist()
         assert prompt == sample["input_ids"][:start]  # the prompt as SFT renders it, left-padded
         assert batch["prompt_attention_mask"][row][-1] == 1
+    result = trainer.train()  # on-policy: the student samples from those prompts, the teacher scores its samples
+    assert result.global_step == 1 and math.isfinite(result.training_loss)
 
 
 # -- demo-distill, for real --------------------------------------------------------------------------------------------
