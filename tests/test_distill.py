@@ -209,3 +209,23 @@ def test_the_distill_plan_is_within_8_percent_of_a_traced_gkd_step(tmp_path, sha
 
     planned, traced = planned_and_traced(distill_recipe(tmp_path, shape, method, checkpointing, seq, batch, beta))
     assert planned == pytest.approx(traced, rel=0.08)
+
+
+def test_the_wizard_offers_distill_with_teachers_of_the_models_tokenizer():
+    from tuner.catalog.teachers import teacher_candidates
+    from tuner.tui.draft import Draft
+    from tuner.tui.screens.method import OBJECTIVES, TEACHERS
+
+    assert teacher_candidates(DEMO_SMALL_MODEL_ID) == ("builtin:demo", "builtin:demo-moe")  # nearest in size first
+    assert {"Qwen/Qwen3-1.7B", "Qwen/Qwen3-8B"} <= set(teacher_candidates("Qwen/Qwen3-0.6B"))
+    assert not any(t.startswith("meta-llama/") for t in teacher_candidates("Qwen/Qwen3-0.6B"))  # another tokenizer
+    draft = Draft()
+    draft.apply({"model.id": DEMO_SMALL_MODEL_ID})
+    distill = next(choice for choice in OBJECTIVES if choice.changes["objective.kind"] == "distill")
+    draft.apply(distill.changes_for(draft))
+    assert draft.valid, draft.errors
+    assert draft.value("objective.teacher") == "builtin:demo"
+    assert [t.label for t in TEACHERS if t.offered_in(draft)] == ["builtin:demo", "builtin:demo-moe"]
+    sft = next(choice for choice in OBJECTIVES if choice.changes["objective.kind"] == "sft")
+    draft.apply(sft.changes_for(draft))
+    assert draft.valid and draft.value("objective.teacher") is None  # the teacher goes with distill
