@@ -30,8 +30,8 @@ def item(memory_plan, words, device=0):
 def test_terms_add_up_and_json_names_units():
     p = plan(recipe(max_seq_length=4096, micro_batch_size=2))
     gpu = p.devices[0]
-    assert set(gpu.terms) == {"weights", "reference_model", "reward_model", "lora_adapter", "gradients", "optimizer",
-                              "activations", "logits_loss", "generation", "overhead"}
+    assert set(gpu.terms) == {"weights", "reference_model", "reward_model", "teacher_model", "lora_adapter", "gradients",
+                              "optimizer", "activations", "logits_loss", "generation", "overhead"}
     assert sum(gpu.terms.values()) == pytest.approx(gpu.total_gib)
     assert gpu.headroom_gib == pytest.approx(gpu.capacity_gib - gpu.total_gib)
     data = json.loads(p.to_json())

@@ -153,6 +153,9 @@ def test_every_objective_has_its_data_layouts_and_every_layout_an_objective():
     assert set(OBJECTIVE_DATA) == set(schema_values("objective.kind"))
     layouts = {layout for data in OBJECTIVE_DATA.values() for layout in data.formats}
     assert layouts == set(schema_values("data.format")) - {"auto"}
+    shared = {layout for layout in layouts if sum(layout in data.formats for data in OBJECTIVE_DATA.values()) > 1}
+    # distill reads SFT's completions and reward DPO's pairs; no other layout is shared
+    assert shared <= set(OBJECTIVE_DATA["sft"].formats) | set(OBJECTIVE_DATA["reward"].formats)
 
 
 @pilot_test

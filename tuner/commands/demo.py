@@ -1,8 +1,9 @@
 """``tuner demo``: build the demo model, train it through ``accelerate launch``, show what it learned.
 
-A demo that starts from another built-in recipe's result (``demo-dpo``, ``demo-grpo``: ``model.id: runs/demo/final``)
-trains that recipe first when its result is not there yet, in ``<run dir>/sft``, then itself in ``<run dir>/dpo`` (or
-``grpo``): one command.
+A demo that starts from another built-in recipe's result (``demo-dpo``, ``demo-grpo``: ``model.id: runs/demo/final``;
+``demo-distill``: ``objective.teacher: runs/demo/final``) trains that recipe first when its result is not there yet, in
+``<run dir>/sft``, then itself in ``<run dir>/dpo`` (or ``grpo``, ``distill``): one command.  A distill demo shows the
+teacher's held-out score beside the student's.
 """
 from __future__ import annotations
 
@@ -51,6 +52,14 @@ def _print_score(title: str, result: ModelResult) -> list[str]:
     return shown
 
 
+def _first_value(result: ModelResult) -> str:
+    """The first held-out metric of ``result`` as the closing line shows it."""
+    from tuner.evaluate.tasks import HELD_OUT_TASK
+
+    value = next(iter(result.scores[HELD_OUT_TASK].values()))
+    return f"{value:.1%}"
+
+
 def _reward_lines(run_dir: Path) -> list[str]:
     """The held-out reward metrics of a dpo/kto/grpo run, first evaluation (before training) to last."""
     from tuner.recipe.io import load_recipe
@@ -89,7 +98,7 @@ def run(args) -> int:
     from tuner.evaluate.evaluation import save_results
     from tuner.infer.target import InferenceTarget, resolve_target
     from tuner.loading.model import resolve_model_path
-    from tuner.recipe.io import load_recipe, with_model_id
+    from tuner.recipe.io import load_recipe, with_starting_model
     from tuner.recipe.registry import builtin_path, starting_recipe
     from tuner.rundir.layout import FINAL_DIR
 
@@ -100,7 +109,7 @@ def run(args) -> int:
     first = starting_recipe(recipe)
     if first is not None:  # check both phases before the slow part; the second starts from the first's result
         first_prepared = prepare_or_refuse(first, output_dir=run_dir / "sft")
-        recipe = with_model_id(recipe, run_dir / "sft" / FINAL_DIR)
+        recipe = with_starting_model(recipe, run_dir / "sft" / FINAL_DIR)
         run_dir = run_dir / recipe.objective.kind
         print(f"demo: {first.name} ({first.objective.kind}) in {first_prepared.run_dir}, then {recipe.name} "
               f"({recipe.objective.kind}) from its result in {run_dir}")
@@ -119,6 +128,11 @@ def run(args) -> int:
         print(f"demo model: {resolve_model_path(recipe.model.id)}")
     if recipe.objective.kind == "reward":  # it scores, it does not answer: the trainer measures it on the pairs
         return _reward_model_demo(prepared, run_dir, start)
+    teacher = None
+    if recipe.objective.kind == "distill":
+        path = resolve_model_path(recipe.objective.teacher)
+        teacher = held_out_score("teacher", InferenceTarget(recipe, path, path))
+        _print_score(f"teacher ({recipe.objective.teacher})", teacher)
     base = resolve_model_path(recipe.model.id)
     before = held_out_score("base", InferenceTarget(recipe, base, base))
     shown_before = _print_score("before training", before)
@@ -131,9 +145,11 @@ def run(args) -> int:
     shown_after = _print_score("after training", after)
     for line in _reward_lines(run_dir):
         print(line)
-    for line in save_results(trained, [before, after])[1]:
+    for line in save_results(trained, [before, after] + ([teacher] if teacher else []))[1]:
         print(line)
-    print(f"demo finished in {time.monotonic() - start:.0f} s: {shown_before[0]} -> {shown_after[0].split(' ')[-1]}")
+    beside = f" (the teacher's {_first_value(teacher)})" if teacher else ""
+    print(f"demo finished in {time.monotonic() - start:.0f} s: {shown_before[0]} -> {shown_after[0].split(' ')[-1]}"
+          f"{beside}")
     return 0
 
 

@@ -51,9 +51,13 @@ ROW_CHECKS = {**{layout: preference_problem for layout in PREFERENCE_COLUMNS},
 
 def resolve_format(requested: str, columns: list[str], objective: str = "sft") -> str:
     """The layout to read the samples in: the recipe's, checked against the columns, or detected from them."""
-    if requested == "auto" and objective == "sft":
+    if requested == "auto" and len(OBJECTIVE_FORMATS[objective]) > 1:  # sft, distill: the columns tell
         try:
-            return detect_format(columns)
+            detected = detect_format(columns)
+            if detected not in OBJECTIVE_FORMATS[objective]:
+                raise ValueError(f"objective {objective} reads {' or '.join(OBJECTIVE_FORMATS[objective])} data, but "
+                                 f"the columns {sorted(columns)} are {detected} data")
+            return detected
         except ValueError as exc:
             hint = next((f" They look like {layout} data: set objective.kind: {kind}."
                          for kind, layouts in OBJECTIVE_FORMATS.items() for layout in layouts

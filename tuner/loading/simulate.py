@@ -192,6 +192,48 @@ def _reward_step(model):
     return loss
 
 
+def teacher_recipe(recipe):
+    """The recipe that builds a distill recipe's teacher: its model, without adapters, in the student's dtype and
+    attention (qlora is never simulated: bitsandbytes' kernels)."""
+    from tuner.recipe.io import validate_recipe
+
+    data = recipe.model_dump(mode="json")
+    data["model"]["id"], data["model"]["revision"] = recipe.objective.teacher, None
+    data["objective"] = {"kind": "sft"}
+    data["method"] = {"kind": "full"}
+    data["output"]["save"] = "full"
+    return validate_recipe(data)
+
+
+def _distill_step(student, teacher, recipe):
+    """One root module whose forward is GKD's loss (TRL's ``GKDTrainer.compute_loss``): the student's logits, the
+    frozen teacher's under ``no_grad``, the generalised Jensen-Shannon divergence on the shifted positions."""
+    import torch
+
+    from tuner.loading.teacher import gkd
+
+    jsd = gkd().GKDTrainer.generalized_jsd_loss
+    beta = recipe.objective.distill.beta
+
+    class DistillStep(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.student, self.teacher = student, teacher
+
+        def forward(self, ids):
+            student_logits = self.student(input_ids=ids, use_cache=False).logits
+            with torch.no_grad():
+                teacher_logits = self.teacher(input_ids=ids, use_cache=False).logits
+            per_entry = jsd(student_logits[:, :-1, :], teacher_logits[:, :-1, :], beta=beta, reduction="none")
+            # TRL's ``jsd[labels != -100]`` (the prompt's first quarter masked), as the same rows selected by index:
+            # a boolean mask's nonzero has a shape fake tensors cannot know
+            batch, positions, vocab = per_entry.shape
+            kept = torch.arange(batch * positions).reshape(batch, positions)[:, ids.shape[1] // 4:].flatten()
+            return per_entry.reshape(-1, vocab).index_select(0, kept).sum() / kept.numel()
+
+    return DistillStep()
+
+
 def _snapshot_gib(tracker) -> tuple[float, dict[str, float]]:
     """The tracker's peak: the total and by category, in GiB."""
     by_category: dict[str, float] = {}
@@ -237,6 +279,8 @@ def _built(recipe):
     if recipe.objective.reference_model and recipe.method.kind == "full" and \
             not recipe.objective.precompute_ref_log_probs:
         reference = build_on_meta(recipe, layers=None, flash_missing=CPU_TRACE)
+    if recipe.objective.kind == "distill":  # the teacher, frozen like a reference
+        reference = build_on_meta(teacher_recipe(recipe), layers=None, flash_missing=CPU_TRACE)
     return model, reference, model.config.get_text_config().vocab_size
 
 
@@ -412,15 +456,19 @@ def simulate(recipe, evaluation: bool = False) -> SimulationResult:
         enable_chunked_loss(model)
     if objective.preference:
         _prepare_like_trl(model, reference, objective.kind)
+    if objective.kind == "distill":  # GKDConfig(disable_dropout=True), as tuner.train.distill sets it
+        from trl.trainer.utils import disable_dropout_in_model
+
+        disable_dropout_in_model(model)
     with FakeTensorMode(allow_non_fake_inputs=True):
         model, reference = _materialised(model, reference)
         if mem.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         trainable, optimizer = _optimizer_with_states(model)
-        preference = _preference_step(model, reference, recipe) if objective.preference else None
-        if objective.kind == "reward":
-            preference = _reward_step(model)
+        trl_step = (_reward_step(model) if objective.kind == "reward" else
+                    _preference_step(model, reference, recipe) if objective.preference else
+                    _distill_step(model, reference, recipe) if objective.kind == "distill" else None)
         if recipe.data.packing:
             ids = torch.randint(0, vocab, (1, batch * seq))
             inputs = {"input_ids": ids, "labels": ids, "position_ids": torch.arange(seq).repeat(batch)[None]}
@@ -430,7 +478,7 @@ def simulate(recipe, evaluation: bool = False) -> SimulationResult:
 
         def step() -> None:
             with torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                loss = preference(ids) if preference is not None else model(**inputs).loss
+                loss = trl_step(ids) if trl_step is not None else model(**inputs).loss
             loss.backward()
             del loss
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -438,13 +486,13 @@ def simulate(recipe, evaluation: bool = False) -> SimulationResult:
             optimizer.zero_grad(set_to_none=True)
 
         tracker = frozen_aware_tracker()
-        tracker.track_external(model if objective.kind == "reward" or preference is None else preference, optimizer)
+        tracker.track_external(model if objective.kind == "reward" or trl_step is None else trl_step, optimizer)
         if evaluation:
             model.eval()
         with tracker, _grouped_mm_traceable():
             if evaluation:
                 with torch.no_grad(), torch.autocast("cpu", dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                    loss = preference(ids) if preference is not None else model(**inputs).loss
+                    loss = trl_step(ids) if trl_step is not None else model(**inputs).loss
                 del loss
             else:
                 step()

@@ -48,6 +48,12 @@ def _loss_items(s: Setup, tokens: int, full: bool) -> list[Item]:
         return [Item("final norm, output-head input, rotary tables", "activations",
                      final_norm + tokens * h * s.act_bytes + rotary, FORWARD_BACKWARD, source="korthikanti"),
                 *loss_items(s)]
+    if s.teacher is not None:  # GKD: the student's and the teacher's full logits and the divergence
+        from tuner.planner.distill import loss_items
+
+        return [Item("final norm, output-head input, rotary tables", "activations",
+                     final_norm + tokens * h * s.act_bytes + rotary, FORWARD_BACKWARD, source="korthikanti"),
+                *loss_items(s, tokens)]
     if s.liger:
         # LigerFusedLinearCrossEntropyFunction: logits of chunk_size rows, chunk_size = next_pow2(ceil(BT /
         # ceil(V / H))) so a chunk is ~BT x H elements; grad_input (BT x H) and, when the head trains, grad_weight
@@ -243,6 +249,11 @@ def eval_items(s: Setup) -> list[Item]:
     elif s.objective != "sft":  # TRL's fused log-prob head, forward only
         loss = [hidden, Item("evaluation: the fused log-prob head's forward tiles", "logits_loss",
                              head_transient_bytes(s, tokens, backward=False), EVAL, source="trl-fused-head")]
+    elif s.teacher is not None:  # GKD's compute_loss without gradients
+        from tuner.planner.distill import eval_loss_items
+
+        loss = [Item("evaluation: the final norm's output (the layers have returned)", "activations",
+                     tokens * f.hidden_size * rb, EVAL, source="korthikanti"), *eval_loss_items(s, tokens)]
     elif s.liger or s.chunked_loss:
         rows = min(tokens, _next_power_of_two(tokens / math.ceil(f.vocab_size / f.hidden_size)))
         loss = [hidden, Item("evaluation: one logits chunk of the fused loss", "logits_loss", rows * f.vocab_size * 4,

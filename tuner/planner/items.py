@@ -11,7 +11,7 @@ GIB = 2**30
 TIGHT_HEADROOM = 0.10  # less than 10% of a device left free is "tight": fragmentation and spikes can still OOM
 CANNOT_JUDGE = "cannot judge"  # the model has a part no memory term covers: no verdict rather than a guess
 
-CATEGORIES = ("weights", "reference_model", "reward_model", "lora_adapter", "gradients", "optimizer", "activations",
+CATEGORIES = ("weights", "reference_model", "reward_model", "teacher_model", "lora_adapter", "gradients", "optimizer", "activations",
               "logits_loss", "generation", "overhead")
 ALWAYS, FORWARD_BACKWARD, LAYER_BACKWARD, STEP = "always", "loss", "layer backward", "optimizer step"
 PREFILL, DECODING, SCORING = "prefill", "decoding", "scoring"  # grpo's rollout (tuner.planner.grpo)

@@ -64,6 +64,11 @@ def plan(recipe) -> MemoryPlan:
         on_gpu, on_host = reference_items(s, gpu_items, host_per_gpu)
         gpu_items, host_per_gpu = gpu_items + on_gpu, host_per_gpu + on_host
         notes += fold_note(s)
+    if s.teacher is not None:
+        from tuner.planner.distill import teacher_items
+
+        on_gpu, on_host = teacher_items(s)
+        gpu_items, host_per_gpu = gpu_items + on_gpu, host_per_gpu + on_host
     act_items, act_host, act_notes = activation_items(s)
     notes += list(f.notes) + vision_notes(s) + act_notes
     items = gpu_items + act_items + (eval_items(s) if s.evaluates else [])

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from tuner.catalog.facts import ModelFacts, ParamCounts
 from tuner.catalog.models import model_facts
+from tuner.planner.distill import teacher_of
 from tuner.planner.expert_parallel import expert_share
 from tuner.planner.grpo import rollout_of
 from tuner.planner.items import DTYPE_BYTES
@@ -61,6 +62,7 @@ class Setup:
     precompute: bool = False  # preference: reference log-probabilities computed before training
     reference: bool = False  # a reference model is compared with: dpo, kto, grpo with beta > 0
     rollout: object = None  # grpo: tuner.planner.grpo.Rollout
+    teacher: object = None  # distill: tuner.planner.distill.Teacher
     tp: int = 1  # tensor-parallel ranks (parallelism.tp)
     experts: object = None  # ep > 1: tuner.planner.expert_parallel.ExpertShare, the experts this rank holds
     seq_shards: int = 1  # ranks a sequence is split across: cp (ring attention) or sp (Ulysses)
@@ -154,7 +156,9 @@ def rank_setup(recipe) -> Setup:
         packing=recipe.data.packing, evaluates=recipe.data.eval_fraction > 0, save=recipe.output.save,
         resumable=recipe.training.save_steps is not None or recipe.training.resume != "never",
         fsdp_full_state_dict=mem.fsdp.state_dict_type == "full",
-        fsdp_ram_efficient_loading=mem.fsdp.cpu_ram_efficient_loading, objective=objective.kind,
+        # distill trains on SFT's sequences with full logits (no TRL fused head): planned as sft, plus its teacher
+        fsdp_ram_efficient_loading=mem.fsdp.cpu_ram_efficient_loading,
+        objective="sft" if objective.kind == "distill" else objective.kind, teacher=teacher_of(recipe),
         precompute=objective.precompute_ref_log_probs, reference=objective.reference_model,
         rollout=rollout_of(recipe) if objective.grpo else None, logprob_fold=chosen.logprob_fold,
         kernel_notes=chosen.notes, modules_to_save=tuple(method.lora.modules_to_save) if method.kind != "full" else (),

@@ -6,6 +6,7 @@ conflict is reported at that field's line rather than at the top of the file.
 from __future__ import annotations
 
 from tuner.catalog.gpus import AmbiguousGpuError, known_gpu_names, lookup_gpu
+from tuner.recipe.distill_checks import _distill
 from tuner.recipe.expert_checks import expert_pipeline_problems
 from tuner.recipe.model_checks import _loads, _model
 from tuner.recipe.objective_checks import _grpo, _objective, _streaming
@@ -365,8 +366,8 @@ def _heads_divisible(recipe: Recipe) -> list[Problem]:
 
 
 
-RULES = (_model, _topology, _sharding, _parallelism, expert_pipeline_problems, _method, _lora_targets, _loads, _precision, _training,
-         _long_context, _objective, _grpo, _streaming)
+RULES = (_model, _topology, _sharding, _parallelism, expert_pipeline_problems, _method, _lora_targets, _loads, _precision,
+         _training, _long_context, _objective, _grpo, _distill, _streaming)
 
 
 def find_problems(recipe: Recipe) -> list[Problem]:

@@ -464,6 +464,20 @@ def with_model_id(recipe: Recipe, model_id: str | Path) -> Recipe:
     return validate_recipe(data)
 
 
+def starting_model(recipe: Recipe) -> str:
+    """The model another run's result may be: the teacher a distill recipe learns from, else model.id."""
+    return recipe.objective.teacher if recipe.objective.kind == "distill" else recipe.model.id
+
+
+def with_starting_model(recipe: Recipe, model_id: str | Path) -> Recipe:
+    """The recipe with :func:`starting_model` replaced (the teacher of a distill recipe, else model.id)."""
+    if recipe.objective.kind != "distill":
+        return with_model_id(recipe, model_id)
+    data = recipe.model_dump(mode="json")
+    data["objective"]["teacher"] = str(model_id)
+    return validate_recipe(data)
+
+
 def recipe_to_yaml(recipe: Recipe) -> str:
     """The fully resolved recipe as YAML: every default explicit, sections in schema order."""
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=100)

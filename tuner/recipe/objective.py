@@ -1,4 +1,4 @@
-"""The objective section: what the model learns (sft, dpo, kto, grpo, reward), its losses, rewards and data layouts."""
+"""The objective section: what the model learns (sft, dpo, kto, grpo, reward, distill), its losses, rewards and data layouts."""
 from __future__ import annotations
 
 import typing
@@ -94,6 +94,26 @@ class GrpoSection(Section):
         "rank, naming the reward (exit code 2).")
 
 
+class DistillSection(Section):
+    """GKD's settings (TRL's GKDConfig): where the sequences come from and which divergence the student minimises."""
+
+    on_policy: float = Field(
+        0.0, ge=0, le=1, description="Share of the steps trained on sequences the student samples itself from each "
+        "prompt (GKD's lmbda): 0 is off-policy distillation (the teacher's logits on the data's own completions), 1 "
+        "fully on-policy (the teacher scores the student's own samples, as in the GKD paper).")
+    beta: float = Field(
+        0.5, ge=0, le=1, description="The divergence between the teacher's and the student's next-token "
+        "distributions (GKD's generalised Jensen-Shannon beta): 0 forward KL(teacher || student), 1 reverse KL, "
+        "0.5 the Jensen-Shannon divergence.")
+    temperature: float = Field(0.9, gt=0, le=100, description="Sampling temperature of the on-policy samples.")
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="Tokens the student (or, with sequence_level, the teacher) samples per prompt at "
+        "most. Default: max_seq_length / 2, at most 128 (GKD's default).")
+    sequence_level: bool = Field(
+        False, description="On the steps not trained on-policy, train on the teacher's own samples (sequence-level "
+        "KD, GKD's seq_kd) instead of the data's completions.")
+
+
 class ObjectiveData(typing.NamedTuple):
     """What an objective trains on: the data layouts it reads (data.format auto detects among them, the first when
     it reads one) and a built-in data source to try it on (None: none yet)."""
@@ -107,11 +127,13 @@ OBJECTIVE_DATA = {"sft": ObjectiveData(("text", "instruction", "chat"), "builtin
                   "dpo": ObjectiveData(("preference",), "builtin:reverse-pairs"),
                   "kto": ObjectiveData(("unpaired_preference",), None),
                   "grpo": ObjectiveData(("prompt",), "builtin:reverse-prompts"),
-                  "reward": ObjectiveData(("preference",), "builtin:reverse-pairs")}
+                  "reward": ObjectiveData(("preference",), "builtin:reverse-pairs"),
+                  # the completions of SFT's layouts, scored by the teacher (the prompts are what on-policy samples from)
+                  "distill": ObjectiveData(("instruction", "chat"), "builtin:reverse")}
 
 
 class ObjectiveSection(Section):
-    kind: Literal["sft", "dpo", "kto", "grpo", "reward"] = Field(
+    kind: Literal["sft", "dpo", "kto", "grpo", "reward", "distill"] = Field(
         "sft",
         description="What the model learns. sft: the completions of the data (transformers Trainer). dpo: to prefer "
         "each pair's chosen answer to its rejected one, relative to the starting model (TRL DPOTrainer). kto: to "
@@ -121,7 +143,13 @@ class ObjectiveSection(Section):
         "reward: a reward model (TRL RewardTrainer): a one-output sequence-classification head on model.id, trained "
         "to score each pair's chosen answer above its rejected one; its held-out pair accuracy is reported, and its "
         "run directory serves a grpo recipe as rewards: [{kind: model, model: <run dir>}].",
+        "distill: the student (model.id) learns the next-token distributions of objective.teacher, which shares its "
+        "tokenizer (TRL GKDTrainer), on the data's completions or its own samples (objective.distill.on_policy).",
     )
+    teacher: PathText | None = Field(
+        None, min_length=1, description="distill: the teacher model, named as model.id is (a local directory, a hub id "
+        "in the local cache, a built-in model): loaded frozen in model.dtype beside the student, on the same devices "
+        "(sharded with it under ZeRO-3 or FSDP). It must share the student's tokenizer.")
     beta: float | None = Field(
         None, ge=0, le=1000,
         description=f"dpo/kto: how far the policy may move from the reference (higher stays closer; above 0), ipo's "
@@ -153,6 +181,9 @@ class ObjectiveSection(Section):
         1.0, gt=0, le=1000, description="kto: weight of the undesirable (label false) losses.")
     grpo: GrpoSection | None = Field(
         None, description="grpo: generation, rewards and the rollout's sizes (filled in with its defaults for grpo).")
+    distill: DistillSection | None = Field(
+        None, description="distill: on- or off-policy, the divergence, the samples' sizes (filled in with its "
+        "defaults for distill).")
 
     @property
     def preference(self) -> bool:

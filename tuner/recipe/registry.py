@@ -47,12 +47,13 @@ def builtin_path(name: str) -> Path:
 
 
 def starting_recipe(recipe):
-    """The built-in recipe whose result ``recipe`` starts from (its ``model.id`` is that recipe's ``final/``, e.g.
-    demo-dpo after demo), when that result is not there yet; None when the model exists or is no such result."""
-    from tuner.recipe.io import load_recipe
+    """The built-in recipe whose result ``recipe`` starts from (its ``model.id``, or a distill recipe's teacher, is
+    that recipe's ``final/``, e.g. demo-dpo after demo), when that result is not there yet; None when the model
+    exists or is no such result."""
+    from tuner.recipe.io import load_recipe, starting_model
     from tuner.rundir.layout import FINAL_DIR
 
-    start = Path(recipe.model.id)
+    start = Path(starting_model(recipe))
     if start.exists() or start.name != FINAL_DIR:
         return None
     for name in builtin_names():
@@ -65,10 +66,10 @@ def starting_recipe(recipe):
 def planned_as(recipe):
     """The recipe to plan for ``recipe``: one that starts from another built-in recipe's result not trained yet is
     planned on that recipe's model (the same architecture)."""
-    from tuner.recipe.io import with_model_id
+    from tuner.recipe.io import with_starting_model
 
     first = starting_recipe(recipe)
-    return recipe if first is None else with_model_id(recipe, first.model.id)
+    return recipe if first is None else with_starting_model(recipe, first.model.id)
 
 
 def describe(name: str) -> str:

@@ -11,7 +11,7 @@ from typing import Literal, get_args
 from pydantic import Field, field_validator, model_validator
 
 from tuner.catalog.demo import DEMO_MODEL_ID, DEMO_MOE_MODEL_ID
-from tuner.recipe.objective import DPO_DEFAULT_BETA, TRL_LOSS_TYPES, GrpoSection, ObjectiveSection
+from tuner.recipe.objective import DPO_DEFAULT_BETA, TRL_LOSS_TYPES, DistillSection, GrpoSection, ObjectiveSection
 from tuner.recipe.section import OutputFolder, PathText, Section, is_host
 
 SCHEMA_VERSION = 2  # 2: batch, sequence and optimizer moved from memory: to training: (recipe/migrate.py)
@@ -371,7 +371,8 @@ class Recipe(Section):
     model: ModelSection = Field(default_factory=ModelSection, description="The model to train or run.")
     objective: ObjectiveSection = Field(
         default_factory=ObjectiveSection,
-        description="What training optimises: SFT, preferences (DPO, KTO) or rewards (GRPO) with TRL.")
+        description="What training optimises: SFT, preferences (DPO, KTO), rewards (GRPO) or a teacher's distributions "
+        "(distillation) with TRL.")
     hardware: HardwareSection = Field(default_factory=HardwareSection, description="Machines and accelerators.")
     method: MethodSection = Field(default_factory=MethodSection, description="Full fine-tuning, LoRA or QLoRA.")
     memory: MemorySection = Field(default_factory=MemorySection, description="Memory tactics: sharding, offload, batch, precision.")
@@ -403,6 +404,8 @@ class Recipe(Section):
             object.__setattr__(objective, "beta", 0.0 if objective.kind == "grpo" else DPO_DEFAULT_BETA)
         if objective.kind == "grpo":
             self._resolve_grpo()
+        if objective.kind == "distill":
+            self._resolve_distill()
         par = self.parallelism
         if mem.distributed == "fsdp" and (par.tp > 1 or par.cp > 1 or par.ep > 1):
             if par.dp_replicate is None:
@@ -424,6 +427,13 @@ class Recipe(Section):
             object.__setattr__(grpo, "max_prompt_length", max(1, self.training.max_seq_length - grpo.max_completion_length))
         if grpo.steps_per_generation is None:
             object.__setattr__(grpo, "steps_per_generation", self.training.gradient_accumulation_steps)
+
+    def _resolve_distill(self) -> None:
+        """GKD's sample length follows from the planned sequence length."""
+        if self.objective.distill is None:
+            object.__setattr__(self.objective, "distill", DistillSection())
+        if self.objective.distill.max_new_tokens is None:
+            object.__setattr__(self.objective.distill, "max_new_tokens", max(1, min(128, self.training.max_seq_length // 2)))
 
     @property
     def world_size(self) -> int:

@@ -37,7 +37,7 @@ def checkpointing_arguments(arguments_class, enabled: bool, offload: bool = Fals
 
 
 def training_arguments(recipe: Recipe, run_dir: Path):
-    """transformers' TrainingArguments, or for dpo/kto/grpo the TRL config (a subclass) with the objective's
+    """transformers' TrainingArguments, or for dpo/kto/grpo/distill the TRL config (a subclass) with the objective's
     settings (which may replace the common ones)."""
     from transformers import TrainingArguments
 
@@ -58,6 +58,10 @@ def training_arguments(recipe: Recipe, run_dir: Path):
         from tuner.train.reward_model import reward_arguments
 
         arguments_class, objective = reward_arguments(recipe)
+    elif recipe.objective.kind == "distill":
+        from tuner.train.distill import distill_arguments
+
+        arguments_class, objective = distill_arguments(recipe)
     mem, training = recipe.memory, recipe.training
     evaluate = recipe.data.eval_fraction > 0
     common = dict(
@@ -209,6 +213,10 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
         from tuner.train.reward_model import reward_trainer
 
         trainer, data = reward_trainer(recipe, args, tokenizer, callbacks, model_path)
+    elif recipe.objective.kind == "distill":
+        from tuner.train.distill import distill_trainer
+
+        trainer, data = distill_trainer(recipe, args, tokenizer, callbacks, model_path)
     else:
         data = prepare_data(recipe, tokenizer)
         if probe is not None:

@@ -17,6 +17,7 @@ from textual.message import Message
 from textual.widgets import Button, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
+from tuner.catalog.teachers import known_models, teacher_candidates
 from tuner.planner import Advice
 from tuner.planner.advisor import change_label
 from tuner.recipe.objective import PREFERENCE_OBJECTIVES, TRL_LOSS_TYPES, GrpoSection, ObjectiveSection
@@ -44,12 +45,40 @@ DISTRIBUTION = [  # deepspeed: one choice per ZeRO stage
 ]
 
 # every objective of the schema; sft, dpo and kto drop grpo's section; grpo starts with one group (its default 8
-# generations) per micro-batch, scored by exact match; reward also drops the beta and loss of dpo, kto and grpo
+# generations) per micro-batch, scored by exact match; reward also drops the beta and loss of dpo, kto and grpo;
+# every objective but distill drops its teacher
+DISTILL_FIELDS = {"objective.teacher": None, "objective.distill": None}
 EXACT_MATCH = {"kind": "exact_match", "column": "answer"}
 OBJECTIVE_CHANGES = {"grpo": {"objective.grpo": {"rewards": [EXACT_MATCH]}, "training.micro_batch_size": 8},
                      "reward": {"objective.grpo": None, "objective.beta": None, "objective.loss_type": None}}
-OBJECTIVES = [ObjectiveChoice(kind, {"objective.kind": kind, **OBJECTIVE_CHANGES.get(kind, {"objective.grpo": None})})
-              for kind in schema_values("objective.kind")]
+
+
+@dataclass(frozen=True)
+class TeacherChoice(Choice):
+    """A teacher for distill, offered where it shares the draft's model's tokenizer and is larger."""
+
+    def offered_in(self, draft: Draft) -> bool:
+        model = draft.resolved.model
+        return self.changes["objective.teacher"] in teacher_candidates(model.id, model.revision)
+
+
+@dataclass(frozen=True)
+class TeacherObjectiveChoice(ObjectiveChoice):
+    """distill: starts with the nearest larger model tuner knows that can teach the draft's model (else the model
+    itself, which the Teacher box then replaces), unless the draft names a teacher already."""
+
+    def changes_for(self, draft: Draft) -> Changes:
+        model = draft.resolved.model
+        teacher = draft.value("objective.teacher") or next(iter(teacher_candidates(model.id, model.revision)),
+                                                            model.id)
+        return {**super().changes_for(draft), "objective.teacher": teacher, "objective.distill": None}
+
+
+OBJECTIVES = [(TeacherObjectiveChoice if kind == "distill" else ObjectiveChoice)(
+    kind, {"objective.kind": kind, **OBJECTIVE_CHANGES.get(kind, {"objective.grpo": None}), **DISTILL_FIELDS})
+    for kind in schema_values("objective.kind")]
+# distill's teacher: each model tuner knows, offered where it can teach the draft's model (tuner.catalog.teachers)
+TEACHERS = [TeacherChoice(model_id, {"objective.teacher": model_id}) for model_id in known_models()]
 REWARDS = [
     Choice("exact match (answer)", {"objective.grpo.rewards": [EXACT_MATCH]}),
     Choice("regex match (<answer>)", {"objective.grpo.rewards": [
@@ -225,6 +254,10 @@ class MethodScreen(WizardScreen):
                     yield InputField("Generations", "objective.grpo.num_generations", number=True)
                     yield InputField("Completion tokens", "objective.grpo.max_completion_length", number=True)
                 yield ChoiceField("Reward", REWARDS, id="grpo-rewards", help=_help(GrpoSection, "rewards"))
+                yield ChoiceField("Teacher", TEACHERS, id="distill-teacher", help=_help(ObjectiveSection, "teacher"))
+                yield InputField("Teacher model", "objective.teacher", apply_on_enter=True,
+                                 placeholder="a folder or hub id sharing the model's tokenizer",
+                                 help=_help(ObjectiveSection, "teacher"))
                 yield ChoiceField("Distribution", DISTRIBUTION, id="distribution",
                                   help=_help(MemorySection, "distributed"))
                 yield ChoiceField("FSDP sharding", schema_choices("memory.fsdp.sharding_strategy"),
@@ -280,6 +313,8 @@ class MethodScreen(WizardScreen):
         self.query_one("#preference").display = kind in TRL_LOSS_TYPES  # beta: dpo, kto and grpo
         self.query_one("#objective-precompute_ref_log_probs").display = kind in PREFERENCE_OBJECTIVES
         self.query_one("#grpo").display = self.query_one("#grpo-rewards").display = kind == "grpo"
+        for teacher in ("#distill-teacher", "#objective-teacher"):
+            self.query_one(teacher).display = kind == "distill"
         self._follow_draft()
 
     def on_plan_updated(self, message: PlanUpdated) -> None:

@@ -13,6 +13,7 @@ TERM_STYLES = {
     "weights": "bold #5f87ff",
     "reference_model": "bold #8787d7",  # dpo/kto's frozen copy: a paler weights colour
     "reward_model": "bold #af87d7",  # grpo's reward models: beside the reference
+    "teacher_model": "bold #d787d7",  # distill's teacher: frozen weights, beside them
     "lora_adapter": "bold #87d7ff",
     "gradients": "bold #d75fd7",
     "optimizer": "bold #d7af00",
