@@ -142,7 +142,7 @@ class ObjectiveSection(Section):
         "completions sampled for each prompt are scored by objective.grpo.rewards and the better ones made likelier. "
         "reward: a reward model (TRL RewardTrainer): a one-output sequence-classification head on model.id, trained "
         "to score each pair's chosen answer above its rejected one; its held-out pair accuracy is reported, and its "
-        "run directory serves a grpo recipe as rewards: [{kind: model, model: <run dir>}].",
+        "run directory serves a grpo recipe as rewards: [{kind: model, model: <run dir>}]. "
         "distill: the student (model.id) learns the next-token distributions of objective.teacher, which shares its "
         "tokenizer (TRL GKDTrainer), on the data's completions or its own samples (objective.distill.on_policy).",
     )
