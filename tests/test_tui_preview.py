@@ -84,3 +84,9 @@ async def test_keys_are_answered_while_the_example_is_pending_and_its_process_is
         await pilot.press("escape")  # back: asked again, and stopped at the time limit
         await wait_until(pilot, lambda: "no example after 2 s" in shown(app, "#preview"), timeout=120)
         assert TIMEOUT_VARIABLE in shown(app, "#preview") and screen.previews.pid is None
+        monkeypatch.delenv(TIMEOUT_VARIABLE)
+        box.query_one(Input).focus()
+        await pilot.press("1")  # asked again (71 samples), then the wizard closes while it is pending
+        await wait_until(pilot, lambda: screen.previews.pid is not None)
+        last = screen.previews.pid
+    assert gone(last)
