@@ -143,12 +143,21 @@ class PreviewProcess:
                             return payload
                         say(payload)
             except (EOFError, OSError):  # it died (killed by stop(), or out of memory): said once, and a new one next
-                code = self._process.poll() if self._process is not None else None
+                code = self._exit_code()
                 self.stop()
                 if cancelled():
                     return None
                 return Preview(error=f"the preview's process ended (exit code {code}); what it printed is in "
                                      f"{LOG_NAME} under TUNER_HOME")
+
+    def _exit_code(self) -> int | None:
+        """The child's exit code once it has exited (its end of the pipe closes a moment before), None if it lives."""
+        process = self._process
+        if process is None:
+            return None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=1)
+        return process.returncode
 
     def _start(self):
         with self._state:
