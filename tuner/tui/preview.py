@@ -161,7 +161,10 @@ class PreviewProcess:
 
     def _start(self):
         with self._state:
-            if self._process is None or self._process.poll() is not None:
+            if self._process is not None and self._process.poll() is not None:  # died between questions
+                self._conn.close()
+                self._process = self._conn = None
+            if self._process is None:
                 from multiprocessing.connection import Connection
 
                 ours, theirs = socket.socketpair()
