@@ -5,7 +5,8 @@ import pytest
 from textual.widgets import Input, OptionList, ProgressBar, Sparkline, Static
 
 from conftest import run_tuner
-from tui_helpers import QUICK_RUN, SIZE, demo_draft, make_app, pilot_test, read_files, settle, wait_until
+from tui_helpers import (QUICK_RUN, SIZE, demo_draft, in_tmp, make_app, pilot_test, read_files,  # noqa: F401 (in_tmp: autouse)
+                         settle, wait_until)
 from tuner.recipe.io import load_recipe
 from tuner.rundir.layout import MANIFEST
 from tuner.tui.draft import Draft
@@ -17,14 +18,6 @@ from tuner.tui.widgets.fields import ChoiceField, ToggleField
 from tuner.tui.widgets.plan_bar import PlanPanel
 
 pytestmark = pytest.mark.slow  # drives the wizard through Pilot
-
-
-@pytest.fixture(autouse=True)
-def in_tmp(tmp_path, monkeypatch):
-    """Each test works in an empty directory (runs/ and saved recipes land there) with a steady cursor."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
-    return tmp_path
 
 
 @pilot_test

@@ -1,13 +1,15 @@
 """The wizard shows what the draft and the plan say, driven at random (issue 49): screen visits, recipes opened
 (a MoE model on two 4090s, a 70B model that does not fit, GRPO), Auto-fit applied, bursts of keys on a choice and
-resizes between 80x24 and 120x40.  After every step:
+terminal resizes (any size between 80x24 and 120x40, and odd ones on either side of the 100-column break:
+81x25, 99x30, 100x30).  After every step, a resize included:
 
 - every visible box shows the draft's text for its field;
 - every visible choice marks the option the recipe holds, by an oracle that knows nothing of the widgets: the first
   shown option whose values, applied to a copy of the recipe, change nothing it resolves to (an objective: its kind;
   ``auto`` weights: what the recipe writes), and no option where none is held;
 - the verdict line says what ``tuner plan`` says of the recipe: its verdict, the training device's peak and
-  headroom (or why there is no plan).
+  headroom (or why there is no plan);
+- the screen is laid out for the terminal's width (its ``-narrow`` class below 100 columns).
 """
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ import os
 import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
-from textual.widgets import Input, OptionList, RadioButton
+from textual.widgets import OptionList, RadioButton
 
-from tui_helpers import choice_held, make_app, settle
+from tui_helpers import choice_held, in_tmp, make_app, settle  # noqa: F401 (in_tmp: autouse)
+from tuner.tui.app import NARROW_BELOW
 from tuner.tui.draft import Draft
 from tuner.tui.widgets.fields import ChoiceField, InputField
 from tuner.tui.widgets.plan_bar import gib
@@ -41,13 +44,15 @@ SCREENS = ["model", "hardware", "method", "review"]
 CHOICES = ["method-kind", "lora-targets", "objective-kind", "grpo-rewards", "distribution", "precision", "model-dtype",
            "optimizer"]
 KEYS = ["left", "right", "right", "enter", "space", "down", "up"]
+ODD_SIZES = [(80, 24), (81, 25), (99, 30), (100, 30), (120, 40)]  # the ends, one over them, both sides of the break
 
 actions = st.one_of(
     st.tuples(st.just("visit"), st.sampled_from(SCREENS)),
     st.tuples(st.just("open"), st.sampled_from(sorted(RECIPES))),
     st.tuples(st.just("autofit"), st.integers(0, 3)),
     st.tuples(st.just("keys"), st.sampled_from(CHOICES), st.lists(st.sampled_from(KEYS), min_size=1, max_size=6)),
-    st.tuples(st.just("resize"), st.sampled_from([(80, 24), (120, 40)])),
+    st.tuples(st.just("resize"), st.one_of(st.sampled_from(ODD_SIZES), st.tuples(st.integers(80, 120),
+                                                                                 st.integers(24, 40)))),
 )
 
 
@@ -57,6 +62,7 @@ def shown(widget) -> bool:
 
 def check_screen(app) -> None:
     draft = app.draft
+    assert app.screen.has_class("-narrow") == (app.size.width < NARROW_BELOW), (app.size, app.screen.classes)
     for field in app.screen.query(InputField):
         if shown(field):
             assert field.box.value == draft.shown(field.field), (field.field, field.box.value)
@@ -141,15 +147,11 @@ async def drive(steps: list[tuple]) -> None:
             check_screen(app)
 
 
-@pytest.fixture(autouse=True)
-def steady(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
-
-
 EXAMPLES = int(os.environ.get("TUNER_DISPLAY_EXAMPLES", "4"))  # each example drives a fresh wizard for seconds
 
 
+@example(steps=[("resize", (81, 25)), ("visit", "method"), ("resize", (100, 30)), ("autofit", 0),
+                ("resize", (99, 30))])  # odd sizes, on both sides of the narrow layout's break
 @example(steps=[("open", "grpo"), ("visit", "method"), ("keys", "grpo-rewards", ["left", "enter"])])  # item 2
 @example(steps=[("resize", (80, 24)), ("autofit", 0), ("visit", "review"), ("open", "70b")])  # items 4, 5
 @example(steps=[("open", "moe"), ("keys", "lora-targets", ["right", "enter"]), ("keys", "method-kind",

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 from textual import events
 from textual.widgets import Input, OptionList, Select
 
-from tui_helpers import choice_held, make_app, settle
+from tui_helpers import choice_held, in_tmp, make_app, settle  # noqa: F401 (in_tmp: autouse)
 from tuner.recipe.io import RecipeError, parse_yaml, read_recipe_text, validate_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.recipe.schema import SCHEMA_VERSION, Recipe
@@ -390,12 +390,6 @@ def recipe_folder(tmp_path_factory) -> Path:
         validate_recipe(copy.deepcopy(data))  # each is a recipe the wizard can open as it is
         (folder / name).write_text(yaml.safe_dump(data, sort_keys=False))
     return folder
-
-
-@pytest.fixture(autouse=True)
-def steady(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
 
 
 # Each example drives a fresh wizard for seconds; on the code before the fix random ones found a box showing an

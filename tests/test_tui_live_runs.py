@@ -8,28 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from textual import events
 from textual.widgets import Input, OptionList, RichLog, Static
 
-from tui_helpers import demo_draft, make_app, pilot_test, settle, wait_until
+from tui_helpers import SIZES, demo_draft, in_tmp, make_app, pilot_test, settle, wait_until  # noqa: F401 (in_tmp: autouse)
 from tuner.recipe.io import recipe_to_yaml
 from tuner.rundir.events import write_event, Error, Finished, Started, Step
 from tuner.rundir.layout import EVENTS_FILE, LOCK_FILE
 from tuner.rundir.lock import RunLock, lock_path
 from tuner.tui.run_watch import LOG_LINES, STOPPING, RunWatch, replay
 from tuner.tui.screens.confirm import ConfirmScreen
-
-SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
-
-
-@pytest.fixture(autouse=True)
-def in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
-    return tmp_path
-
 
 def run_directory(root: Path, name: str = "demo") -> Path:
     run_dir = root / "runs" / name

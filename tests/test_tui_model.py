@@ -14,7 +14,7 @@ import pytest
 from textual.widgets import Input, OptionList, Static
 
 from hub_server import HubRepo, LocalHub
-from tui_helpers import SIZE, make_app, pilot_test, settle, wait_until
+from tui_helpers import SIZE, in_tmp, make_app, pilot_test, settle, wait_until  # noqa: F401 (in_tmp: autouse)
 from tuner.catalog.models import model_facts
 from tuner.planner.items import CANNOT_JUDGE
 
@@ -25,13 +25,6 @@ pytestmark = pytest.mark.slow  # drives the wizard's model search against a loca
 LFM2 = {"model_type": "lfm2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 256, "intermediate_size": 96,
         "layer_types": ["conv", "full_attention"]}
-
-
-@pytest.fixture(autouse=True)
-def in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
-    return tmp_path
 
 
 def facts_shown(app) -> str:

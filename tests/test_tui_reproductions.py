@@ -8,7 +8,7 @@ import shutil
 import pytest
 from textual.widgets import Button, Input, OptionList, ProgressBar, RichLog, Select, Sparkline, Static
 
-from tui_helpers import demo_draft, make_app, pilot_test, settle, wait_until
+from tui_helpers import SIZES, demo_draft, in_tmp, make_app, pilot_test, settle, wait_until  # noqa: F401 (in_tmp: autouse)
 from tuner.recipe.io import recipe_to_yaml
 from tuner.rundir.events import parse_event
 from tuner.tui.draft import Draft
@@ -20,17 +20,9 @@ from tuner.tui.widgets.plan_bar import PlanPanel
 
 pytestmark = pytest.mark.slow  # drives the wizard through Pilot at two sizes
 
-SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
 EIGHT_A100 = {"gpus_per_machine": 8, "gpu": "A100-80GB", "host_ram_gb": 512}
 EIGHT_B_ON_A_4090 = {"model": {"id": "meta-llama/Llama-3.1-8B"},
                      "hardware": {"gpus_per_machine": 1, "gpu": "RTX4090", "host_ram_gb": 256}}
-
-
-@pytest.fixture(autouse=True)
-def in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
-    return tmp_path
 
 
 async def type_into(pilot, box: Input, text: str) -> None:

@@ -5,20 +5,10 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Input, RadioButton
 
-from tui_helpers import make_app, pilot_test, settle, wait_until
+from tui_helpers import SIZES, in_tmp, make_app, pilot_test, settle, wait_until  # noqa: F401 (in_tmp: autouse)
 from tuner.tui.widgets.fields import BUTTON_CELLS, ChoiceField
 
 pytestmark = pytest.mark.slow  # drives the wizard through Pilot
-
-SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
-
-
-@pytest.fixture(autouse=True)
-def in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
-    return tmp_path
-
 
 def labels_whole(field: ChoiceField) -> None:
     """Every shown option is as wide as its label needs: never cut mid-word."""

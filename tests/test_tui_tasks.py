@@ -9,7 +9,7 @@ import pytest
 import yaml
 from textual.widgets import Input, OptionList, Static
 
-from tui_helpers import SIZE, make_app, pilot_test, settle, wait_until
+from tui_helpers import SIZE, in_tmp, make_app, pilot_test, settle, wait_until  # noqa: F401 (in_tmp: autouse)
 from tuner.launch.run import prepare_run
 from tuner.planner.advisor import change_label
 from tuner.recipe.io import load_recipe
@@ -22,13 +22,6 @@ from tuner.tui.widgets.fields import Choice, ChoiceField, schema_choices, schema
 pytestmark = pytest.mark.slow  # drives the wizard through Pilot
 
 STEPS = ["model", "hardware", "method", "data", "training", "review"]
-
-
-@pytest.fixture(autouse=True)
-def in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
-    return tmp_path
 
 
 async def visit(pilot, mode: str) -> None:

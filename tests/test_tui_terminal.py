@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from conftest import REPO
+from tui_helpers import SIZES
 from tuner.recipe.registry import builtin_names, builtin_path
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
@@ -90,9 +91,6 @@ def save_and_quit(tmux: Tmux, path, timeout: float = 30) -> None:
         time.sleep(0.2)
     tmux.keys("C-q")
     tmux.wait_for("tuner-exited-0", timeout=QUIT_TIMEOUT)
-
-
-SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])
 
 
 @SIZES

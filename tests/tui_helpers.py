@@ -5,6 +5,8 @@ import asyncio
 import copy
 from pathlib import Path
 
+import pytest
+from textual.widgets import Input
 from textual.worker import WorkerCancelled
 
 from tuner.recipe.io import parse_yaml, read_recipe_text
@@ -17,6 +19,16 @@ from tuner.planner.items import Item
 from tuner.tui.planning import Planner
 
 SIZE = (120, 36)
+SIZES = pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=["80x24", "120x40"])  # issue 49's two terminals
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    """A test's own working directory (recipes and runs are written there), and no blinking cursor (stable screens).
+    Autouse in each test module that imports it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(Input, "_toggle_cursor", lambda self: None)
+    return tmp_path
 
 # The demo recipe made to finish in seconds: few samples, few steps, frequent logs.
 QUICK_RUN = {

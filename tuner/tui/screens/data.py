@@ -5,12 +5,13 @@ from dataclasses import dataclass
 
 from rich.text import Text
 from textual import work
+from textual.worker import get_current_worker
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import Label, Static
 
-from tuner.tui.output import LOG_NAME
+from tuner.tui.preview import Preview, PreviewProcess
 from tuner.tui.screens.base import WizardScreen
 from tuner.tui.widgets.fields import ChoiceField, InputField, ToggleField, schema_choices
 
@@ -23,12 +24,10 @@ PREVIEW_KEYS = ("objective.kind", "data.source", "data.split", "data.format", "d
 
 @dataclass
 class PreviewLoaded(Message):
-    """One formatted sample (segments of text and whether they earn loss), or why there is none."""
+    """The child process's answer to the preview question ``key``."""
 
     key: tuple
-    data_format: str = ""
-    segments: list = None
-    error: str | None = None
+    answer: Preview
 
 
 def preview_text(segments: list[tuple[str, bool]]) -> Text:
@@ -41,10 +40,16 @@ def preview_text(segments: list[tuple[str, bool]]) -> Text:
 class DataScreen(WizardScreen):
     STEP = "data"
 
-    def compose_body(self) -> ComposeResult:
+    def __init__(self) -> None:
+        super().__init__()
         self.preview_key: tuple | None = None
         self.data_problem: str | None = None  # the data does not fit the recipe (an objective's layout, its columns)
         self.preview: Text | None = None  # the example as shown, styled per segment
+        self.preview_pid: int | None = None  # the process that made it
+        self.preview_pending = False  # asked, not answered yet
+        self.previews = PreviewProcess()
+
+    def compose_body(self) -> ComposeResult:
         with Horizontal(classes="body"):
             with VerticalScroll(classes="form", can_focus=False):  # scrolls on a short terminal
                 yield InputField("Source", "data.source", placeholder="file.jsonl, cached dataset name or builtin:reverse")
@@ -77,35 +82,32 @@ class DataScreen(WizardScreen):
         super().sync()
         if changed:
             self.query_one("#preview", Static).update(Text("loading an example…", style="italic"))
+            self.preview_pending = True
             self.load_preview(key, draft.resolved)
 
-    @work(thread=True, exclusive=True)
+    @work(thread=True, exclusive=True, group="preview")
     def load_preview(self, key: tuple, recipe) -> None:
-        """The first training example exactly as the trainer tokenises and masks it (datasets and
-        transformers are heavy: off the UI thread)."""
-        from tuner.build_once import is_built
-        from tuner.catalog.demo import demo_model_dir, is_builtin
-        from tuner.data.preview import preview_examples
-        from tuner.doctor import check_model
-        from tuner.loading.model import load_tokenizer
+        """The first training example exactly as the trainer tokenises and masks it, made in a child process
+        (tuner.tui.preview): this thread only waits for it."""
+        worker = get_current_worker()
+        answer = self.previews.ask(recipe, lambda note: self.app.call_from_thread(self._loading, key, note),
+                                   lambda: worker.is_cancelled)
+        if answer is not None:
+            self.post_message(PreviewLoaded(key, answer))
 
-        model = check_model(recipe)
-        if is_builtin(recipe.model.id) and not is_built(demo_model_dir(recipe.model.id)):  # once, a minute or less
-            self.app.call_from_thread(self._loading, key, f"building the built-in model {recipe.model.id} (once; "
-                                                          f"its output goes to {LOG_NAME} under TUNER_HOME)…")
-        if model.status != "ok":  # never a download (or minutes of retries offline) behind "loading an example"
-            self.post_message(PreviewLoaded(key, error=f"the preview reads the model's tokenizer from this machine: "
-                                                       f"{model.detail} ({model.fix})"))
-            return
-        try:
-            data_format, examples = preview_examples(recipe, load_tokenizer(recipe), count=1)
-        except Exception as exc:  # any data or tokenizer problem is shown in place of the example
-            self.post_message(PreviewLoaded(key, error=str(exc) or type(exc).__name__))
-            return
-        if not examples:
-            self.post_message(PreviewLoaded(key, error="the training split is empty"))
-            return
-        self.post_message(PreviewLoaded(key, data_format, examples[0].segments))
+    def on_screen_suspend(self) -> None:
+        """The step left: a preview still coming is unwanted (asked again on return), its process killed."""
+        super().on_screen_suspend()
+        self._drop_preview()
+
+    def on_unmount(self) -> None:
+        self._drop_preview()
+
+    def _drop_preview(self) -> None:
+        if self.preview_pending:
+            self.preview_key = None
+        self.workers.cancel_group(self, "preview")
+        self.previews.stop()
 
     def _loading(self, key: tuple, what: str) -> None:
         if key == self.preview_key:
@@ -114,14 +116,15 @@ class DataScreen(WizardScreen):
     def on_preview_loaded(self, message: PreviewLoaded) -> None:
         if message.key != self.preview_key:
             return  # an answer to an older question
-        preview = self.query_one("#preview", Static)
-        if message.error:
-            preview.update(Text(f"no preview: {message.error}", style="red"))
+        answer, preview = message.answer, self.query_one("#preview", Static)
+        self.preview_pending, self.preview_pid = False, answer.pid
+        if answer.error:
+            preview.update(Text(f"no preview: {answer.error}", style="red"))
             self.query_one("#preview-format", Static).update("")
-            if message.error.startswith(DATA_FIELDS):  # the data and the recipe disagree: an error before launch
-                self.data_problem = message.error
+            if answer.error.startswith(DATA_FIELDS):  # the data and the recipe disagree: an error before launch
+                self.data_problem = answer.error
                 self.show_errors()
             return
-        self.query_one("#preview-format", Static).update(f"format: {message.data_format}")
-        self.preview = preview_text(message.segments)
+        self.query_one("#preview-format", Static).update(f"format: {answer.data_format}")
+        self.preview = preview_text(answer.segments)
         preview.update(self.preview)
