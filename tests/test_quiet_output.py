@@ -86,3 +86,25 @@ def test_an_evaluation_is_always_printed() -> None:
     view.update([parse_event(step(1)), parse_event(step(2)), parse_event({**step(2, kind="eval"), "eval_loss": 2.5})])
     assert [line.split()[:2] for line in out.getvalue().splitlines()] == [["step", "1/1000"], ["step", "2/1000"]]
     assert "eval_loss 2.5000" in out.getvalue().splitlines()[-1]
+
+
+def test_scoring_starts_no_process(demo_model_path, tmp_path, monkeypatch, capfd) -> None:
+    """lm-eval's simple_evaluate adds an environment report (torch's collect_env runs pip, nvidia-smi, lscpu ...:
+    seconds a call) and git probes to results tuner does not keep: scoring a model spawns nothing, and prints no git
+    error, from a folder that is no repository."""
+    from tuner.evaluate.evaluation import score_model
+    from tuner.infer.target import InferenceTarget
+    from tuner.recipe.io import load_recipe
+    from tuner.recipe.registry import builtin_path
+
+    spawned, watching = [], [True]
+    sys.addaudithook(lambda event, args: spawned.append(args[0]) if watching[0] and event in (
+        "subprocess.Popen", "os.posix_spawn", "os.exec") else None)
+    monkeypatch.chdir(tmp_path)
+    recipe = load_recipe(builtin_path("demo-grpo"), ["model.id=builtin:demo"])
+    try:
+        result = score_model("base", InferenceTarget(recipe, str(demo_model_path), str(demo_model_path)), limit=4)
+    finally:
+        watching[0] = False
+    assert spawned == [] and "fatal" not in capfd.readouterr().err
+    assert set(result.scores["held_out"]) >= {"reward", "exact_match(answer)"} and len(result.examples) == 4
