@@ -1,6 +1,7 @@
 """How fast the command line answers: ``tuner --help`` and ``tuner plan`` for an 8B recipe, whole process.
 
     python benchmarks/cli_startup.py [--repeat N]   # prints the numbers; exit code 1 when over target
+    python benchmarks/cli_startup.py --against HEAD~1   # tuner's commands, this tree against that commit, in pairs
 
 Targets (issue 17), on an idle machine: ``tuner --help`` under 0.1 s, ``tuner plan llama3.1/8b-lora`` under
 0.15 s. Each command runs N times (default 15) as a fresh ``python -m tuner`` process, interleaved with a bare
@@ -8,6 +9,9 @@ interpreter (``python -c pass``) so a busy moment hits all three alike; the medi
 child's CPU time beside it: on a shared, loaded machine wall time mostly measures the queue for a core.
 The children may write bytecode (into a temporary PYTHONPYCACHEPREFIX, not the checkout), as an installed package
 has it: with PYTHONDONTWRITEBYTECODE set, every run would compile tuner's modules from source (~0.1 s for plan).
+
+With ``--against REV``, that commit's tree (``git archive``, in a temporary folder) runs each tuner command as
+the first of a pair and this checkout as the second, pair after pair, so both see the same moment's load.
 
 Two floors run in the same rotation, so a plan time can be read against them on any machine: the interpreter with
 pydantic and one small model (what validating a recipe costs before tuner's own schema), and the interpreter with
@@ -34,6 +38,8 @@ COMMANDS = {
                                  + PYDANTIC_MODEL], None),
     "tuner --help": ([sys.executable, "-m", "tuner", "--help"], 0.10),
     "tuner plan llama3.1/8b-lora": ([sys.executable, "-m", "tuner", "plan", "llama3.1/8b-lora"], 0.15),
+    "tuner plan Qwen3-30B-A3B qlora": ([sys.executable, "-m", "tuner", "plan", "--model", "Qwen/Qwen3-30B-A3B",
+                                        "--gpus", "1xRTX4090", "--method", "qlora"], 0.15),
 }
 
 
@@ -50,24 +56,60 @@ def timed(argv: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)) -> t
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def _ok(name: str) -> tuple[int, ...]:
+    """A plan that does not fit (Qwen3-30B-A3B in 4 bits on one 24 GB card) exits 1, which is an answer too."""
+    return (0, 1) if name.startswith("tuner plan") else (0,)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=15)
-    repeat = parser.parse_args().repeat
+    parser.add_argument("--against", metavar="REV", help="a commit to run each tuner command against, in pairs")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory() as pycache:
         env = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
         env.update(PYTHONPATH=str(REPO), PYTHONPYCACHEPREFIX=pycache)
-        return measure(repeat, env)
+        if args.against is None:
+            return measure(args.repeat, env)
+        base = Path(pycache) / "base"
+        base.mkdir()
+        archive = subprocess.run(["git", "archive", args.against], cwd=REPO, capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+        return measure_pairs(args.repeat, env, {**env, "PYTHONPATH": str(base)}, args.against)
+
+
+def measure_pairs(repeat: int, env: dict[str, str], base_env: dict[str, str], base: str) -> int:
+    """Each tuner command: ``base``'s tree, then this checkout's, ``repeat`` pairs in a row per round."""
+    names = [name for name in COMMANDS if name.startswith("tuner")]
+    for name in names:  # warm the file cache and write both trees' .pyc files
+        timed(COMMANDS[name][0], base_env, _ok(name))
+        timed(COMMANDS[name][0], env, _ok(name))
+    load_before = os.getloadavg()
+    runs: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for _ in range(repeat):
+        for name in names:
+            for tree, tree_env in ((base, base_env), ("this tree", env)):
+                runs.setdefault((name, tree), []).append(timed(COMMANDS[name][0], tree_env, _ok(name)))
+    load_after = os.getloadavg()
+    for name in names:
+        for tree in (base, "this tree"):
+            wall = [w for w, _ in runs[name, tree]]
+            cpu = statistics.median(c for _, c in runs[name, tree])
+            print(f"{name:<32} {tree:<10} median {statistics.median(wall):.3f} s wall (min {min(wall):.3f}), "
+                  f"{cpu:.3f} s CPU")
+    print(f"{repeat} pairs each; load average {' '.join(f'{x:.2f}' for x in load_before)} before, "
+          f"{' '.join(f'{x:.2f}' for x in load_after)} after, on {os.cpu_count()} cores")
+    return 0
 
 
 def measure(repeat: int, env: dict[str, str]) -> int:
-    for argv, _ in COMMANDS.values():  # warm the file cache and write the .pyc files
-        timed(argv, env)
+    for name, (argv, _) in COMMANDS.items():  # warm the file cache and write the .pyc files
+        timed(argv, env, _ok(name))
     load_before = os.getloadavg()
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in COMMANDS}
     for _ in range(repeat):
         for name, (argv, _) in COMMANDS.items():
-            runs[name].append(timed(argv, env))
+            runs[name].append(timed(argv, env, _ok(name)))
     load_after = os.getloadavg()
     ok = True
     for name, (_, target) in COMMANDS.items():

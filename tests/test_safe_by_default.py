@@ -168,7 +168,7 @@ FORBIDDEN = {
 # Importing by name takes a string literal or an f-string inside tuner's own package; the one exception
 # is `tuner doctor` trying its fixed list of optional extensions.
 IMPORT_BY_NAME = re.compile(r"\b(__import__|import_module)\((?!\s*[\"']|\s*f[\"']tuner\.)|\bimportlib\.util\.spec_from|\brunpy\.")
-ALLOWED_IMPORTS = {("tuner/doctor.py", "importlib.import_module(module)"),
+ALLOWED_IMPORTS = {("tuner/doctor/libraries.py", "importlib.import_module(module)"),
                    # the recipe package's lazy exports: a fixed table of its own modules (PEP 562)
                    ("tuner/recipe/__init__.py", "importlib.import_module(_HOME[name])"),
                    # a grpo reward the recipe names (function: file.py:name), imported by the training ranks only

@@ -23,6 +23,9 @@ def register(subparsers) -> None:
     parser.add_argument("--recipe", default="demo", help="built-in recipe or file to run (default: demo)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("-o", "--output", help="run directory (default: runs/demo-<time>)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show the libraries' own output (loading and scoring bars, notices) here, not only in "
+                             "the run's train.log")
     parser.set_defaults(run=run)
 
 
@@ -31,11 +34,30 @@ PERCENT_METRICS = ("exact_match", "acc", "exact_match(", "regex_match(")  # shar
 METRIC_NAMES = {"acc": "preference accuracy", "reward": "greedy reward"}
 
 
-def held_out_score(label: str, target) -> ModelResult:
-    """The model of ``target`` on the recipe's held-out task, through ``tuner eval``'s own path."""
+def held_out_score(label: str, target, log: Path, verbose: bool = False) -> ModelResult:
+    """The model of ``target`` on the recipe's held-out task, through ``tuner eval``'s own path; what the libraries
+    print meanwhile goes to ``log`` (the run's train.log) unless ``verbose``."""
     from tuner.evaluate.evaluation import score_model
+    from tuner.rundir.library_output import output_to_log
 
-    return score_model(label, target)
+    with output_to_log(log, shown=verbose):
+        return score_model(label, target)
+
+
+class Phases:
+    """How long each phase of the demo took, printed at its end: where a slow demo's time went."""
+
+    def __init__(self):
+        self.start = self.mark = time.monotonic()
+        self.seconds: dict[str, float] = {}  # a phase done twice (the checks of both recipes) adds up
+
+    def done(self, phase: str) -> None:
+        now = time.monotonic()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self.mark
+        self.mark = now
+
+    def line(self) -> str:
+        return "time: " + ", ".join(f"{phase} {seconds:.0f} s" for phase, seconds in self.seconds.items())
 
 
 def _print_score(title: str, result: ModelResult) -> list[str]:
@@ -100,9 +122,10 @@ def run(args) -> int:
     from tuner.loading.model import resolve_model_path
     from tuner.recipe.io import load_recipe, with_starting_model
     from tuner.recipe.registry import builtin_path, starting_recipe
-    from tuner.rundir.layout import FINAL_DIR
+    from tuner.rundir.layout import FINAL_DIR, LOG_FILE
+    from tuner.rundir.library_output import output_to_log
 
-    start = time.monotonic()
+    phases = Phases()
     path = Path(args.recipe) if Path(args.recipe).exists() else builtin_path(args.recipe)
     recipe = load_recipe(path, args.overrides)
     run_dir = Path(args.output or f"runs/demo-{datetime.now():%Y%m%d-%H%M%S}")
@@ -116,53 +139,68 @@ def run(args) -> int:
         prepared = None
     else:
         prepared = prepare_or_refuse(recipe, output_dir=run_dir)  # every check before the slow part
-    held_out_samples(recipe)  # refused here when it holds none out
+    # datasets' bars, the demo model's build (transformers' bars, DeepSpeed's accelerator guess): to the first log
+    with output_to_log((first_prepared if first is not None else prepared).run_dir / LOG_FILE, shown=args.verbose):
+        held_out_samples(recipe)  # refused here when it holds none out
+        demo_model = resolve_model_path((first or recipe).model.id)
+    print(f"demo model: {demo_model}")
     if first is not None:
-        print(f"demo model: {resolve_model_path(first.model.id)}")
         print(f"training {first.name} in {first_prepared.run_dir} ...")
+        phases.done("checks")
         outcome = launch_and_report(first_prepared)
         if outcome.exit_code != 0:
             return outcome.exit_code
+        phases.done(f"{first.objective.kind} training")
         prepared = prepare_or_refuse(recipe, output_dir=run_dir)
-    else:
-        print(f"demo model: {resolve_model_path(recipe.model.id)}")
+    phases.done("checks")
+    log = run_dir / LOG_FILE
     if recipe.objective.kind == "reward":  # it scores, it does not answer: the trainer measures it on the pairs
-        return _reward_model_demo(prepared, run_dir, start)
+        return _reward_model_demo(prepared, run_dir, phases)
     teacher = None
     if recipe.objective.kind == "distill":
         path = resolve_model_path(recipe.objective.teacher)
-        teacher = held_out_score("teacher", InferenceTarget(recipe, path, path))
+        teacher = held_out_score("teacher", InferenceTarget(recipe, path, path), log, args.verbose)
         _print_score(f"teacher ({recipe.objective.teacher})", teacher)
+        phases.done("scoring the teacher")
     base = resolve_model_path(recipe.model.id)
-    before = held_out_score("base", InferenceTarget(recipe, base, base))
+    before = held_out_score("base", InferenceTarget(recipe, base, base), log, args.verbose)
     shown_before = _print_score("before training", before)
+    phases.done("scoring before")
     print(f"training in {run_dir} ...")
     outcome = launch_and_report(prepared)
     if outcome.exit_code != 0:
         return outcome.exit_code
+    phases.done(f"{recipe.objective.kind} training")
     trained = resolve_target(str(run_dir), show_download=False)
-    after = held_out_score("fine-tuned", trained)
+    after = held_out_score("fine-tuned", trained, log, args.verbose)
     shown_after = _print_score("after training", after)
+    phases.done("scoring after")
     for line in _reward_lines(run_dir):
         print(line)
-    for line in save_results(trained, [before, after] + ([teacher] if teacher else []))[1]:
+    with output_to_log(log, shown=args.verbose):  # the trackers' own lines (mlflow, wandb) too
+        _, notes = save_results(trained, [before, after] + ([teacher] if teacher else []))
+    for line in notes:
         print(line)
+    phases.done("saving")
+    print(phases.line())
     beside = f" (the teacher's {_first_value(teacher)})" if teacher else ""
-    print(f"demo finished in {time.monotonic() - start:.0f} s: {shown_before[0]} -> {shown_after[0].split(' ')[-1]}"
-          f"{beside}")
+    print(f"demo finished in {time.monotonic() - phases.start:.0f} s: {shown_before[0]} -> "
+          f"{shown_after[0].split(' ')[-1]}{beside}; the libraries' own output is in {log}")
     return 0
 
 
-def _reward_model_demo(prepared, run_dir: Path, start: float) -> int:
+def _reward_model_demo(prepared, run_dir: Path, phases: Phases) -> int:
     """Train a reward model and show its held-out pair accuracy before training and after (the trainer evaluates
     the held-out pairs at step 0 and at the end)."""
     print(f"training in {run_dir} ...")
     outcome = launch_and_report(prepared)
     if outcome.exit_code != 0:
         return outcome.exit_code
+    phases.done("reward training")
     lines = _reward_lines(run_dir)
     for line in lines:
         print(line)
     shown = lines[0].split(",")[0] if lines else "no held-out evaluation"
-    print(f"demo finished in {time.monotonic() - start:.0f} s: {shown}")
+    print(phases.line())
+    print(f"demo finished in {time.monotonic() - phases.start:.0f} s: {shown}")
     return 0

@@ -2,6 +2,7 @@
 are, so adapters, dtype and device placement are tuner's (the harness loads nothing itself)."""
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -48,6 +49,26 @@ def harness_failure(exc: Exception, tasks: list) -> Exception:
                      "Check the task's settings (its YAML, or the model it runs on).")
 
 
+# What simple_evaluate adds to its results besides the scores, which tuner does not keep: torch's collect_env report
+# (it runs pip, nvidia-smi, lscpu, gcc ...: about 3 s a call, twice a demo) and git probes of the working folder
+# (whose "fatal: not a git repository" git prints itself). Names in lm_eval.evaluator, replaced while tuner scores.
+_NOT_KEPT = {"add_env_info": lambda storage: None, "get_git_commit_hash": lambda: None}
+
+
+@contextlib.contextmanager
+def _without_environment_report():
+    from lm_eval import evaluator
+
+    saved = {name: getattr(evaluator, name) for name in _NOT_KEPT if hasattr(evaluator, name)}
+    for name in saved:
+        setattr(evaluator, name, _NOT_KEPT[name])
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(evaluator, name, value)
+
+
 def evaluate_model(loaded, label: str, tasks: list, batch_size: int) -> ModelResult:
     """Score ``loaded`` (a :class:`tuner.infer.load.LoadedModel`) on ``tasks`` (harness task configs or objects)."""
     from lm_eval import simple_evaluate
@@ -60,9 +81,10 @@ def evaluate_model(loaded, label: str, tasks: list, batch_size: int) -> ModelRes
     # the tasks come built (tuner.evaluate.tasks): a manager without the harness's index of its thousands of task
     # YAMLs, which would take longer to read than the held-out task of a small model takes to run
     try:
-        output = simple_evaluate(model=lm, tasks=tasks, task_manager=TaskManager(include_defaults=False),
-                                 log_samples=True, bootstrap_iters=0,
-                                 random_seed=0, numpy_random_seed=0, torch_random_seed=0)
+        with _without_environment_report():
+            output = simple_evaluate(model=lm, tasks=tasks, task_manager=TaskManager(include_defaults=False),
+                                     log_samples=True, bootstrap_iters=0,
+                                     random_seed=0, numpy_random_seed=0, torch_random_seed=0)
     except Exception as exc:
         raise harness_failure(exc, tasks) from None
     result = ModelResult(label, loaded.target.describe())

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from tuner.doctor import require_trackers
+from tuner.doctor.libraries import require_trackers
 from tuner.fileio import DestinationRefused
 from tuner.launch.failures import explain_failure, raised_at, rank_errors
 from tuner.launch.runner import Launch, log_tail

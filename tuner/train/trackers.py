@@ -40,7 +40,7 @@ def tracker_environment(recipe: Recipe, run_dir: Path, environ: Mapping[str, str
 
 def configure_trackers(recipe: Recipe, run_dir: Path) -> None:
     """Refuse a tracker that is not installed (before the model is built), then point the others at ``run_dir``."""
-    from tuner.doctor import require_trackers
+    from tuner.doctor.libraries import require_trackers
 
     require_trackers(recipe)
     os.environ.update(tracker_environment(recipe, run_dir))
