@@ -139,8 +139,8 @@ def test_every_distill_setting_reaches_gkd_config_and_the_teacher_is_frozen(tmp_
     trainer, data = distill_trainer(recipe, args, load_tokenizer(recipe), [])
     assert isinstance(trainer, GKDTrainer) and data.data_format == "instruction" and len(data.train) == 4
     assert not any(p.requires_grad for p in trainer.teacher_model.parameters())
-    assert sum(p.numel() for p in trainer.teacher_model.parameters()) > 4 * sum(
-        p.numel() for p in trainer.model.parameters())  # the demo teaches its small sibling
+    assert sum(p.numel() for p in trainer.teacher_model.parameters()) > 1.5 * sum(
+        p.numel() for p in trainer.model.parameters())  # the demo (4 layers) teaches its sibling of 2
     batch = trainer.data_collator([data.train[0], data.train[1]])
     for row, sample in zip(range(2), (data.train[0], data.train[1])):
         start = next(i for i, label in enumerate(sample["labels"]) if label != -100)
