@@ -220,8 +220,9 @@ def test_a_math_reward_checks_answers_with_trls_checker_or_names_the_package_it_
             reward_functions(recipe)
         return
     math_reward = builtin_reward(reward_section(kind="math", column="solution"), 8)
-    completions = ["so \\boxed{\\frac{1}{2}}", [{"role": "assistant", "content": "$0.5$"}], "\\boxed{3}", "no idea"]
-    assert math_reward(completions=completions, solution=["$\\frac{1}{2}$"] * 4) == [1.0, 1.0, 0.0, 0.0]
+    completions = ["so \\boxed{\\frac{1}{2}}", [{"role": "assistant", "content": "The answer is $0.5$"}], "\\boxed{0.5}",
+                   "$0.5$", "\\boxed{3}", "no idea"]  # a bare $0.5$ has no anchor TRL's checker extracts an answer at
+    assert math_reward(completions=completions, solution=["$\\frac{1}{2}$"] * 6) == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
 
 
 def checked(function, user=True, time_limit_s=5.0):
