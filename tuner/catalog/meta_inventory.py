@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tuner.catalog.inventory import Inventory, ModuleGroup, canonical_config, collapse, config_key
+from tuner.catalog.model_classes import auto_class_for
 from tuner.catalog.model_config import ModelConfigError, check_resolved_config
 
 _SIMPLE = (int, float, bool, str, type(None))
@@ -78,12 +79,14 @@ def _reason(exc: BaseException) -> str:
 
 
 def meta_model(config, trust_remote_code: bool = False):
-    """The model AutoModelForCausalLM builds from ``config``, on the meta device."""
+    """The model ``config``'s auto class builds from it (a causal LM, or an image-text model: :func:`auto_class_for`,
+    from transformers' own mappings), on the meta device."""
     import torch
-    from transformers import AutoModelForCausalLM
+    import transformers
 
+    auto = getattr(transformers, auto_class_for(config.to_dict()))
     with _quiet(), torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        return auto.from_config(config, trust_remote_code=trust_remote_code)
 
 
 def build_inventory(config: dict, name: str, trust_remote_code: bool = False, lora: bool = True,

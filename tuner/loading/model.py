@@ -113,6 +113,54 @@ def model_type_of(recipe: Recipe, source: str) -> str | None:
         return None
 
 
+def source_config(recipe: Recipe, source: str) -> dict:
+    """The config.json mapping of the model loaded from ``source`` (a built-in's, a folder's, the catalog's or the
+    hub's: :func:`tuner.catalog.models.model_config`); empty where tuner cannot read it before loading."""
+    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.models import model_config
+
+    model_id = recipe.model.id if source == resolve_model_path(recipe.model.id) else source
+    try:
+        return model_config(model_id, recipe.model.revision, recipe.model.trust_remote_code)
+    except UnknownModelError:
+        return {}
+
+
+def auto_class(config: dict):
+    """transformers' auto class that builds ``config`` (causal LM or image-text), from transformers' own mappings
+    (:func:`tuner.catalog.model_classes.auto_class_for`), never from the model's name."""
+    import transformers
+
+    from tuner.catalog.model_classes import auto_class_for
+
+    return getattr(transformers, auto_class_for(config))
+
+
+def is_image_text(config: dict) -> bool:
+    from tuner.catalog.model_classes import IMAGE_TEXT, auto_class_for
+
+    return auto_class_for(config) == IMAGE_TEXT
+
+
+def load_processor(recipe: Recipe, path: str | None = None):
+    """An image-text model's processor (its image processor, tokenizer and chat template), from its folder."""
+    from transformers import AutoProcessor
+
+    source = path or resolve_model_path(recipe.model.id)
+    refuse_custom_code(recipe, source)
+    try:
+        processor = AutoProcessor.from_pretrained(source, revision=recipe.model.revision,
+                                                  trust_remote_code=recipe.model.trust_remote_code)
+    except Exception as exc:  # whatever a damaged file makes the library raise: one message naming the folder
+        raise not_loaded(recipe, source, exc) from None
+    if not hasattr(processor, "image_processor"):
+        raise ModelLoadError(f"{source}: an image-text model without an image processor (processor_config.json or "
+                             "preprocessor_config.json); save its processor beside the weights.")
+    if processor.tokenizer.pad_token is None:
+        processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    return processor
+
+
 def choose_liger(requested: bool, model_type: str, on_gpu: bool) -> tuple[bool, str]:
     """Whether the Trainer should patch in Liger's fused kernels, and why (logged either way)."""
     if not requested:
@@ -175,10 +223,13 @@ def quantization_config(recipe: Recipe):
 
 def load_model(recipe: Recipe, path: str | None = None, **kwargs):
     """The base model as the recipe describes it (no adapters yet); ``kwargs`` add to or replace the
-    ``from_pretrained`` arguments (inference passes device_map, max_memory and its own quantisation config)."""
+    ``from_pretrained`` arguments (inference passes device_map, max_memory and its own quantisation config); built
+    through the auto class its config belongs to (causal LM or image-text)."""
     from transformers import AutoModelForCausalLM
 
     source = path or resolve_model_path(recipe.model.id)
+    config = source_config(recipe, source)
+    model_class = auto_class(config) if config else AutoModelForCausalLM
     refuse_custom_code(recipe, source)
     attention, reason = choose_attention(recipe.memory.attention, model_type_of(recipe, source))
     log.info("attention: %s (%s)", attention, reason)
@@ -190,7 +241,7 @@ def load_model(recipe: Recipe, path: str | None = None, **kwargs):
         trust_remote_code=recipe.model.trust_remote_code,
     )
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, **{**arguments, **kwargs})
+        model = model_class.from_pretrained(source, **{**arguments, **kwargs})
     except Exception as exc:  # whatever a damaged file makes the library raise: one message naming the folder
         raise not_loaded(recipe, source, exc) from None
     keep_4bit_cpu_inference_generic(model)
@@ -222,7 +273,7 @@ def apply_lora(model, recipe: Recipe):
     """Wrap the model with LoRA adapters, after k-bit preparation (casts, input grads) for qlora."""
     from peft import get_peft_model
 
-    return get_peft_model(prepare_for_adapters(model, recipe), lora_config(recipe))
+    return get_peft_model(prepare_for_adapters(model, recipe), lora_config(recipe, is_image_text(model.config.to_dict())))
 
 
 def build_on_meta(recipe: Recipe, layers: int | None = 2, flash_missing: str | None = None):
@@ -231,7 +282,7 @@ def build_on_meta(recipe: Recipe, layers: int | None = 2, flash_missing: str | N
     adapters -- on the meta device: no weights, and at most ``layers`` decoder layers (they all hold the same
     modules; None: all); ``flash_missing``: see :func:`choose_attention`.  Raises what transformers, bitsandbytes or PEFT raise: a recipe that validates builds."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     from tuner.catalog.models import model_config
 
@@ -245,7 +296,7 @@ def build_on_meta(recipe: Recipe, layers: int | None = 2, flash_missing: str | N
     config = AutoConfig.for_model(**data)
     attention, _ = choose_attention(recipe.memory.attention, config.model_type, flash_missing)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype(recipe.model.dtype),
+        model = auto_class(data).from_config(config, dtype=torch_dtype(recipe.model.dtype),
                                                  attn_implementation=attention)
     quantization = quantization_config(recipe)
     if quantization is not None:
