@@ -12,6 +12,7 @@ so a huge or hostile picture is refused before it is decoded.  The batches come 
 from __future__ import annotations
 
 import io
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,9 @@ def open_image(value: Any, base: Path | None, max_pixels: int = MAX_IMAGE_PIXELS
     previous = Image.MAX_IMAGE_PIXELS
     Image.MAX_IMAGE_PIXELS = max_pixels  # Pillow refuses twice this at open, before decoding
     try:
-        image = Image.open(io.BytesIO(raw))
+        with warnings.catch_warnings():  # between once and twice the bound Pillow only warns: refused below
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(raw))
         _check_pixels(image.size, max_pixels)
         image.load()
         return image.convert("RGB")
