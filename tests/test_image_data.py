@@ -136,3 +136,18 @@ def test_a_decompression_bomb_is_refused_before_it_is_decoded(tmp_path):
 
     with pytest.raises(ImageProblem, match="over the bound of 16777216 pixels"):
         open_image("bomb.png", tmp_path)
+
+
+def test_lora_on_an_image_text_model_adapts_its_language_model_only():
+    """The demo-vlm recipe with LoRA, built as training builds it (auto class from the config, PEFT's all-linear),
+    on the meta device: adapters on the language model's linear layers, none on the vision tower or projector."""
+    from tuner.loading.model import build_on_meta
+    from tuner.recipe.io import load_recipe
+    from tuner.recipe.registry import builtin_path
+
+    recipe = load_recipe(builtin_path("demo-vlm"), ["method.kind=lora"])
+    model = build_on_meta(recipe, layers=None)
+    adapted = [name for name, module in model.named_modules() if hasattr(module, "lora_A")]
+    assert type(model.base_model.model).__name__ == "LlavaForConditionalGeneration"
+    assert adapted and all(".language_model." in name for name in adapted), adapted
+    assert len(adapted) == 4 * 7  # q, k, v, o, gate, up, down in each of the 4 layers
