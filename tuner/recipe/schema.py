@@ -239,7 +239,8 @@ class DataSection(Section):
         description="Training data: a local .json/.jsonl/.csv/.parquet file, a datasets name in the local cache, "
         "builtin:reverse (the demo's word-reversal task), builtin:reverse-pairs (its preference pairs: the right "
         "reversal chosen, a near miss rejected), builtin:reverse-prompts (its prompts with an answer column, for "
-        "grpo) or builtin:reverse-run-prompts (prompts of one letter then a run of another, held out from the others).",
+        "grpo), builtin:reverse-run-prompts (prompts of one letter then a run of another, held out from the others) or "
+        "builtin:shapes (image_prompt_answer rows: Pillow-drawn shapes to name with their colour, for builtin:demo-vlm).",
     )
     format: Literal["auto", "text", "instruction", "chat", "preference", "unpaired_preference", "prompt",
                     "image_prompt_answer", "image_chat"] = Field(
