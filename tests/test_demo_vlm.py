@@ -59,3 +59,46 @@ def test_gguf_export_of_an_image_text_model_is_refused_with_the_reason(demo_vlm,
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "image-text model" in refused.stderr and "projector file (mmproj GGUF)" in refused.stderr
     assert not (run_dir / "export").exists()
+
+
+def test_serve_answers_an_openai_data_url_image_as_infer_does_and_fetches_no_remote_url(demo_vlm, tuner_cli):
+    import base64
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+
+    from openai import BadRequestError, OpenAI
+
+    from conftest import REPO
+    from test_serve import free_port, wait_until_serving
+    from tuner.data.shapes import draw_shape
+
+    cwd, run_dir, _ = demo_vlm
+    draw_shape("triangle", "green", random.Random(3)).save(cwd / "green.png")
+    expected = tuner_cli("infer", str(run_dir), "--image", "green.png", "--prompt", "what is drawn?", cwd=cwd)
+    assert expected.returncode == 0, expected.stderr[-2000:]
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "tuner", "serve", str(run_dir), "--port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        wait_until_serving(port, server, server.stderr.read)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="not-needed", max_retries=0, timeout=120)
+        (model,) = [entry.id for entry in client.models.list().data]
+        data_url = "data:image/png;base64," + base64.b64encode((cwd / "green.png").read_bytes()).decode()
+
+        def ask(url: str) -> str:
+            content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what is drawn?"}]
+            return client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
+                                                  max_tokens=16, temperature=0).choices[0].message.content
+
+        assert ask(data_url).strip() == expected.stdout.strip()
+        with pytest.raises(BadRequestError, match="only data: URLs are accepted"):
+            ask("http://127.0.0.1:9/green.png")  # refused before anything could fetch it
+        with pytest.raises(BadRequestError, match="not an image file"):
+            ask("data:image/png;base64," + base64.b64encode(b"plain words").decode())
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.communicate(timeout=60)
