@@ -151,3 +151,36 @@ def test_lora_on_an_image_text_model_adapts_its_language_model_only():
     assert type(model.base_model.model).__name__ == "LlavaForConditionalGeneration"
     assert adapted and all(".language_model." in name for name in adapted), adapted
     assert len(adapted) == 4 * 7  # q, k, v, o, gate, up, down in each of the 4 layers
+
+
+def test_serve_checks_image_url_parts_before_the_server_sees_them(tmp_path):
+    """tuner serve's request check: a data URL of an image within the bound passes; a remote URL (never fetched),
+    text posing as an image, an image over the bound, and any image sent to a text-only model are 400s naming the
+    part."""
+    import asyncio
+    import base64
+
+    from tuner.infer.request_limits import Limits, Refused, check_chat_request
+
+    def body(url: str) -> dict:
+        return {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                           {"type": "text", "text": "what is drawn?"}]}]}
+
+    def data_url(raw: bytes) -> str:
+        return "data:image/png;base64," + base64.b64encode(raw).decode()
+
+    small = data_url((tmp_path / picture(tmp_path / "small.png", 8)).read_bytes())
+    large = data_url((tmp_path / picture(tmp_path / "large.png", 80)).read_bytes())
+    limits = Limits(None, 8, 100, lambda messages, tools: 1, max_image_pixels=4096)
+    assert asyncio.run(check_chat_request(body(small), limits))["max_tokens"] == 8
+    refusals = {"http://example.com/cat.png": "only data: URLs are accepted",
+                data_url(b"plain words"): "not an image file",
+                large: "80x80 pixels, over the bound of 4096 pixels",
+                "data:text/plain;base64,aGk=": "a data URL of a base64 image"}
+    for url, reason in refusals.items():
+        with pytest.raises(Refused, match=re.escape(reason)) as refused:
+            asyncio.run(check_chat_request(body(url), limits))
+        assert refused.value.status == 400 and str(refused.value).startswith("messages[0].content[0]")
+    text_only = Limits(None, 8, 100, lambda messages, tools: 1)
+    with pytest.raises(Refused, match="this model reads text only"):
+        asyncio.run(check_chat_request(body(small), text_only))
