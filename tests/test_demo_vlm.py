@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_tuner
+
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trained-demo-vlm")]
 
 
 @pytest.fixture(scope="module")
-def demo_vlm(tmp_path_factory, tuner_cli):
+def demo_vlm(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("demo-vlm")
-    done = tuner_cli("demo", "--recipe", "demo-vlm", "-o", "runs/vlm", cwd=cwd, timeout=1200)
+    done = run_tuner("demo", "--recipe", "demo-vlm", "-o", "runs/vlm", cwd=cwd, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
     return cwd, cwd / "runs" / "vlm", done.stdout
 

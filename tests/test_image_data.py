@@ -184,3 +184,15 @@ def test_serve_checks_image_url_parts_before_the_server_sees_them(tmp_path):
     text_only = Limits(None, 8, 100, lambda messages, tools: 1)
     with pytest.raises(Refused, match="this model reads text only"):
         asyncio.run(check_chat_request(body(small), text_only))
+
+
+def test_image_data_for_a_text_only_model_is_refused_before_launch(tmp_path):
+    from tuner.launch.run import _check_data
+
+    write_rows(tmp_path / "data.jsonl", [good_row(tmp_path)] * 3)
+    recipe = recipe_for(tmp_path / "data.jsonl").model_copy(update={"model": recipe_for(tmp_path).model.model_copy(
+        update={"id": "builtin:demo"})})
+    with pytest.raises(DataError, match=r"data\.format: image_prompt_answer is image-text data, and builtin:demo "
+                                        r"\(llama\) is a text-only model"):
+        _check_data(recipe)
+    assert "3 image_prompt_answer samples" in _check_data(recipe_for(tmp_path / "data.jsonl"))
