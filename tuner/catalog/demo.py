@@ -16,6 +16,8 @@ BUILTIN_PREFIX = "builtin:"
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
 # one token per printable ASCII character plus newline, and the special tokens (every built-in model's tokenizer)
 DEMO_VOCAB_SIZE = 95 + 1 + len(SPECIAL_TOKENS)
+IMAGE_TOKEN = "<image>"  # an image-text built-in's placeholder, one per image token (LLaVA's processor expands it)
+IMAGE_TOKEN_ID = len(SPECIAL_TOKENS)  # the trainer numbers the special tokens first, then the placeholder
 
 
 @dataclass(frozen=True)
@@ -27,11 +29,20 @@ class BuiltinModel:
     architecture: str  # the causal-LM class AutoModelForCausalLM builds from it
     config: dict = field(default_factory=dict)  # beyond the vocabulary and the special tokens' ids
     about: str = ""
+    image: dict | None = None  # an image-text model: its image processor's settings (the tokenizer adds IMAGE_TOKEN)
+
+    @property
+    def vocab_size(self) -> int:
+        return DEMO_VOCAB_SIZE + (1 if self.image else 0)
 
     def full_config(self) -> dict:
         """The config.json mapping the builder makes it from (its saved config.json adds only what save_pretrained
-        writes), so its shipped inventory serves before and after it is built."""
-        return {"model_type": self.model_type, "vocab_size": DEMO_VOCAB_SIZE, **self.config}
+        writes), so its shipped inventory serves before and after it is built; an image-text model's vocabulary and
+        image token id are its language model's (``text_config``)."""
+        if not self.image:
+            return {"model_type": self.model_type, "vocab_size": DEMO_VOCAB_SIZE, **self.config}
+        text = {**self.config["text_config"], "vocab_size": self.vocab_size}
+        return {"model_type": self.model_type, **self.config, "text_config": text, "image_token_id": IMAGE_TOKEN_ID}
 
 
 DEMO_MODEL_ID = "builtin:demo"
@@ -71,6 +82,20 @@ DEMO_SMALL_MODEL_ID = "builtin:demo-small"
 # The demo's shape at half its depth (~0.4M parameters): demo-distill's student, which learns word reversal from
 # the trained demo's distributions (a quarter of its width as well learnt no reversal in 119 steps).
 DEMO_SMALL_CONFIG = dict(DEMO_CONFIG, num_hidden_layers=2)
+DEMO_VLM_MODEL_ID = "builtin:demo-vlm"
+# A LLaVA of ~1M parameters: a CLIP vision tower seeing 32x32 images in 8x8 patches (16 image tokens), a two-layer
+# projector, and the demo's Llama as its language model -- large enough to name a drawn shape and its colour.
+DEMO_VLM_IMAGE = dict(size=32, patch_size=8)
+DEMO_VLM_CONFIG = dict(
+    vision_config=dict(model_type="clip_vision_model", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=2, image_size=DEMO_VLM_IMAGE["size"],
+                       patch_size=DEMO_VLM_IMAGE["patch_size"], projection_dim=64),
+    text_config=dict(model_type="llama", **DEMO_CONFIG),
+    vision_feature_select_strategy="default",  # the patch tokens, without CLIP's class token
+    vision_feature_layer=-1,
+    projector_hidden_act="gelu",
+    tie_word_embeddings=True,
+)
 BUILTIN_MODELS = {model.id: model for model in (
     BuiltinModel(DEMO_MODEL_ID, "llama", "LlamaForCausalLM", DEMO_CONFIG,
                  "a tiny Llama (0.8M parameters) with a character tokenizer"),
@@ -78,6 +103,9 @@ BUILTIN_MODELS = {model.id: model for model in (
                  "a tiny Qwen3-MoE (1.4M parameters, 8 experts, top-2) with the same tokenizer"),
     BuiltinModel(DEMO_SMALL_MODEL_ID, "llama", "LlamaForCausalLM", DEMO_SMALL_CONFIG,
                  "the demo's Llama at half its depth (0.4M parameters), the same tokenizer"),
+    BuiltinModel(DEMO_VLM_MODEL_ID, "llava", "LlavaForConditionalGeneration", DEMO_VLM_CONFIG,
+                 "a tiny LLaVA (0.9M parameters: CLIP tower, projector, the demo's Llama) that sees 32x32 images",
+                 image=DEMO_VLM_IMAGE),
 )}
 DEMO_ARCHITECTURE = BUILTIN_MODELS[DEMO_MODEL_ID].architecture  # what tuner.loading.demo_model builds
 

@@ -14,8 +14,8 @@ from tuner.commands._types import not_utf8, utf8_text
 
 EXIT_SKIPPED = 2  # a piped conversation had messages that could not be sent
 
-HELP = ("end a line with \\ to continue the message; /reset forgets the conversation, /exit or Ctrl-D quits, "
-        "Ctrl-C stops an answer")
+HELP = ("end a line with \\ to continue the message; /image PATH attaches a picture to the next message (image-text "
+        "models); /reset forgets the conversation, /exit or Ctrl-D quits, Ctrl-C stops an answer")
 # the ranks run in their own sessions: the terminal's Ctrl-C reaches tuner, which stops every rank
 HELP_TP = HELP.replace("Ctrl-C stops an answer", "Ctrl-C ends the chat on every rank")
 
@@ -51,7 +51,8 @@ def _chat(args) -> int:
 
     loaded, sampling = load_from_args(args)
     prompt = prompt_format_from_args(args, loaded)
-    session = ChatSession(loaded.model, loaded.tokenizer, sampling, prompt.data_format, args.system, prompt.instruction)
+    session = ChatSession(loaded.model, loaded.tokenizer, sampling, prompt.data_format, args.system, prompt.instruction,
+                          loaded.processor)
     interactive = sys.stdin.isatty()
     sys.stdin.reconfigure(errors="surrogateescape")  # a byte that is not UTF-8 fails its message, not the session
     print(HELP if args.tp == 1 else HELP_TP, file=sys.stderr)
@@ -65,6 +66,9 @@ def _chat(args) -> int:
         if message.strip() == "/reset":
             session.reset()
             print("(conversation cleared)", file=sys.stderr)
+            continue
+        if message.strip().startswith("/image"):
+            _attach(session, message.strip().removeprefix("/image").strip(), loaded.target.recipe.data.max_image_pixels)
             continue
         if not message.strip():
             continue
@@ -95,3 +99,18 @@ def _chat(args) -> int:
             continue
         print()
         print(f"({session.last_speed.line()})", file=sys.stderr)
+
+
+def _attach(session, path: str, max_pixels: int) -> None:
+    """``/image PATH``: the picture read within the bounds and attached to the next message, or why not."""
+    from tuner.infer.images import image_file
+
+    try:
+        if not path:
+            raise ValueError("/image needs a path: /image PATH")
+        image = image_file(path, max_pixels)
+        session.attach(image)
+    except ValueError as exc:
+        print(f"{str(exc).replace('--image: ', '/image: ', 1)}; nothing attached", file=sys.stderr)
+        return
+    print(f"(image {image.width}x{image.height} attached to the next message)", file=sys.stderr)

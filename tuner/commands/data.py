@@ -20,10 +20,13 @@ def run_preview(args) -> int:
     from rich.text import Text
 
     from tuner.data.preview import preview_examples
-    from tuner.loading.model import load_tokenizer
+    from tuner.loading.model import is_image_text, load_processor, load_tokenizer, resolve_model_path, source_config
 
     recipe = recipe_from_args(args)
-    data_format, examples = preview_examples(recipe, load_tokenizer(recipe), args.count)
+    image_text = is_image_text(source_config(recipe, resolve_model_path(recipe.model.id)))
+    processor = load_processor(recipe) if image_text else None
+    tokenizer = processor.tokenizer if processor else load_tokenizer(recipe)
+    data_format, examples = preview_examples(recipe, tokenizer, args.count, processor)
     console = Console(highlight=False)
     plain = not console.is_terminal  # no styles in a pipe or a log: masked text goes between « »
     legend = "masked text between « »" if plain else "[bold]bold[/] = learned, [dim]dim[/] = masked"

@@ -22,6 +22,9 @@ def register(subparsers) -> None:
     add_inference_arguments(parser)
     what = parser.add_argument_group("prompts")
     what.add_argument("--prompt", metavar="TEXT", type=utf8_text, help="one prompt (a user turn); the answer goes to stdout")
+    what.add_argument("--image", metavar="PATH", action="append", default=[],
+                      help="an image the prompt is about (an image-text model; repeat for several, in order); read "
+                           "within data.max_image_pixels")
     what.add_argument("--input", metavar="FILE", help='JSON lines, each {"prompt": ...} or {"messages": [...]}')
     what.add_argument("--output", metavar="FILE", help="JSON lines answers, one per input line, in input order")
     what.add_argument("--batch-size", type=at_least(1), default=8, metavar="N", help="prompts generated together (default 8)")
@@ -36,6 +39,8 @@ def run(args) -> int:
 
     if (args.prompt is None) == (args.input is None):
         raise DataError("give either --prompt TEXT or --input FILE --output FILE.")
+    if args.image and args.input is not None:
+        raise DataError("--image goes with --prompt; a batch names its images in the --input lines' messages.")
     if args.input is None:
         return run_on_ranks(args, _run_one)
     if args.output is None:
@@ -58,6 +63,8 @@ def _run_one(args) -> int:
     from tuner.loading.model import ModelLoadError
 
     loaded, sampling = load_from_args(args)
+    if args.image or loaded.processor is not None:
+        return _answer_images(args, loaded, sampling)
     found = prompt_format_from_args(args, loaded)
     messages = [{"role": "user", "content": user_turn(args.prompt, found.instruction)}]
     prompt = render_prompt(loaded.tokenizer, messages, found.data_format)
@@ -73,6 +80,23 @@ def _run_one(args) -> int:
                              f"{library_words(exc)}); the model's files may not match each other.") from None
     print(answer)
     print(speed.line(), file=sys.stderr)
+    return 0
+
+
+def _answer_images(args, loaded, sampling) -> int:
+    """One answer of an image-text model to --prompt and its --image files (none: a text-only question)."""
+    from tuner.data.sources import DataError
+    from tuner.infer.images import image_answers, image_file, user_turn
+
+    if loaded.processor is None:
+        raise DataError(f"--image: {loaded.target.describe()} is a text-only model (it has no image processor); "
+                        "give an image-text model, or leave --image out.")
+    try:
+        images = [image_file(path, loaded.target.recipe.data.max_image_pixels) for path in args.image]
+    except ValueError as exc:
+        raise DataError(str(exc)) from None
+    conversation = ([user_turn(args.prompt, len(images))], images)
+    print(image_answers(loaded.model, loaded.processor, [conversation], **vars(sampling))[0])
     return 0
 
 

@@ -68,8 +68,14 @@ FORMAT_COLUMNS = {
 
 
 def detect_format(columns: Iterable[str]) -> str:
-    """Name the layout from a dataset's columns; raise ValueError when none matches."""
+    """Name the layout from a dataset's columns; raise ValueError when none matches.  Image columns come first:
+    ``image`` + ``prompt`` + ``answer`` is image_prompt_answer, ``messages`` + ``images`` image_chat (messages
+    whose parts name their own images need data.format: image_chat)."""
     present = set(columns)
+    if {"image", "prompt", "answer"} <= present:
+        return "image_prompt_answer"
+    if {"messages", "images"} <= present:
+        return "image_chat"
     for name, required in FORMAT_COLUMNS.items():
         if required <= present:
             return name

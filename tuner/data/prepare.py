@@ -23,6 +23,7 @@ from tuner.data.formats import (
     tokenize_batch,
 )
 from tuner.data import sources
+from tuner.data.images import IMAGE_COLUMNS, MAX_IMAGE_PIXELS, data_folder, image_row_problem, is_image_format
 from tuner.data.preference import PREFERENCE_COLUMNS, preference_problem
 from tuner.data.prompts import PROMPT_COLUMNS, prompt_problem
 from tuner.data.sources import DataError, Samples, load_split
@@ -43,10 +44,13 @@ class PreparedData:
     raw_eval: object | None  # untokenised held-out samples, for generation checks
 
 
-LAYOUT_COLUMNS = {**FORMAT_COLUMNS, **PREFERENCE_COLUMNS, **PROMPT_COLUMNS}  # every data.format, the columns it needs
-# the layouts whose rows are checked one by one in Python (the others by Arrow column checks first)
+# every data.format, the columns it needs
+LAYOUT_COLUMNS = {**FORMAT_COLUMNS, **PREFERENCE_COLUMNS, **PROMPT_COLUMNS, **IMAGE_COLUMNS}
+# the layouts whose rows are checked one by one in Python (the others by Arrow column checks first); an image
+# layout's check also opens each image, relative to the data file (check_samples)
 ROW_CHECKS = {**{layout: preference_problem for layout in PREFERENCE_COLUMNS},
-              **{layout: prompt_problem for layout in PROMPT_COLUMNS}}
+              **{layout: prompt_problem for layout in PROMPT_COLUMNS},
+              **{layout: image_row_problem for layout in IMAGE_COLUMNS}}
 
 
 def resolve_format(requested: str, columns: list[str], objective: str = "sft") -> str:
@@ -93,7 +97,7 @@ def row_bytes(column):
 
 def used_columns(data_format: str, columns: list[str]) -> list[str]:
     """The columns a layout reads (optional ones included when present)."""
-    optional = {"prompt"} if data_format in PREFERENCE_COLUMNS else {"input"}
+    optional = {"prompt"} if data_format in PREFERENCE_COLUMNS else {"images"} if data_format == "image_chat" else {"input"}
     return sorted((LAYOUT_COLUMNS[data_format] | optional) & set(columns))
 
 
@@ -126,7 +130,7 @@ def column_batches(dataset, columns: list[str]):
         yield from table.to_batches()
 
 
-def check_samples(samples: Samples, data_format: str) -> int:
+def check_samples(samples: Samples, data_format: str, max_pixels: int = MAX_IMAGE_PIXELS) -> int:
     """Refuse the data when any row does not fit the layout or is larger than a row may be, naming the first rows by
     their file lines (row numbers for parquet and hub datasets); returns the number of rows.  The checks run on
     Arrow columns a record batch at a time, in memory or streamed alike; only the rows they flag (all preference
@@ -137,6 +141,9 @@ def check_samples(samples: Samples, data_format: str) -> int:
     dataset = samples.dataset
     used = used_columns(data_format, columns_of(dataset))
     problem_of = ROW_CHECKS.get(data_format, sample_problem)
+    if is_image_format(data_format):
+        base = data_folder(samples.source)
+        problem_of = lambda sample, layout: image_row_problem(sample, layout, base, max_pixels)  # noqa: E731
     problems = samples.problems()
     features = dataset.features and Features({name: dataset.features[name] for name in used})
     offset = 0
@@ -358,7 +365,7 @@ def checked_marker(recipe: Recipe) -> Path | None:
     it (source, split, format, objective): a cache folder holding only its completion marker; None for a hub dataset
     or a stream, checked every time."""
     key = _data_key(recipe, read_as=[recipe.data.source, recipe.data.split, recipe.data.format,
-                                     recipe.objective.kind])
+                                     recipe.objective.kind, recipe.data.max_image_pixels])
     return tuner_home() / CHECKED_DIR / key if key else None
 
 
@@ -368,7 +375,7 @@ def checked_samples(recipe: Recipe) -> tuple[Samples, str]:
     loaded without a scan, and of the processes that ask at once one checks it while the others wait for the proof."""
     def check() -> tuple[Samples, str]:
         samples, data_format = load_samples(recipe)
-        check_samples(samples, data_format)
+        check_samples(samples, data_format, recipe.data.max_image_pixels)
         return samples, data_format
 
     marker = checked_marker(recipe)
@@ -416,9 +423,9 @@ def prepare_data(recipe: Recipe, tokenizer) -> PreparedData:
     data file was prepared the same way before (a re-run, a resume, another rank or machine), and saved there
     otherwise: of the processes that prepare it at once, one tokenises while the others wait to load it."""
     folder = prepared_folder(recipe, tokenizer)
-    if folder is None:  # a stream or a hub dataset: nothing is kept
+    if folder is None or is_image_format(recipe.data.format):  # a stream, a hub dataset, images: nothing is kept
         prepared = tokenised_data(recipe, tokenizer)
-        return prepared if streamed(prepared.train) else without_flags(prepared)
+        return prepared if streamed(prepared.train) or is_image_format(prepared.data_format) else without_flags(prepared)
     prepared = cache_or_make(folder, lambda: tokenised_data(recipe, tokenizer), save_prepared,
                              what="the prepared dataset")
     if prepared is None:
@@ -431,6 +438,10 @@ def tokenised_data(recipe: Recipe, tokenizer) -> PreparedData:
     """The recipe's samples checked, split and tokenised, each with its TRUNCATED flag (a stream: tokenised as it is
     read, without flags)."""
     train_raw, eval_raw, data_format = split_samples(recipe)
+    if is_image_format(data_format):  # the collator reads the images and tokenises as training goes (ImageCollator)
+        log.info("data: %d training and %d held-out %s samples (images read per batch)", len(train_raw),
+                 len(eval_raw) if eval_raw else 0, data_format)
+        return PreparedData(train_raw, eval_raw, data_format, None, None, eval_raw)
     if streamed(train_raw):
         log.info("data: streaming %s samples: read and tokenised as training goes, shuffled within %d (their rows "
                  "were checked before launch)", data_format, STREAM_SHUFFLE_BUFFER)

@@ -43,10 +43,12 @@ def labelled_segments(input_ids: list[int], labels: list[int], tokenizer) -> lis
     return segments
 
 
-def preview_examples(recipe: Recipe, tokenizer, count: int = 3) -> tuple[str, list[PreviewExample]]:
+def preview_examples(recipe: Recipe, tokenizer, count: int = 3, processor=None) -> tuple[str, list[PreviewExample]]:
     """The data format and the first ``count`` training samples as the Trainer will see them: taken from the
     prepared dataset when a run (or a preview before) prepared it, so the file is neither read nor tokenised again;
-    otherwise the first samples of the split (of a stream: the first it yields, read no further), encoded here."""
+    otherwise the first samples of the split (of a stream: the first it yields, read no further), encoded here.
+    Image-text rows are made by the model's ``processor`` (refused without one), as training's collator makes them."""
+    from tuner.data.images import is_image_format
     from tuner.data.prepare import encode_batch, first_rows, is_prepared, load_prepared, prepared_folder, split_samples
 
     folder = None if recipe.objective.kind != "sft" else prepared_folder(recipe, tokenizer)
@@ -61,6 +63,8 @@ def preview_examples(recipe: Recipe, tokenizer, count: int = 3) -> tuple[str, li
                                  for example in preference_examples(sample, data_format, tokenizer, recipe, row)]
         if recipe.objective.kind == "grpo":
             return data_format, [prompt_example(sample, tokenizer, recipe) for sample in rows]
+        if is_image_format(data_format):
+            return data_format, [image_example(sample, data_format, processor, recipe) for sample in rows]
         encoded = encode_batch({key: [row[key] for row in rows] for key in rows[0]}, data_format, tokenizer, recipe)
     return data_format, [
         PreviewExample(segments=labelled_segments(input_ids, labels, tokenizer), tokens=len(labels),
@@ -96,3 +100,23 @@ def prompt_example(sample: dict, tokenizer, recipe: Recipe) -> PreviewExample:
     return PreviewExample(segments=[(prompt_text(sample["prompt"], tokenizer), False)], tokens=tokens,
                           trainable_tokens=0, truncated=tokens > recipe.objective.grpo.max_prompt_length,
                           reward_inputs=reward_inputs(sample))
+
+
+def image_example(sample: dict, data_format: str, processor, recipe: Recipe) -> PreviewExample:
+    """An image-text row as training's collator makes it (the processor's tokens, the image tokens among the
+    masked ones), labelled with each image's size in pixels."""
+    from tuner.data.images import conversation, data_folder, image_collator
+    from tuner.data.sources import DataError
+
+    if processor is None:
+        raise DataError(f"data.format: {data_format} is image-text data, and {recipe.model.id} has no image "
+                        "processor; train it with an image-text model (one transformers builds with "
+                        "AutoModelForImageTextToText), or use text data.")
+    images = conversation(sample, data_format, data_folder(recipe.data.source), recipe.data.max_image_pixels)[2]
+    batch = image_collator(recipe, processor, data_format)([sample])
+    input_ids, labels = batch["input_ids"][0].tolist(), batch["labels"][0].tolist()
+    sizes = ", ".join(f"{image.width}x{image.height}" for image in images)
+    return PreviewExample(segments=labelled_segments(input_ids, labels, processor.tokenizer), tokens=len(input_ids),
+                          trainable_tokens=sum(label != IGNORE_INDEX for label in labels),
+                          truncated=len(input_ids) >= recipe.training.max_seq_length,
+                          answer=f"image {sizes}" if len(images) == 1 else f"images {sizes}")

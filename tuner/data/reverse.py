@@ -96,11 +96,35 @@ def reverse_run_prompts(count: int, seed: int = 3) -> list[dict]:
     return _prompts([word for word in run_words(seed) if word not in taken][:count])
 
 
+def _shape_samples(count: int) -> list[dict]:
+    from tuner.data.shapes import shape_samples
+
+    return shape_samples(count)
+
+
 BUILTIN_DATASETS = {"builtin:reverse": 4000, "builtin:reverse-pairs": 2000, "builtin:reverse-prompts": 2000,
-                    "builtin:reverse-run-prompts": 1300}
+                    "builtin:reverse-run-prompts": 1300, "builtin:shapes": 1200}
 _GENERATORS = {"builtin:reverse": reverse_samples, "builtin:reverse-pairs": reverse_pairs,
-               "builtin:reverse-prompts": reverse_prompts, "builtin:reverse-run-prompts": reverse_run_prompts}
+               "builtin:reverse-prompts": reverse_prompts, "builtin:reverse-run-prompts": reverse_run_prompts,
+               "builtin:shapes": _shape_samples}
 SAMPLES_FILE = "samples.jsonl"  # in each built-in source's folder
+IMAGES_DIR = "images"  # beside it: a built-in source's pictures, named in its rows by relative paths
+
+
+def _saved_images(samples: list[dict], folder: Path) -> list[dict]:
+    """The samples with each picture (a PIL image) saved as a PNG in ``folder/images`` and named by its path
+    relative to the samples file."""
+    saved = []
+    for index, sample in enumerate(samples):
+        row = dict(sample)
+        for key, value in sample.items():
+            if hasattr(value, "save"):
+                (folder / IMAGES_DIR).mkdir(exist_ok=True)
+                name = f"{IMAGES_DIR}/{index:05d}.png"
+                value.save(folder / name)
+                row[key] = name
+        saved.append(row)
+    return saved
 
 
 def builtin_dataset_path(source: str, directory: Path) -> Path:
@@ -115,7 +139,7 @@ def builtin_dataset_path(source: str, directory: Path) -> Path:
     folder = directory / source.removeprefix("builtin:")
 
     def write(staging: Path) -> None:
-        samples = _GENERATORS[source](BUILTIN_DATASETS[source])
+        samples = _saved_images(_GENERATORS[source](BUILTIN_DATASETS[source]), staging)
         atomic_write_text(staging / SAMPLES_FILE, "".join(json.dumps(sample) + "\n" for sample in samples))
 
     build_once(folder, write, what=f"the built-in data {source}")

@@ -26,10 +26,40 @@ def score_model(label: str, target: InferenceTarget, names: list[str] = (), incl
     from tuner.infer.load import load_for_inference
 
     loaded = load_for_inference(target, context=target.recipe.training.max_seq_length, max_memory=max_memory)
+    if held_out and loaded.processor is not None and not names:
+        from tuner.data.held_out import held_out_samples
+        from tuner.data.images import is_image_format
+
+        samples, data_format = held_out_samples(target.recipe)
+        if is_image_format(data_format):
+            return image_held_out(loaded, label, samples[:limit], data_format)
     tasks = load_named_tasks(list(names), include_path) if names else []
     if held_out:
         tasks.append(held_out_task(target.recipe, loaded.tokenizer, limit))
     return evaluate_model(loaded, label, tasks, batch_size)
+
+
+def image_held_out(loaded, label: str, samples: list[dict], data_format: str) -> ModelResult:
+    """Exact match of an image-text model's greedy answers on the held-out image rows (lm-eval's harness takes text
+    prompts only), each row's images read within the data's bounds as training read them."""
+    from tuner.data.images import conversation, data_folder
+    from tuner.evaluate.harness import SHOWN
+    from tuner.evaluate.tasks import EXACT_MATCH, HELD_OUT_TASK
+    from tuner.infer.images import image_answers
+
+    recipe = loaded.target.recipe
+    base = data_folder(recipe.data.source)
+    rows = [conversation(sample, data_format, base, recipe.data.max_image_pixels) for sample in samples]
+    expected = [completion[-1]["content"] for _, completion, _ in rows]
+    longest = max(len(loaded.tokenizer(answer)["input_ids"]) for answer in expected)
+    answers = [answer.strip() for answer in image_answers(loaded.model, loaded.processor,
+                                                         [(prompt, images) for prompt, _, images in rows], longest + 4)]
+    shown = [sample["image"] if isinstance(sample.get("image"), str) else prompt[-1]["content"][-1].get("text", "")
+             if isinstance(prompt[-1]["content"], list) else prompt[-1]["content"] for sample, (prompt, _, _) in
+             zip(samples, rows)]
+    score = sum(a == e for a, e in zip(answers, expected)) / len(rows)
+    return ModelResult(label, loaded.target.describe(), {HELD_OUT_TASK: {EXACT_MATCH: score}},
+                       list(zip(shown, expected, answers))[:SHOWN])
 
 
 def save_results(evaluated: InferenceTarget, results: list[ModelResult]) -> tuple[Path, list[str]]:

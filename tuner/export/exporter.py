@@ -59,10 +59,18 @@ def check_architecture(target: InferenceTarget) -> None:
     """The architecture refused from the model's config.json alone, before any weight is read."""
     from transformers import AutoConfig
 
+    from tuner.catalog.model_classes import IMAGE_TEXT, auto_class_for
     from tuner.export.gguf_file import layout_for
 
-    layout_for(AutoConfig.from_pretrained(target.model_path, revision=target.recipe.model.revision,
-                                          trust_remote_code=target.recipe.model.trust_remote_code))
+    config = AutoConfig.from_pretrained(target.model_path, revision=target.recipe.model.revision,
+                                        trust_remote_code=target.recipe.model.trust_remote_code)
+    if auto_class_for(config.to_dict()) == IMAGE_TEXT:
+        raise ExportRefused(
+            f"{target.model_path}: an image-text model ({type(config).__name__}): llama.cpp reads its vision tower "
+            "and projector from a separate projector file (mmproj GGUF) beside the language model's, and tuner "
+            "writes only the language model's, which would answer without seeing any image. Serve it with tuner "
+            "serve (image_url parts), or convert it with llama.cpp's own convert_hf_to_gguf.py --mmproj.")
+    layout_for(config)
 
 
 def load_for_export(target: InferenceTarget):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tuner.infer.placement import DISK, GIB, Placement, hardware_memory_map, placement_of
 from tuner.infer.target import InferenceTarget
-from tuner.loading.model import ModelLoadError, load_model, load_tokenizer, quantization_config
+from tuner.loading.model import (ModelLoadError, is_image_text, load_model, load_processor, load_tokenizer,
+                                 quantization_config)
 from tuner.reason import library_words
 from tuner.recipe.schema import QuantizationSection
 from tuner.rundir.layout import OFFLOAD_DIR
@@ -32,6 +33,7 @@ class LoadedModel:
     target: InferenceTarget
     # keeps a temporary offload folder alive (and removes it) together with the model
     offload_tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
+    processor: object | None = None  # an image-text model's: images become its tokens (tuner.infer.images)
 
 
 def default_context(target: InferenceTarget, max_new_tokens: int) -> int:
@@ -87,8 +89,13 @@ def load_for_inference(target: InferenceTarget, *, batch: int = 1, context: int,
                              tuple(notes), planner_facts(target))
     if target.adapter is not None:
         model = _with_adapter(model, target.adapter, placement, max_memory, folder)
-    tokenizer = load_tokenizer(recipe, target.tokenizer_path)
-    return LoadedModel(model, tokenizer, placement, target, offload_tmp)
+    processor = None
+    if is_image_text(model.config.to_dict()):
+        processor = load_processor(recipe, target.tokenizer_path)
+        tokenizer = processor.tokenizer
+    else:
+        tokenizer = load_tokenizer(recipe, target.tokenizer_path)
+    return LoadedModel(model, tokenizer, placement, target, offload_tmp, processor)
 
 
 def _check_run_offload(folder: Path) -> None:

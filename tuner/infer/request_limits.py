@@ -10,7 +10,9 @@ size, and answers a bad field with HTTP 500 and a traceback in the log.  In fron
   the loaded one, or the other routes this layer does not check);
 - every field tuner bounds is checked with its range (400 naming the field): ``messages`` (roles, text),
   ``max_tokens``/``max_completion_tokens`` (1 to what the context leaves after the prompt), ``temperature``,
-  ``top_p``, ``frequency_penalty``, ``seed``, ``logit_bias`` (token ids of this vocabulary), ``stop``; a
+  ``top_p``, ``frequency_penalty``, ``seed``, ``logit_bias`` (token ids of this vocabulary), ``stop``; an
+  ``image_url`` part only for an image-text model and only as a data URL of an image within
+  ``data.max_image_pixels`` (a remote URL is refused: nothing is fetched; the body's bound caps its bytes); a
   ``generation_config`` (which would replace all of them) is refused;
 - the body must arrive within :data:`BODY_TIMEOUT_S` of its headers (408 and the connection closed otherwise: a
   ``Content-Length`` longer than the body sent is answered then);
@@ -76,6 +78,7 @@ class Limits:
     count_tokens: Callable[[list[dict], Any], int]  # the prompt's length (messages, tools) as the server tokenises
     # it, rendered within the template's bounds (TemplateRefused past one)
     time_budget_s: float = math.inf  # one request's generation (--request-timeout)
+    max_image_pixels: int | None = None  # an image-text model's bound per image_url part; None: text only
 
 
 def _number(body: dict, name: str, low: float, high: float, *, integer: bool = False, low_open: bool = False,
@@ -100,7 +103,33 @@ def message_text(message: dict) -> str:
     return content or ""
 
 
-def _check_messages(body: dict) -> list[dict]:
+def _check_image(part: dict, where: str, limits: Limits) -> None:
+    """An ``image_url`` part: a data URL of an image within the bounds (the body's own bound caps its bytes).  A
+    remote URL is refused, never fetched: transformers' server would download whatever it names."""
+    import base64
+    import binascii
+
+    from tuner.data.images import ImageProblem, open_image
+
+    if limits.max_image_pixels is None:
+        raise Refused(400, f"{where}: this model reads text only; send {{type: text, text}} parts.", "messages")
+    url = part.get("image_url")
+    url = url.get("url") if isinstance(url, dict) else url
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise Refused(400, f"{where}.image_url.url: only data: URLs are accepted (data:image/png;base64,...); tuner "
+                           "serve fetches nothing from the network.", "messages")
+    header, _, payload = url.partition(",")
+    if not header.startswith("data:image/") or not header.endswith(";base64"):
+        raise Refused(400, f"{where}.image_url.url: a data URL of a base64 image (data:image/png;base64,...).",
+                      "messages")
+    try:
+        open_image({"bytes": base64.b64decode(payload, validate=True)}, None, limits.max_image_pixels)
+    except (binascii.Error, ValueError) as exc:  # ImageProblem is a ValueError
+        reason = str(exc) if isinstance(exc, ImageProblem) else "not valid base64"
+        raise Refused(400, f"{where}.image_url: {reason}.", "messages") from None
+
+
+def _check_messages(body: dict, limits: Limits) -> list[dict]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise Refused(400, "messages: must be a non-empty list of {role, content}.", "messages")
@@ -112,10 +141,15 @@ def _check_messages(body: dict) -> list[dict]:
             raise Refused(400, f"{where}: must be an object whose role is one of {', '.join(ROLES)}.", "messages")
         content = message.get("content")
         parts_ok = isinstance(content, list) and all(
-            isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            isinstance(part, dict) and (part.get("type") == "text" and isinstance(part.get("text"), str)
+                                        or part.get("type") == "image_url")
             for part in content)
         if not (isinstance(content, str) or parts_ok or (content is None and message["role"] == "assistant")):
-            raise Refused(400, f"{where}.content: must be text, or a list of {{type: text, text}} parts.", "messages")
+            raise Refused(400, f"{where}.content: must be text, or a list of {{type: text, text}} (or, for an "
+                               "image-text model, {type: image_url, image_url: {url: data:...}}) parts.", "messages")
+        for number, part in enumerate(content if parts_ok else []):
+            if part["type"] == "image_url":
+                _check_image(part, f"{where}.content[{number}]", limits)
     return messages
 
 
@@ -156,7 +190,7 @@ async def check_chat_request(body: Any, limits: Limits) -> dict:
     """The request as it may reach the server (``max_tokens`` always set, within the context), or :class:`Refused`."""
     if not isinstance(body, dict):
         raise Refused(400, "the request body must be a JSON object.")
-    messages = _check_messages(body)
+    messages = _check_messages(body, limits)
     _check_fields(body, limits)
     context = limits.context
     because = f" (less than the model's context of {context} tokens)" if context else ""

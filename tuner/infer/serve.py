@@ -326,13 +326,24 @@ class Server:
             plain = [{"role": message["role"], "content": message_text(message)} for message in messages]
             return len(chat_ids(tokenizer, plain, add_generation_prompt=True, tools=tools))
 
-        limits = Limits(context, default_max_tokens, vocab_size, count_tokens, float(request_timeout_s))
+        limits = Limits(context, default_max_tokens, vocab_size, count_tokens, float(request_timeout_s),
+                        self._image_bound())
         config = self._serve.server.config
         config.app = RequestLimits(config.app, limits)
         config.http = BoundedH11Protocol
         config.limit_concurrency = None  # it counted idle sockets; RequestLimits counts requests
         config.timeout_graceful_shutdown = SHUTDOWN_S
         return limits
+
+    def _image_bound(self) -> int | None:
+        """data.max_image_pixels for an image-text model (its image_url parts are checked against it); None for a
+        causal LM, which is sent text only."""
+        import json
+
+        from tuner.loading.model import is_image_text
+
+        config = json.loads((self.served.path / MODEL_CONFIG).read_text())
+        return self.served.target.recipe.data.max_image_pixels if is_image_text(config) else None
 
     def placement(self, context: int, facts=None):
         """Where the served model's weights are and the KV cache of one ``context``-token conversation."""

@@ -160,11 +160,32 @@ def _check_data(recipe: Recipe) -> str:
     finally:
         if shown:
             enable_progress_bar()
+    _check_image_model(recipe, data.data_format)
     if data.streamed:
         return (f"data: {data.train} {data.data_format} samples, streamed (read and tokenised as training goes, "
                 f"shuffled within {STREAM_SHUFFLE_BUFFER:,}; nothing prepared or cached)")
     held_out = f", {data.held_out} held out for evaluation" if data.held_out else ""
     return f"data: {data.train} {data.data_format} samples to train on{held_out}"
+
+
+def _check_image_model(recipe: Recipe, data_format: str) -> None:
+    """Image-text data needs a model transformers builds as image-text (its config, read without building it)."""
+    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_classes import IMAGE_TEXT, auto_class_for
+    from tuner.catalog.models import model_config
+    from tuner.data.images import is_image_format
+    from tuner.data.sources import DataError
+
+    if not is_image_format(data_format):
+        return
+    try:
+        config = model_config(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code)
+    except UnknownModelError:
+        return  # transformers meets the model's own checks at load
+    if auto_class_for(config) != IMAGE_TEXT:
+        raise DataError(f"data.format: {data_format} is image-text data, and {recipe.model.id} "
+                        f"({config.get('model_type')}) is a text-only model; give model.id an image-text model (one "
+                        "AutoModelForImageTextToText builds, e.g. builtin:demo-vlm), or use text data.")
 
 
 def _resume_notes(recipe: Recipe, run_dir: Path, verify: bool = False) -> list[str]:

@@ -14,13 +14,26 @@ import sys
 from pathlib import Path
 
 from tuner.build_once import build_once
-from tuner.catalog.demo import DEMO_MODEL_ID, SPECIAL_TOKENS, builtin_model, demo_model_dir
+from tuner.catalog.demo import DEMO_MODEL_ID, IMAGE_TOKEN, IMAGE_TOKEN_ID, SPECIAL_TOKENS, builtin_model, demo_model_dir
 
 # A compact template keeps the demo's sequences short: "reverse\nabc=cba</s>".
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
     "{% else %}{{ message['content'] + '=' }}{% endif %}"
+    "{% endfor %}"
+)
+# The same for an image-text model, whose turns may be lists of parts: an image part is the processor's
+# placeholder (which it expands to the image's tokens), a text part its text: "<image>name it=red circle</s>".
+IMAGE_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['content'] is string %}{% set text = message['content'] %}"
+    "{% else %}{% set text = namespace(value='') %}"
+    "{% for part in message['content'] %}"
+    f"{{% if part['type'] == 'image' %}}{{% set text.value = text.value + '{IMAGE_TOKEN}' %}}"
+    "{% else %}{% set text.value = text.value + part['text'] %}{% endif %}"
+    "{% endfor %}{% set text = text.value %}{% endif %}"
+    "{% if message['role'] == 'assistant' %}{{ text + eos_token }}{% else %}{{ text + '=' }}{% endif %}"
     "{% endfor %}"
 )
 
@@ -32,8 +45,9 @@ def builtin_model_path(model_id: str) -> Path:
     return path
 
 
-def _train_tokenizer():
-    """A character-level tokenizer, trained with the tokenizers library on the characters the demo uses."""
+def _train_tokenizer(image: bool = False):
+    """A character-level tokenizer, trained with the tokenizers library on the characters the demo uses; with
+    ``image``, the image placeholder too (a special token: never split, never decoded into an answer)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -41,15 +55,18 @@ def _train_tokenizer():
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
     corpus = [string.ascii_letters + string.digits + string.punctuation + " \n", "<|user|><|assistant|><|system|>"]
-    tokenizer.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=SPECIAL_TOKENS, min_frequency=1))
+    special = SPECIAL_TOKENS + ([IMAGE_TOKEN] if image else [])
+    tokenizer.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=special, min_frequency=1))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         pad_token="<pad>",
         bos_token="<s>",
         eos_token="</s>",
         unk_token="<unk>",
+        **({"extra_special_tokens": {"image_token": IMAGE_TOKEN}} if image else {}),
     )
-    fast.chat_template = CHAT_TEMPLATE
+    assert not image or fast.convert_tokens_to_ids(IMAGE_TOKEN) == IMAGE_TOKEN_ID
+    fast.chat_template = IMAGE_CHAT_TEMPLATE if image else CHAT_TEMPLATE
     return fast
 
 
@@ -67,26 +84,43 @@ def build_demo_model(path: Path, model_id: str = DEMO_MODEL_ID) -> None:
 
 
 def save_demo_model(path: Path, model_id: str = DEMO_MODEL_ID) -> None:
-    """Build the built-in model ``model_id`` with random weights (seeded) and save it, with its tokenizer, in the
-    folder ``path``."""
+    """Build the built-in model ``model_id`` with random weights (seeded) and save it, with its tokenizer (and an
+    image-text model's processor), in the folder ``path``; its class is the one its config's auto class builds."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    import transformers
 
-    tokenizer = _train_tokenizer()
+    from tuner.catalog.model_classes import auto_class_for
+
     built = builtin_model(model_id)
-    config = AutoConfig.for_model(
-        built.model_type,
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        **built.config,
-    )
+    tokenizer = _train_tokenizer(image=built.image is not None)
+    assert len(tokenizer) == built.vocab_size, (len(tokenizer), built.vocab_size)
+    special = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                   eos_token_id=tokenizer.eos_token_id)
+    config_dict = built.full_config()
+    if built.image:  # the ids belong to the language model
+        config_dict["text_config"] = {**config_dict["text_config"], **special}
+    config = transformers.AutoConfig.for_model(**{**config_dict, **({} if built.image else special)})
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
+    model = getattr(transformers, auto_class_for(config_dict)).from_config(config)
     assert type(model).__name__ == built.architecture, (type(model).__name__, built.architecture)
     model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    if built.image:
+        _processor(tokenizer, built.image).save_pretrained(path)
+    else:
+        tokenizer.save_pretrained(path)
+
+
+def _processor(tokenizer, image: dict):
+    """LLaVA's processor over the character tokenizer, with CLIP's image processor (its Pillow backend: no
+    torchvision needed) resizing every image to the tower's square."""
+    from transformers import LlavaProcessor
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    side = image["size"]
+    images = CLIPImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+    return LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=image["patch_size"],
+                          vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                          chat_template=IMAGE_CHAT_TEMPLATE)
 
 
 if __name__ == "__main__":  # the process build_demo_model starts

@@ -114,6 +114,54 @@ def model_type_of(recipe: Recipe, source: str) -> str | None:
         return None
 
 
+def source_config(recipe: Recipe, source: str) -> dict:
+    """The config.json mapping of the model loaded from ``source`` (a built-in's, a folder's, the catalog's or the
+    hub's: :func:`tuner.catalog.models.model_config`); empty where tuner cannot read it before loading."""
+    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.models import model_config
+
+    model_id = recipe.model.id if source == resolve_model_path(recipe.model.id) else source
+    try:
+        return model_config(model_id, recipe.model.revision, recipe.model.trust_remote_code)
+    except UnknownModelError:
+        return {}
+
+
+def auto_class(config: dict):
+    """transformers' auto class that builds ``config`` (causal LM or image-text), from transformers' own mappings
+    (:func:`tuner.catalog.model_classes.auto_class_for`), never from the model's name."""
+    import transformers
+
+    from tuner.catalog.model_classes import auto_class_for
+
+    return getattr(transformers, auto_class_for(config))
+
+
+def is_image_text(config: dict) -> bool:
+    from tuner.catalog.model_classes import IMAGE_TEXT, auto_class_for
+
+    return auto_class_for(config) == IMAGE_TEXT
+
+
+def load_processor(recipe: Recipe, path: str | None = None):
+    """An image-text model's processor (its image processor, tokenizer and chat template), from its folder."""
+    from transformers import AutoProcessor
+
+    source = path or resolve_model_path(recipe.model.id)
+    refuse_custom_code(recipe, source)
+    try:
+        processor = AutoProcessor.from_pretrained(source, revision=recipe.model.revision,
+                                                  trust_remote_code=recipe.model.trust_remote_code)
+    except Exception as exc:  # whatever a damaged file makes the library raise: one message naming the folder
+        raise not_loaded(recipe, source, exc) from None
+    if not hasattr(processor, "image_processor"):
+        raise ModelLoadError(f"{source}: an image-text model without an image processor (processor_config.json or "
+                             "preprocessor_config.json); save its processor beside the weights.")
+    if processor.tokenizer.pad_token is None:
+        processor.tokenizer.pad_token = processor.tokenizer.eos_token
+    return processor
+
+
 def choose_liger(requested: bool, model_type: str, on_gpu: bool) -> tuple[bool, str]:
     """Whether the Trainer should patch in Liger's fused kernels, and why (logged either way)."""
     if not requested:
@@ -174,22 +222,23 @@ def quantization_config(recipe: Recipe):
     )
 
 
-def trained_class(recipe: Recipe) -> tuple[type, dict]:
-    """The transformers auto class training builds and its extra arguments: for a reward model the causal LM's
-    body under a one-output sequence-classification head (``score``, newly initialised; TRL's reward models),
-    else the causal LM itself."""
+def trained_class(recipe: Recipe, config: dict | None) -> tuple[type, dict]:
+    """The transformers auto class training builds for ``config`` and its extra arguments: for a reward model the
+    causal LM's body under a one-output sequence-classification head (``score``, newly initialised; TRL's reward
+    models), else the class the config belongs to (:func:`auto_class`; the causal LM where no config is read)."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     if recipe.objective.kind == "reward":
         return AutoModelForSequenceClassification, {"num_labels": 1}
-    return AutoModelForCausalLM, {}
+    return (auto_class(config) if config else AutoModelForCausalLM), {}
 
 
 def load_model(recipe: Recipe, path: str | None = None, **kwargs):
     """The base model as the recipe describes it (no adapters yet); ``kwargs`` add to or replace the
-    ``from_pretrained`` arguments (inference passes device_map, max_memory and its own quantisation config)."""
-    auto_class, head = trained_class(recipe)
+    ``from_pretrained`` arguments (inference passes device_map, max_memory and its own quantisation config); built
+    through the auto class its config belongs to (causal LM or image-text; a reward model's classification head)."""
     source = path or resolve_model_path(recipe.model.id)
+    auto_class, head = trained_class(recipe, source_config(recipe, source))
     refuse_custom_code(recipe, source)
     attention, reason = choose_attention(recipe.memory.attention, model_type_of(recipe, source))
     log.info("attention: %s (%s)", attention, reason)
@@ -234,7 +283,7 @@ def apply_lora(model, recipe: Recipe):
     """Wrap the model with LoRA adapters, after k-bit preparation (casts, input grads) for qlora."""
     from peft import get_peft_model
 
-    return get_peft_model(prepare_for_adapters(model, recipe), lora_config(recipe))
+    return get_peft_model(prepare_for_adapters(model, recipe), lora_config(recipe, is_image_text(model.config.to_dict())))
 
 
 def build_on_meta(recipe: Recipe, layers: int | None = 2, flash_missing: str | None = None):
@@ -254,7 +303,7 @@ def build_on_meta(recipe: Recipe, layers: int | None = 2, flash_missing: str | N
         data["num_hidden_layers"] = layers
         if isinstance(data.get("layer_types"), list):
             data["layer_types"] = data["layer_types"][:layers]
-    auto_class, head = trained_class(recipe)
+    auto_class, head = trained_class(recipe, data)
     config = AutoConfig.for_model(**data, **head)
     attention, _ = choose_attention(recipe.memory.attention, config.model_type, flash_missing)
     with torch.device("meta"):

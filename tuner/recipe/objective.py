@@ -123,7 +123,8 @@ class ObjectiveData(typing.NamedTuple):
 
 
 # every objective.kind (a test holds them to the Literal below), each data.format but auto read by at least one
-OBJECTIVE_DATA = {"sft": ObjectiveData(("text", "instruction", "chat"), "builtin:reverse"),
+OBJECTIVE_DATA = {"sft": ObjectiveData(("text", "instruction", "chat", "image_prompt_answer", "image_chat"),
+                                        "builtin:reverse"),
                   "dpo": ObjectiveData(("preference",), "builtin:reverse-pairs"),
                   "kto": ObjectiveData(("unpaired_preference",), None),
                   "grpo": ObjectiveData(("prompt",), "builtin:reverse-prompts"),

@@ -257,14 +257,24 @@ class DataSection(Section):
         description="Training data: a local .json/.jsonl/.csv/.parquet file, a datasets name in the local cache, "
         "builtin:reverse (the demo's word-reversal task), builtin:reverse-pairs (its preference pairs: the right "
         "reversal chosen, a near miss rejected), builtin:reverse-prompts (its prompts with an answer column, for "
-        "grpo) or builtin:reverse-run-prompts (prompts of one letter then a run of another, held out from the others).",
+        "grpo), builtin:reverse-run-prompts (prompts of one letter then a run of another, held out from the others) or "
+        "builtin:shapes (image_prompt_answer rows: Pillow-drawn shapes to name with their colour, for builtin:demo-vlm).",
     )
-    format: Literal["auto", "text", "instruction", "chat", "preference", "unpaired_preference", "prompt"] = Field(
+    format: Literal["auto", "text", "instruction", "chat", "preference", "unpaired_preference", "prompt",
+                    "image_prompt_answer", "image_chat"] = Field(
         "auto",
         description="Sample layout: text (a 'text' column), instruction (instruction/input/output), chat (messages with roles); "
         "for dpo, preference (prompt/chosen/rejected); for kto, unpaired_preference (prompt/completion/label); for "
         "grpo, prompt (a 'prompt' column, text or messages, and any columns the rewards read). "
-        "Preference values are text or lists of role/content messages. auto detects it from the columns.",
+        "Preference values are text or lists of role/content messages. For image-text models: image_prompt_answer "
+        "(image/prompt/answer, the image a path relative to the data file) or image_chat (messages whose user turns "
+        "hold {type: image} parts, with an images column or each part's own image path). auto detects it from the "
+        "columns.",
+    )
+    max_image_pixels: int = Field(
+        4096 * 4096, ge=1, le=2**31,
+        description="The most pixels (width x height) one image of image-text data may hold; a larger image is "
+        "refused, naming its file and row, before it is decoded (default 16,777,216: 4096 x 4096).",
     )
     split: str = Field("train", min_length=1, description="Dataset split to train on.")
     eval_fraction: float = Field(

@@ -171,7 +171,8 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from tuner.fileio import atomic_write_text, umask_permissions
     from tuner.rundir.checkpoints import resume_checkpoint
     from tuner.loading.hub_download import run_snapshot
-    from tuner.loading.model import load_tokenizer
+    from tuner.data.images import image_collator
+    from tuner.loading.model import is_image_text, load_processor, load_tokenizer
     from tuner.rundir.layout import LOCK_FILE
     from tuner.train.callbacks import EventsCallback, ProfilerCallback, memory_per_rank
     from tuner.train.checkpoints import CheckpointInfoCallback
@@ -228,7 +229,10 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
             log.info("tensor parallel: evaluating %d held-out samples in batches of %d (equal batches keep every "
                      "rank's copy the same weight)", len(data.eval), args.per_device_eval_batch_size)
         model, args.use_liger_kernel = build_model(recipe, model_path)  # the Trainer patches the kernels in at start
-        collator = data_collator(recipe, tokenizer)
+        collator, processing = data_collator(recipe, tokenizer), tokenizer
+        if is_image_text(model.config.to_dict()):  # its processor makes the batches of images and is saved with it
+            processing = load_processor(recipe, model_path)
+            collator = image_collator(recipe, processing, data.data_format) or collator
         trace = RankTrace(events, collator) if tracing_ranks() else None
         from tuner.train.parallelism import loads_sharded, sharded_trainer_class
 
@@ -238,7 +242,7 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
             train_dataset=data.train,
             eval_dataset=data.eval,
             data_collator=trace.collate if trace else collator,
-            processing_class=tokenizer,
+            processing_class=processing,
             callbacks=callbacks + ([trace] if trace else []),
         )
     result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
