@@ -145,7 +145,7 @@ def test_render_refuses_to_overwrite_without_force(tmp_path, capsys) -> None:
 # -- the rule itself -------------------------------------------------------------------------------------------
 
 # Append-only streams are safe without a rename: readers skip a partly written last line.
-APPEND_ONLY = {"tuner/rundir/events.py", "tuner/launch/runner.py"}
+APPEND_ONLY = {"tuner/rundir/events.py", "tuner/launch/runner.py", "tuner/rundir/library_output.py"}  # the last: train.log
 # streams, not files written whole: the wizard's own log in $TUNER_HOME, begun afresh each session (its library output)
 STREAMED = {"tuner/tui/output.py": re.compile(r"log = open\(path, \"wb\"\)")}
 # (a YAML or JSON dump to a stream needs one of these opens too)

@@ -425,7 +425,7 @@ async def test_the_objective_is_chosen_with_the_method_and_its_reference_shows_i
         await settle(pilot)
         objective = app.screen.query_one("#objective-kind", ChoiceField)
         assert not app.draft.valid  # sft does not read pairs; the conflict is said under the data format
-        assert "objective sft reads text or instruction or chat data, not preference" in app.draft.reason("data.format")
+        assert "objective sft reads text or instruction or chat or image_prompt_answer or image_chat data, not preference" in app.draft.reason("data.format")
         assert not objective.button("dpo").disabled
         assert not app.screen.query_one("#preference").display
         objective.radio_set.focus()

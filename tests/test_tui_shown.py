@@ -70,7 +70,9 @@ async def test_arrows_step_through_every_option_refused_ones_too_and_stop_at_the
         await pilot.press("enter")  # says why, chooses nothing
         await settle(pilot)
         assert app.draft.value("objective.kind") == "sft" and pressed(objective) == ["sft"]
-        await pilot.press("right", "right", "right")  # -> grpo, then the end: no wrap to sft
+        await pilot.press("right", "right", "right", "right")  # -> grpo, reward, distill, then the end: no wrap to sft
+        assert row._selected == 5
+        await pilot.press("left", "left")  # back to grpo
         assert row._selected == 3
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.draft.value("objective.kind") == "grpo")

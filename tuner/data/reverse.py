@@ -91,8 +91,10 @@ def run_words(seed: int = 3) -> list[str]:
 
 
 def reverse_run_prompts(count: int, seed: int = 3) -> list[dict]:
-    """Conversational prompts of :func:`run_words` that no other built-in source holds, each with its answer."""
-    taken = builtin_words(*(source for source in BUILTIN_DATASETS if source != "builtin:reverse-run-prompts"))
+    """Conversational prompts of :func:`run_words` that no other built-in word source holds, each with its answer
+    (builtin:shapes holds pictures, no words)."""
+    taken = builtin_words(*(source for source in BUILTIN_DATASETS
+                            if source.startswith("builtin:reverse") and source != "builtin:reverse-run-prompts"))
     return _prompts([word for word in run_words(seed) if word not in taken][:count])
 
 

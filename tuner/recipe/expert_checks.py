@@ -22,8 +22,19 @@ PEFT_EP_ERROR = ("aten.baddbmm.default got mixed torch.Tensor and DTensor, need 
                  "before calling distributed operators!")
 
 
+def _transformers_here() -> bool:
+    """A core-only install (no transformers) validates too: the library's own checks then run where it trains, at
+    load, in the same words."""
+    import importlib.util
+
+    return importlib.util.find_spec("transformers") is not None
+
+
 def library_config_error(ep: int, tp: int, fsdp: int, dp_replicate: int, pp: int = 1) -> str | None:
-    """What transformers' DistributedConfig says of these sizes (its own message), or None when it accepts them."""
+    """What transformers' DistributedConfig says of these sizes (its own message), or None when it accepts them
+    (or is not installed here)."""
+    if not _transformers_here():
+        return None
     from transformers.distributed import DistributedConfig
 
     try:
@@ -52,6 +63,8 @@ def _model_problems(recipe: Recipe) -> list[Problem]:
         facts = model_facts(model.id, model.revision, model.trust_remote_code)
     except UnknownModelError:
         return []  # the plan says the model is unknown
+    if not _transformers_here():
+        return []
     plan = model_ep_plan(facts.model_type)
     if not plan:
         return [Problem("parallelism.ep", (

@@ -110,6 +110,7 @@ def sharded_trainer_class():
             state = {"optimizer": get_optimizer_state_dict(self.model, optimizer)}
             dcp.load(state, checkpoint_id=os.path.join(checkpoint, SHARDED_OPTIMIZER_DIR))
             set_optimizer_state_dict(self.model, optimizer, state["optimizer"])
-            self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, SCHEDULER_NAME), weights_only=True))
+            scheduler = os.path.join(checkpoint, SCHEDULER_NAME)
+            self.lr_scheduler.load_state_dict(torch.load(scheduler, weights_only=True))
 
     return ShardedTrainer
