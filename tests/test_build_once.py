@@ -10,12 +10,15 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_cpu_ranks import free_port
 
 from conftest import REPO
@@ -192,6 +195,76 @@ def test_a_build_that_fails_publishes_nothing_and_the_next_one_builds(tmp_path):
     assert not target.exists() and leftovers(target) == []
     assert build_once(target, lambda staging: (staging / "whole").write_text("x"), what="the test cache") == 1
     assert build_once(target, failing, what="the test cache") is None  # complete: not built again
+
+
+@settings(max_examples=60, deadline=None)
+@given(specs=st.lists(st.sampled_from([None, "a", "b", "c"]), min_size=1, max_size=8))
+def test_a_cache_is_built_again_exactly_when_its_spec_changes(specs):
+    """Any sequence of asks: a cache is built on the first ask, again on an ask with a spec other than the one it was
+    built from, and never on an ask without a spec or with its own; what is read is always the last build's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        target = Path(tmp) / "cache"
+        built_from = "none yet"
+        for number, spec in enumerate(specs):
+            expected = built_from == "none yet" or (spec is not None and spec != built_from)
+            value = build_once(target, lambda staging, n=number: (staging / "build").write_text(str(n)) or n,
+                               what="the test cache", spec=spec)
+            assert (value is not None) == expected, (specs, number)
+            if expected:
+                built_from, last = spec, number
+            assert (target / "build").read_text() == str(last)
+            assert is_built(target) and is_built(target, built_from) if built_from is not None else is_built(target)
+            assert not is_built(target, "never used") and leftovers(target) == []
+
+
+def test_a_marker_from_before_specs_is_not_current(tmp_path):
+    """A home built by a tuner that wrote no spec (or a damaged marker) is complete but not known to be current."""
+    target = tmp_path / "cache"
+    target.mkdir()
+    for marker in ('{"host": "h", "pid": 1, "built": 0}', "not json", "[]"):
+        (target / BUILT_MARKER).write_text(marker)
+        assert is_built(target) and not is_built(target, "spec")
+    assert build_once(target, lambda staging: (staging / "new").write_text("x"), what="the test cache", spec="spec") \
+        is not None
+    assert is_built(target, "spec") and (target / "new").exists()
+
+
+def test_a_built_in_model_s_spec_follows_what_it_is_built_from(monkeypatch):
+    """Its config, its image settings and the builder's code each change the spec: an upgraded tuner rebuilds it."""
+    import dataclasses
+
+    from tuner.catalog import demo
+    from tuner.loading import demo_model
+
+    before = {model_id: demo_model.build_spec(model_id) for model_id in demo.BUILTIN_MODELS}
+    assert len(set(before.values())) == len(before)  # each built-in model is its own
+    model, vlm = demo.BUILTIN_MODELS[demo.DEMO_MODEL_ID], demo.BUILTIN_MODELS[demo.DEMO_VLM_MODEL_ID]
+    for changed in (dataclasses.replace(model, config={**model.config, "hidden_size": 256}),
+                    dataclasses.replace(model, architecture="MistralForCausalLM"),
+                    dataclasses.replace(vlm, image={**vlm.image, "size": 64})):
+        monkeypatch.setitem(demo.BUILTIN_MODELS, changed.id, changed)
+        assert demo_model.build_spec(changed.id) != before[changed.id], changed
+    monkeypatch.setitem(demo.BUILTIN_MODELS, demo.DEMO_MODEL_ID, model)
+    monkeypatch.setitem(demo.BUILTIN_MODELS, demo.DEMO_VLM_MODEL_ID, vlm)
+    assert {model_id: demo_model.build_spec(model_id) for model_id in demo.BUILTIN_MODELS} == before
+    monkeypatch.setattr(demo_model, "__file__", demo.__file__)  # the builder's code changed
+    assert demo_model.build_spec(demo.DEMO_MODEL_ID) != before[demo.DEMO_MODEL_ID]
+
+
+def test_a_built_in_model_built_from_other_inputs_is_built_again(tmp_path, monkeypatch):
+    """A home whose built-in model an earlier tuner built is not current: the next use builds it again, once."""
+    from tuner.loading import demo_model
+
+    monkeypatch.setenv("TUNER_HOME", str(tmp_path))
+    builds = []
+    monkeypatch.setattr(demo_model, "build_demo_model", lambda folder, model_id: builds.append(model_id))
+    path = demo_model.builtin_model_path("builtin:demo-small")
+    assert builds == ["builtin:demo-small"] and demo_model.is_current("builtin:demo-small")
+    (path / BUILT_MARKER).write_text('{"host": "h", "pid": 1, "built": 0, "spec": "an earlier tuner"}')
+    assert is_built(path) and not demo_model.is_current("builtin:demo-small")
+    demo_model.builtin_model_path("builtin:demo-small")
+    demo_model.builtin_model_path("builtin:demo-small")
+    assert builds == ["builtin:demo-small"] * 2 and demo_model.is_current("builtin:demo-small")
 
 
 RANK_ONE_BUILDS = textwrap.dedent("""

@@ -51,17 +51,24 @@ class BuildTimeout(TimeoutError):
     process, where, and what to do (an environment error: exit 1)."""
 
 
-def is_built(target: str | os.PathLike) -> bool:
-    """Whether the cache folder ``target`` is complete (its builder wrote :data:`BUILT_MARKER` into it last).
+def is_built(target: str | os.PathLike, spec: str | None = None) -> bool:
+    """Whether the cache folder ``target`` is complete (its builder wrote :data:`BUILT_MARKER` into it last) and,
+    given ``spec``, was built from that spec (a cache whose inputs changed since, e.g. by an upgrade of tuner, is
+    not current: it is built again).
 
     The marker is opened, not looked up with stat: NFS promises a fresh view on open (close-to-open consistency),
     while a stat may answer from the client's attribute cache."""
     try:
-        with open(Path(target) / BUILT_MARKER, "rb"):
-            pass
+        with open(Path(target) / BUILT_MARKER, "rb") as marker:
+            text = marker.read()
     except OSError:
         return False
-    return True
+    if spec is None:
+        return True
+    try:
+        return json.loads(text).get("spec") == spec
+    except (ValueError, AttributeError):  # a marker from before specs, or damaged: not known to be current
+        return False
 
 
 def lock_path(target: str | os.PathLike) -> Path:
@@ -80,15 +87,17 @@ def wait_timeout() -> float:
         return DEFAULT_TIMEOUT
 
 
-def build_once(target: str | os.PathLike, build: Callable[[Path], T], *, what: str, timeout: float | None = None,
-               lease: float = LEASE_SECONDS) -> T | None:
+def build_once(target: str | os.PathLike, build: Callable[[Path], T], *, what: str, spec: str | None = None,
+               timeout: float | None = None, lease: float = LEASE_SECONDS) -> T | None:
     """Make sure the cache folder ``target`` is built, by this process or by whichever process sharing its
     filesystem got there first, and return only once it is complete.
 
     ``build(staging)`` fills ``staging``, an empty hidden folder beside ``target`` that becomes ``target`` when
     ``build`` returns; if it raises, nothing is published and the error propagates (the next caller tries again).
     Returns what ``build`` returned when this process built the cache, None when it was built already or by
-    another process.  ``what`` names the cache in messages ("the built-in demo model").  ``timeout`` (seconds,
+    another process.  ``what`` names the cache in messages ("the built-in demo model").  ``spec`` (a digest of what
+    the cache is built from) is kept in the marker; a complete cache of another spec is built again, in place.
+    ``timeout`` (seconds,
     default :func:`wait_timeout`) bounds the wait for a live builder; ``lease`` must be the same for every process
     sharing the cache (tests shorten it).  Raises :class:`BuildTimeout`, or OSError when the lock or the cache cannot
     be written (a read-only or full home).
@@ -96,7 +105,7 @@ def build_once(target: str | os.PathLike, build: Callable[[Path], T], *, what: s
     from filelock import SoftFileLease, Timeout
 
     target = Path(target)
-    if is_built(target):
+    if is_built(target, spec):
         return None
     target.parent.mkdir(parents=True, exist_ok=True)
     lock = SoftFileLease(lock_path(target), lease_duration=lease, heartbeat_interval=min(HEARTBEAT_SECONDS, lease / 3),
@@ -111,7 +120,7 @@ def build_once(target: str | os.PathLike, build: Callable[[Path], T], *, what: s
             break
         except Timeout:
             patience = min(_RETRY_SECONDS, lease / 3)
-            if is_built(target):
+            if is_built(target, spec):
                 return None
             record = lock.owner  # filelock's owner record of the lock; None while unreadable
             owner = None if record is None else _process(record.pid, record.hostname)
@@ -121,16 +130,18 @@ def build_once(target: str | os.PathLike, build: Callable[[Path], T], *, what: s
             if time.monotonic() > deadline:
                 raise BuildTimeout(_stalled(what, target, owner, timeout)) from None
     try:
-        if is_built(target):
+        if is_built(target, spec):
             return None
         if seen is not None:
             log.info("%s did not finish %s (it failed or was stopped); building it here", seen, what)
+        elif is_built(target):
+            log.info("%s in %s was built from other inputs (an earlier tuner); building it again", what, target)
         _remove_leftovers(target, what)
         log.info("building %s in %s (%s)", what, target, _process(os.getpid(), socket.gethostname()))
         with staged_directory(target, existing="replace") as staging:
             value = build(staging)
             atomic_write_text(staging / BUILT_MARKER, json.dumps(
-                {"host": socket.gethostname(), "pid": os.getpid(), "built": time.time()}) + "\n")
+                {"host": socket.gethostname(), "pid": os.getpid(), "built": time.time(), "spec": spec}) + "\n")
         return value
     finally:
         lock.release()

@@ -8,12 +8,14 @@ it once between them (:func:`tuner.build_once.build_once`).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import string
 import subprocess
 import sys
 from pathlib import Path
 
-from tuner.build_once import build_once
+from tuner.build_once import build_once, is_built
 from tuner.catalog.demo import DEMO_MODEL_ID, IMAGE_TOKEN, IMAGE_TOKEN_ID, SPECIAL_TOKENS, builtin_model, demo_model_dir
 
 # A compact template keeps the demo's sequences short: "reverse\nabc=cba</s>".
@@ -39,10 +41,26 @@ IMAGE_CHAT_TEMPLATE = (
 
 
 def builtin_model_path(model_id: str) -> Path:
-    """Directory of a built-in model, complete: built on first use by one of the processes that ask for it at once."""
+    """Directory of a built-in model, complete and current: built on first use by one of the processes that ask for
+    it at once, and again when what it is built from has changed (:func:`build_spec`)."""
     path = demo_model_dir(model_id)
-    build_once(path, lambda folder: build_demo_model(folder, model_id), what=f"the built-in {path.name} model")
+    build_once(path, lambda folder: build_demo_model(folder, model_id), what=f"the built-in {path.name} model",
+               spec=build_spec(model_id))
     return path
+
+
+def build_spec(model_id: str) -> str:
+    """A digest of everything a built-in model is built from: its config, image settings and class, and this
+    module's code (tokenizer, templates, processor).  A home built by an earlier tuner is rebuilt, never loaded with
+    a config or a tokenizer the recipe's plan and data checks no longer describe."""
+    model = builtin_model(model_id)
+    inputs = json.dumps([model.full_config(), model.image, model.architecture], sort_keys=True, default=str)
+    return hashlib.sha256(inputs.encode() + Path(__file__).read_bytes()).hexdigest()
+
+
+def is_current(model_id: str) -> bool:
+    """Whether the built-in model is built, from the inputs this tuner builds it from (no build is started)."""
+    return is_built(demo_model_dir(model_id), build_spec(model_id))
 
 
 def _train_tokenizer(image: bool = False):

@@ -58,16 +58,16 @@ def preview_timeout() -> float:
 def first_example(recipe, say: Callable[[str], None]) -> Preview:
     """The first training example exactly as the trainer tokenises and masks it (``say``: a note while it takes
     long, such as the built-in model's first build)."""
-    from tuner.build_once import is_built
-    from tuner.catalog.demo import demo_model_dir, is_builtin
+    from tuner.catalog.demo import is_builtin
     from tuner.data.preview import preview_examples
     from tuner.doctor import check_model
+    from tuner.loading.demo_model import is_current
     from tuner.loading.model import load_tokenizer
 
     model = check_model(recipe)
     if model.status != "ok":  # never a download (or minutes of retries offline) behind "loading an example"
         return Preview(error=f"the preview reads the model's tokenizer from this machine: {model.detail} ({model.fix})")
-    if is_builtin(recipe.model.id) and not is_built(demo_model_dir(recipe.model.id)):  # once, a minute or less
+    if is_builtin(recipe.model.id) and not is_current(recipe.model.id):  # once, a minute or less
         say(f"building the built-in model {recipe.model.id} (once; its output goes to {LOG_NAME} under TUNER_HOME)…")
     try:
         data_format, examples = preview_examples(recipe, load_tokenizer(recipe), count=1)
