@@ -48,6 +48,16 @@ def run_tuner(*args: str, cwd: Path | None = None, timeout: float = 600, env: di
     )
 
 
+# what the libraries print of their own (loading, data and scoring bars, notices): a user's terminal shows none of it
+LIBRARY_NOISE = ("Loading weights", "it/s]", "fatal: not a git", "gemm_4bit_forward", "Running generate_until",
+                 "Generating train split", "Writing model shards")
+
+
+def library_noise(text: str) -> list[str]:
+    """The lines of ``text`` (a command's stdout or stderr; a bar's carriage returns split it too) a library wrote."""
+    return [line for line in text.replace("\r", "\n").splitlines() if any(word in line for word in LIBRARY_NOISE)]
+
+
 def builds_of(output: str, what: str) -> int:
     """How many processes built the cache ``what`` ("the built-in demo model"): tuner.build_once logs each build."""
     return output.count(f"building {what} in ")

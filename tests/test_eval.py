@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import library_noise
 
 from tuner.data.reverse import reverse_samples
 
@@ -57,6 +58,7 @@ def test_demo_run_beats_its_base_on_held_out_and_a_local_harness_task(trained_de
     assert tuned > base, result.stdout
     saved = sorted((trained_demo / "eval").glob("eval-*.json"))
     assert saved and f"results saved in {saved[-1]}" in result.stderr
+    assert not library_noise(result.stdout + result.stderr), result.stderr  # lm-eval's bars: in the run's log
     models = json.loads(saved[-1].read_text())["models"]
     assert [m["label"] for m in models] == ["base", "fine-tuned"]
     assert models[1]["scores"]["held_out"]["exact_match"] == tuned or models[1]["scores"]["reverse_choice"]["acc"] == tuned

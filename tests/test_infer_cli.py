@@ -5,6 +5,7 @@ import json
 import re
 
 import pytest
+from conftest import library_noise
 
 from tuner.data.reverse import BUILTIN_DATASETS, reverse_samples
 
@@ -79,6 +80,7 @@ def test_trained_run_directory_answers_its_task(tmp_path, tuner_cli, trained_dem
         result = tuner_cli("infer", *target, "--input", str(prompts), "--output", str(out), "--force",
                            "--greedy", "--max-new-tokens", "5")
         assert result.returncode == 0, result.stderr
+        assert not library_noise(result.stdout + result.stderr), result.stderr  # in the run's log (or tuner's)
         answers = [json.loads(line)["answer"] for line in out.read_text().splitlines()]
         return sum(answer == word[::-1] for answer, word in zip(answers, words))
 
@@ -90,10 +92,16 @@ def test_trained_run_directory_answers_its_task(tmp_path, tuner_cli, trained_dem
     trained_words = {sample["input"] for sample in reverse_samples(BUILTIN_DATASETS["builtin:reverse"])}
     unseen = [word for word in ("dog", "cat", "sun", "map", "pen", "cup", "hat", "box", "red", "sky")
               if word not in trained_words][:6]
+    logged = (run_dir / "train.log").stat().st_size
     chat = tuner_cli("chat", str(run_dir), "--max-new-tokens", "5", input="".join(f"{w}\n" for w in unseen))
     assert chat.returncode == 0, chat.stderr
+    assert not library_noise(chat.stdout + chat.stderr), chat.stderr
+    with open(run_dir / "train.log", encoding="utf-8", errors="replace") as log:
+        log.seek(logged)
+        assert "Loading weights" in log.read()  # the loading bar went to the end of the run's log
     assert "prompt format: instruction 'reverse' with each message as its input" in chat.stderr
     answers = chat.stdout.splitlines()
     assert sum(answer.strip() == word[::-1] for answer, word in zip(answers, unseen)) >= 4, (unseen, answers)
-    one = tuner_cli("infer", str(run_dir), "--prompt", unseen[0], "--max-new-tokens", "5")
+    one = tuner_cli("infer", str(run_dir), "--prompt", unseen[0], "--max-new-tokens", "5", "--verbose")
     assert one.returncode == 0 and one.stdout.strip() == answers[0].strip()
+    assert "Loading weights" in one.stderr  # --verbose: the libraries' own output here

@@ -108,3 +108,26 @@ def test_scoring_starts_no_process(demo_model_path, tmp_path, monkeypatch, capfd
         watching[0] = False
     assert spawned == [] and "fatal" not in capfd.readouterr().err
     assert set(result.scores["held_out"]) >= {"reward", "exact_match(answer)"} and len(result.examples) == 4
+
+
+def test_the_log_of_a_command_without_a_run_is_bounded(tmp_path, monkeypatch, capfd) -> None:
+    """A model that is no run's: its libraries' output goes to $TUNER_HOME/logs/libraries.log, which past its bound
+    is moved aside once (one older log kept), so loading models for months never fills the home."""
+    from tuner.rundir.library_output import LIBRARY_LOG, LIBRARY_LOG_BYTES, libraries_to_log
+
+    monkeypatch.setenv("TUNER_HOME", str(tmp_path))
+    log = tmp_path / LIBRARY_LOG
+    with libraries_to_log(None):
+        print("first load")
+    assert log.read_text() == "first load\n"
+    log.write_bytes(b"x" * (LIBRARY_LOG_BYTES + 1))
+    with libraries_to_log(None):
+        print("next load")
+    assert log.read_text() == "next load\n" and log.with_name("libraries.log.1").stat().st_size > LIBRARY_LOG_BYTES
+    (tmp_path / "run").mkdir()
+    with libraries_to_log(tmp_path / "run"):  # a run's: its train.log
+        print("a run's load")
+    assert (tmp_path / "run" / "train.log").read_text() == "a run's load\n" and capfd.readouterr() == ("", "")
+    with libraries_to_log(None, shown=True):
+        print("shown")
+    assert capfd.readouterr().out == "shown\n"

@@ -7,6 +7,7 @@ from typing import Callable
 
 from tuner.commands._recipe_args import add_recipe_arguments
 from tuner.commands._types import at_least, memory_budget, recipe_field
+from tuner.rundir.library_output import VERBOSE_HELP, libraries_to_log
 
 
 def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +37,7 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
     sample.add_argument("--top-p", type=recipe_field("inference.top_p"))
     sample.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=None,
                         help="always pick the most likely token (--no-greedy samples)")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     prompt = parser.add_argument_group("prompt format (default: as the recipe's or run's data was trained)")
     prompt.add_argument("--instruction", metavar="TEXT",
                         help="for instruction-trained runs: the instruction each message is the input of "
@@ -62,13 +64,14 @@ def load_from_args(args: argparse.Namespace, batch: int = 1):
     max_memory = dict(args.max_memory) or None
     check_devices(max_memory)
     context = args.context or default_context(target, sampling.max_new_tokens)
-    if args.tp > 1:  # one of the ranks run_on_ranks launched: rank 0 (the others follow it)
-        from tuner.infer.tensor_parallel import load_tensor_parallel
+    with libraries_to_log(target.run_dir, args.verbose):
+        if args.tp > 1:  # one of the ranks run_on_ranks launched: rank 0 (the others follow it)
+            from tuner.infer.tensor_parallel import load_tensor_parallel
 
-        loaded = load_tensor_parallel(target, args.tp, batch=batch, context=context)
-    else:
-        loaded = load_for_inference(target, batch=batch, context=context,
-                                    bits=args.bits, max_memory=max_memory, offload_folder=args.offload_folder)
+            loaded = load_tensor_parallel(target, args.tp, batch=batch, context=context)
+        else:
+            loaded = load_for_inference(target, batch=batch, context=context,
+                                        bits=args.bits, max_memory=max_memory, offload_folder=args.offload_folder)
     console = Console(stderr=True)
     console.print(f"model: {target.describe()}")
     console.print(placement_table(loaded.placement))
@@ -135,7 +138,8 @@ def prompt_format_from_args(args: argparse.Namespace, loaded):
     recipe = loaded.target.recipe
     if args.recipe is None:  # a bare --model: the schema's default data says nothing about it
         return PromptFormat(recipe.data.format, args.instruction)
-    found = trained_prompt_format(recipe, args.instruction)
+    with libraries_to_log(loaded.target.run_dir, args.verbose):  # datasets' bars while the data is read
+        found = trained_prompt_format(recipe, args.instruction)
     if found.note:
         change = " (--instruction TEXT to change)" if found.instruction and not args.instruction else ""
         print(f"prompt format: {found.note}{change}", file=sys.stderr)

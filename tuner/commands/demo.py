@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner.commands.run import launch_and_report, prepare_or_refuse
+from tuner.rundir.library_output import VERBOSE_HELP
 
 if TYPE_CHECKING:
     from tuner.evaluate.harness import ModelResult
@@ -23,9 +24,7 @@ def register(subparsers) -> None:
     parser.add_argument("--recipe", default="demo", help="built-in recipe or file to run (default: demo)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("-o", "--output", help="run directory (default: runs/demo-<time>)")
-    parser.add_argument("--verbose", action="store_true",
-                        help="show the libraries' own output (loading and scoring bars, notices) here, not only in "
-                             "the run's train.log")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     parser.set_defaults(run=run)
 
 

@@ -7,6 +7,7 @@ import sys
 
 from tuner.commands._recipe_args import add_recipe_arguments
 from tuner.commands._types import at_least, memory_budget
+from tuner.rundir.library_output import VERBOSE_HELP
 
 
 def register(subparsers) -> None:
@@ -32,6 +33,7 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-size", type=at_least(1), default=16, metavar="N", help="samples per batch (default 16)")
     parser.add_argument("--max-memory", action="append", default=[], metavar="DEVICE=SIZE", type=memory_budget,
                         help="memory budget per device, as for tuner infer")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     parser.set_defaults(run=run)
 
 
@@ -69,6 +71,7 @@ def run(args) -> int:
     from tuner.data.sources import DataError
     from tuner.evaluate.evaluation import evaluate
     from tuner.infer.target import resolve_target
+    from tuner.rundir.library_output import libraries_to_log
 
     if args.recipe is None and args.model is None:
         raise DataError("give a run directory, a recipe or --model PATH_OR_ID to evaluate.")
@@ -80,8 +83,9 @@ def run(args) -> int:
         raise DataError("--no-held-out leaves nothing to evaluate: name lm-eval tasks with --tasks.")
     models = [("base", base_target(target))] if args.baseline else []
     models.append(("fine-tuned" if target.run_dir else "model", target))
-    evaluation = evaluate(models, names, args.include_path, held_out=args.held_out, limit=args.limit,
-                          batch_size=args.batch_size, max_memory=dict(args.max_memory) or None)
+    with libraries_to_log(target.run_dir, args.verbose):  # loading bars, lm-eval's request bars
+        evaluation = evaluate(models, names, args.include_path, held_out=args.held_out, limit=args.limit,
+                              batch_size=args.batch_size, max_memory=dict(args.max_memory) or None)
     console = Console()
     console.print(evaluation.table)
     for result in evaluation.results:

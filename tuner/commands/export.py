@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from tuner.export import FORMATS, QUANT_NAMES
+from tuner.rundir.library_output import VERBOSE_HELP
 
 
 def register(subparsers) -> None:
@@ -23,6 +24,7 @@ def register(subparsers) -> None:
     parser.add_argument("--force", action="store_true",
                         help="replace an export tuner wrote there before (never a folder holding other files)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     parser.set_defaults(run=run)
 
 
@@ -34,10 +36,13 @@ def run(args) -> int:
         return 1
     from tuner.export.exporter import export
     from tuner.infer.target import resolve_target
+    from tuner.rundir.library_output import libraries_to_log
 
     target = resolve_target(args.run_dir, args.overrides)
     quant = args.quant or ("bf16" if target.recipe.model.dtype == "bfloat16" else "f16")
-    result = export(target, args.format, quant, Path(args.output) if args.output else None, args.force, args.check)
+    with libraries_to_log(target.run_dir, args.verbose):  # loading bars while the model is read and written
+        result = export(target, args.format, quant, Path(args.output) if args.output else None, args.force,
+                        args.check)
     print(result.gguf_line)
     if result.check_line:
         print(result.check_line)
