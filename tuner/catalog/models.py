@@ -85,6 +85,15 @@ def builtin_configs() -> dict[str, dict]:
 demo_config = builtin_config  # the demo's (builtin:demo) by default
 
 
+def model_named_at(field: str, model_id: str, trust_remote_code: bool = False) -> ModelFacts:
+    """:func:`model_facts` of a model the recipe names at ``field`` beside model.id (``objective.teacher``, a reward
+    model): a model it cannot read is refused naming that field, not model.id."""
+    try:
+        return model_facts(model_id, None, trust_remote_code)
+    except UnknownModelError as exc:
+        raise UnknownModelError(str(exc), field) from None
+
+
 @lru_cache(maxsize=64)
 def model_facts(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> ModelFacts:
     """Architecture facts for a recipe's ``model.id``: a built-in model, a local directory, the catalog, or the hub's
@@ -107,7 +116,7 @@ def model_facts(model_id: str, revision: str | None = None, trust_remote_code: b
         return facts_from_config(config, model_id, f"{config_file}", trust_remote_code,
                                  path if trust_remote_code and code_refs(config) else None)
     if model_id.count("/") > 1 or model_id.startswith((".", "/", "~")):  # a path (a hub id is org/name)
-        raise UnknownModelError(f"{model_id}: no such directory; point model.id at a folder save_pretrained wrote, "
+        raise UnknownModelError(f"{model_id}: no such directory; point it at a folder save_pretrained wrote, "
                                 "such as a finished run's final/ or merged/, or train that run first.")
     key = _catalog_key(model_id)
     if key is not None:

@@ -101,7 +101,7 @@ def run(args) -> int:
     except HubError:  # the hub was asked and could not answer: the environment, not the recipe (exit 1)
         raise
     except UnknownModelError as exc:
-        raise RecipeError([f"model.id: {exc}"]) from None
+        raise RecipeError([f"{exc.field}: {exc}"]) from None
     simulation = None
     if args.simulate and recipe.objective.grpo is not None:  # a round: generation and the training step
         from tuner.loading.simulate import simulate_grpo

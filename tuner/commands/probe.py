@@ -86,7 +86,7 @@ def planned(recipe):
     try:
         return plan(recipe)
     except UnknownModelError as exc:
-        raise RecipeError([f"model.id: {exc}"]) from None
+        raise RecipeError([f"{exc.field}: {exc}"]) from None
 
 
 def run(args) -> int:

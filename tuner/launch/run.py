@@ -117,7 +117,7 @@ def _memory_check(recipe: Recipe) -> tuple[MemoryPlan, list[str], str | None]:
     except HubError:  # the hub was asked and could not answer (exit 1), not a recipe error
         raise
     except UnknownModelError as exc:
-        raise RecipeError([f"model.id: {exc}"]) from None
+        raise RecipeError([f"{exc.field}: {exc}"]) from None
     device = memory.limiting  # the device that decides the verdict: a GPU, the CPU, or a machine's host RAM
     usage = f"{device.total_gib:.1f} GiB of {device.capacity_gib or 0:.1f} GiB, {device.phase}"
     if memory.verdict == "tight":

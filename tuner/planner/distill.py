@@ -37,9 +37,9 @@ def teacher_of(recipe) -> Teacher | None:
     objective = recipe.objective
     if objective.kind != "distill":
         return None
-    from tuner.catalog.models import model_facts
+    from tuner.catalog.models import model_named_at
 
-    facts = model_facts(objective.teacher, None, recipe.model.trust_remote_code)
+    facts = model_named_at("objective.teacher", objective.teacher, recipe.model.trust_remote_code)
     return Teacher(facts, "kl" if objective.distill.beta in (0.0, 1.0) else "jsd")
 
 

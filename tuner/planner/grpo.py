@@ -51,15 +51,16 @@ class Rollout:
 
 
 def rollout_of(recipe) -> Rollout:
-    from tuner.catalog.models import model_facts
+    from tuner.catalog.models import model_named_at
 
     grpo = recipe.objective.grpo
     vllm = grpo.generation != "transformers"
     from tuner.rundir.summary import adapter_base
 
     # a LoRA reward model is loaded on its base and merged: the base's weights
-    models = tuple(model_facts(adapter_base(reward.model) or reward.model, None, recipe.model.trust_remote_code)
-                   for reward in grpo.rewards if reward.kind == "model")
+    models = tuple(model_named_at(f"objective.grpo.rewards.{number}.model", adapter_base(reward.model) or reward.model,
+                                  recipe.model.trust_remote_code)
+                   for number, reward in enumerate(grpo.rewards) if reward.kind == "model")
     return Rollout(
         generations=grpo.num_generations, prompt=grpo.max_prompt_length, completion=grpo.max_completion_length,
         steps_per_generation=grpo.steps_per_generation, round=recipe.training.micro_batch_size * grpo.steps_per_generation,

@@ -40,13 +40,16 @@ class Planner:
 
     def plan(self, recipe: Recipe) -> MemoryPlan:
         """The plan; raises CannotPlan with the planner's message."""
+        from tuner.catalog.facts import UnknownModelError
         from tuner.recipe.io import RecipeError
 
         if self._plan is None:
             self._defaults()
         try:
             return self._plan(recipe)
-        except (RecipeError, ValueError) as exc:  # e.g. UnknownModelError: no architecture facts for model.id
+        except UnknownModelError as exc:  # no architecture facts for the model a field names, said as the CLI says it
+            raise CannotPlan(f"{exc.field}: {exc}") from None
+        except (RecipeError, ValueError) as exc:
             raise CannotPlan(str(exc)) from None
 
     def advise(self, recipe: Recipe, host_ram_gib: float | None = None) -> list[Advice]:
