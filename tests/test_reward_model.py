@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from tuner.recipe.checks import find_problems
 from tuner.recipe.io import validate_recipe
@@ -43,6 +43,32 @@ def test_each_setting_a_reward_model_cannot_use_is_one_message_naming_its_field(
     fields = [problem.field for problem in find_problems(recipe)
               if problem.field in {field for _, field in NOT_FOR_REWARD.values()}]
     assert sorted(fields) == sorted(NOT_FOR_REWARD[name][1] for name in chosen)
+
+
+def _planned_models() -> list[str]:
+    from tuner.catalog.demo import BUILTIN_MODELS
+    from tuner.catalog.models import catalog_ids
+
+    return sorted(BUILTIN_MODELS) + sorted(catalog_ids())
+
+
+@settings(max_examples=25, deadline=None)
+@given(model_id=st.sampled_from(_planned_models()))
+@example(model_id="zai-org/GLM-4.5-Air")  # glm4_moe: no score head in transformers 5.24
+@example(model_id="builtin:demo-vlm")  # llava: none either
+@example(model_id="builtin:demo")
+def test_a_reward_model_of_a_type_without_a_score_head_is_refused_before_launch(model_id):
+    """Any model tuner plans: a reward recipe on it passes the checks exactly when transformers maps a
+    sequence-classification class to its type; otherwise one message at objective.kind says so (not a traceback
+    from AutoModelForSequenceClassification on every rank after launch)."""
+    from tuner.catalog.model_classes import score_head_class
+    from tuner.catalog.models import model_facts
+
+    recipe = Recipe.model_validate(_merged(REWARD, {"model": {"id": model_id}}))
+    refused = [problem for problem in find_problems(recipe) if problem.field == "objective.kind"]
+    model_type = model_facts(model_id).model_type
+    assert bool(refused) == (score_head_class(model_type) is None), (model_type, refused)
+    assert all(f"maps no sequence-classification class to {model_type}" in problem.message for problem in refused)
 
 
 def test_a_reward_recipe_validates_with_no_beta_and_plans_a_score_head_not_logits(tmp_path):

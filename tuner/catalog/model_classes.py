@@ -70,6 +70,7 @@ def _table() -> dict:
 
 CAUSAL_LM = "AutoModelForCausalLM"
 IMAGE_TEXT = "AutoModelForImageTextToText"
+SEQUENCE_CLASSIFICATION = "AutoModelForSequenceClassification"  # a reward model: the body under a score head
 
 
 def auto_class_for(config: dict) -> str:
@@ -90,7 +91,13 @@ def auto_class_for(config: dict) -> str:
     return CAUSAL_LM
 
 
-@lru_cache(maxsize=2)
+def score_head_class(model_type: str) -> str | None:
+    """The class transformers puts a sequence-classification head (TRL's reward models) on ``model_type`` with,
+    or None: it has none (most MoE and many newer families), and a reward model of it cannot be built."""
+    return _mapping(SEQUENCE_CLASSIFICATION).get(model_type)
+
+
+@lru_cache(maxsize=3)
 def _mapping(auto_class: str) -> dict[str, str]:
     """model_type -> class name of one auto class, as transformers maps it."""
     table = _table()
@@ -103,10 +110,12 @@ def _installed_mappings() -> dict[str, dict[str, str]]:
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
     )
 
     return {CAUSAL_LM: dict(sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items())),
-            IMAGE_TEXT: dict(sorted(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.items()))}
+            IMAGE_TEXT: dict(sorted(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.items())),
+            SEQUENCE_CLASSIFICATION: dict(sorted(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.items()))}
 
 
 @lru_cache(maxsize=256)
