@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from tuner.catalog.demo import DEMO_SMALL_MODEL_ID, DEMO_VOCAB_SIZE
 from tuner.recipe.distill_checks import tokenizer_problem
-from tuner.recipe.io import RecipeError, load_recipe, validate_recipe
+from tuner.recipe.io import load_recipe, validate_recipe
 from tuner.recipe.registry import builtin_path, planned_as
+from tuner.recipe.source import RecipeError
 
 SAMPLES = [{"instruction": f"reverse\n{word}", "output": word[::-1]} for word in ("abc", "wxyz", "qrs", "mno")]
 

@@ -343,7 +343,7 @@ class TunerApp(App[int]):
 
     def _launchable(self):
         """The recipe to run or probe; RecipeError while the draft has errors."""
-        from tuner.recipe.io import RecipeError
+        from tuner.recipe.source import RecipeError
 
         if self.draft.recipe is None:
             raise RecipeError(["the recipe has errors; fix them first:", *self.draft.errors])
@@ -359,7 +359,7 @@ class TunerApp(App[int]):
         from tuner.data.sources import DataError
         from tuner.launch.run import RunRefused
         from tuner.loading.model import ModelLoadError
-        from tuner.recipe.io import RecipeError
+        from tuner.recipe.source import RecipeError
 
         try:
             return check()
