@@ -20,9 +20,9 @@ from textual.widgets.option_list import Option
 from tuner.catalog.teachers import known_models, teacher_candidates
 from tuner.planner import Advice
 from tuner.planner.advisor import change_label
+from tuner.recipe.compute import FsdpSection, MemorySection, ParallelismSection
 from tuner.recipe.objective import PREFERENCE_OBJECTIVES, TRL_LOSS_TYPES, GrpoSection, ObjectiveSection
-from tuner.recipe.schema import (FsdpSection, LoraSection, MemorySection, MethodSection, ModelSection, ParallelismSection,
-                                 Recipe, TrainingSection)
+from tuner.recipe.schema import LoraSection, MethodSection, ModelSection, Recipe, TrainingSection
 from tuner.tui.draft import Changes, Draft, schema_values
 from tuner.tui.messages import DiskChecked, PlanUpdated
 from tuner.tui.planning import CannotPlan, worth_showing
