@@ -20,7 +20,7 @@ from tuner.recipe.overrides import leaves
 from tuner.render.run_directory import render_run_files
 from tuner.rundir.layout import MANIFEST
 from tuner.tui.draft import Draft
-from tuner.tui.screens.method import DISTRIBUTION, METHODS, OPTIMIZERS
+from tuner.tui.screens.method_choices import DISTRIBUTION, METHODS, OPTIMIZERS
 from tuner.tui.widgets.fields import value_choices
 
 pytestmark = pytest.mark.slow  # saves and renders generated drafts

@@ -155,7 +155,7 @@ def choice_held(draft: Draft, choice) -> bool:
     """Whether the recipe already has what ``choice`` stands for, by an oracle that knows nothing of the widgets:
     its values applied to a copy of the recipe change nothing it resolves to (an objective: its kind; a choice of
     what the recipe writes, such as ``auto`` weights: what it writes too)."""
-    from tuner.tui.screens.method import WrittenChoice
+    from tuner.tui.screens.method_choices import WrittenChoice
     from tuner.tui.widgets.fields import ObjectiveChoice
 
     if isinstance(choice, ObjectiveChoice):
