@@ -63,7 +63,7 @@ async def settle(pilot, timeout: float = 120.0) -> None:
 
     def busy() -> bool:
         nodes = [app, app.screen, *app.screen.walk_children()]
-        keys = getattr(app, "_key_router", None)  # keys read and not yet routed (TunerApp.on_event)
+        keys = getattr(app, "_key_router", None)  # keys read and not yet routed (KeysInOrderApp.on_event)
         return (any(node._message_queue.qsize() for node in nodes) or any(not w.is_finished for w in app.workers)
                 or (keys is not None and not keys.done()))
 
