@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 from tuner.cli import main
 from tuner.rundir.checkpoints import (CheckpointRefused, checkpoint_states, incomplete_reason, latest_complete_checkpoint,
                                      resume_checkpoint)
-from tuner.rundir.integrity import checkpoint_problem
 from tuner.launch.run import _resume_notes
-from tuner.recipe.io import RecipeError, load_recipe, recipe_to_yaml
+from tuner.recipe.io import load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
+from tuner.recipe.source import RecipeError
+from tuner.rundir.integrity import checkpoint_problem
 from tuner.rundir.layout import CHECKPOINT_INFO
 
 

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from tuner.catalog.demo import DEMO_SMALL_MODEL_ID, DEMO_VOCAB_SIZE
 from tuner.recipe.distill_checks import tokenizer_problem
-from tuner.recipe.io import RecipeError, load_recipe, validate_recipe
+from tuner.recipe.io import load_recipe, validate_recipe
 from tuner.recipe.registry import builtin_path, planned_as
+from tuner.recipe.source import RecipeError
 
 SAMPLES = [{"instruction": f"reverse\n{word}", "output": word[::-1]} for word in ("abc", "wxyz", "qrs", "mno")]
 
@@ -214,7 +215,7 @@ def test_the_distill_plan_is_within_8_percent_of_a_traced_gkd_step(tmp_path, sha
 def test_the_wizard_offers_distill_with_teachers_of_the_models_tokenizer():
     from tuner.catalog.teachers import teacher_candidates
     from tuner.tui.draft import Draft
-    from tuner.tui.screens.method import OBJECTIVES, TEACHERS
+    from tuner.tui.screens.method_choices import OBJECTIVES, TEACHERS
 
     assert teacher_candidates(DEMO_SMALL_MODEL_ID) == ("builtin:demo", "builtin:demo-moe")  # nearest in size first
     assert {"Qwen/Qwen3-1.7B", "Qwen/Qwen3-8B"} <= set(teacher_candidates("Qwen/Qwen3-0.6B"))

@@ -15,7 +15,8 @@ from fake_launchers import install_fakes, run_rendered_scripts
 from render_cases import CASES, case_recipe
 
 from tuner.cli import main
-from tuner.recipe.io import RecipeError, with_output_dir
+from tuner.recipe.io import with_output_dir
+from tuner.recipe.source import RecipeError
 from tuner.render.run_directory import render_run_files
 from tuner.rundir.layout import LAUNCH_SCRIPT, SLURM_SCRIPT
 

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from image_text_configs import CLASSES, TEXT, VISION, tiny_config
 from tuner.planner import plan
-from tuner.recipe.io import RecipeError, validate_recipe
+from tuner.recipe.io import validate_recipe
+from tuner.recipe.source import RecipeError
 
 
 def _meta(config: dict):

@@ -6,7 +6,9 @@ import re
 import pytest
 
 from conftest import REPO
-from tuner.recipe.io import RecipeError, RecipeSource, apply_overrides, validate_recipe
+from tuner.recipe.io import validate_recipe
+from tuner.recipe.overrides import apply_overrides
+from tuner.recipe.source import RecipeError, RecipeSource
 
 BASE = {"name": "combo", "hardware": {"gpus_per_machine": 8, "gpu": "H100-80GB"}, "memory": {"mixed_precision": "bf16"}}
 

@@ -8,8 +8,9 @@ import pytest
 from tuner.catalog.models import model_facts
 from tuner.planner import advise, plan
 from tuner.planner.items import GIB
-from tuner.recipe.io import RecipeError, validate_recipe
+from tuner.recipe.io import validate_recipe
 from tuner.recipe.registry import builtin_path
+from tuner.recipe.source import RecipeError
 from tuner.recipe.tactics import Rung
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B"

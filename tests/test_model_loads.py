@@ -11,9 +11,10 @@ import pytest
 from tuner.catalog import model_classes
 from tuner.cli import main
 from tuner.loading.model import build_on_meta, choose_attention
-from tuner.recipe.io import RecipeError, load_recipe, validate_recipe
+from tuner.recipe.io import load_recipe, validate_recipe
 from tuner.recipe.registry import builtin_names, builtin_path, planned_as, recipes_dir
 from tuner.recipe.schema import Recipe
+from tuner.recipe.source import RecipeError
 
 MIXTRAL_LORA = {"model": {"id": "mistralai/Mixtral-8x7B-v0.1"}, "method": {"kind": "lora"}}  # default dropout 0.05
 

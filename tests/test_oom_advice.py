@@ -8,9 +8,11 @@ import pytest
 
 from tuner.planner import next_step
 from tuner.planner.advisor import REASONS
-from tuner.recipe.io import RecipeSource, apply_overrides, load_recipe, validate_recipe
+from tuner.recipe.io import load_recipe, validate_recipe
+from tuner.recipe.overrides import apply_overrides
 from tuner.recipe.registry import builtin_path
 from tuner.recipe.schema import Recipe
+from tuner.recipe.source import RecipeSource
 from tuner.recipe.tactics import KEEPS_CHECKPOINTS, LADDER, Rung
 from tuner.train.oom import out_of_memory_advice
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner.rundir.events import read_records
-from tuner.rundir.checkpoints import CheckpointRefused, check_resumable, resume_settings
-from tuner.recipe.io import RecipeError, load_recipe, validate_recipe
+from tuner.recipe.io import load_recipe, validate_recipe
 from tuner.recipe.registry import builtin_path
+from tuner.recipe.source import RecipeError
+from tuner.rundir.checkpoints import CheckpointRefused, check_resumable, resume_settings
+from tuner.rundir.events import read_records
 from tuner.rundir.layout import CHECKPOINT_INFO
 
 CHAT_PAIRS = [{"prompt": [{"role": "user", "content": f"reverse\n{word}"}],

@@ -9,9 +9,11 @@ import sys
 
 import pytest
 
-from tuner.recipe.io import MOVED, RecipeError, load_recipe, migrate, parse_yaml
+from tuner.recipe.io import load_recipe, parse_yaml
+from tuner.recipe.migration import MOVED, migrate
 from tuner.recipe.registry import builtin_names, builtin_path
 from tuner.recipe.schema import SCHEMA_VERSION
+from tuner.recipe.source import RecipeError
 from tuner.tui.draft import Draft
 
 VERSION_1 = """\

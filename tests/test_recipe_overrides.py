@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from tuner.recipe import RecipeError, load_recipe, recipe_from_yaml, recipe_to_yaml
-from tuner.recipe.io import NotASection, set_dotted
+from tuner.recipe.overrides import NotASection, set_dotted
 from tuner.recipe.registry import builtin_names, builtin_path, recipes_dir
 
 

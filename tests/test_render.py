@@ -297,7 +297,7 @@ def test_slurm_script_starts_one_launch_per_node():
 
 
 def test_existing_run_directory_is_not_overwritten(tmp_path):
-    from tuner.recipe.io import RecipeError
+    from tuner.recipe.source import RecipeError
 
     recipe = case_recipe("cpu_single")
     write_run_directory(recipe, tmp_path / "run")

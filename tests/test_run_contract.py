@@ -12,12 +12,13 @@ import time
 import pytest
 from conftest import REPO, still_running
 
-from tuner.rundir.events import Eval, Finished, Step, read_records, write_event
 from tuner.launch.run import RunRefused, prepare_run
-from tuner.rundir.summary import summarize_run
-from tuner.recipe.io import RecipeError, load_recipe, recipe_to_yaml
+from tuner.recipe.io import load_recipe, recipe_to_yaml
 from tuner.recipe.registry import builtin_path
+from tuner.recipe.source import RecipeError
+from tuner.rundir.events import Eval, Finished, Step, read_records, write_event
 from tuner.rundir.lock import RunLock, lock_path
+from tuner.rundir.summary import summarize_run
 
 FAST = ["data.max_samples=64", "data.eval_fraction=0", "training.micro_batch_size=8", "training.warmup_steps=0"]
 

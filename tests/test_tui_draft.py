@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from tuner.recipe.io import RecipeError, load_recipe
+from tuner.recipe.io import load_recipe
+from tuner.recipe.source import RecipeError
 from tuner.tui.draft import Draft
 
 

@@ -15,11 +15,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tuner.cli import main as tuner_main
-from tuner.recipe.io import leaves, load_recipe
+from tuner.recipe.io import load_recipe
+from tuner.recipe.overrides import leaves
 from tuner.render.run_directory import render_run_files
 from tuner.rundir.layout import MANIFEST
 from tuner.tui.draft import Draft
-from tuner.tui.screens.method import DISTRIBUTION, METHODS, OPTIMIZERS
+from tuner.tui.screens.method_choices import DISTRIBUTION, METHODS, OPTIMIZERS
 from tuner.tui.widgets.fields import value_choices
 
 pytestmark = pytest.mark.slow  # saves and renders generated drafts

@@ -30,9 +30,10 @@ from textual import events
 from textual.widgets import Input, OptionList, Select
 
 from tui_helpers import choice_held, in_tmp, make_app, settle  # noqa: F401 (in_tmp: autouse)
-from tuner.recipe.io import RecipeError, parse_yaml, read_recipe_text, validate_recipe
+from tuner.recipe.io import parse_yaml, read_recipe_text, validate_recipe
 from tuner.recipe.registry import builtin_path
 from tuner.recipe.schema import SCHEMA_VERSION, Recipe
+from tuner.recipe.source import RecipeError
 from tuner.tui.widgets.fields import ChoiceField, InputField, SelectField, ToggleField
 
 pytestmark = pytest.mark.slow  # drives the wizard through Pilot over generated drafts

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tui_helpers import SIZE, demo_draft, make_app, pilot_test, settle, wait_until
-from tuner.tui.screens.method import OBJECTIVES
+from tuner.tui.screens.method_choices import OBJECTIVES
 from tuner.tui.widgets.fields import ChoiceField
 from tuner.tui.widgets.plan_bar import plan_text
 

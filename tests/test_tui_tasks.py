@@ -15,7 +15,7 @@ from tuner.planner.advisor import change_label
 from tuner.recipe.io import load_recipe
 from tuner.recipe.objective import OBJECTIVE_DATA
 from tuner.tui.draft import Draft, field_value, schema_values
-from tuner.tui.screens.method import OBJECTIVES
+from tuner.tui.screens.method_choices import OBJECTIVES
 from tuner.tui.screens.confirm import ConfirmScreen
 from tuner.tui.widgets.fields import Choice, ChoiceField, schema_choices, schema_labels
 

@@ -63,7 +63,7 @@ async def settle(pilot, timeout: float = 120.0) -> None:
 
     def busy() -> bool:
         nodes = [app, app.screen, *app.screen.walk_children()]
-        keys = getattr(app, "_key_router", None)  # keys read and not yet routed (TunerApp.on_event)
+        keys = getattr(app, "_key_router", None)  # keys read and not yet routed (KeysInOrderApp.on_event)
         return (any(node._message_queue.qsize() for node in nodes) or any(not w.is_finished for w in app.workers)
                 or (keys is not None and not keys.done()))
 
@@ -155,7 +155,7 @@ def choice_held(draft: Draft, choice) -> bool:
     """Whether the recipe already has what ``choice`` stands for, by an oracle that knows nothing of the widgets:
     its values applied to a copy of the recipe change nothing it resolves to (an objective: its kind; a choice of
     what the recipe writes, such as ``auto`` weights: what it writes too)."""
-    from tuner.tui.screens.method import WrittenChoice
+    from tuner.tui.screens.method_choices import WrittenChoice
     from tuner.tui.widgets.fields import ObjectiveChoice
 
     if isinstance(choice, ObjectiveChoice):

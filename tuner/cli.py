@@ -55,7 +55,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from tuner.data.sources import DataError
     from tuner.export import ExportRefused
     from tuner.loading.model import ModelLoadError
-    from tuner.recipe.io import RecipeError
+    from tuner.recipe.source import RecipeError
     from tuner.rundir.checkpoints import CheckpointRefused
     from tuner.rundir.lock import RunLocked
 

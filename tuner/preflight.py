@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tuner.check import Check
-from tuner.recipe.io import RecipeError
-from tuner.recipe.schema import Recipe
-from tuner.render.launch_script import MAIN_PROCESS_IP_VARIABLE
 from tuner.reason import library_words
+from tuner.recipe.schema import Recipe
+from tuner.recipe.source import RecipeError
+from tuner.render.launch_script import MAIN_PROCESS_IP_VARIABLE
 # what must be the same on every machine, and what to do when it is not
 FINGERPRINT_FIELDS = {
     "tuner": "install the same tuner on every machine",

@@ -15,7 +15,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from tuner.fileio import DestinationRefused
-    from tuner.recipe.io import RecipeError
+    from tuner.recipe.source import RecipeError
     from tuner.rundir.layout import MANIFEST
     from tuner.rundir.manifest import adopt
 

@@ -19,13 +19,14 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from tuner.loading.merge import find_adapter, merge_adapter, run_of
-    from tuner.recipe.io import RecipeError, load_recipe
+    from tuner.recipe.io import load_recipe
+    from tuner.recipe.source import RecipeError
     from tuner.rundir.layout import LOCK_FILE, MERGED_DIR
     from tuner.rundir.library_output import libraries_to_log
     from tuner.rundir.lock import RunLock
 
-    from tuner.rundir.integrity import saved_model_problem
     from tuner.loading.model import ModelLoadError
+    from tuner.rundir.integrity import saved_model_problem
 
     run_dir = Path(args.run_dir)
     adapter = find_adapter(run_dir)

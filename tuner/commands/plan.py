@@ -57,8 +57,10 @@ def adhoc_overrides(args) -> list[str]:
 
 
 def load_plan_recipe(args):
-    from tuner.recipe.io import RecipeError, RecipeSource, apply_overrides, load_recipe, validate_recipe
+    from tuner.recipe.io import load_recipe, validate_recipe
+    from tuner.recipe.overrides import apply_overrides
     from tuner.recipe.registry import resolve_recipe_argument
+    from tuner.recipe.source import RecipeError, RecipeSource
 
     overrides = adhoc_overrides(args) + list(args.overrides)
     if args.recipe:
@@ -86,7 +88,7 @@ def _adapts_fused_experts(model_id: str) -> bool:
 def run(args) -> int:
     from tuner.catalog.facts import UnknownModelError
     from tuner.catalog.hub import HubError
-    from tuner.recipe.io import RecipeError
+    from tuner.recipe.source import RecipeError
 
     from tuner.commands._recipe_args import say_warnings
 

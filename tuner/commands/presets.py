@@ -35,7 +35,7 @@ def run_ls(args) -> int:
 
 def run_cp(args) -> int:
     from tuner.fileio import atomic_write_text
-    from tuner.recipe.io import RecipeError
+    from tuner.recipe.source import RecipeError
     from tuner.render.presets import PRESETS_DIR, render_presets
     from tuner.rundir.layout import MANIFEST
     from tuner.rundir.manifest import proved, read_manifest, text_record, write_manifest

@@ -41,7 +41,7 @@ def probe_and_report(recipe, *, steps: int | None, force: bool) -> int:
     """Probe ``recipe`` and print measured beside planned; the exit code."""
     from tuner.launch.probe import PROBE_STEPS, keep_results, launch_probe, report_lines
     from tuner.launch.run import RunRefused
-    from tuner.recipe.io import RecipeError
+    from tuner.recipe.source import RecipeError
     from tuner.rundir.events import Probe
     from tuner.train.oom import EXIT_OUT_OF_MEMORY
 
@@ -81,7 +81,7 @@ def probe_and_report(recipe, *, steps: int | None, force: bool) -> int:
 def planned(recipe):
     from tuner.catalog.facts import UnknownModelError
     from tuner.planner import plan
-    from tuner.recipe.io import RecipeError
+    from tuner.recipe.source import RecipeError
 
     try:
         return plan(recipe)
@@ -95,7 +95,7 @@ def run(args) -> int:
     recipe = recipe_from_args(args)
     if not args.tune_batch:
         if args.write is not None or args.margin is not None or args.max_probes is not None:
-            from tuner.recipe.io import RecipeError
+            from tuner.recipe.source import RecipeError
 
             raise RecipeError(["--write, --margin and --max-probes go with --tune-batch."])
         return probe_and_report(recipe, steps=args.steps, force=args.force)
@@ -168,7 +168,7 @@ def tuned_copy_path(args):
     folder for a built-in recipe); an existing file is refused, never replaced."""
     from pathlib import Path
 
-    from tuner.recipe.io import RecipeError
+    from tuner.recipe.source import RecipeError
 
     if args.write:
         path = Path(args.write)
@@ -191,8 +191,10 @@ def write_tuned_copy(args, destination, overrides: list[str]) -> None:
     import yaml
 
     from tuner.fileio import create_exclusive_text
-    from tuner.recipe.io import RecipeError, RecipeSource, apply_overrides, parse_yaml, read_recipe_text
+    from tuner.recipe.io import parse_yaml, read_recipe_text
+    from tuner.recipe.overrides import apply_overrides
     from tuner.recipe.registry import resolve_recipe_argument
+    from tuner.recipe.source import RecipeError, RecipeSource
 
     source_path = resolve_recipe_argument(args.recipe)
     data, _ = parse_yaml(read_recipe_text(source_path), str(source_path))

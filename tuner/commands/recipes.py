@@ -54,8 +54,9 @@ def _size(name: str) -> float:
 
 
 def run_ls(args) -> int:
-    from tuner.recipe.io import RecipeError, load_recipe
+    from tuner.recipe.io import load_recipe
     from tuner.recipe.registry import DEMO_FAMILY, builtin_names, builtin_path, describe, family
+    from tuner.recipe.source import RecipeError
 
     rows = []
     for name in builtin_names():
@@ -92,8 +93,9 @@ def run_cp(args) -> int:
     import os
 
     from tuner.fileio import DIRECTORY, FILE, LINK, atomic_write_text, entry_kind
-    from tuner.recipe.io import RecipeError, read_recipe_text
+    from tuner.recipe.io import read_recipe_text
     from tuner.recipe.registry import builtin_path
+    from tuner.recipe.source import RecipeError
 
     source = builtin_path(args.name)
     dest = Path(args.dest)
@@ -137,8 +139,9 @@ def check_recipe(name: str, write: bool) -> str | None:
     """Why a built-in recipe fails the check (None when it passes); with ``write``, fix a stale peak comment."""
     from tuner.fileio import atomic_write_text
     from tuner.planner import plan
-    from tuner.recipe.io import RecipeError, load_recipe, read_recipe_text
+    from tuner.recipe.io import load_recipe, read_recipe_text
     from tuner.recipe.registry import builtin_path, planned_as
+    from tuner.recipe.source import RecipeError
 
     path = builtin_path(name)
     try:

@@ -33,7 +33,7 @@ def register(subparsers) -> None:
 def prepare_or_refuse(recipe, **options) -> PreparedRun:
     """:func:`prepare_run`, its refusal ending with the command line's override and its notes on stderr."""
     from tuner.launch.run import RunRefused, prepare_run
-    from tuner.recipe.io import RecipeError
+    from tuner.recipe.source import RecipeError
 
     try:
         prepared = prepare_run(recipe, **options)
@@ -48,7 +48,7 @@ def launch_and_report(prepared: PreparedRun) -> RunOutcome:
     """Follow the run with a progress bar and print how it ended (the summary on stdout, anything else on stderr)."""
     from tuner.launch.progress import ProgressView
     from tuner.launch.run import follow_run
-    from tuner.recipe.io import RecipeError
+    from tuner.recipe.source import RecipeError
 
     if not prepared.launchable:
         raise RecipeError(prepared.machine_lines())
@@ -65,8 +65,8 @@ def check_resumed_lock(args, recipe) -> None:
     folder its output.dir names (a copied or edited lock), unless a --set output.dir says so."""
     from pathlib import Path
 
-    from tuner.recipe.io import RecipeError
     from tuner.recipe.registry import resolve_recipe_argument
+    from tuner.recipe.source import RecipeError
     from tuner.rundir.layout import CHECKPOINTS_DIR, FINAL_DIR, LOCK_FILE, MERGED_DIR
 
     lock = resolve_recipe_argument(args.recipe)
@@ -86,7 +86,7 @@ def check_resumed_lock(args, recipe) -> None:
 
 def run(args) -> int:
     if args.verify and not args.resume:
-        from tuner.recipe.io import RecipeError
+        from tuner.recipe.source import RecipeError
 
         raise RecipeError(["--verify checks the checkpoint a run resumes from: pass it with --resume."])
     recipe = recipe_from_args(args)
@@ -94,7 +94,7 @@ def run(args) -> int:
         check_resumed_lock(args, recipe)
     if args.probe:
         from tuner.commands.probe import probe_and_report
-        from tuner.recipe.io import RecipeError
+        from tuner.recipe.source import RecipeError
 
         if args.dry_run:
             raise RecipeError(["--probe launches the probe; a --dry-run launches nothing: choose one."])

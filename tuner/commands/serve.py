@@ -83,7 +83,7 @@ def serve(args, target) -> int:
 def serving_gpus(args, recipe) -> tuple[int, str, float]:
     """GPUs per machine, their name and GiB: ``--gpus``, else the recipe's hardware."""
     from tuner.catalog.gpus import lookup_gpu
-    from tuner.recipe.io import RecipeError
+    from tuner.recipe.source import RecipeError
 
     hardware = recipe.hardware
     count, name = args.gpus or (hardware.gpus_per_machine, hardware.gpu)
@@ -108,7 +108,7 @@ def print_vllm(args, target) -> int:
     from tuner.infer.serve import check_serving_folder, merged_if_any, write_chat_template
     from tuner.infer.vllm import VllmPlanError, adapter_modules_to_save, plan_vllm, vllm_serve_argv
     from tuner.loading.model import ModelLoadError, load_tokenizer, refuse_custom_code
-    from tuner.recipe.io import RecipeError
+    from tuner.recipe.source import RecipeError
     from tuner.rundir.layout import SERVE_DIR
     from tuner.rundir.lock import RunLock
 

@@ -9,8 +9,8 @@ import io
 import shutil
 
 from tuner.check import Check, Status
-from tuner.recipe.schema import Recipe
 from tuner.reason import library_words
+from tuner.recipe.schema import Recipe
 
 
 @contextlib.contextmanager
@@ -180,7 +180,7 @@ def check_trackers(recipe: Recipe | None) -> Check:
 
 def require_trackers(recipe: Recipe) -> None:
     """Before a launch (and again on every rank): a tracker the recipe names must be installed."""
-    from tuner.recipe.io import RecipeError
+    from tuner.recipe.source import RecipeError
 
     check = check_trackers(recipe)
     if check.status == "fail":

@@ -11,9 +11,11 @@ from typing import Iterable
 
 from tuner.fileio import user_path
 from tuner.loading.model import ModelLoadError, resolve_model_path
-from tuner.recipe.io import RecipeSource, apply_overrides, load_recipe, validate_recipe
+from tuner.recipe.io import load_recipe, validate_recipe
+from tuner.recipe.overrides import apply_overrides
 from tuner.recipe.registry import resolve_recipe_argument
 from tuner.recipe.schema import Recipe
+from tuner.recipe.source import RecipeSource
 from tuner.rundir.layout import FINAL_DIR, LOCK_FILE, OFFLOAD_DIR
 
 ADAPTER_CONFIG = "adapter_config.json"

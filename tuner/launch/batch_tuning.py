@@ -16,8 +16,9 @@ from typing import Callable
 from tuner.launch.probe import PROBE_STEPS, ProbeResult, keep_results, launch_probe, probe_report
 from tuner.launch.probe_report import speed_of
 from tuner.planner.items import TIGHT_HEADROOM
-from tuner.recipe.io import RecipeError, validate_recipe
+from tuner.recipe.io import validate_recipe
 from tuner.recipe.schema import Recipe
+from tuner.recipe.source import RecipeError
 
 DEFAULT_MARGIN = TIGHT_HEADROOM
 MAX_PROBES = 4

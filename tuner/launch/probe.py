@@ -32,10 +32,11 @@ from tuner.launch.probe_report import (
     table_lines,
 )
 from tuner.launch.run import follow_run, prepare_run
-from tuner.planner.items import TRAINING_STEP
 from tuner.launch.runner import log_tail
-from tuner.recipe.io import RecipeError, validate_recipe
+from tuner.planner.items import TRAINING_STEP
+from tuner.recipe.io import validate_recipe
 from tuner.recipe.schema import Recipe
+from tuner.recipe.source import RecipeError
 from tuner.rundir.events import Error, Event, ProbePhase
 from tuner.rundir.layout import CHECKPOINTS_DIR, LOG_FILE, PROBE_DIR, PROBE_REPORT, PROBE_REQUEST
 from tuner.rundir.lock import RunLock, RunLocked

@@ -27,8 +27,9 @@ from tuner.launch.failures import explain_failure, raised_at, rank_errors
 from tuner.launch.runner import Launch, log_tail
 from tuner.loading.hub_download import HubDownload, plan_download
 from tuner.planner.items import MemoryPlan
-from tuner.recipe.io import RecipeError, validate_recipe, with_output_dir
+from tuner.recipe.io import validate_recipe, with_output_dir
 from tuner.recipe.schema import STREAM_SHUFFLE_BUFFER, Recipe
+from tuner.recipe.source import RecipeError
 from tuner.render.launch_command import launch_argv, shell_command
 from tuner.render.launch_script import has_slurm_script, node_commands
 from tuner.render.run_directory import (

@@ -9,13 +9,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tuner.recipe.io import (RecipeError, RecipeSource, load_recipe, recipe_from_yaml, recipe_to_yaml,
-                                 validate_recipe)
+    from tuner.recipe.io import load_recipe, recipe_from_yaml, recipe_to_yaml, validate_recipe
     from tuner.recipe.schema import Recipe
+    from tuner.recipe.source import RecipeError, RecipeSource
 
-_HOME = {"Recipe": "tuner.recipe.schema", **dict.fromkeys(
-    ["RecipeError", "RecipeSource", "load_recipe", "recipe_from_yaml", "recipe_to_yaml", "validate_recipe"],
-    "tuner.recipe.io")}
+_HOME = {"Recipe": "tuner.recipe.schema", "RecipeError": "tuner.recipe.source", "RecipeSource": "tuner.recipe.source",
+         **dict.fromkeys(["load_recipe", "recipe_from_yaml", "recipe_to_yaml", "validate_recipe"], "tuner.recipe.io")}
 
 __all__ = sorted(_HOME)
 

@@ -9,7 +9,7 @@ import typing
 
 from pydantic import BaseModel
 
-from tuner.recipe.io import MOVED
+from tuner.recipe.migration import MOVED
 from tuner.recipe.schema import SCHEMA_VERSION, Recipe
 
 HEADER = """# Recipe reference

@@ -1,22 +1,25 @@
-"""Reading and writing recipe files: safe YAML, key line numbers, overrides, migration, clear errors.
+"""Reading and writing recipe files: safe YAML, key line numbers, validation, clear errors.
 
 Only ``yaml.SafeLoader`` is used: a recipe is data, never code.  Every error is a
-:class:`RecipeError` that names the field and, when it came from a file, the line.
+:class:`RecipeError` that names the field and, when it came from a file, the line.  ``--set`` overrides live in
+:mod:`tuner.recipe.overrides`, keys of an older schema in :mod:`tuner.recipe.migration`.
 """
 from __future__ import annotations
 
 import difflib
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from tuner.fileio import NotARegularFile, TooLarge, read_limited
 from tuner.recipe.checks import find_problems
-from tuner.recipe.schema import SCHEMA_VERSION, Recipe
+from tuner.recipe.migration import MOVED, migrate
+from tuner.recipe.overrides import apply_overrides
+from tuner.recipe.schema import Recipe
+from tuner.recipe.source import RecipeError, RecipeSource, field_path
 
 log = logging.getLogger(__name__)
 
@@ -26,41 +29,6 @@ MAX_YAML_DEPTH = 32  # sections are two or three deep
 _STR_TAG = "tag:yaml.org,2002:str"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _SAFE_TAGS = {tag for tag in yaml.SafeLoader.yaml_constructors if tag}  # str, int, map, timestamp, ...; no python/*
-
-
-class RecipeError(Exception):
-    """A recipe cannot be used; ``str()`` is the message for the user (exit code 2)."""
-
-    def __init__(self, lines: list[str]):
-        super().__init__("\n".join(lines))
-        self.lines = lines
-
-
-@dataclass
-class RecipeSource:
-    """Where recipe values came from, so an error can point at a file line or an override."""
-
-    path: str | None = None
-    key_lines: dict[tuple[str, ...], int] = field(default_factory=dict)
-    overridden: set[tuple[str, ...]] = field(default_factory=set)
-    # the text as written of values YAML typed as numbers, dates or booleans: where the schema wants text
-    # (``name: 2018-01-01``, ``revision: 007``) the recipe gets exactly what was written
-    texts: dict[tuple[str, ...], str] = field(default_factory=dict)
-
-    def where(self, loc: tuple[str, ...]) -> str:
-        for assigned in sorted(self.overridden):  # the value at loc was set, or created, by an override
-            if loc and assigned[: len(loc)] == loc:
-                return f"--set {'.'.join(assigned)}"
-        for depth in range(len(loc) - 1, 0, -1):
-            if loc[:depth] in self.overridden:
-                return f"--set {'.'.join(loc[:depth])}"
-        for depth in range(len(loc), 0, -1):
-            if loc[:depth] in self.key_lines:
-                line = self.key_lines[loc[:depth]]
-                return f"{self.path}:{line}" if self.path else f"line {line}"
-        return self.path or "recipe"
-
-
 _TEXT_TAGS = (_STR_TAG, "tag:yaml.org,2002:null")
 
 
@@ -74,10 +42,10 @@ def _walk_mapping(node: yaml.Node, prefix: tuple[str, ...], source: RecipeSource
         raise RecipeError([f"{where}: the YAML expands to more than {MAX_YAML_NODES} nodes "
                            "(anchors/aliases too deep?); a recipe is a small mapping of settings."])
     if len(prefix) > MAX_YAML_DEPTH:
-        raise RecipeError([f"{where}:{node.start_mark.line + 1}: {_dotted(prefix[:3])}...: nested more than "
+        raise RecipeError([f"{where}:{node.start_mark.line + 1}: {field_path(prefix[:3])}...: nested more than "
                            f"{MAX_YAML_DEPTH} levels deep (a recursive alias?); a recipe is a few sections deep."])
     if node.tag not in _SAFE_TAGS:
-        raise RecipeError([f"{where}:{node.start_mark.line + 1}: {_dotted(prefix) or 'recipe'}: the tag "
+        raise RecipeError([f"{where}:{node.start_mark.line + 1}: {field_path(prefix) or 'recipe'}: the tag "
                            f"{node.tag.replace('tag:yaml.org,2002:', '!!')} is not allowed; a recipe is plain data."])
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
@@ -86,12 +54,12 @@ def _walk_mapping(node: yaml.Node, prefix: tuple[str, ...], source: RecipeSource
             if not isinstance(key_node, yaml.ScalarNode) or key_node.tag not in (_STR_TAG, _MERGE_TAG):
                 kind = key_node.tag.rsplit(":", 1)[-1]
                 if not isinstance(key_node, yaml.ScalarNode):
-                    raise RecipeError([f"{where}:{line}: {_dotted(prefix) or 'recipe'}: keys must be names, not a {kind}."])
-                raise RecipeError([f"{where}:{line}: {_dotted(prefix + (key_node.value,))}: keys must be names, not "
+                    raise RecipeError([f"{where}:{line}: {field_path(prefix) or 'recipe'}: keys must be names, not a {kind}."])
+                raise RecipeError([f"{where}:{line}: {field_path(prefix + (key_node.value,))}: keys must be names, not "
                                    f"{kind} {key_node.value!r}; quote the key if you meant the text."])
             key = key_node.value
             if key in seen:
-                raise RecipeError([f"{where}:{line}: {_dotted(prefix + (key,))}: duplicate key (first set on line "
+                raise RecipeError([f"{where}:{line}: {field_path(prefix + (key,))}: duplicate key (first set on line "
                                    f"{seen[key]}); keep one of them."])
             seen[key] = line
             lines[prefix + (key,)] = line
@@ -104,16 +72,10 @@ def _walk_mapping(node: yaml.Node, prefix: tuple[str, ...], source: RecipeSource
         try:  # a scalar YAML can tokenise but Python cannot hold: year 0, an integer of 5000 digits
             loader.construct_object(node)
         except (ValueError, OverflowError) as exc:
-            raise RecipeError([f"{where}:{node.start_mark.line + 1}: {_dotted(prefix) or 'recipe'}: "
+            raise RecipeError([f"{where}:{node.start_mark.line + 1}: {field_path(prefix) or 'recipe'}: "
                                f"cannot read this value: {exc}."]) from None
         if node.tag not in _TEXT_TAGS:
             source.texts[prefix] = node.value
-
-
-def _dotted(loc: Iterable[str]) -> str:
-    """A field path for a message; odd characters in user keys are escaped so the message stays one paragraph."""
-    text = ".".join(loc)
-    return text if text.isprintable() else ascii(text)[1:-1]
 
 
 def _yaml_problem(exc: yaml.YAMLError, where: str) -> RecipeError:
@@ -176,128 +138,6 @@ def read_recipe_text(path: str | Path) -> str:
         raise RecipeError([f"{path}:{line}: not UTF-8 text (byte {raw[exc.start]:#04x}); save the file as UTF-8."]) from None
 
 
-def parse_override(assignment: str) -> tuple[tuple[str, ...], Any]:
-    """Split ``dotted.key=value``; the value is read as YAML (so 3, true, [a, b] keep their types)."""
-    key, sep, raw_value = assignment.partition("=")
-    parts = tuple(key.strip().split("."))
-    if not sep or not key.strip() or any(not part for part in parts):
-        raise RecipeError([f"--set {assignment!r}: expected dotted.key=value, e.g. --set training.micro_batch_size=4"])
-    try:
-        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
-    except (yaml.YAMLError, ValueError, OverflowError, RecursionError):
-        value = raw_value  # not a YAML value (unclosed bracket, year 0, ...): keep the text as typed
-    return parts, value
-
-
-def leaves(data: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
-    """Every value of a recipe mapping by its key path (``("training", "micro_batch_size")``); an empty section is a
-    value of its own, so a file's ``fsdp: {}`` is kept where it was written."""
-    if not isinstance(data, dict) or (prefix and not data):
-        return {prefix: data}
-    out: dict[tuple[str, ...], Any] = {}
-    for key, value in data.items():
-        out.update(leaves(value, (*prefix, key)))
-    return out
-
-
-class NotASection(ValueError):
-    """A dotted key runs through a value; ``str()`` is the dotted key of that value."""
-
-
-def set_dotted(data: dict[str, Any], parts: Sequence[str], value: Any, *, none_removes: bool,
-               replace_values: bool) -> None:
-    """Set the key ``parts`` (``("training", "micro_batch_size")``) of ``data`` to ``value`` in place, making the
-    sections on the way (a missing or null one becomes ``{}``).
-
-    The two callers differ, and each states how: ``none_removes``: None deletes the key, so the field is back to its
-    default (the wizard's changes), instead of writing YAML's null for the schema to judge (``--set key=null``);
-    ``replace_values``: a value where a section belongs gives way to the section (the wizard: the change wins)
-    instead of raising :class:`NotASection` (``--set`` tells the user which key they typed through).
-    """
-    target = data
-    for depth, part in enumerate(parts[:-1]):
-        child = target.get(part)
-        if child is None or (replace_values and not isinstance(child, dict)):
-            child = target[part] = {}
-        elif not isinstance(child, dict):
-            raise NotASection(".".join(parts[: depth + 1]))
-        target = child
-    if value is None and none_removes:
-        target.pop(parts[-1], None)
-    else:
-        target[parts[-1]] = value
-
-
-def apply_overrides(data: dict[str, Any], overrides: Iterable[str], source: RecipeSource) -> dict[str, Any]:
-    """Return a copy of ``data`` with each ``dotted.key=value`` applied, recording them in ``source``."""
-    import copy
-
-    result = copy.deepcopy(data)
-    for assignment in overrides:
-        parts, value = parse_override(assignment)
-        raw_value = assignment.partition("=")[2]
-        try:
-            set_dotted(result, parts, value, none_removes=False, replace_values=False)
-        except NotASection as exc:
-            raise RecipeError([f"--set {assignment}: {exc} is a value, not a section."]) from None
-        source.overridden.add(parts)
-        if value is not None and not isinstance(value, (str, dict, list)):
-            source.texts[parts] = raw_value.strip()
-    return result
-
-
-# --- recipes of an older schema ----------------------------------------------------------------------------------
-# A recipe written for an older schema keeps loading: a moved key is read from where it was, with a warning naming
-# the line, the old key and the new one.  A recipe newer than this tuner is refused: its keys may mean what this
-# version cannot know (Accelerate's ``process_config`` and axolotl's ``deprecated.py`` do the same for theirs).
-MOVED: dict[tuple[str, ...], tuple[tuple[str, ...], int]] = {  # old key -> (new key, the version that moved it)
-    ("memory", key): (("training", key), 2)
-    for key in ("micro_batch_size", "gradient_accumulation_steps", "max_seq_length", "optimizer")
-}
-
-
-@dataclass(frozen=True)
-class Moved:
-    old: tuple[str, ...]
-    new: tuple[str, ...]
-    warning: str  # for the user: where, the old key, the new one
-
-
-def migrate(data: dict[str, Any], source: RecipeSource) -> list[Moved]:
-    """Move every old key of ``data`` (in place; its sections are copied, not edited) to its new place and set
-    ``version``.  Raises :class:`RecipeError` for a recipe newer than this tuner or one that sets a key in both."""
-    version = data.get("version", SCHEMA_VERSION)
-    numbered = isinstance(version, int) and not isinstance(version, bool)
-    if numbered and version > SCHEMA_VERSION:
-        raise RecipeError([f"{source.where(('version',))}: version: {version} is a newer recipe schema than this "
-                           f"tuner reads (version {SCHEMA_VERSION}); upgrade tuner (pip install -U tuner)."])
-    moved = []
-    for old, (new, since) in MOVED.items():
-        section, target = data.get(old[0]), data.get(new[0], {})
-        if not isinstance(section, dict) or old[1] not in section or not isinstance(target, dict):
-            continue  # nothing to move, or a section that is not a mapping, which the schema names
-        by_override = old in source.overridden
-        if new[1] in target and by_override == (new in source.overridden):  # an override wins over the file
-            raise RecipeError([f"{source.where(old)}: {_dotted(old)}: moved to {_dotted(new)} in recipe version "
-                               f"{since}, which {source.where(new)} also sets; keep only {_dotted(new)}."])
-        where, replaces = source.where(old), new[1] not in target or by_override
-        data[old[0]], data[new[0]] = section, target = dict(section), dict(target)
-        value = section.pop(old[1])
-        if replaces:
-            target[new[1]] = value
-            for seen in (source.key_lines, source.texts):  # errors about the value point where it was written
-                if old in seen:
-                    seen[new] = seen.pop(old)
-            if by_override:
-                source.overridden.add(new)
-        moved.append(Moved(old, new, f"{where}: {_dotted(old)} is now {_dotted(new)} (recipe version {since}); "
-                                     + ("read from there. " if replaces else f"{source.where(new)} overrides it. ")
-                                     + f"Move it under {new[0]}: to silence this."))
-    if numbered and version < SCHEMA_VERSION:
-        data["version"] = SCHEMA_VERSION
-    return moved
-
-
 def _suggest(loc: tuple[str, ...]) -> str:
     """'did you mean' for an unknown key, from the fields of the section it sits in."""
     model: type[BaseModel] = Recipe
@@ -310,7 +150,7 @@ def _suggest(loc: tuple[str, ...]) -> str:
     matches = difflib.get_close_matches(loc[-1], [*model.model_fields, *moved_here], n=1, cutoff=0.6)
     if matches and matches[0] in moved_here:
         new, since = moved_here[matches[0]]
-        return f" Did you mean '{_dotted(new)}' (moved from {_dotted(loc[:-1])}: in recipe version {since})?"
+        return f" Did you mean '{field_path(new)}' (moved from {field_path(loc[:-1])}: in recipe version {since})?"
     if matches:
         return f" Did you mean '{matches[0]}'?"
     return f" Known keys here: {', '.join(model.model_fields)}."
@@ -389,7 +229,7 @@ def _format_validation_error(error: ValidationError, data: dict, source: RecipeS
     lines = []
     for item in error.errors():
         loc = _input_loc(item["loc"], data)
-        dotted = _dotted(loc) or "recipe"
+        dotted = field_path(loc) or "recipe"
         where = source.where(loc)
         if item["type"] == "extra_forbidden":
             lines.append(f"{where}: {dotted}: unknown key.{_suggest(loc)}")

@@ -38,7 +38,7 @@ def builtin_path(name: str) -> Path:
     if not _NAME.match(name) or not path.is_file():
         import difflib
 
-        from tuner.recipe.io import RecipeError  # the schema loads at the first recipe read, not with the names
+        from tuner.recipe.source import RecipeError  # the schema loads at the first recipe read, not with the names
 
         close = difflib.get_close_matches(name, builtin_names(), n=1)
         hint = f" Did you mean '{close[0]}'?" if close else " List them with `tuner recipes ls`."

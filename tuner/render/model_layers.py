@@ -12,8 +12,8 @@ from pathlib import Path
 from tuner.catalog.demo import builtin_model, is_builtin
 from tuner.fileio import user_path
 from tuner.reason import library_words
-from tuner.recipe.io import RecipeError
 from tuner.recipe.schema import ModelSection
+from tuner.recipe.source import RecipeError
 
 
 def _config_source(model: ModelSection) -> str:

@@ -6,8 +6,9 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from tuner.fileio import DestinationRefused, atomic_write_directory, atomic_write_text, check_destination, replace_files
-from tuner.recipe.io import RecipeError, recipe_to_yaml, with_output_dir
+from tuner.recipe.io import recipe_to_yaml, with_output_dir
 from tuner.recipe.schema import Recipe
+from tuner.recipe.source import RecipeError
 from tuner.render.accelerate_config import render_accelerate_config
 from tuner.render.deepspeed_config import render_deepspeed_config
 from tuner.render.launch_script import has_slurm_script, render_launch_script, render_slurm_script

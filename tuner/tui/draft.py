@@ -28,10 +28,12 @@ from typing import Any, Literal, Mapping
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from tuner.recipe.io import (RecipeError, leaves, migrate, parse_yaml, read_recipe_text, section_model, set_dotted,
-                             validate_recipe)
+from tuner.recipe.io import parse_yaml, read_recipe_text, section_model, validate_recipe
+from tuner.recipe.migration import migrate
 from tuner.recipe.objective import OBJECTIVE_DATA
+from tuner.recipe.overrides import leaves, set_dotted
 from tuner.recipe.schema import SCHEMA_VERSION, DataSection, Recipe
+from tuner.recipe.source import RecipeError
 
 Changes = Mapping[str, Any]  # dotted field -> value; None removes the key (back to the default)
 KEPT_BY_PROPOSALS = ("model", "hardware")  # what the user has, not what the advisor may change

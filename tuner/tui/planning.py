@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # imported when first used: the first screen paints before the schema and the planner load
     from tuner.check import Check
-    from tuner.planner.measured import MeasuredRecord
     from tuner.planner import Advice, MemoryPlan
+    from tuner.planner.measured import MeasuredRecord
     from tuner.recipe.schema import Recipe
 
 
@@ -32,8 +32,8 @@ class Planner:
 
     def _defaults(self) -> None:
         from tuner.free_space import disk_room
-        from tuner.planner.measured import measured_record
         from tuner.planner import advise, plan
+        from tuner.planner.measured import measured_record
 
         self._plan, self._advise, self._disk = self._plan or plan, self._advise or advise, self._disk or disk_room
         self._measured = self._measured or measured_record
@@ -41,7 +41,7 @@ class Planner:
     def plan(self, recipe: Recipe) -> MemoryPlan:
         """The plan; raises CannotPlan with the planner's message."""
         from tuner.catalog.facts import UnknownModelError
-        from tuner.recipe.io import RecipeError
+        from tuner.recipe.source import RecipeError
 
         if self._plan is None:
             self._defaults()
@@ -54,7 +54,7 @@ class Planner:
 
     def advise(self, recipe: Recipe, host_ram_gib: float | None = None) -> list[Advice]:
         """The advisor's plans; ``host_ram_gib``: the machines' RAM where the recipe gives none (this machine's)."""
-        from tuner.recipe.io import RecipeError
+        from tuner.recipe.source import RecipeError
 
         if self._advise is None:
             self._defaults()

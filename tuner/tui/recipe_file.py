@@ -19,7 +19,8 @@ import yaml
 from pydantic import BaseModel
 
 from tuner.fileio import atomic_write_text, special_kind
-from tuner.recipe.io import leaves, section_model
+from tuner.recipe.io import section_model
+from tuner.recipe.overrides import leaves
 from tuner.recipe.schema import SCHEMA_VERSION, Recipe
 
 _MISSING = object()

@@ -12,11 +12,11 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.message import Message
 from textual.widgets import Button, Input, Label, Static, TabbedContent, TabPane
 
-from tuner.recipe.io import RecipeError
+from tuner.recipe.source import RecipeError
 from tuner.recipe.warnings import recipe_warnings
 from tuner.tui.messages import DiskChecked, PlanUpdated
-from tuner.tui.screens.base import WizardScreen
 from tuner.tui.recipe_file import save_problem
+from tuner.tui.screens.base import WizardScreen
 from tuner.tui.screens.confirm import ConfirmScreen
 from tuner.tui.widgets.plan_bar import Verdict
 

@@ -11,7 +11,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, ProgressBar, RichLog, Sparkline, Static
 
-from tuner.recipe.io import RecipeError
+from tuner.recipe.source import RecipeError
 from tuner.tui.run_watch import LOG_LINES, RunWatch, replay
 from tuner.tui.screens.base import WizardScreen
 

@@ -91,7 +91,7 @@ class StartScreen(Screen):
         self.app.switch_mode(mode)
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        from tuner.recipe.io import RecipeError
+        from tuner.recipe.source import RecipeError
         from tuner.tui.draft import Draft  # the schema: loaded after this screen is painted
 
         choice = event.option.id or ""
@@ -120,7 +120,7 @@ class StartScreen(Screen):
             self._error(str(exc))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        from tuner.recipe.io import RecipeError
+        from tuner.recipe.source import RecipeError
         from tuner.tui.draft import Draft
 
         try:
