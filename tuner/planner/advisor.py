@@ -299,7 +299,7 @@ def _finish(recipe):
 
 def _runnable(candidate) -> bool:
     """Whether a candidate passes validation (e.g. accumulation within its limit of 65536)."""
-    from tuner.recipe.io import RecipeError
+    from tuner.recipe.source import RecipeError
 
     try:
         _finish(candidate)
@@ -484,7 +484,8 @@ def _layouts(recipe) -> list[tuple[int, int]]:
 def _on_layout(recipe, machines: int, gpus: int, base: Tactics):
     """The recipe on ``machines`` x ``gpus`` GPUs, its effective batch kept where accumulation allows; None where
     the recipe cannot run so (its tp no longer divides the machine, say)."""
-    from tuner.recipe.io import RecipeError, validate_recipe
+    from tuner.recipe.io import validate_recipe
+    from tuner.recipe.source import RecipeError
 
     data = recipe.model_dump(mode="json")
     data["hardware"].update(machines=machines, gpus_per_machine=gpus, num_processes=None,
