@@ -151,7 +151,7 @@ def run(args) -> int:
 
 def alternative_topology(recipe, advice):
     """Where the best advice offloads (or nothing fits), the fewest GPUs of the recipe's type that need no offload."""
-    from tuner.planner.advisor import topology, uses_offload
+    from tuner.planner.topology import topology, uses_offload
 
     if not advice or (advice[0].fits and not uses_offload(advice[0].recipe)):
         return None

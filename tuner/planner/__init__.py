@@ -5,7 +5,8 @@
 ``topology(recipe)`` the fewest GPUs of the recipe's type on which it fits without offload;
 ``tuner.loading.simulate``, a floor up, traces the model that trains on fake tensors to check the arithmetic.
 """
-from tuner.planner.advisor import Advice, Step, advise, largest_micro_batch, next_step, topology
+from tuner.planner.advisor import Advice, Step, advise, largest_micro_batch, next_step
+from tuner.planner.topology import topology
 from tuner.planner.items import DevicePlan, MemoryPlan
 from tuner.planner.memory import plan
 

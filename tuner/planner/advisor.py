@@ -290,7 +290,7 @@ def _reasons(recipe, changes: list[Rung], before: MemoryPlan, after: MemoryPlan)
     return lines
 
 
-def _finish(recipe):
+def validated(recipe):
     """Validate a candidate fully (schema and cross-field rules) so it is a recipe tuner can run."""
     from tuner.recipe.io import validate_recipe
 
@@ -302,7 +302,7 @@ def _runnable(candidate) -> bool:
     from tuner.recipe.source import RecipeError
 
     try:
-        _finish(candidate)
+        validated(candidate)
     except RecipeError:
         return False
     return True
@@ -333,11 +333,12 @@ def _with_batch(recipe, mb: int, effective: int):
     return recipe.model_copy(update={"training": training})
 
 
-def _overrides(recipe, candidate) -> list[str]:
+def override_lines(recipe, candidate) -> list[str]:
+    """The --set lines that turn ``recipe`` into ``candidate`` (none for the recipe itself)."""
     return recipe_changes(recipe, candidate) if candidate is not recipe else []
 
 
-def _search(recipe, keep=None) -> tuple[list[tuple], list[tuple]]:
+def search_plans(recipe, keep=None) -> tuple[list[tuple], list[tuple]]:
     """(every candidate planned, those that fit and may run, cheapest first); ``keep`` limits the tactics tried."""
     from tuner.recipe.checks import find_problems
 
@@ -376,7 +377,7 @@ def advise(recipe, limit: int = 5, host_ram_gib: float | None = None) -> list[Ad
     if before.unmodelled:  # every candidate has the same parts no term covers: nothing to rank
         return [Advice(recipe, before, 0.0, [f"no plan can be judged: tuner has no memory terms for "
                                              f"{'; '.join(before.unmodelled)}."])]
-    scored, fitting = _search(recipe)
+    scored, fitting = search_plans(recipe)
     if not fitting:
         best = min(scored, key=lambda s: s[5].missing_gib)
         _, cost, _, _, candidate, memory_plan, changes = best
@@ -393,7 +394,7 @@ def advise(recipe, limit: int = 5, host_ram_gib: float | None = None) -> list[Ad
         why = (f"nothing fits on {limiting.name}: {memory_plan.missing_gib:.1f} GiB missing while {limiting.moment} "
                f"even with {label or 'the recipe as is'}; {fix}.")
         return [Advice(candidate, memory_plan, cost, [why] + _reasons(candidate, changes, before, memory_plan), changes,
-                       overrides=_overrides(recipe, candidate), label=label)]
+                       overrides=override_lines(recipe, candidate), label=label)]
     advice = []
     seen_configs = set()
     for _, cost, _, tactics, candidate, memory_plan, changes in fitting:
@@ -401,9 +402,9 @@ def advise(recipe, limit: int = 5, host_ram_gib: float | None = None) -> list[Ad
         if key in seen_configs:  # the same tactics with a smaller micro-batch: only the cheapest
             continue
         seen_configs.add(key)
-        finished = candidate if candidate is recipe else _finish(candidate)
+        finished = candidate if candidate is recipe else validated(candidate)
         reasons = _reasons(finished, changes, before, memory_plan) or [f"fits as is ({memory_plan.verdict})"]
-        advice.append(Advice(finished, memory_plan, cost, reasons, changes, overrides=_overrides(recipe, finished),
+        advice.append(Advice(finished, memory_plan, cost, reasons, changes, overrides=override_lines(recipe, finished),
                              label=change_label(recipe, finished)))
         if len(advice) == limit:
             break
@@ -412,94 +413,6 @@ def advise(recipe, limit: int = 5, host_ram_gib: float | None = None) -> list[Ad
     if found:
         chosen.largest_micro_batch, chosen.accumulation_for_largest = found
     return advice
-
-
-MOST_MACHINES = 64  # how far the topology advice looks
-OFFLOADS = (Rung.ACTIVATION_OFFLOADING, Rung.OFFLOAD_OPTIMIZER, Rung.OFFLOAD_PARAMS)
-PLACEHOLDER_ADDRESS = "10.0.0.1"  # machine rank 0's address in the advice, for the user to replace
-
-
-def uses_offload(recipe) -> bool:
-    """Whether a recipe moves states or activations to CPU RAM (what the topology advice avoids)."""
-    mem = recipe.memory
-    return mem.activation_offloading or mem.offload_optimizer != "none" or mem.offload_params != "none"
-
-
-def topology(recipe) -> Advice | None:
-    """The fewest GPUs of the recipe's type on which it fits without offloading anything, at the cheapest tactics
-    there (same method; more machines of the recipe's size, or more GPUs in its one machine up to 8); None on a CPU
-    or where even MOST_MACHINES machines would not do.  The effective batch is kept where accumulation allows."""
-    if not recipe.uses_gpu:
-        return None
-    base = tactics_of(recipe)
-
-    def without_offload(frugal: bool):
-        def keep(start: Tactics, tactics: Tactics) -> bool:
-            if tactics.method != start.method or set(OFFLOADS) & set(rungs_between(start, tactics)):
-                return False
-            return not frugal or (tactics.checkpointing and tactics.micro_batch == 1)
-        return keep
-
-    layouts = _layouts(recipe)
-    largest = _on_layout(recipe, *layouts[-1], base)
-    if largest is None or not _search(largest, without_offload(frugal=True))[1]:
-        return None  # not even the most GPUs tried would do
-    for machines, gpus in layouts:
-        candidate = _on_layout(recipe, machines, gpus, base)
-        if candidate is None or not _search(candidate, without_offload(frugal=True))[1]:
-            continue  # not even the most frugal tactics fit here: no need to price the rest
-        _, cost, _, _, found, memory_plan, changes = _search(candidate, without_offload(frugal=False))[1][0]
-        finished = found if found is candidate else _finish(found)
-        where = f"{machines} machines x {gpus}" if machines > 1 else "one machine"
-        label = change_label(candidate, finished)  # beside the layout, which the head names
-        head = (f"on {machines * gpus} GPUs ({where} {_gpu_name(recipe)}) {label or 'the recipe as is'} "
-                f"fits at {memory_plan.gpu.total_gib:.0f} GiB, no offload")
-        reasons = [head] + [reason(finished, c) for c in dict.fromkeys(changes)]
-        if finished.effective_batch_size != recipe.effective_batch_size:
-            reasons.append(f"the effective batch becomes {finished.effective_batch_size} (was "
-                           f"{recipe.effective_batch_size}): every data-parallel rank takes at least one sample a step")
-        if machines > 1 and recipe.hardware.main_process_ip is None:
-            reasons.append("set hardware.main_process_ip to machine rank 0's address")
-        return Advice(finished, memory_plan, cost, reasons, changes, overrides=_overrides(recipe, finished),
-                      label=change_label(recipe, finished))
-    return None
-
-
-def _gpu_name(recipe) -> str:
-    hw = recipe.hardware
-    return hw.gpu or f"{hw.gpu_memory_gb:g}GB"
-
-
-def _layouts(recipe) -> list[tuple[int, int]]:
-    """(machines, GPUs per machine) with more GPUs than the recipe's, fewest first."""
-    hw = recipe.hardware
-    layouts = []
-    gpus = hw.gpus_per_machine
-    while hw.machines == 1 and gpus < 8:
-        gpus *= 2
-        layouts.append((1, gpus))
-    return layouts + [(machines, max(gpus, hw.gpus_per_machine)) for machines in range(hw.machines + 1, MOST_MACHINES + 1)]
-
-
-def _on_layout(recipe, machines: int, gpus: int, base: Tactics):
-    """The recipe on ``machines`` x ``gpus`` GPUs, its effective batch kept where accumulation allows; None where
-    the recipe cannot run so (its tp no longer divides the machine, say)."""
-    from tuner.recipe.io import validate_recipe
-    from tuner.recipe.source import RecipeError
-
-    data = recipe.model_dump(mode="json")
-    data["hardware"].update(machines=machines, gpus_per_machine=gpus, num_processes=None,
-                            main_process_ip=recipe.hardware.main_process_ip or
-                            (PLACEHOLDER_ADDRESS if machines > 1 else None))
-    data["parallelism"].update(dp_replicate=None, dp_shard=None)
-    data["memory"].update(offload_optimizer="none", offload_params="none", activation_offloading=False)
-    data_parallel = machines * gpus // (base.tp * base.seq_shards)
-    data["training"]["gradient_accumulation_steps"] = max(1, math.ceil(
-        recipe.effective_batch_size / (base.micro_batch * data_parallel)))
-    try:
-        return validate_recipe(data)
-    except RecipeError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -528,6 +441,6 @@ def next_step(recipe) -> Step | None:
         candidate = apply_tactics(recipe, tactics)
         if find_problems(candidate) or not _runnable(candidate):
             continue
-        finished = _finish(candidate)
+        finished = validated(candidate)
         return Step(rung, finished, recipe_changes(recipe, finished), reason(finished, rung))
     return None
