@@ -80,7 +80,7 @@ def bench_recipe(path: str, data_format: str):
 
 
 def run_tuner(path: str, data_format: str, tokenizer) -> dict:
-    from tuner.data.prepare import prepare_data
+    from tuner.data.prepared import prepare_data
 
     recipe = bench_recipe(path, data_format)
     start = time.perf_counter()

@@ -128,7 +128,8 @@ def ranks_eval_loss(run_dir, model_dir, ranks: int = 2) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tuner.data.prepare import data_collator, prepare_data
+    from tuner.data.prepare import data_collator
+    from tuner.data.prepared import prepare_data
     from tuner.loading.model import load_tokenizer
     from tuner.recipe import load_recipe
 

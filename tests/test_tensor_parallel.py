@@ -24,7 +24,7 @@ SPLIT_BY_INPUT = ("o_proj", "down_proj")
 
 
 def mean_sample_tokens(run_dir: Path) -> float:
-    from tuner.data.prepare import prepare_data
+    from tuner.data.prepared import prepare_data
     from tuner.loading.model import load_tokenizer
     from tuner.recipe import load_recipe
 
@@ -38,7 +38,8 @@ def held_out_loss(run_dir: Path, model_dir: Path) -> float:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tuner.data.prepare import data_collator, prepare_data
+    from tuner.data.prepare import data_collator
+    from tuner.data.prepared import prepare_data
     from tuner.loading.model import load_tokenizer
     from tuner.recipe import load_recipe
     from tuner.train.parallelism import whole_eval_batch

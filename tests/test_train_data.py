@@ -10,7 +10,8 @@ import json
 import pytest
 
 from tuner.data.formats import DEFAULT_CHAT_TEMPLATE, IGNORE_INDEX, chat_segments
-from tuner.data.prepare import data_collator, encode_batch, prepare_data, split_samples
+from tuner.data.prepare import data_collator, encode_batch, split_samples
+from tuner.data.prepared import prepare_data
 from tuner.data.preview import labelled_segments, preview_examples
 from tuner.data.sources import DataError
 from tuner.recipe.io import validate_recipe
@@ -217,7 +218,8 @@ def test_tokenising_processes_give_the_same_tokens_and_share_the_prepared_datase
     gets the cores this rank may use (shared with the machine's other ranks)."""
     import os
 
-    from tuner.data.prepare import SAMPLES_PER_PROCESS, data_fingerprint, tokenise, tokenising_processes
+    from tuner.data.prepare import SAMPLES_PER_PROCESS, tokenise, tokenising_processes
+    from tuner.data.prepared import data_fingerprint
 
     rows = [{"instruction": "reverse", "input": f"w{i}x" * (i % 7), "output": f"x{i}w"} for i in range(300)]
     path = write_jsonl(tmp_path / "d.jsonl", rows + [{"instruction": "r" * 30, "output": "cut"}] * 5)

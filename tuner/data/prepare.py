@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from tuner.build_once import BuildTimeout, build_once, is_built
+from tuner.build_once import BuildTimeout, build_once
 from tuner.data.formats import (
     FORMAT_COLUMNS,
     IGNORE_INDEX,
@@ -327,11 +327,11 @@ def tokenise_stream(raw, recipe: Recipe, tokenizer, data_format: str):
 
 # What the checks and the prepared dataset depend on besides the recipe and the tokenizer: tuner's code that reads,
 # checks, formats and tokenises the samples.
-_PREPARING_CODE = tuple(Path(__file__).with_name(name) for name in ("prepare.py", "formats.py", "sources.py",
-                                                                     "preference.py", "prompts.py"))
+_PREPARING_CODE = tuple(Path(__file__).with_name(name) for name in ("prepare.py", "prepared.py", "formats.py",
+                                                                     "sources.py", "preference.py", "prompts.py"))
 
 
-def _data_key(recipe: Recipe, **fields) -> str | None:
+def data_key(recipe: Recipe, **fields) -> str | None:
     """A key for what was made of the recipe's data file: the file (resolved path, size, modification time), the
     given fields and tuner's preparing code; None for a hub dataset or a stream (nothing is kept for those)."""
     import hashlib
@@ -347,16 +347,6 @@ def _data_key(recipe: Recipe, **fields) -> str | None:
     return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def data_fingerprint(recipe: Recipe, tokenizer) -> str | None:
-    """A key for the prepared dataset: the data file, the recipe fields that shape the samples and their tokens,
-    the tokenizer and tuner's preparing code; None for a hub dataset or a stream (not cached)."""
-    from datasets.fingerprint import Hasher
-
-    return _data_key(recipe, data=recipe.data.model_dump(mode="json", exclude={"num_proc"}),  # same tokens in any
-                     max_seq_length=recipe.training.max_seq_length, seed=recipe.training.seed,  # number of processes
-                     objective=recipe.objective.kind, tokenizer=Hasher.hash(tokenizer))
-
-
 CHECKED_DIR = "checked"  # under $TUNER_HOME: one folder per data file whose every row passed the checks
 
 
@@ -364,7 +354,7 @@ def checked_marker(recipe: Recipe) -> Path | None:
     """Where the proof is kept that every row of the recipe's data file passed the checks, read as the recipe reads
     it (source, split, format, objective): a cache folder holding only its completion marker; None for a hub dataset
     or a stream, checked every time."""
-    key = _data_key(recipe, read_as=[recipe.data.source, recipe.data.split, recipe.data.format,
+    key = data_key(recipe, read_as=[recipe.data.source, recipe.data.split, recipe.data.format,
                                      recipe.objective.kind, recipe.data.max_image_pixels])
     return tuner_home() / CHECKED_DIR / key if key else None
 
@@ -412,28 +402,6 @@ def cache_or_make(folder: Path, make: Callable[[], T], save: Callable[[T, Path],
         return made[0] if made else make()
 
 
-def prepared_folder(recipe: Recipe, tokenizer) -> Path | None:
-    """``$TUNER_HOME/prepared/<fingerprint>``: where the recipe's prepared dataset is (or will be) kept."""
-    fingerprint = data_fingerprint(recipe, tokenizer)
-    return tuner_home() / PREPARED_DIR / fingerprint if fingerprint else None
-
-
-def prepare_data(recipe: Recipe, tokenizer) -> PreparedData:
-    """The tokenised train and held-out datasets; reused from ``$TUNER_HOME/prepared/<fingerprint>`` when the same
-    data file was prepared the same way before (a re-run, a resume, another rank or machine), and saved there
-    otherwise: of the processes that prepare it at once, one tokenises while the others wait to load it."""
-    folder = prepared_folder(recipe, tokenizer)
-    if folder is None or is_image_format(recipe.data.format):  # a stream, a hub dataset, images: nothing is kept
-        prepared = tokenised_data(recipe, tokenizer)
-        return prepared if streamed(prepared.train) or is_image_format(prepared.data_format) else without_flags(prepared)
-    prepared = cache_or_make(folder, lambda: tokenised_data(recipe, tokenizer), save_prepared,
-                             what="the prepared dataset")
-    if prepared is None:
-        log.info("data: reusing the prepared dataset in %s (same data file, recipe fields and tokenizer)", folder)
-        return load_prepared(folder)
-    return without_flags(prepared)
-
-
 def tokenised_data(recipe: Recipe, tokenizer) -> PreparedData:
     """The recipe's samples checked, split and tokenised, each with its TRUNCATED flag (a stream: tokenised as it is
     read, without flags)."""
@@ -451,52 +419,6 @@ def tokenised_data(recipe: Recipe, tokenizer) -> PreparedData:
     train, truncated, dropped = tokenise(train_raw, recipe, tokenizer, data_format, "training")
     evaluation = tokenise(eval_raw, recipe, tokenizer, data_format, "held-out")[0] if eval_raw is not None else None
     return PreparedData(train, evaluation, data_format, truncated, dropped, eval_raw)
-
-
-PREPARED_DIR = "prepared"  # under $TUNER_HOME, one folder per fingerprint
-PREPARED_INFO = "prepared.json"  # the format and the truncated and dropped counts
-
-
-def is_prepared(folder: Path | None) -> bool:
-    return folder is not None and is_built(folder)
-
-
-def without_flags(prepared: PreparedData) -> PreparedData:
-    """The prepared datasets as the Trainer takes them: input_ids and labels only."""
-    from dataclasses import replace
-
-    return replace(prepared, train=prepared.train.remove_columns([TRUNCATED]),
-                   eval=prepared.eval.remove_columns([TRUNCATED]) if prepared.eval is not None else None)
-_PREPARED_SPLITS = ("train", "eval", "raw_eval")
-
-
-def save_prepared(prepared: PreparedData, folder: Path) -> None:
-    """Write the prepared datasets into ``folder``: the hidden staging folder of :func:`cache_or_make`, published
-    whole, so ranks that prepare at once, or a run stopped halfway, never leave a partial folder to be reused."""
-    import json
-
-    from tuner.fileio import atomic_write_text
-
-    for name in _PREPARED_SPLITS:
-        dataset = getattr(prepared, name)
-        if dataset is not None:
-            dataset.save_to_disk(str(folder / name))  # in the order its indices give (no extra copy)
-    info = {"data_format": prepared.data_format, "truncated": prepared.truncated, "dropped": prepared.dropped}
-    atomic_write_text(folder / PREPARED_INFO, json.dumps(info) + "\n")
-
-
-def load_prepared(folder: Path, flags: bool = False) -> PreparedData:
-    """The prepared datasets kept in ``folder``; with ``flags``, each sample's TRUNCATED flag too (for preview)."""
-    import json
-
-    from datasets import load_from_disk
-
-    info = json.loads((folder / PREPARED_INFO).read_text())
-    splits = {name: load_from_disk(str(folder / name)) if (folder / name).is_dir() else None
-              for name in _PREPARED_SPLITS}
-    prepared = PreparedData(splits["train"], splits["eval"], info["data_format"], info["truncated"], info["dropped"],
-                            splits["raw_eval"])
-    return prepared if flags else without_flags(prepared)
 
 
 def data_collator(recipe: Recipe, tokenizer):

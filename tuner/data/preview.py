@@ -49,7 +49,8 @@ def preview_examples(recipe: Recipe, tokenizer, count: int = 3, processor=None) 
     otherwise the first samples of the split (of a stream: the first it yields, read no further), encoded here.
     Image-text rows are made by the model's ``processor`` (refused without one), as training's collator makes them."""
     from tuner.data.images import is_image_format
-    from tuner.data.prepare import encode_batch, first_rows, is_prepared, load_prepared, prepared_folder, split_samples
+    from tuner.data.prepare import encode_batch, first_rows, split_samples
+    from tuner.data.prepared import is_prepared, load_prepared, prepared_folder
 
     folder = None if recipe.objective.kind != "sft" else prepared_folder(recipe, tokenizer)
     if is_prepared(folder):

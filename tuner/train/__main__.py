@@ -167,7 +167,8 @@ def same_machines(args, events: Path) -> None:
 def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     from transformers import Trainer
 
-    from tuner.data.prepare import data_collator, prepare_data
+    from tuner.data.prepare import data_collator
+    from tuner.data.prepared import prepare_data
     from tuner.fileio import atomic_write_text, umask_permissions
     from tuner.rundir.checkpoints import resume_checkpoint
     from tuner.loading.hub_download import run_snapshot

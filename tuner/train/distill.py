@@ -1,6 +1,6 @@
 """Distillation (distill) with TRL's GKDTrainer: the config, the student, the frozen teacher, the data.
 
-The data is tokenised as SFT tokenises it (:func:`tuner.data.prepare.prepare_data`), so the student is asked the
+The data is tokenised as SFT tokenises it (:func:`tuner.data.prepared.prepare_data`), so the student is asked the
 way every other tuner model is; GKD's ChatML collator is replaced by SFT's padding collator plus each sample's
 prompt, left-padded, which GKD's on-policy steps sample from.  Off-policy steps (``on_policy`` 0) score the data's
 own completions with the teacher; on-policy steps score the student's samples.  The teacher loads as the student's
@@ -55,7 +55,8 @@ class PromptCollator:
 def distill_trainer(recipe: Recipe, args, tokenizer, callbacks, model_path: str | None = None
                     ) -> tuple[object, PreparedData]:
     """TRL's GKDTrainer for the recipe (the student from ``model_path`` when given), and what became of its data."""
-    from tuner.data.prepare import data_collator, prepare_data
+    from tuner.data.prepare import data_collator
+    from tuner.data.prepared import prepare_data
     from tuner.loading.model import count_parameters
     from tuner.train.preference import trl_policy
 
