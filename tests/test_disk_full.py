@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuner.fileio import disk_full, disk_full_message, disk_size, os_error_message
+from tuner.disk_messages import disk_full, disk_full_message, disk_size, os_error_message
 
 GIB = 2 ** 30
 

@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         _print_error(str(exc))
         return EXIT_ENVIRONMENT
     except OSError as exc:  # disk full, read-only or foreign directory: the machine, not the recipe
-        from tuner.fileio import os_error_message
+        from tuner.disk_messages import os_error_message
 
         _print_error(os_error_message(exc))
         return EXIT_ENVIRONMENT
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # a full disk in a library's words (torch.save, safetensors); anything else is a bug
-        from tuner.fileio import disk_full, disk_full_message
+        from tuner.disk_messages import disk_full, disk_full_message
 
         if not disk_full(exc):
             raise

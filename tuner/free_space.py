@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tuner.catalog.hub import human_bytes
-from tuner.fileio import disk_size, existing_parent
+from tuner.disk_messages import disk_size, existing_parent
 from tuner.check import Check
 from tuner.planner.disk import checkpoint_disk_gib
 from tuner.planner.items import GIB

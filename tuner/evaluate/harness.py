@@ -36,7 +36,7 @@ def harness_failure(exc: Exception, tasks: list) -> Exception:
     ``max_gen_toks`` the model's length cannot hold, fail deep inside it); out of memory, a full disk and
     interruptions stay what they are."""
     from tuner.data.sources import DataError
-    from tuner.fileio import disk_full
+    from tuner.disk_messages import disk_full
     from tuner.train.oom import is_out_of_memory
 
     if disk_full(exc) or is_out_of_memory(exc):

@@ -15,7 +15,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from tuner.fileio import os_error_message
+from tuner.disk_messages import os_error_message
 from tuner.rundir.events import Event, EventFollower
 from tuner.rundir.layout import EVENTS_FILE, LOG_FILE
 from tuner.rundir.lock import supervisor_environment

@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {terminal_text(str(exc))}", file=sys.stderr)
         return 2 if bad_input else 1
     except Exception as exc:
-        from tuner.fileio import disk_full, disk_full_message
+        from tuner.disk_messages import disk_full, disk_full_message
         from tuner.train.oom import EXIT_OUT_OF_MEMORY, exhausted_memory, is_out_of_memory, out_of_memory_advice
 
         if disk_full(exc):  # a checkpoint save, in torch's or safetensors' words ("unexpected pos ...")
