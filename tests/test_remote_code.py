@@ -230,6 +230,7 @@ def test_the_streamed_scan_finds_what_a_full_parse_finds(tmp_path_factory, data,
     colon, "auto_map" text inside strings, padding that moves it across chunk boundaries) the bounded scan names the
     classes json.loads + code_refs names."""
     from tuner.catalog import models
+    from tuner.catalog.model_config import code_refs
 
     monkeypatch_module.setattr(models, "SCAN_CHUNK", chunk)
     refs = st.text(alphabet="abcdefgh_.", min_size=3, max_size=12)
@@ -252,5 +253,5 @@ def test_the_streamed_scan_finds_what_a_full_parse_finds(tmp_path_factory, data,
     path = tmp_path_factory.mktemp("cfg") / "tokenizer_config.json"
     path.write_text(text)
     parsed = json.loads(text)
-    expected = models.code_refs(parsed) if present else set()
+    expected = code_refs(parsed) if present else set()
     assert models.streamed_code_refs(path) == expected

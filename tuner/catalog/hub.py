@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import quote
 
-from tuner.catalog.model_config import MAX_CONFIG_BYTES, decoded
+from tuner.catalog.model_config import MAX_CONFIG_BYTES, code_refs, decoded
 from tuner.catalog.facts import UnknownModelError
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # 'name' or 'org/name'
@@ -242,8 +242,6 @@ def code_folder(found: HubConfig) -> Path:
     the hub does not have: :class:`UnknownModelError` naming the files; the hub failing: :class:`HubError`."""
     from huggingface_hub import constants, hf_hub_download
     from huggingface_hub.errors import RemoteEntryNotFoundError
-
-    from tuner.catalog.models import code_refs
 
     modules = {ref.rsplit(".", 1)[0] for ref in code_refs(found.config) if "--" not in ref}  # '--': another repo's
     wanted = [CONFIG_FILE] + sorted(module + ".py" for module in modules)

@@ -164,3 +164,14 @@ def check_resolved_config(config, name: str) -> None:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             low, high = SIZES[key]
             check_size(value, f"{name}: {key}", low, high)
+
+
+def code_refs(config, depth: int = 4) -> set[str]:
+    """The classes (``module.Class``) every ``auto_map`` of a config names, and those of the configs nested in it
+    (``text_config``, ``vision_config``): a composite model's sub-model may ship the code."""
+    if not isinstance(config, dict) or depth == 0:
+        return set()
+    found: set[str] = set()
+    for value in (config["auto_map"].values() if isinstance(config.get("auto_map"), dict) else ()):
+        found.update(ref for ref in (value if isinstance(value, list) else [value]) if isinstance(ref, str) and ref)
+    return found.union(*(code_refs(value, depth - 1) for value in config.values()))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tuner.catalog.demo import DEMO_MODEL_ID
 from tuner.catalog.facts import ModelFacts, UnknownModelError, facts_from_config
-from tuner.catalog.model_config import MAX_CONFIG_BYTES, ModelConfigError, read_config
+from tuner.catalog.model_config import MAX_CONFIG_BYTES, ModelConfigError, code_refs, read_config
 from tuner.fileio import user_path
 
 CATALOG_FILE = Path(__file__).with_name("models.json")
@@ -265,14 +265,3 @@ def _value_refs(path: Path, offset: int) -> set[str]:
     except (ValueError, RecursionError):
         return {UNREADABLE_AUTO_MAP}
     return code_refs({"auto_map": value}) or ({UNREADABLE_AUTO_MAP} if value else set())
-
-
-def code_refs(config, depth: int = 4) -> set[str]:
-    """The classes (``module.Class``) every ``auto_map`` of a config names, and those of the configs nested in it
-    (``text_config``, ``vision_config``): a composite model's sub-model may ship the code."""
-    if not isinstance(config, dict) or depth == 0:
-        return set()
-    found: set[str] = set()
-    for value in (config["auto_map"].values() if isinstance(config.get("auto_map"), dict) else ()):
-        found.update(ref for ref in (value if isinstance(value, list) else [value]) if isinstance(ref, str) and ref)
-    return found.union(*(code_refs(value, depth - 1) for value in config.values()))
