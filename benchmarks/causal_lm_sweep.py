@@ -111,7 +111,7 @@ def meta_total(folder: Path) -> int:
 
 def sweep_one(model_type: str, root: Path) -> Swept:
     """Save ``model_type``'s cut defaults under ``root`` and plan them (the first plan: nothing cached)."""
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.model_config import ModelConfigError
     from tuner.catalog.models import model_facts
     from tuner.planner import plan

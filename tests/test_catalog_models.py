@@ -8,7 +8,8 @@ import re
 import pytest
 
 from tuner.catalog.inventory import config_key, shipped_path
-from tuner.catalog.facts import UnknownModelError, facts_from_config
+from tuner.catalog.facts import facts_from_config
+from tuner.catalog.model_config import UnknownModelError
 from tuner.catalog.models import _catalog, catalog_config, catalog_ids, demo_config, model_facts
 
 # Where a published count and the module tree transformers builds cannot agree to 0.5%, and why (the test holds the

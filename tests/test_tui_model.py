@@ -123,7 +123,8 @@ HUB_SCRIPT = textwrap.dedent('''
     sys.path.insert(0, sys.argv[1])
     from textual.widgets import Input, Static
     from tui_helpers import make_app, settle, wait_until
-    from tuner.catalog.models import UnknownModelError, model_facts
+    from tuner.catalog.model_config import UnknownModelError
+    from tuner.catalog.models import model_facts
 
     async def main(model_id):
         app = make_app()

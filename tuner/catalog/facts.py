@@ -12,16 +12,7 @@ from pathlib import Path
 
 from tuner.catalog.inventory import PARTS, Inventory, ModuleGroup, inventory_for, with_lora
 from tuner.catalog.layer_kinds import LayerKind, LinearLayer, classify
-from tuner.catalog.model_config import ModelConfigError, check_config
-
-
-class UnknownModelError(ValueError):
-    """No architecture facts for a model id; the message says where tuner looked, ``field`` which recipe field named
-    the model (``model.id``, or the teacher's, a reward model's: :func:`model_named_at`)."""
-
-    def __init__(self, message: str, field: str = "model.id"):
-        super().__init__(message)
-        self.field = field
+from tuner.catalog.model_config import ModelConfigError, UnknownModelError, check_config
 
 
 @dataclass(frozen=True)

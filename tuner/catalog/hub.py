@@ -14,8 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import quote
 
-from tuner.catalog.model_config import MAX_CONFIG_BYTES, code_refs, decoded
-from tuner.catalog.facts import UnknownModelError
+from tuner.catalog.model_config import MAX_CONFIG_BYTES, UnknownModelError, code_refs, decoded
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # 'name' or 'org/name'
 CONFIG_FILE = "config.json"

@@ -203,7 +203,7 @@ def inventory_for(config: dict, name: str, trust_remote_code: bool = False,
         return shipped
     version = installed_transformers_version()
     if version is None:
-        from tuner.catalog.facts import UnknownModelError
+        from tuner.catalog.model_config import UnknownModelError
 
         raise UnknownModelError(f"{name}: tuner counts a model's parameters by building it on the meta device with "
                                 "transformers, which is not installed here: pip install transformers.")

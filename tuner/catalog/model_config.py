@@ -34,6 +34,15 @@ SIZES = {
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
+class UnknownModelError(ValueError):
+    """No architecture facts for a model id; the message says where tuner looked, ``field`` which recipe field named
+    the model (``model.id``, or the teacher's, a reward model's: :func:`tuner.catalog.models.model_named_at`)."""
+
+    def __init__(self, message: str, field: str = "model.id"):
+        super().__init__(message)
+        self.field = field
+
+
 class ModelConfigError(ValueError):
     """A model's config cannot be planned from: the message names the file, the key and what is wrong."""
 

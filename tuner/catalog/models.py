@@ -14,8 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from tuner.catalog.demo import DEMO_MODEL_ID
-from tuner.catalog.facts import ModelFacts, UnknownModelError, facts_from_config
-from tuner.catalog.model_config import MAX_CONFIG_BYTES, ModelConfigError, code_refs, read_config
+from tuner.catalog.facts import ModelFacts, facts_from_config
+from tuner.catalog.model_config import MAX_CONFIG_BYTES, ModelConfigError, UnknownModelError, code_refs, read_config
 from tuner.fileio import user_path
 
 CATALOG_FILE = Path(__file__).with_name("models.json")

@@ -27,7 +27,7 @@ def known_models() -> list[str]:
 def teacher_candidates(student: str, revision: str | None = None) -> tuple[str, ...]:
     """The known models that can teach ``student``, the nearest in size first; empty when tuner knows none (or not
     the student)."""
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.models import model_facts
 
     try:

@@ -76,7 +76,7 @@ def load_plan_recipe(args):
 
 def _adapts_fused_experts(model_id: str) -> bool:
     """Whether all-linear makes PEFT adapt the model's fused experts as parameters (lora.ParamWrapper)."""
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.models import model_facts
 
     try:
@@ -86,7 +86,7 @@ def _adapts_fused_experts(model_id: str) -> bool:
 
 
 def run(args) -> int:
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.hub import HubError
     from tuner.recipe.source import RecipeError
 

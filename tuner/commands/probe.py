@@ -79,7 +79,7 @@ def probe_and_report(recipe, *, steps: int | None, force: bool) -> int:
 
 
 def planned(recipe):
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.planner import plan
     from tuner.recipe.source import RecipeError
 

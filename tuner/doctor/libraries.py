@@ -102,7 +102,8 @@ def check_liger(recipe: Recipe | None) -> Check:
 
 
 def _model_type(recipe: Recipe | None) -> str | None:
-    from tuner.catalog.models import UnknownModelError, model_facts
+    from tuner.catalog.model_config import UnknownModelError
+    from tuner.catalog.models import model_facts
 
     if recipe is None:
         return None
@@ -136,7 +137,8 @@ def check_kernels(recipe: Recipe | None) -> Check:
     detail = "; ".join(f"{name}: {value}" for name, value in used.items())
     if recipe is None or not recipe.uses_gpu:
         return Check("kernels", "ok", detail)
-    from tuner.catalog.models import UnknownModelError, model_facts
+    from tuner.catalog.model_config import UnknownModelError
+    from tuner.catalog.models import model_facts
     from tuner.planner.kernels import TRITON_FOLD, kernels
 
     try:

@@ -136,7 +136,7 @@ def _with_adapter(model, adapter: Path, placement: Placement, max_memory, offloa
 
 def planner_facts(target: InferenceTarget):
     """The planner's facts for the model (catalog, local config.json or hub cache); None when it has none."""
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.models import model_facts
 
     model = target.recipe.model

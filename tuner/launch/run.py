@@ -110,7 +110,7 @@ class RunOutcome:
 def _memory_check(recipe: Recipe) -> tuple[MemoryPlan, list[str], str | None]:
     """(the plan, its refusal lines, or [] when it fits; a note for a tight plan)."""
     from tuner.catalog.hub import HubError
-    from tuner.catalog.models import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.planner import advise, plan
 
     try:
@@ -171,7 +171,7 @@ def _check_data(recipe: Recipe) -> str:
 
 def _check_image_model(recipe: Recipe, data_format: str) -> None:
     """Image-text data needs a model transformers builds as image-text (its config, read without building it)."""
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.model_classes import IMAGE_TEXT, auto_class_for
     from tuner.catalog.models import model_config
     from tuner.data.images import is_image_format

@@ -104,7 +104,7 @@ def choose_attention(requested: str, model_type: str | None = None,
 def model_type_of(recipe: Recipe, source: str) -> str | None:
     """The model_type of the model loaded from ``source`` (its config.json, the catalog or the hub cache); None
     where tuner cannot read it before loading (transformers then meets its own checks)."""
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.models import model_facts
 
     model_id = recipe.model.id if source == resolve_model_path(recipe.model.id) else source
@@ -117,7 +117,7 @@ def model_type_of(recipe: Recipe, source: str) -> str | None:
 def source_config(recipe: Recipe, source: str) -> dict:
     """The config.json mapping of the model loaded from ``source`` (a built-in's, a folder's, the catalog's or the
     hub's: :func:`tuner.catalog.models.model_config`); empty where tuner cannot read it before loading."""
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.models import model_config
 
     model_id = recipe.model.id if source == resolve_model_path(recipe.model.id) else source

@@ -202,7 +202,7 @@ def _candidates(recipe) -> list[Tactics]:
 
 def _has_ep_plan(recipe) -> bool:
     """A MoE model transformers can shard by expert (its config's base_model_ep_plan): where the ep rung applies."""
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.models import model_facts
     from tuner.recipe.expert_checks import model_ep_plan
 

@@ -170,7 +170,7 @@ def _lora_targets(recipe: Recipe) -> list[Problem]:
     lora = recipe.method.lora
     if recipe.method.kind == "full":
         return []
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.models import model_facts
 
     try:
@@ -343,7 +343,7 @@ def _heads_divisible(recipe: Recipe) -> list[Problem]:
     par = recipe.parallelism
     if par.tp == 1 and par.sp == 1:
         return []
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.models import model_facts
 
     try:

@@ -19,7 +19,7 @@ TOKENIZER_FILE = "tokenizer.json"
 
 def _vocab_size(model_id: str, revision: str | None, trust_remote_code: bool) -> int | None:
     """The model's vocabulary size from its config (catalog, local folder, hub cache), or None when unknown."""
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.models import model_facts
 
     try:

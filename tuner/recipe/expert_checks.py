@@ -55,7 +55,7 @@ def model_ep_plan(model_type: str) -> dict[str, str] | None:
 
 def _model_problems(recipe: Recipe) -> list[Problem]:
     """The model's side: an ep plan with token dispatch (ep > tp always needs one), experts that divide by ep."""
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.models import model_facts
 
     par, model = recipe.parallelism, recipe.model

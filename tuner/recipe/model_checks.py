@@ -9,7 +9,7 @@ from tuner.recipe.schema import Recipe
 def _known_facts(recipe: Recipe):
     """The model's facts (catalog, local files, hub cache), or None when tuner has none or the model ships its own
     code (whose classes transformers' table does not describe)."""
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.models import model_facts
 
     if custom_code(recipe.model.id, recipe.model.revision):

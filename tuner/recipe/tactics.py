@@ -236,7 +236,7 @@ def apply_tactics(recipe: Recipe, t: Tactics) -> Recipe:
 def _adapts_fused_experts(recipe: Recipe) -> bool:
     """Whether the recipe's LoRA targets make PEFT adapt fused experts as parameters (lora.ParamWrapper), which it
     refuses with dropout: a switch to LoRA then sets dropout 0 rather than propose a recipe the checks refuse."""
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.models import model_facts
 
     lora, model = recipe.method.lora, recipe.model

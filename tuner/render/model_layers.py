@@ -61,7 +61,7 @@ def model_class(model: ModelSection):
 
 def _catalogued_model_type(model: ModelSection) -> str | None:
     """The model_type tuner's catalog records for a hub id whose config.json cannot be read (offline), else None."""
-    from tuner.catalog.facts import UnknownModelError
+    from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.models import model_facts
 
     if model.trust_remote_code:

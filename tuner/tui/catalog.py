@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from tuner.catalog.demo import DEMO_MODEL_ID
-from tuner.catalog.facts import UnknownModelError
+from tuner.catalog.model_config import UnknownModelError
 from tuner.catalog.models import catalog_ids, model_facts
 from tuner.planner.items import CANNOT_JUDGE
 from tuner.planner.vision import describe_parts

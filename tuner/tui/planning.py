@@ -40,7 +40,7 @@ class Planner:
 
     def plan(self, recipe: Recipe) -> MemoryPlan:
         """The plan; raises CannotPlan with the planner's message."""
-        from tuner.catalog.facts import UnknownModelError
+        from tuner.catalog.model_config import UnknownModelError
         from tuner.recipe.source import RecipeError
 
         if self._plan is None:

@@ -76,7 +76,7 @@ class TargetChoice(Choice):
 
     def _names(self, draft: Draft) -> tuple[list[str], list[str]] | None:
         """(the attention's linear layers, the experts' parameters) of the model, or None when it is unknown."""
-        from tuner.catalog.facts import UnknownModelError
+        from tuner.catalog.model_config import UnknownModelError
         from tuner.catalog.models import model_facts
 
         model = draft.resolved.model
