@@ -35,7 +35,7 @@ docs: $(STAMP)
 # After a catalog change (tuner/catalog/models.json) or a transformers upgrade: rebuild the shipped parameter
 # inventories on the meta device (tests/test_catalog_models.py holds them to a fresh build).
 inventories: $(STAMP)
-	$(PY) -m tuner.catalog.meta_inventory
+	$(PY) -m tuner.catalog.ship
 
 # After a planner change: rewrite the "# Predicted peak:" comment of every built-in recipe from the plan.
 recipe-peaks: $(STAMP)

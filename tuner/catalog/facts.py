@@ -10,7 +10,8 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 
-from tuner.catalog.inventory import PARTS, Inventory, ModuleGroup, inventory_for, with_lora
+from tuner.catalog.inventory import PARTS, Inventory, ModuleGroup
+from tuner.catalog.inventory_store import inventory_for, with_lora
 from tuner.catalog.layer_kinds import LayerKind, LinearLayer, classify
 from tuner.catalog.model_config import ModelConfigError, UnknownModelError, check_config
 

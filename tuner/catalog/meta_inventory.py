@@ -1,7 +1,8 @@
 """Build a model's parameter inventory from its config on the meta device: the real module tree, no weights.
 
 The only module of the catalog that imports torch, transformers and peft, and only inside its functions: planning
-reaches it for a config whose inventory is neither shipped nor cached (:func:`tuner.catalog.inventory.inventory_for`).
+reaches it for a config whose inventory is neither shipped nor cached
+(:func:`tuner.catalog.inventory_store.inventory_for`).
 A build takes a second or a few (imports included); every count in it is what transformers and PEFT themselves make.
 """
 from __future__ import annotations
@@ -406,26 +407,3 @@ def _with_lora(group: ModuleGroup, paths: set[str], lora: dict) -> ModuleGroup:
     return replace(group, lora=per_instance(lora["by_name"]) or None, lora_all_linear=per_instance(lora["all_linear"]),
                    lora_parameters={target: value for target, counts in lora["parameters"].items()
                                     if (value := per_instance(counts))})
-
-
-def ship_catalog_inventories() -> list[str]:
-    """Rebuild the shipped inventory of every catalog entry and of the built-in models, and remove the ones no
-    entry uses any more (``make inventories``); returns the files written."""
-    from tuner.catalog.inventory import SHIPPED_DIR, shipped_path
-    from tuner.catalog.models import builtin_configs, catalog_config, catalog_ids
-    from tuner.fileio import atomic_write_text
-
-    configs = {**builtin_configs(), **{key: catalog_config(key) for key in catalog_ids()}}
-    written = []
-    for name, config in configs.items():
-        path = shipped_path(config_key(config))
-        atomic_write_text(path, build_inventory(config, name).to_json())
-        written.append(path.name)
-    for stale in SHIPPED_DIR.glob("*.json"):
-        if stale.name not in written:
-            stale.unlink()
-    return written
-
-
-if __name__ == "__main__":
-    print(f"wrote {len(ship_catalog_inventories())} inventories")
