@@ -46,7 +46,7 @@ def test_the_installed_transformers_has_the_moe_and_hybrid_classes_the_catalog_p
 def test_every_moe_and_hybrid_class_plans_its_meta_device_count_or_says_what_it_cannot_judge(model_type, tmp_path):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    from tuner.catalog.inventory import store
+    from tuner.catalog.inventory_store import store
     from tuner.catalog.meta_inventory import build_inventory, config_object, meta_model
 
     config = {**CONFIG_MAPPING[model_type]().to_dict(), "model_type": model_type}

@@ -13,7 +13,7 @@ import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, TextIO
+from typing import IO, Callable, Iterable, Iterator, TextIO
 
 
 class TooLarge(ValueError):
@@ -197,10 +197,27 @@ def streamed_text(path: str | os.PathLike) -> Iterator[TextIO]:
     """``path`` opened for text written as it comes (answers line by line: what was written survives a stop half-way,
     where a rename at the end would lose it all).  Never through a symbolic link, never into a device or a pipe; a
     file being replaced keeps its permissions.  The caller decides whether ``path`` may be replaced."""
-    path = Path(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    with os.fdopen(_regular_file(Path(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "w", encoding="utf-8") as stream:
+        yield stream
+        stream.flush()
+        os.fsync(stream.fileno())
+
+
+def open_log(path: str | os.PathLike, fresh: bool = False, binary: bool = False, errors: str = "strict") -> IO:
+    """``path`` opened for a log written as things happen (a run's train.log and events, the libraries' log, the
+    wizard's tui.log): appended to, or begun afresh with ``fresh``.  As :func:`streamed_text`, never through a
+    symbolic link and never into a device or a pipe, so a link planted at a log's name receives nothing
+    (:class:`NotARegularFile`, an OSError)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if fresh else os.O_APPEND)
+    fd = _regular_file(Path(path), flags)
+    return os.fdopen(fd, "wb") if binary else os.fdopen(fd, "a", encoding="utf-8", errors=errors)
+
+
+def _regular_file(path: Path, flags: int) -> int:
+    """A descriptor of ``path`` opened with ``flags`` for writing: never through a symbolic link (refused as one),
+    never a device, a pipe or a folder (O_NONBLOCK: opening a FIFO with no reader must not hang)."""
     try:
-        fd = os.open(path, flags, 0o666)
+        fd = os.open(path, flags | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0), 0o666)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise NotARegularFile(path, LINK) from None
@@ -209,10 +226,7 @@ def streamed_text(path: str | os.PathLike) -> Iterator[TextIO]:
         os.close(fd)
         raise NotARegularFile(path, special_kind(path) or "a special file")
     os.set_blocking(fd, True)
-    with os.fdopen(fd, "w", encoding="utf-8") as stream:
-        yield stream
-        stream.flush()
-        os.fsync(stream.fileno())
+    return fd
 
 
 def write_control_file(path: str | os.PathLike, text: str) -> None:

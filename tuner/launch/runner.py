@@ -16,6 +16,7 @@ from collections import deque
 from pathlib import Path
 
 from tuner.disk_messages import os_error_message
+from tuner.fileio import open_log
 from tuner.rundir.events import Event, EventFollower
 from tuner.rundir.layout import EVENTS_FILE, LOG_FILE
 from tuner.rundir.lock import supervisor_environment
@@ -53,7 +54,7 @@ class Launch:
         self.tail: deque[str] = deque(maxlen=40)
         self._new: deque[str] = deque(maxlen=2000)  # lines not yet taken by new_lines()
         self.log_problem: str | None = None  # why the log stopped being written, if it did
-        self._log = open(self.log_path, "a", encoding="utf-8")
+        self._log = open_log(self.log_path)
         self.process = subprocess.Popen(
             executable_argv(argv),
             stdout=subprocess.PIPE,

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
+from tuner.fileio import open_log
+
 OPTIONAL = {"optional": True}  # a field written only when set (older events lack it; None is never written)
 
 
@@ -224,7 +226,7 @@ def parse_event(line_or_record: str | dict[str, Any]) -> Event:
 
 def write_event(path: Path, event: Event) -> Event:
     """Append one event (flushed at once so readers see it while the run goes on)."""
-    with open(path, "a", encoding="utf-8") as stream:
+    with open_log(path) as stream:
         stream.write(json.dumps(event.to_json(), default=str) + "\n")
     return event
 

@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from tuner.fileio import open_log
 from tuner.home import tuner_home
 from tuner.rundir.layout import LOG_FILE
 
@@ -52,7 +53,7 @@ def output_to_log(log: Path, shown: bool = False):
         return
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
-    with open(log, "a", encoding="utf-8", errors="replace") as sink:
+    with open_log(log, errors="replace") as sink:
         saved = [os.dup(1), os.dup(2)]
         try:
             os.dup2(sink.fileno(), 1)

@@ -16,6 +16,8 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
+from tuner.fileio import open_log
+
 LOG_NAME = "tui.log"
 
 
@@ -37,7 +39,7 @@ def library_output_to(path: Path) -> Iterator[None]:
     """Descriptors 1 and 2 into ``path`` while the block runs; ``sys.__stdout__``/``sys.__stderr__`` stay the
     terminal.  Restored on the way out, whatever happens."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(path, "wb")
+    log = open_log(path, fresh=True, binary=True)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
