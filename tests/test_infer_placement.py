@@ -11,14 +11,13 @@ from tuner.catalog.models import model_facts
 from tuner.commands._types import memory_budget
 from tuner.infer.placement import (
     GIB,
-    RankShare,
-    TensorParallelPlacement,
     hardware_memory_map,
     kv_cache_bytes,
     max_memory_map,
     placement_table,
     summarise_placement,
 )
+from tuner.infer.rank_placement import RankShare, TensorParallelPlacement
 from tuner.recipe.io import validate_recipe
 
 LLAMA3_8B = model_facts("meta-llama/Llama-3.1-8B")  # the planner's catalog: 32 layers, 8 KV heads of 128
