@@ -69,13 +69,13 @@ def test_two_ranks_answer_token_for_token_as_one_process(tmp_path, tuner_cli, tr
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ranks")
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_stop_reaches_every_rank(signum, demo_model_path):
+@pytest.mark.parametrize("signum, split", [(signal.SIGINT, "--tp"), (signal.SIGTERM, "--tp"), (signal.SIGINT, "--pp")])
+def test_a_stop_reaches_every_rank(signum, split, demo_model_path):
     """Ctrl-C (SIGINT to tuner, the terminal's foreground process) or SIGTERM while rank 0 waits for a message
-    and rank 1 for rank 0: tuner stops both and exits 128 + the signal."""
+    and rank 1 for rank 0: tuner stops both and exits 128 + the signal (tensor-parallel ranks or pipeline stages)."""
     import psutil
 
-    tuner = subprocess.Popen([sys.executable, "-m", "tuner", "chat", "--model", str(demo_model_path), "--tp", "2"],
+    tuner = subprocess.Popen([sys.executable, "-m", "tuner", "chat", "--model", str(demo_model_path), split, "2"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
