@@ -3,20 +3,19 @@
 pipeline stages cannot run is refused before any rank starts."""
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 from test_cli_arguments import run_cli
+from test_infer_tensor_parallel import GREEDY, WORDS, answered_alike
 
 from tuner.catalog.models import model_facts
 from tuner.infer.pipeline_parallel import check_pipeline_parallel
-from tuner.infer.rank_placement import stage_buffers_bytes
+from tuner.infer.placement import GIB, placement_table
+from tuner.infer.rank_placement import PipelinePlacement, StageShare, stage_buffers_bytes
 from tuner.infer.target import resolve_target
 from tuner.loading.model import ModelLoadError
 
-GREEDY = ["--greedy", "--max-new-tokens", "12"]
-WORDS = ["hello", "abcdef", "stone", "xy", "planet"]
 # a stage's row: its rank, its layers, weights, KV cache, buffers
 STAGE_ROW = re.compile(r"^│ ([01]) \(cpu\) +│ +(\d+-\d+) \(\d+\) │ +([\d.]+) MiB │ +([\d.]+) MiB │ +([\d.]+) MiB │",
                        re.MULTILINE)
@@ -28,21 +27,7 @@ DEVICE_ROW = re.compile(r"^│ CPU +│ +\d+ │ +([\d.]+) MiB │ +([\d.]+) MiB
 def test_two_stages_answer_token_for_token_as_one_process(tmp_path, tuner_cli, trained_demo):
     """A trained run (its answers differ per word) through infer and chat on 2 stages; the demo's tokenizer has one
     token per character, so equal answers are equal tokens."""
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": word}) + "\n" for word in WORDS))
-    single = tuner_cli("infer", str(trained_demo), "--input", str(prompts), "--output", str(tmp_path / "one.jsonl"),
-                       *GREEDY)
-    assert single.returncode == 0, single.stderr
-    staged = tuner_cli("infer", str(trained_demo), "--input", str(prompts), "--output", str(tmp_path / "pp.jsonl"),
-                       "--pp", "2", *GREEDY, timeout=300)
-    assert staged.returncode == 0, staged.stderr
-
-    def answers(name):
-        return [json.loads(line)["answer"] for line in (tmp_path / name).read_text().splitlines()]
-
-    expected = answers("one.jsonl")
-    assert len(set(expected)) == len(WORDS)  # the reference is not one repeated token
-    assert answers("pp.jsonl") == expected
+    single, staged, expected = answered_alike(tmp_path, tuner_cli, trained_demo, "--pp", "2")
     one = tuner_cli("infer", str(trained_demo), "--prompt", WORDS[0], "--pp", "2", *GREEDY, timeout=300)
     assert one.returncode == 0 and one.stdout == expected[0] + "\n", one.stderr
     # rank 0 alone prints: one table, one speed line, nothing on stdout
@@ -109,3 +94,20 @@ def test_the_buffers_in_flight_are_what_the_naive_forward_sends_and_broadcasts()
     assert stage_buffers_bytes(facts, 1, 8192, 2, first=True, last=False) == hidden + logits
     assert stage_buffers_bytes(facts, 1, 8192, 2, first=False, last=False) == 2 * hidden + logits
     assert stage_buffers_bytes(facts, 1, 8192, 2, first=False, last=True) == hidden + logits
+
+
+def test_the_stage_table_has_a_row_per_stage_and_flags_a_stage_its_gpu_cannot_hold():
+    """Llama-3.1-8B in bf16 over 2 GPUs of 24 GB (illustrative numbers)."""
+    from rich.console import Console
+
+    rows = (StageShare(0, "cuda:0", 0, 16, int(7.5 * GIB), int(0.5 * GIB), int(0.07 * GIB), int(22 * GIB)),
+            StageShare(1, "cuda:1", 16, 32, int(7.5 * GIB), int(0.5 * GIB), int(0.07 * GIB), int(6 * GIB)))
+    placement = PipelinePlacement(rows, 1, 4096, 32, int(2 * GIB), "tuner catalog")
+    console = Console(record=True, width=100)
+    console.print(placement_table(placement))
+    text = console.export_text()
+    assert "Pipeline placement (2 stages)" in text
+    assert "│ 1 (cuda:1) │ 16-31 (16) │  7.50 GiB │ 0.50 GiB │ 71.7 MiB │  8.07 GiB │  6.00 GiB │" in text
+    [warning] = placement.warnings()
+    assert warning == ("stage 1 (cuda:1): weights + KV cache + buffers (8.07 GiB) exceed the GPU's 8.00 GiB; lower "
+                       "--batch-size or --context, or use more stages (--pp).")

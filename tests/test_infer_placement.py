@@ -106,8 +106,9 @@ def test_tensor_parallel_table_has_a_row_per_rank_and_flags_a_rank_its_gpu_canno
     """Llama-3.1-70B in bf16 over 8 GPUs of 80 GB (illustrative: 1/8 of 131.4 GiB of weights and of the KV cache)."""
     rows = tuple(RankShare(rank, f"cuda:{rank}", int(16.43 * GIB), 2_600_000, int(0.32 * GIB), int(77.1 * GIB))
                  for rank in range(8))
-    placement = TensorParallelPlacement(rows, 1, 8320, 80, ("q_proj (colwise)", "o_proj (rowwise)"),
-                                        ("input_layernorm", "norm"), int(2 * GIB), "tuner catalog")
+    placement = TensorParallelPlacement(rows, 1, 8320, 80, int(2 * GIB), "tuner catalog",
+                                        split=("q_proj (colwise)", "o_proj (rowwise)"),
+                                        replicated=("input_layernorm", "norm"))
     assert placement.warnings() == []
     console = Console(record=True, width=80)  # stderr that is not a terminal
     console.print(placement_table(placement))
@@ -117,7 +118,7 @@ def test_tensor_parallel_table_has_a_row_per_rank_and_flags_a_rank_its_gpu_canno
     caption = " ".join(text.split("└")[-1].split())
     assert "weights split: q_proj (colwise), o_proj (rowwise); replicated: input_layernorm, norm" in caption
     crowded = TensorParallelPlacement((RankShare(0, "cuda:0", int(78 * GIB), 0, int(2 * GIB), int(77.1 * GIB)),),
-                                      1, 8320, 80, (), (), int(2 * GIB))
+                                      1, 8320, 80, int(2 * GIB))
     [warning] = crowded.warnings()
     assert warning.startswith("rank 0 (cuda:0): weights + KV cache (80.00 GiB) exceed the GPU's 79.10 GiB")
 

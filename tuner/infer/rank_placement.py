@@ -30,6 +30,7 @@ class RankShare:
     replicated_bytes: int
     kv_cache_bytes: int
     budget_bytes: int | None
+    HELD = "weights + KV cache"
 
     @property
     def weights_bytes(self) -> int:
@@ -41,25 +42,33 @@ class RankShare:
 
 
 @dataclass(frozen=True)
-class TensorParallelPlacement:
-    """Every rank of a tensor-parallel model: each computes every layer on its slice of the split weights."""
+class RankPlacement:
+    """What every rank of a split model holds, one row per rank, at the batch and context planned for."""
 
-    ranks: tuple[RankShare, ...]
+    ranks: tuple
     batch: int
     context: int
     total_layers: int
-    split: tuple[str, ...]  # "q_proj (colwise)": the plan's rules, as the model applied them
-    replicated: tuple[str, ...]  # parameters every rank holds whole, e.g. "input_layernorm"
     headroom_bytes: int = 0
     facts_from: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    ROW = "rank"  # what a row is, and the flag that makes more of them
+    MORE = "--tp"
 
     def warnings(self) -> list[str]:
-        return [f"rank {row.rank} ({row.device}): weights + KV cache ({format_bytes(row.total_bytes)}) exceed the "
+        return [f"{self.ROW} {row.rank} ({row.device}): {row.HELD} ({format_bytes(row.total_bytes)}) exceed the "
                 f"GPU's {format_bytes(row.budget_bytes + self.headroom_bytes)}; lower --batch-size or --context, or "
-                "use more ranks (--tp)."
+                f"use more {self.ROW}s ({self.MORE})."
                 for row in self.ranks
                 if row.budget_bytes is not None and row.total_bytes > row.budget_bytes + self.headroom_bytes]
+
+
+@dataclass(frozen=True)
+class TensorParallelPlacement(RankPlacement):
+    """Every rank of a tensor-parallel model: each computes every layer on its slice of the split weights."""
+
+    split: tuple[str, ...] = ()  # "q_proj (colwise)": the plan's rules, as the model applied them
+    replicated: tuple[str, ...] = ()  # parameters every rank holds whole, e.g. "input_layernorm"
 
     def table(self):
         return tensor_parallel_table(self)
@@ -101,8 +110,8 @@ def tensor_parallel_placement(model, held: list[tuple[str, int, int, int | None]
     rows = tuple(RankShare(rank, device, split_bytes, replicated_bytes, kv, budget)
                  for rank, (device, split_bytes, replicated_bytes, budget) in enumerate(held))
     split, replicated = plan_names(model)
-    return TensorParallelPlacement(rows, batch, context, facts.num_layers, split, replicated, headroom_bytes,
-                                   getattr(facts, "source", ""), notes)
+    return TensorParallelPlacement(rows, batch, context, facts.num_layers, headroom_bytes, getattr(facts, "source", ""),
+                                   notes, split=split, replicated=replicated)
 
 
 def tensor_parallel_table(placement: TensorParallelPlacement):
@@ -142,6 +151,7 @@ class StageShare:
     kv_cache_bytes: int
     buffers_bytes: int
     budget_bytes: int | None
+    HELD = "weights + KV cache + buffers"
 
     @property
     def layers(self) -> int:
@@ -153,24 +163,12 @@ class StageShare:
 
 
 @dataclass(frozen=True)
-class PipelinePlacement:
+class PipelinePlacement(RankPlacement):
     """Every stage of a pipeline-parallel model: rank 0 embeds the tokens and runs the first layers, each later rank
     the next ones on the hidden states it receives; the last rank's logits are broadcast to every rank."""
 
-    stages: tuple[StageShare, ...]
-    batch: int
-    context: int
-    total_layers: int
-    headroom_bytes: int = 0
-    facts_from: str = ""
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-    def warnings(self) -> list[str]:
-        return [f"stage {row.rank} ({row.device}): weights + KV cache + buffers ({format_bytes(row.total_bytes)}) "
-                f"exceed the GPU's {format_bytes(row.budget_bytes + self.headroom_bytes)}; lower --batch-size or "
-                "--context, or use more stages (--pp)."
-                for row in self.stages
-                if row.budget_bytes is not None and row.total_bytes > row.budget_bytes + self.headroom_bytes]
+    ROW = "stage"
+    MORE = "--pp"
 
     def table(self):
         return pipeline_table(self)
@@ -220,17 +218,17 @@ def pipeline_table(placement: PipelinePlacement):
                "own layers; buffers: the hidden states received and sent, and the logits broadcast from the last "
                f"stage\nKV cache and buffers at batch {placement.batch} × context {placement.context} tokens "
                f"(model facts: {placement.facts_from})")
-    table = Table(title=f"Pipeline placement ({len(placement.stages)} stages)", title_justify="left",
+    table = Table(title=f"Pipeline placement ({len(placement.ranks)} stages)", title_justify="left",
                   caption=caption, caption_justify="left")
     for column in ("stage", "layers", "weights", "KV cache", "buffers", "total", "budget"):
         table.add_column(column, justify="left" if column == "stage" else "right")
-    for row in placement.stages:
+    for row in placement.ranks:
         budget = "-" if row.budget_bytes is None else format_bytes(row.budget_bytes)
         table.add_row(f"{row.rank} ({row.device})", f"{row.first_layer}-{row.end_layer - 1} ({row.layers})",
                       format_bytes(row.weights_bytes), format_bytes(row.kv_cache_bytes),
                       format_bytes(row.buffers_bytes), format_bytes(row.total_bytes), budget)
     table.add_section()
-    total = [sum(getattr(row, name) for row in placement.stages)
+    total = [sum(getattr(row, name) for row in placement.ranks)
              for name in ("weights_bytes", "kv_cache_bytes", "buffers_bytes", "total_bytes")]
     table.add_row("total", str(placement.total_layers), *map(format_bytes, total), "")
     return table
