@@ -11,14 +11,13 @@ from tuner.catalog.models import model_facts
 from tuner.commands._types import memory_budget
 from tuner.infer.placement import (
     GIB,
-    RankShare,
-    TensorParallelPlacement,
     hardware_memory_map,
     kv_cache_bytes,
     max_memory_map,
     placement_table,
     summarise_placement,
 )
+from tuner.infer.rank_placement import RankShare, TensorParallelPlacement
 from tuner.recipe.io import validate_recipe
 
 LLAMA3_8B = model_facts("meta-llama/Llama-3.1-8B")  # the planner's catalog: 32 layers, 8 KV heads of 128
@@ -107,8 +106,9 @@ def test_tensor_parallel_table_has_a_row_per_rank_and_flags_a_rank_its_gpu_canno
     """Llama-3.1-70B in bf16 over 8 GPUs of 80 GB (illustrative: 1/8 of 131.4 GiB of weights and of the KV cache)."""
     rows = tuple(RankShare(rank, f"cuda:{rank}", int(16.43 * GIB), 2_600_000, int(0.32 * GIB), int(77.1 * GIB))
                  for rank in range(8))
-    placement = TensorParallelPlacement(rows, 1, 8320, 80, ("q_proj (colwise)", "o_proj (rowwise)"),
-                                        ("input_layernorm", "norm"), int(2 * GIB), "tuner catalog")
+    placement = TensorParallelPlacement(rows, 1, 8320, 80, int(2 * GIB), "tuner catalog",
+                                        split=("q_proj (colwise)", "o_proj (rowwise)"),
+                                        replicated=("input_layernorm", "norm"))
     assert placement.warnings() == []
     console = Console(record=True, width=80)  # stderr that is not a terminal
     console.print(placement_table(placement))
@@ -118,7 +118,7 @@ def test_tensor_parallel_table_has_a_row_per_rank_and_flags_a_rank_its_gpu_canno
     caption = " ".join(text.split("└")[-1].split())
     assert "weights split: q_proj (colwise), o_proj (rowwise); replicated: input_layernorm, norm" in caption
     crowded = TensorParallelPlacement((RankShare(0, "cuda:0", int(78 * GIB), 0, int(2 * GIB), int(77.1 * GIB)),),
-                                      1, 8320, 80, (), (), int(2 * GIB))
+                                      1, 8320, 80, int(2 * GIB))
     [warning] = crowded.warnings()
     assert warning.startswith("rank 0 (cuda:0): weights + KV cache (80.00 GiB) exceed the GPU's 79.10 GiB")
 

@@ -25,26 +25,30 @@ WORDS = ["hello", "abcdef", "stone", "xy", "planet"]
 RANK_ROW = re.compile(r"^│ ([01]) \(cpu\) +│ +([\d.]+) MiB │ +([\d.]+) MiB │", re.MULTILINE)
 
 
+def answered_alike(tmp_path, tuner_cli, run, *split_flags):
+    """The run's greedy answers to :data:`WORDS` (a batch file) in one process and split by ``split_flags``: both
+    commands (their output) and the single process's answers, which the split ones equal, each word its own."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": word}) + "\n" for word in WORDS))
+    outputs = {name: tmp_path / f"{name}.jsonl" for name in ("one", "split")}
+    single = tuner_cli("infer", str(run), "--input", str(prompts), "--output", str(outputs["one"]), *GREEDY)
+    assert single.returncode == 0, single.stderr
+    split = tuner_cli("infer", str(run), "--input", str(prompts), "--output", str(outputs["split"]), *split_flags,
+                      *GREEDY, timeout=300)
+    assert split.returncode == 0, split.stderr
+    expected, answers = ([json.loads(line)["answer"] for line in path.read_text().splitlines()]
+                         for path in outputs.values())
+    assert len(set(expected)) == len(WORDS)  # the reference is not one repeated token
+    assert answers == expected
+    return single, split, expected
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("trained-demo")  # the trained run is built once per worker, by the tests that share it
 def test_two_ranks_answer_token_for_token_as_one_process(tmp_path, tuner_cli, trained_demo):
     """A trained run (its answers differ per word) through infer and chat on 2 ranks; the demo's tokenizer has one
     token per character, so equal answers are equal tokens."""
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": word}) + "\n" for word in WORDS))
-    single = tuner_cli("infer", str(trained_demo), "--input", str(prompts), "--output", str(tmp_path / "one.jsonl"),
-                       *GREEDY)
-    assert single.returncode == 0, single.stderr
-    split = tuner_cli("infer", str(trained_demo), "--input", str(prompts), "--output", str(tmp_path / "tp.jsonl"),
-                      "--tp", "2", *GREEDY, timeout=300)
-    assert split.returncode == 0, split.stderr
-
-    def answers(name):
-        return [json.loads(line)["answer"] for line in (tmp_path / name).read_text().splitlines()]
-
-    expected = answers("one.jsonl")
-    assert len(set(expected)) == len(WORDS)  # the reference is not one repeated token
-    assert answers("tp.jsonl") == expected
+    single, split, expected = answered_alike(tmp_path, tuner_cli, trained_demo, "--tp", "2")
     # rank 0 alone prints: one table, one speed line, nothing on stdout
     assert split.stderr.count("Tensor-parallel placement (2 ranks)") == 1, split.stderr
     assert len(re.findall(r"^\d+ tokens in .* tokens/s$", split.stderr, re.MULTILINE)) == 1
@@ -69,13 +73,13 @@ def test_two_ranks_answer_token_for_token_as_one_process(tmp_path, tuner_cli, tr
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ranks")
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_stop_reaches_every_rank(signum, demo_model_path):
+@pytest.mark.parametrize("signum, split", [(signal.SIGINT, "--tp"), (signal.SIGTERM, "--tp"), (signal.SIGINT, "--pp")])
+def test_a_stop_reaches_every_rank(signum, split, demo_model_path):
     """Ctrl-C (SIGINT to tuner, the terminal's foreground process) or SIGTERM while rank 0 waits for a message
-    and rank 1 for rank 0: tuner stops both and exits 128 + the signal."""
+    and rank 1 for rank 0: tuner stops both and exits 128 + the signal (tensor-parallel ranks or pipeline stages)."""
     import psutil
 
-    tuner = subprocess.Popen([sys.executable, "-m", "tuner", "chat", "--model", str(demo_model_path), "--tp", "2"],
+    tuner = subprocess.Popen([sys.executable, "-m", "tuner", "chat", "--model", str(demo_model_path), split, "2"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(REPO)})
     try:

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
-    args.argv = list(argv)  # as typed: what `--tp N` runs again on each rank
+    args.argv = list(argv)  # as typed: what `--tp N` or `--pp N` runs again on each rank
     needs = NEEDS.get("serve --print" if getattr(args, "print_command", None) else args.command, ())
     missing = [name for name in needs if not _importable(name)]
     if missing:

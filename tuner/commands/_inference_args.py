@@ -28,6 +28,9 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
                       help="tensor parallelism: split every layer over N ranks of this machine (N GPUs, or N CPU "
                            "processes) with transformers' tensor-parallel plan, instead of placing whole layers "
                            "one device after another with device_map=auto")
+    load.add_argument("--pp", type=at_least(1), default=1, metavar="N",
+                      help="pipeline stages: give each of N ranks of this machine a run of whole layers (N GPUs, or "
+                           "N CPU processes) with transformers' pipeline stages; the stages compute one after another")
     load.add_argument("--context", type=at_least(1), metavar="TOKENS",
                       help="context length the KV cache is predicted for "
                            "(default: training.max_seq_length + max new tokens)")
@@ -65,10 +68,10 @@ def load_from_args(args: argparse.Namespace, batch: int = 1):
     check_devices(max_memory)
     context = args.context or default_context(target, sampling.max_new_tokens)
     with libraries_to_log(target.run_dir, args.verbose):
-        if args.tp > 1:  # one of the ranks run_on_ranks launched: rank 0 (the others follow it)
-            from tuner.infer.tensor_parallel import load_tensor_parallel
+        if args.tp > 1 or args.pp > 1:  # one of the ranks run_on_ranks launched: rank 0 (the others follow it)
+            from tuner.infer.ranks import load_split
 
-            loaded = load_tensor_parallel(target, args.tp, batch=batch, context=context)
+            loaded = load_split(target, args.tp, args.pp, batch=batch, context=context)
         else:
             loaded = load_for_inference(target, batch=batch, context=context,
                                         bits=args.bits, max_memory=max_memory, offload_folder=args.offload_folder)
@@ -100,30 +103,31 @@ def check_devices(max_memory: dict | None) -> None:
 
 
 def run_on_ranks(args: argparse.Namespace, command: Callable[[argparse.Namespace], int]) -> int:
-    """``command(args)`` in this process, or with ``--tp N`` on N ranks: checked and launched from here (rank 0's
-    exit code), or run as one of them (rank 0 runs the command, the others follow its generate calls)."""
-    if args.tp == 1:
+    """``command(args)`` in this process, or with ``--tp N`` / ``--pp N`` on N ranks: checked and launched from here
+    (rank 0's exit code), or run as one of them (rank 0 runs the command, the others follow its generate calls)."""
+    if args.tp == 1 and args.pp == 1:
         return command(args)
+    from tuner.infer.ranks import follow_rank, inference_rank, join_ranks, launch_ranks, release_ranks
     from tuner.infer.target import resolve_target
-    from tuner.infer.tensor_parallel import (
-        check_tensor_parallel,
-        follow_rank,
-        join_ranks,
-        launch_ranks,
-        release_ranks,
-        tensor_parallel_rank,
-    )
 
-    rank = tensor_parallel_rank()
+    rank = inference_rank()
     if rank is None:
         target = resolve_target(args.recipe, args.overrides, args.model, args.adapter)
         device_map_options = [flag for flag, given in (("--max-memory", args.max_memory),
                                                         ("--offload-folder", args.offload_folder)) if given]
-        check_tensor_parallel(target, args.tp, bits=args.bits, device_map_options=device_map_options)
-        return launch_ranks(args.argv, args.tp)
+        if args.pp > 1:
+            from tuner.infer.pipeline_parallel import check_pipeline_parallel
+
+            check_pipeline_parallel(target, args.pp, tp=args.tp, bits=args.bits, images=getattr(args, "image", ()),
+                                    device_map_options=device_map_options)
+        else:
+            from tuner.infer.tensor_parallel import check_tensor_parallel
+
+            check_tensor_parallel(target, args.tp, bits=args.bits, device_map_options=device_map_options)
+        return launch_ranks(args.argv, args.tp * args.pp)
     join_ranks()
     if rank:
-        follow_rank(resolve_target(args.recipe, args.overrides, args.model, args.adapter), args.tp)
+        follow_rank(resolve_target(args.recipe, args.overrides, args.model, args.adapter), args.tp, args.pp)
         return 0
     try:
         return command(args)

@@ -1,7 +1,7 @@
 """``tuner chat TARGET``: an interactive conversation that streams tokens as they are generated.
 
 A line ending in a backslash continues the message on the next line; /reset forgets the conversation,
-/exit (or end of input, Ctrl-D) quits; Ctrl-C stops the answer being written (with ``--tp N``, it ends the chat
+/exit (or end of input, Ctrl-D) quits; Ctrl-C stops the answer being written (with ``--tp N`` or ``--pp N``, it ends the chat
 on every rank: rank 0 reads the terminal and sends each message's generate call to the other ranks).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ EXIT_SKIPPED = 2  # a piped conversation had messages that could not be sent
 HELP = ("end a line with \\ to continue the message; /image PATH attaches a picture to the next message (image-text "
         "models); /reset forgets the conversation, /exit or Ctrl-D quits, Ctrl-C stops an answer")
 # the ranks run in their own sessions: the terminal's Ctrl-C reaches tuner, which stops every rank
-HELP_TP = HELP.replace("Ctrl-C stops an answer", "Ctrl-C ends the chat on every rank")
+HELP_RANKS = HELP.replace("Ctrl-C stops an answer", "Ctrl-C ends the chat on every rank")
 
 
 def register(subparsers) -> None:
@@ -55,7 +55,7 @@ def _chat(args) -> int:
                           loaded.processor)
     interactive = sys.stdin.isatty()
     sys.stdin.reconfigure(errors="surrogateescape")  # a byte that is not UTF-8 fails its message, not the session
-    print(HELP if args.tp == 1 else HELP_TP, file=sys.stderr)
+    print(HELP if args.tp == args.pp == 1 else HELP_RANKS, file=sys.stderr)
     number = skipped = 0
     while True:
         message = _read(interactive)

@@ -1,7 +1,8 @@
 """``tuner infer TARGET --prompt TEXT`` (one answer) or ``--input prompts.jsonl --output answers.jsonl`` (a batch).
 
 TARGET is a recipe, a run directory or ``--model``; the model is placed with device_map="auto" (or split over
-``--tp N`` ranks) and the placement is printed to stderr before generating, so stdout carries only the answer.
+``--tp N`` ranks, or over ``--pp N`` pipeline stages) and the placement is printed to stderr before generating, so
+stdout carries only the answer.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ EXIT_BAD_LINES = 2
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "infer", help="answer one prompt or a JSONL file of prompts (device_map=auto placement, or --tp N ranks)")
+        "infer",
+        help="answer one prompt or a JSONL file of prompts (device_map=auto placement, --tp N ranks or --pp N stages)")
     add_inference_arguments(parser)
     what = parser.add_argument_group("prompts")
     what.add_argument("--prompt", metavar="TEXT", type=utf8_text, help="one prompt (a user turn); the answer goes to stdout")

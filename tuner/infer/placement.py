@@ -220,12 +220,12 @@ def placement_of(model, batch: int, context: int, max_memory: dict[int | str, in
     layer_classes = set(getattr(model, "_no_split_modules", None) or ())
     layer_names = [name for name, module in model.named_modules() if type(module).__name__ in layer_classes]
     facts = facts or facts_from_config(model.config.to_dict(), model.name_or_path, "the model config")
-    bytes_per_value = _kv_bytes_per_value(model)
+    bytes_per_value = kv_bytes_per_value(model)
     return summarise_placement(device_map, tensor_bytes, layer_names, facts, bytes_per_value, batch, context,
                                max_memory, headroom_bytes, notes)
 
 
-def _kv_bytes_per_value(model) -> int:
+def kv_bytes_per_value(model) -> int:
     """The KV cache is kept in the compute dtype (the 4-bit compute dtype for quantised models)."""
     import torch
 
@@ -235,12 +235,13 @@ def _kv_bytes_per_value(model) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def placement_table(placement: Placement | TensorParallelPlacement):
-    """The placement as a rich table (one row per device, then the total; one row per rank for tensor parallelism)."""
+def placement_table(placement):
+    """The placement as a rich table (one row per device, then the total); a split model's placement
+    (:mod:`tuner.infer.rank_placement`) draws its own, one row per rank."""
     from rich.table import Table
 
-    if isinstance(placement, TensorParallelPlacement):
-        return tensor_parallel_table(placement)
+    if not isinstance(placement, Placement):
+        return placement.table()
 
     table = Table(title="Model placement", title_justify="left",
                   caption=f"KV cache at batch {placement.batch} × context {placement.context} tokens "
@@ -255,113 +256,4 @@ def placement_table(placement: Placement | TensorParallelPlacement):
     table.add_row("total", str(placement.total_layers), format_bytes(placement.weights_bytes),
                   format_bytes(placement.kv_cache_bytes),
                   format_bytes(placement.weights_bytes + placement.kv_cache_bytes), "")
-    return table
-
-
-@dataclass(frozen=True)
-class RankShare:
-    """One row of the tensor-parallel table: what one rank holds (its slices of the split weights, a whole copy of
-    the replicated ones) and its slice of the KV cache."""
-
-    rank: int
-    device: str
-    split_bytes: int
-    replicated_bytes: int
-    kv_cache_bytes: int
-    budget_bytes: int | None
-
-    @property
-    def weights_bytes(self) -> int:
-        return self.split_bytes + self.replicated_bytes
-
-    @property
-    def total_bytes(self) -> int:
-        return self.weights_bytes + self.kv_cache_bytes
-
-
-@dataclass(frozen=True)
-class TensorParallelPlacement:
-    """Every rank of a tensor-parallel model: each computes every layer on its slice of the split weights."""
-
-    ranks: tuple[RankShare, ...]
-    batch: int
-    context: int
-    total_layers: int
-    split: tuple[str, ...]  # "q_proj (colwise)": the plan's rules, as the model applied them
-    replicated: tuple[str, ...]  # parameters every rank holds whole, e.g. "input_layernorm"
-    headroom_bytes: int = 0
-    facts_from: str = ""
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-    def warnings(self) -> list[str]:
-        return [f"rank {row.rank} ({row.device}): weights + KV cache ({format_bytes(row.total_bytes)}) exceed the "
-                f"GPU's {format_bytes(row.budget_bytes + self.headroom_bytes)}; lower --batch-size or --context, or "
-                "use more ranks (--tp)."
-                for row in self.ranks
-                if row.budget_bytes is not None and row.total_bytes > row.budget_bytes + self.headroom_bytes]
-
-
-def rank_bytes(model) -> tuple[int, int]:
-    """(split, replicated) bytes this rank of a model loaded with transformers' tensor-parallel plan holds: a split
-    weight is a DTensor sharded over the ranks, and its local slice is what this rank stores."""
-    from torch.distributed.tensor import DTensor
-
-    held = [0, 0]
-    for tensor in [*model.parameters(), *model.buffers()]:
-        split = isinstance(tensor, DTensor) and any(placement.is_shard() for placement in tensor.placements)
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-        held[0 if split else 1] += local.numel() * local.element_size()
-    return held[0], held[1]
-
-
-def plan_names(model) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The split modules with the plan's style (``q_proj (colwise)``), and the parameters every rank holds whole."""
-    import re
-
-    from torch.distributed.tensor import DTensor
-
-    split = tuple(f"{rule.rpartition('.')[2]} ({style})" for rule, style in model.tp_plan.items())
-    whole = {re.sub(r"\.\d+\.", ".", name).removesuffix(".weight").rpartition(".")[2]: None
-             for name, tensor in model.named_parameters() if not isinstance(tensor, DTensor)}
-    return split, tuple(whole)
-
-
-def tensor_parallel_placement(model, held: list[tuple[str, int, int, int | None]], batch: int, context: int,
-                              headroom_bytes: int = 0, notes: tuple[str, ...] = (),
-                              facts=None) -> TensorParallelPlacement:
-    """The placement of a tensor-parallel model from rank 0's model and what every rank holds
-    (``held[rank]``: device, split bytes, replicated bytes, budget); k_proj and v_proj split the KV heads, so
-    each rank keeps 1/tp of the KV cache."""
-    from tuner.catalog.facts import facts_from_config
-
-    facts = facts or facts_from_config(model.config.to_dict(), model.name_or_path, "the model config")
-    kv = kv_cache_bytes(facts, batch, context, _kv_bytes_per_value(model)) // len(held)
-    rows = tuple(RankShare(rank, device, split_bytes, replicated_bytes, kv, budget)
-                 for rank, (device, split_bytes, replicated_bytes, budget) in enumerate(held))
-    split, replicated = plan_names(model)
-    return TensorParallelPlacement(rows, batch, context, facts.num_layers, split, replicated, headroom_bytes,
-                                   getattr(facts, "source", ""), notes)
-
-
-def tensor_parallel_table(placement: TensorParallelPlacement):
-    """The tensor-parallel placement as a rich table (one row per rank, then the total), shaped like
-    :func:`placement_table`."""
-    from rich.table import Table
-
-    caption = (f"every rank computes all {placement.total_layers} layers on its slice; "
-               f"weights split: {', '.join(placement.split)}; replicated: {', '.join(placement.replicated) or 'nothing'}\n"
-               f"KV cache at batch {placement.batch} × context {placement.context} tokens, split by KV heads "
-               f"(model facts: {placement.facts_from})")
-    table = Table(title=f"Tensor-parallel placement ({len(placement.ranks)} ranks)", title_justify="left",
-                  caption=caption, caption_justify="left")
-    for column in ("rank", "split", "replicated", "KV cache", "weights + KV", "budget"):
-        table.add_column(column, justify="left" if column == "rank" else "right")
-    for row in placement.ranks:
-        budget = "-" if row.budget_bytes is None else format_bytes(row.budget_bytes)
-        table.add_row(f"{row.rank} ({row.device})", format_bytes(row.split_bytes), format_bytes(row.replicated_bytes),
-                      format_bytes(row.kv_cache_bytes), format_bytes(row.total_bytes), budget)
-    table.add_section()
-    total = [sum(getattr(row, name) for row in placement.ranks)
-             for name in ("split_bytes", "replicated_bytes", "kv_cache_bytes", "total_bytes")]
-    table.add_row("total", *map(format_bytes, total), "")
     return table

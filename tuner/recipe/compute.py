@@ -144,7 +144,8 @@ class ParallelismSection(Section):
     pp: int = Field(
         1, ge=1, le=1024,
         description="Pipeline stages (transformers' DistributedConfig pp_size): the decoder layers split into this "
-        "many consecutive stages. transformers' stages run forward only, so a training recipe refuses it. 1: off.",
+        "many consecutive stages. transformers' stages run forward only, so a recipe refuses it; tuner infer/chat --pp N "
+        "runs them for inference. 1: off.",
     )
     dp_replicate: int | None = Field(
         None, ge=1, le=262144,

@@ -9,7 +9,8 @@ What trains and what only infers, from transformers 5.24's ``distributed`` packa
   model to itself (``is_distributed_loading_by_transformers``), and tp 1 asks Accelerate for no ParallelismConfig,
   so it runs on gloo CPU ranks too.
 - pp only infers: ``pipeline_parallel_naive_forward`` sends hidden states forward and broadcasts the last stage's
-  logits for ``generate``; there is no backward schedule, and the library refuses FSDP with it.
+  logits for ``generate``; there is no backward schedule, and the library refuses FSDP with it. ``tuner infer/chat
+  --pp N`` runs it (:mod:`tuner.infer.pipeline_parallel`).
 """
 from __future__ import annotations
 
@@ -92,8 +93,8 @@ def expert_pipeline_problems(recipe: Recipe) -> list[Problem]:
         problems.append(Problem("parallelism.pp", (
             "transformers' pipeline stages run forward only (pipeline_parallel_naive_forward broadcasts the last "
             "stage's logits for generate; it has no backward schedule, and \"Combining FSDP with pipeline "
-            "parallelism is not supported yet\"): training cannot use them, and tuner does not run pipeline inference "
-            "yet (device_map=\"auto\" already places whole layers on several GPUs for tuner infer): set pp: 1."),
+            "parallelism is not supported yet\"): training cannot use them; for inference give tuner infer or chat "
+            "--pp N on the command line (a recipe is checked alike to train and to answer): set pp: 1."),
             anchor="parallelism"))
     if par.ep == 1:
         return problems
