@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from tuner.fileio import DestinationRefused, check_destination, staged_directory
-from tuner.loading.model import ModelLoadError, load_model, load_tokenizer
+from tuner.loading.model import ModelLoadError, is_image_text, load_model, load_processor, load_tokenizer
 from tuner.reason import library_words
 from tuner.recipe.schema import Recipe
 from tuner.rundir.layout import CHECKPOINTS_DIR, FINAL_DIR, LOCK_FILE
@@ -74,12 +74,15 @@ def merged_model(recipe: Recipe, adapter: Path):
 
 
 def merge_adapter(recipe: Recipe, adapter: Path, output: Path, force: bool = False) -> Path:
-    """Load the base model, apply the adapter at ``adapter``, merge, and save model, tokenizer and lock at ``output``."""
+    """Load the base model, apply the adapter at ``adapter``, merge, and save model, tokenizer and lock at ``output``;
+    for an image-text model its whole processor (image processor, tokenizer, chat template), without which the
+    merged model could read no image."""
     check_merge_output(output, adapter, force)
     with staged_directory(output, existing="replace") as staging:  # first: an unwritable place fails at once
         model, tokenizer = merged_model(recipe, adapter)
         model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        image_text = is_image_text(model.config.to_dict())
+        (load_processor(recipe, str(adapter)) if image_text else tokenizer).save_pretrained(staging)
         lock = adapter / LOCK_FILE
         if lock.is_file():
             shutil.copyfile(lock, staging / LOCK_FILE)
