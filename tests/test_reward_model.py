@@ -54,21 +54,43 @@ def _planned_models() -> list[str]:
 
 @settings(max_examples=25, deadline=None)
 @given(model_id=st.sampled_from(_planned_models()))
-@example(model_id="zai-org/GLM-4.5-Air")  # glm4_moe: no score head in transformers 5.24
-@example(model_id="builtin:demo-vlm")  # llava: none either
+@example(model_id="zai-org/GLM-4.5-Air")  # glm4_moe: transformers has no sequence-classification class for it
+@example(model_id="builtin:demo-vlm")  # llava (image-text): none either
+@example(model_id="meta-llama/Llama-4-Scout-17B-16E")  # llama4: no base model to put the head on
 @example(model_id="builtin:demo")
-def test_a_reward_model_of_a_type_without_a_score_head_is_refused_before_launch(model_id):
-    """Any model tuner plans: a reward recipe on it passes the checks exactly when transformers maps a
-    sequence-classification class to its type; otherwise one message at objective.kind says so (not a traceback
-    from AutoModelForSequenceClassification on every rank after launch)."""
+def test_a_reward_model_of_any_planned_model_plans_and_builds_its_score_head_or_is_refused_with_the_reason(model_id):
+    """Any model tuner plans: a reward recipe on it validates and plans, and the model built under its score head
+    (transformers' own class, or the generic one tuner registers) holds the plan's parameters -- except a type
+    transformers has no base model for, which one message at objective.kind refuses (not a traceback from
+    AutoModelForSequenceClassification on every rank after launch)."""
+    from tuner.catalog.model_classes import score_head_class
+    from tuner.catalog.models import model_facts
+    from tuner.loading.model import build_on_meta, count_parameters
+    from tuner.planner import plan
+
+    recipe = Recipe.model_validate(_merged(REWARD, {"model": {"id": model_id}, "method": {"kind": "full"}}))
+    refused = [problem for problem in find_problems(recipe) if problem.field == "objective.kind"]
+    model_type = model_facts(model_id).model_type
+    head = score_head_class(model_type)
+    assert bool(refused) == (head is None), (model_type, refused)
+    if refused:
+        assert all(f"maps no sequence-classification class to {model_type}" in problem.message
+                   and "no score head can be put on it" in problem.message for problem in refused)
+        return
+    model = build_on_meta(recipe, layers=None)
+    assert type(model).__name__ == head and model.config.num_labels == 1 and model.score.out_features == 1
+    assert count_parameters(model)[1] == plan(recipe).params["total"]
+
+
+def test_only_llama4_of_the_planned_types_has_no_score_head():
+    """Which types stay refused, and why: AutoModel builds llama4's whole image-text model with its output head."""
     from tuner.catalog.model_classes import score_head_class
     from tuner.catalog.models import model_facts
 
-    recipe = Recipe.model_validate(_merged(REWARD, {"model": {"id": model_id}}))
-    refused = [problem for problem in find_problems(recipe) if problem.field == "objective.kind"]
-    model_type = model_facts(model_id).model_type
-    assert bool(refused) == (score_head_class(model_type) is None), (model_type, refused)
-    assert all(f"maps no sequence-classification class to {model_type}" in problem.message for problem in refused)
+    types = {model_facts(model_id).model_type for model_id in _planned_models()}
+    assert sorted(t for t in types if score_head_class(t) is None) == ["llama4"]
+    assert score_head_class("llama4_text") == "Llama4TextForSequenceClassification"
+    assert score_head_class("llama") == "LlamaForSequenceClassification"  # transformers' own
 
 
 def test_a_reward_recipe_validates_with_no_beta_and_plans_a_score_head_not_logits(tmp_path):
