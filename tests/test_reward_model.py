@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 from hypothesis import example, given, settings, strategies as st
@@ -135,3 +137,71 @@ def test_demo_reward_raises_held_out_pair_accuracy_and_scores_a_grpo_runs_comple
     scored = [e["rewards/demo-reward/mean"] for e in events if "rewards/demo-reward/mean" in e]
     assert scored and all(isinstance(value, float) for value in scored), events
     assert events[-1]["event"] == "finished"
+
+
+def _tiny_llama4_text(folder, demo_model_path) -> str:
+    """A two-layer Llama-4 text model (llama4_text: no sequence-classification class in transformers) with random
+    weights and the demo's tokenizer, saved as a causal LM the way a hub checkpoint is."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_model_path)
+    config = AutoConfig.for_model("llama4_text", hidden_size=32, intermediate_size=64, intermediate_size_mlp=64,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                  num_local_experts=2, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                  eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("model, method", [("builtin:demo-vlm", "lora"), ("llama4_text", "full")])
+def test_a_reward_model_of_a_type_without_a_native_head_trains_saves_and_scores_as_a_grpo_reward(
+        tmp_path, demo_model_path, model, method):
+    """llava (image-text, LoRA: the adapters and the head saved) and llama4_text (full): a few RewardTrainer steps
+    on one CPU process, saved as a run's final/, loaded back through grpo's reward-model path (a type
+    transformers has no class for) and scoring completions exactly as the trained model did."""
+    import torch
+
+    from tuner.loading.model import load_tokenizer
+    from tuner.train.__main__ import training_arguments
+    from tuner.train.reward_model import reward_trainer
+    from tuner.train.rewards import reward_functions
+
+    model_id = _tiny_llama4_text(tmp_path / "llama4", demo_model_path) if model == "llama4_text" else model
+    run = tmp_path / "run"
+    recipe = validate_recipe(_merged(REWARD, {
+        "model": {"id": model_id, "dtype": "float32"}, "method": {"kind": method},
+        "data": {"eval_fraction": 0}, "memory": {"mixed_precision": "no"},
+        "training": {"max_steps": 3, "micro_batch_size": 4, "max_seq_length": 64, "learning_rate": 1e-3},
+        "output": {"dir": str(run)}}))
+    tokenizer = load_tokenizer(recipe)
+    trainer, _ = reward_trainer(recipe, training_arguments(recipe, run), tokenizer, [])
+    trainer.train()
+    trainer.save_model(str(run / "final"))
+    tokenizer.save_pretrained(str(run / "final"))
+    texts = ["reverse\nabc=cba", "reverse\nabc=abc", "reverse\nhello=olleh"]
+
+    def scores(scorer, its_tokenizer):
+        with torch.no_grad():
+            return scorer(**its_tokenizer(texts, return_tensors="pt", padding=True)).logits
+
+    trained = scores(trainer.model.eval(), tokenizer)
+    grpo = {"model": {"id": model_id, "dtype": "float32"}, "data": {"source": "builtin:reverse"},
+            "objective": {"kind": "grpo", "grpo": {"num_generations": 2, "rewards": [
+                {"kind": "model", "model": str(run / "final")}]}}, "training": {"micro_batch_size": 2}}
+    # a fresh process, as grpo's ranks are: nothing registered by the training above
+    loaded = subprocess.run([sys.executable, "-c", f"""if True:
+        import json, torch
+        from tuner.recipe.io import validate_recipe
+        from tuner.train.rewards import reward_functions
+        (reward,), (tokenizer,) = reward_functions(validate_recipe({grpo!r}))
+        with torch.no_grad():
+            scores = reward(**tokenizer({texts!r}, return_tensors="pt", padding=True)).logits
+        print(json.dumps([type(reward).__name__, scores.tolist()]))"""], capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr
+    name, scored = json.loads(loaded.stdout.splitlines()[-1])
+    assert name == ("Llama4TextForSequenceClassification" if model == "llama4_text"
+                    else "LlavaForSequenceClassification")
+    assert torch.tensor(scored).shape == (len(texts), 1) and torch.isfinite(torch.tensor(scored)).all()
+    assert torch.allclose(torch.tensor(scored), trained, atol=1e-5), (scored, trained)
+    assert trained.std() > 0, "the head reads each sequence, not a constant"
