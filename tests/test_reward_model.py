@@ -163,9 +163,9 @@ def test_a_reward_model_of_a_type_without_a_native_head_trains_saves_and_scores_
     import torch
 
     from tuner.loading.model import load_tokenizer
+    from tuner.planner import plan
     from tuner.train.__main__ import training_arguments
     from tuner.train.reward_model import reward_trainer
-    from tuner.train.rewards import reward_functions
 
     model_id = _tiny_llama4_text(tmp_path / "llama4", demo_model_path) if model == "llama4_text" else model
     run = tmp_path / "run"
@@ -189,6 +189,7 @@ def test_a_reward_model_of_a_type_without_a_native_head_trains_saves_and_scores_
     grpo = {"model": {"id": model_id, "dtype": "float32"}, "data": {"source": "builtin:reverse"},
             "objective": {"kind": "grpo", "grpo": {"num_generations": 2, "rewards": [
                 {"kind": "model", "model": str(run / "final")}]}}, "training": {"micro_batch_size": 2}}
+    assert plan(validate_recipe(grpo)).devices[0].terms["reward_model"] > 0, "grpo plans the reward model's weights"
     # a fresh process, as grpo's ranks are: nothing registered by the training above
     loaded = subprocess.run([sys.executable, "-c", f"""if True:
         import json, torch
