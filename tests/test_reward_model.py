@@ -139,6 +139,44 @@ def test_demo_reward_raises_held_out_pair_accuracy_and_scores_a_grpo_runs_comple
     assert events[-1]["event"] == "finished"
 
 
+TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=8, vocab_size=100)
+WITHOUT_NATIVE_HEAD = {  # tiny configs of types transformers has no sequence-classification class for
+    "glm4_moe": dict(TINY, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                     first_k_dense_replace=1),
+    "qwen3_5_moe_text": dict(TINY, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                             shared_expert_intermediate_size=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                             linear_key_head_dim=8, linear_value_head_dim=8),
+    "qwen3_vl": dict(text_config=dict(TINY, rope_scaling={"rope_type": "default", "mrope_section": [1, 1, 2]}),
+                     vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4,
+                                        out_hidden_size=32, deepstack_visual_indexes=[0])),
+    "mistral3": dict(text_config=dict(TINY, model_type="mistral"),
+                     vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=1, num_attention_heads=4, head_dim=8)),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(WITHOUT_NATIVE_HEAD))
+def test_the_generic_head_scores_each_sequence_at_its_last_token_before_padding_and_trains(model_type):
+    """MoE, linear-attention and image-text bodies under tuner's generic head: one score per sequence, a padded
+    sequence scored as it is alone, and the head's gradient reaching it."""
+    import torch
+    from transformers import AutoConfig
+
+    from tuner.loading.score_head import sequence_classification_class
+
+    config = AutoConfig.for_model(model_type, **WITHOUT_NATIVE_HEAD[model_type], num_labels=1)
+    config.get_text_config().pad_token_id = 0
+    torch.manual_seed(0)
+    model = sequence_classification_class(model_type).from_config(config)
+    padded = torch.tensor([[5, 6, 7, 0], [5, 6, 7, 8]])
+    scores = model(input_ids=padded, attention_mask=(padded != 0).long()).logits
+    alone = model(input_ids=padded[:1, :3]).logits
+    assert scores.shape == (2, 1) and torch.allclose(scores[0], alone[0], atol=1e-5), (scores, alone)
+    scores.sum().backward()
+    assert model.score.weight.grad.abs().sum() > 0
+
+
 def _tiny_llama4_text(folder, demo_model_path) -> str:
     """A two-layer Llama-4 text model (llama4_text: no sequence-classification class in transformers) with random
     weights and the demo's tokenizer, saved as a causal LM the way a hub checkpoint is."""
