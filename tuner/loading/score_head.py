@@ -1,6 +1,6 @@
 """The class a reward model is built as: the body under a one-output ``score`` head, for every type tuner plans.
 
-transformers has a sequence-classification class for 86 of its causal-LM types (llama, qwen3, ...), most of them
+transformers has a sequence-classification class for 86 of its causal-LM types (llama, qwen3, ...), 48 of them
 nothing but its ``GenericForSequenceClassification`` (a ``score`` linear, hidden x labels, no bias, on the base
 model's last hidden state, read at the last token before padding) on the type's ``PreTrainedModel``.  For a type it
 maps none to (glm4_moe, llama4_text, gemma4, llava, ...), the same two classes are put together here and
