@@ -1,4 +1,4 @@
-"""The class a reward model is built as: the body under a one-output ``score`` head, for every type tuner plans.
+"""The class a reward model is built as: the body under a one-output ``score`` head, on any type with a base model.
 
 transformers has a sequence-classification class for 86 of its causal-LM types (llama, qwen3, ...), 48 of them
 nothing but its ``GenericForSequenceClassification`` (a ``score`` linear, hidden x labels, no bias, on the base
