@@ -199,21 +199,31 @@ def test_a_module_to_save_the_planner_cannot_size_is_a_note_not_silence(model_di
 
 
 # reward: TRL's RewardTrainer step (the score head in place of the output head, chosen and rejected stacked, the
-# margin loss) on two shapes: the preference cells' wide-vocabulary Llama and the fused-projection Phi-3
-REWARD_CELLS = [  # (config, method, checkpointing, attention, seq, batch)
+# margin loss) on three shapes: the preference cells' wide-vocabulary Llama, the fused-projection Phi-3, and the
+# image-text demo (llava, which transformers has no sequence-classification class for: tuner's generic head)
+REWARD_CELLS = [  # (config or model id, method, checkpointing, attention, seq, batch)
     (PREFERENCE_ARCHITECTURE, "full", False, "sdpa", 192, 3),
     (PREFERENCE_ARCHITECTURE, "lora", True, "eager", 64, 3),
     (ARCHITECTURES["phi3"], "full", True, "eager", 64, 1),
     (ARCHITECTURES["phi3"], "lora", False, "sdpa", 192, 1),
+    ("builtin:demo-vlm", "full", False, "sdpa", 192, 3),
+    ("builtin:demo-vlm", "lora", False, "sdpa", 192, 1),
 ]
 
 
 @pytest.mark.parametrize("config, method, checkpointing, attention, seq, batch", REWARD_CELLS,
-                         ids=["-".join(map(str, (c[0]["model_type"], *c[1:]))) for c in REWARD_CELLS])
+                         ids=["-".join(map(str, (c[0] if isinstance(c[0], str) else c[0]["model_type"], *c[1:])))
+                              for c in REWARD_CELLS])
 def test_reward_plan_within_8_percent_of_a_traced_reward_step(tmp_path, config, method, checkpointing, attention,
                                                               seq, batch):
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    recipe = validate_recipe({"model": {"id": str(tmp_path), "dtype": "float32"}, "method": {"kind": method},
+    from tuner.catalog.models import model_facts
+
+    if isinstance(config, str):
+        model_id = config
+    else:
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        model_id = str(tmp_path)
+    recipe = validate_recipe({"model": {"id": model_id, "dtype": "float32"}, "method": {"kind": method},
                               "objective": {"kind": "reward"},
                               "memory": {"mixed_precision": "no", "attention": attention,
                                          "gradient_checkpointing": checkpointing},
@@ -224,4 +234,4 @@ def test_reward_plan_within_8_percent_of_a_traced_reward_step(tmp_path, config, 
     assert device.total_gib - device.terms["overhead"] == pytest.approx(simulated.peak_gib, rel=0.08), \
         (device.terms, simulated.peak_by_category)
     # one score per position, no vocabulary logits: the loss is a sliver of the paired batch's hidden states
-    assert device.terms["logits_loss"] * 2**30 < 2 * batch * seq * config["hidden_size"] * 4
+    assert device.terms["logits_loss"] * 2**30 < 2 * batch * seq * model_facts(model_id).hidden_size * 4

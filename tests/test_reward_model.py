@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 from hypothesis import example, given, settings, strategies as st
@@ -54,21 +56,43 @@ def _planned_models() -> list[str]:
 
 @settings(max_examples=25, deadline=None)
 @given(model_id=st.sampled_from(_planned_models()))
-@example(model_id="zai-org/GLM-4.5-Air")  # glm4_moe: no score head in transformers 5.24
-@example(model_id="builtin:demo-vlm")  # llava: none either
+@example(model_id="zai-org/GLM-4.5-Air")  # glm4_moe: transformers has no sequence-classification class for it
+@example(model_id="builtin:demo-vlm")  # llava (image-text): none either
+@example(model_id="meta-llama/Llama-4-Scout-17B-16E")  # llama4: no base model to put the head on
 @example(model_id="builtin:demo")
-def test_a_reward_model_of_a_type_without_a_score_head_is_refused_before_launch(model_id):
-    """Any model tuner plans: a reward recipe on it passes the checks exactly when transformers maps a
-    sequence-classification class to its type; otherwise one message at objective.kind says so (not a traceback
-    from AutoModelForSequenceClassification on every rank after launch)."""
+def test_a_reward_model_of_any_planned_model_plans_and_builds_its_score_head_or_is_refused_with_the_reason(model_id):
+    """Any model tuner plans: a reward recipe on it validates and plans, and the model built under its score head
+    (transformers' own class, or the generic one tuner registers) holds the plan's parameters -- except a type
+    transformers has no base model for, which one message at objective.kind refuses (not a traceback from
+    AutoModelForSequenceClassification on every rank after launch)."""
+    from tuner.catalog.model_classes import score_head_class
+    from tuner.catalog.models import model_facts
+    from tuner.loading.model import build_on_meta, count_parameters
+    from tuner.planner import plan
+
+    recipe = Recipe.model_validate(_merged(REWARD, {"model": {"id": model_id}, "method": {"kind": "full"}}))
+    refused = [problem for problem in find_problems(recipe) if problem.field == "objective.kind"]
+    model_type = model_facts(model_id).model_type
+    head = score_head_class(model_type)
+    assert bool(refused) == (head is None), (model_type, refused)
+    if refused:
+        assert all(f"maps no sequence-classification class to {model_type}" in problem.message
+                   and "no score head can be put on it" in problem.message for problem in refused)
+        return
+    model = build_on_meta(recipe, layers=None)
+    assert type(model).__name__ == head and model.config.num_labels == 1 and model.score.out_features == 1
+    assert count_parameters(model)[1] == plan(recipe).params["total"]
+
+
+def test_only_llama4_of_the_planned_types_has_no_score_head():
+    """Which types stay refused, and why: AutoModel builds llama4's whole image-text model with its output head."""
     from tuner.catalog.model_classes import score_head_class
     from tuner.catalog.models import model_facts
 
-    recipe = Recipe.model_validate(_merged(REWARD, {"model": {"id": model_id}}))
-    refused = [problem for problem in find_problems(recipe) if problem.field == "objective.kind"]
-    model_type = model_facts(model_id).model_type
-    assert bool(refused) == (score_head_class(model_type) is None), (model_type, refused)
-    assert all(f"maps no sequence-classification class to {model_type}" in problem.message for problem in refused)
+    types = {model_facts(model_id).model_type for model_id in _planned_models()}
+    assert sorted(t for t in types if score_head_class(t) is None) == ["llama4"]
+    assert score_head_class("llama4_text") == "Llama4TextForSequenceClassification"
+    assert score_head_class("llama") == "LlamaForSequenceClassification"  # transformers' own
 
 
 def test_a_reward_recipe_validates_with_no_beta_and_plans_a_score_head_not_logits(tmp_path):
@@ -113,3 +137,110 @@ def test_demo_reward_raises_held_out_pair_accuracy_and_scores_a_grpo_runs_comple
     scored = [e["rewards/demo-reward/mean"] for e in events if "rewards/demo-reward/mean" in e]
     assert scored and all(isinstance(value, float) for value in scored), events
     assert events[-1]["event"] == "finished"
+
+
+TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=8, vocab_size=100)
+WITHOUT_NATIVE_HEAD = {  # tiny configs of types transformers has no sequence-classification class for
+    "glm4_moe": dict(TINY, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                     first_k_dense_replace=1),
+    "qwen3_5_moe_text": dict(TINY, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                             shared_expert_intermediate_size=32, linear_num_key_heads=2, linear_num_value_heads=4,
+                             linear_key_head_dim=8, linear_value_head_dim=8),
+    "qwen3_vl": dict(text_config=dict(TINY, rope_scaling={"rope_type": "default", "mrope_section": [1, 1, 2]}),
+                     vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=4,
+                                        out_hidden_size=32, deepstack_visual_indexes=[0])),
+    "mistral3": dict(text_config=dict(TINY, model_type="mistral"),
+                     vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=1, num_attention_heads=4, head_dim=8)),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(WITHOUT_NATIVE_HEAD))
+def test_the_generic_head_scores_each_sequence_at_its_last_token_before_padding_and_trains(model_type):
+    """MoE, linear-attention and image-text bodies under tuner's generic head: one score per sequence, a padded
+    sequence scored as it is alone, and the head's gradient reaching it."""
+    import torch
+    from transformers import AutoConfig
+
+    from tuner.loading.score_head import sequence_classification_class
+
+    config = AutoConfig.for_model(model_type, **WITHOUT_NATIVE_HEAD[model_type], num_labels=1)
+    config.get_text_config().pad_token_id = 0
+    torch.manual_seed(0)
+    model = sequence_classification_class(model_type).from_config(config)
+    padded = torch.tensor([[5, 6, 7, 0], [5, 6, 7, 8]])
+    scores = model(input_ids=padded, attention_mask=(padded != 0).long()).logits
+    alone = model(input_ids=padded[:1, :3]).logits
+    assert scores.shape == (2, 1) and torch.allclose(scores[0], alone[0], atol=1e-5), (scores, alone)
+    scores.sum().backward()
+    assert model.score.weight.grad.abs().sum() > 0
+
+
+def _tiny_llama4_text(folder, demo_model_path) -> str:
+    """A two-layer Llama-4 text model (llama4_text: no sequence-classification class in transformers) with random
+    weights and the demo's tokenizer, saved as a causal LM the way a hub checkpoint is."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_model_path)
+    config = AutoConfig.for_model("llama4_text", hidden_size=32, intermediate_size=64, intermediate_size_mlp=64,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                  num_local_experts=2, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                                  eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("model, method", [("builtin:demo-vlm", "lora"), ("llama4_text", "full")])
+def test_a_reward_model_of_a_type_without_a_native_head_trains_saves_and_scores_as_a_grpo_reward(
+        tmp_path, demo_model_path, model, method):
+    """llava (image-text, LoRA: the adapters and the head saved) and llama4_text (full): a few RewardTrainer steps
+    on one CPU process, saved as a run's final/, loaded back through grpo's reward-model path (a type
+    transformers has no class for) and scoring completions exactly as the trained model did."""
+    import torch
+
+    from tuner.loading.model import load_tokenizer
+    from tuner.planner import plan
+    from tuner.train.__main__ import training_arguments
+    from tuner.train.reward_model import reward_trainer
+
+    model_id = _tiny_llama4_text(tmp_path / "llama4", demo_model_path) if model == "llama4_text" else model
+    run = tmp_path / "run"
+    recipe = validate_recipe(_merged(REWARD, {
+        "model": {"id": model_id, "dtype": "float32"}, "method": {"kind": method},
+        "data": {"eval_fraction": 0}, "memory": {"mixed_precision": "no"},
+        "training": {"max_steps": 3, "micro_batch_size": 4, "max_seq_length": 64, "learning_rate": 1e-3},
+        "output": {"dir": str(run)}}))
+    tokenizer = load_tokenizer(recipe)
+    trainer, _ = reward_trainer(recipe, training_arguments(recipe, run), tokenizer, [])
+    trainer.train()
+    trainer.save_model(str(run / "final"))
+    tokenizer.save_pretrained(str(run / "final"))
+    texts = ["reverse\nabc=cba", "reverse\nabc=abc", "reverse\nhello=olleh"]
+
+    def scores(scorer, its_tokenizer):
+        with torch.no_grad():
+            return scorer(**its_tokenizer(texts, return_tensors="pt", padding=True)).logits
+
+    trained = scores(trainer.model.eval(), tokenizer)
+    grpo = {"model": {"id": model_id, "dtype": "float32"}, "data": {"source": "builtin:reverse"},
+            "objective": {"kind": "grpo", "grpo": {"num_generations": 2, "rewards": [
+                {"kind": "model", "model": str(run / "final")}]}}, "training": {"micro_batch_size": 2}}
+    assert plan(validate_recipe(grpo)).devices[0].terms["reward_model"] > 0, "grpo plans the reward model's weights"
+    # a fresh process, as grpo's ranks are: nothing registered by the training above
+    loaded = subprocess.run([sys.executable, "-c", f"""if True:
+        import json, torch
+        from tuner.recipe.io import validate_recipe
+        from tuner.train.rewards import reward_functions
+        (reward,), (tokenizer,) = reward_functions(validate_recipe({grpo!r}))
+        with torch.no_grad():
+            scores = reward(**tokenizer({texts!r}, return_tensors="pt", padding=True)).logits
+        print(json.dumps([type(reward).__name__, scores.tolist()]))"""], capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr
+    name, scored = json.loads(loaded.stdout.splitlines()[-1])
+    assert name == ("Llama4TextForSequenceClassification" if model == "llama4_text"
+                    else "LlavaForSequenceClassification")
+    assert torch.tensor(scored).shape == (len(texts), 1) and torch.isfinite(torch.tensor(scored)).all()
+    assert torch.allclose(torch.tensor(scored), trained, atol=1e-5), (scored, trained)
+    assert trained.std() > 0, "the head reads each sequence, not a constant"

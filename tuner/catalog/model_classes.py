@@ -71,6 +71,7 @@ def _table() -> dict:
 CAUSAL_LM = "AutoModelForCausalLM"
 IMAGE_TEXT = "AutoModelForImageTextToText"
 SEQUENCE_CLASSIFICATION = "AutoModelForSequenceClassification"  # a reward model: the body under a score head
+BASE_MODEL = "AutoModel"  # the body alone: what a score head is put on where transformers has no class with one
 
 
 def auto_class_for(config: dict) -> str:
@@ -92,12 +93,30 @@ def auto_class_for(config: dict) -> str:
 
 
 def score_head_class(model_type: str) -> str | None:
-    """The class transformers puts a sequence-classification head (TRL's reward models) on ``model_type`` with,
-    or None: it has none (most MoE and many newer families), and a reward model of it cannot be built."""
-    return _mapping(SEQUENCE_CLASSIFICATION).get(model_type)
+    """The class a reward model of ``model_type`` is built as (TRL's reward models: the body under a one-output
+    ``score`` head): transformers' own sequence-classification class where it maps one, else the one
+    :mod:`tuner.loading.score_head` puts together from transformers' ``GenericForSequenceClassification`` and the
+    type's base model (named as transformers names its own: Llama4TextModel -> Llama4TextForSequenceClassification);
+    None where transformers has no base model for the type to put a head on (:func:`no_score_head_reason`)."""
+    native = _mapping(SEQUENCE_CLASSIFICATION).get(model_type)
+    if native:
+        return native
+    base = _mapping(BASE_MODEL).get(model_type)
+    if base is None or "For" in base:
+        return None
+    return base.removesuffix("Model") + "ForSequenceClassification"
 
 
-@lru_cache(maxsize=3)
+def no_score_head_reason(model_type: str) -> str:
+    """Why no reward model of ``model_type`` can be built, in terms of transformers' own mappings."""
+    base = _mapping(BASE_MODEL).get(model_type)
+    body = (f"its {BASE_MODEL} class is {base}, which ends in its own output head (no hidden states to score)" if base
+            else f"{BASE_MODEL} maps no base model to it")
+    return (f"transformers {installed_transformers_version() or ''} maps no sequence-classification class to "
+            f"{model_type}, and {body}, so no score head can be put on it")
+
+
+@lru_cache(maxsize=4)
 def _mapping(auto_class: str) -> dict[str, str]:
     """model_type -> class name of one auto class, as transformers maps it."""
     table = _table()
@@ -111,11 +130,15 @@ def _installed_mappings() -> dict[str, dict[str, str]]:
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
         MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+        MODEL_MAPPING_NAMES,
     )
 
     return {CAUSAL_LM: dict(sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items())),
             IMAGE_TEXT: dict(sorted(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.items())),
-            SEQUENCE_CLASSIFICATION: dict(sorted(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.items()))}
+            SEQUENCE_CLASSIFICATION: dict(sorted(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.items())),
+            BASE_MODEL: {model_type: name for model_type, name in sorted(MODEL_MAPPING_NAMES.items())  # the ones tuner
+                         if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # plans: causal LMs, image-text
+                         or model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES}}
 
 
 @lru_cache(maxsize=256)

@@ -224,12 +224,15 @@ def quantization_config(recipe: Recipe):
 
 def trained_class(recipe: Recipe, config: dict | None) -> tuple[type, dict]:
     """The transformers auto class training builds for ``config`` and its extra arguments: for a reward model the
-    causal LM's body under a one-output sequence-classification head (``score``, newly initialised; TRL's reward
-    models), else the class the config belongs to (:func:`auto_class`; the causal LM where no config is read)."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    body under a one-output sequence-classification head (``score``, newly initialised; TRL's reward models; for a
+    type transformers has no such class, the one :mod:`tuner.loading.score_head` registers), else the class the
+    config belongs to (:func:`auto_class`; the causal LM where no config is read)."""
+    from transformers import AutoModelForCausalLM
+
+    from tuner.loading.score_head import sequence_classification_class
 
     if recipe.objective.kind == "reward":
-        return AutoModelForSequenceClassification, {"num_labels": 1}
+        return sequence_classification_class((config or {}).get("model_type")), {"num_labels": 1}
     return (auto_class(config) if config else AutoModelForCausalLM), {}
 
 

@@ -69,8 +69,9 @@ def reward_step(model):
     from trl.trainer.utils import disable_dropout_in_model
 
     disable_dropout_in_model(model)
-    if model.config.pad_token_id is None:  # the head finds each sequence's end by its padding (RewardTrainer sets it)
-        model.config.pad_token_id = 0
+    text = model.config.get_text_config()  # an image-text model's text config holds the id, as TRL sets it
+    if getattr(text, "pad_token_id", None) is None:  # the head finds each sequence's end by its padding
+        text.pad_token_id = 0
 
     def loss(ids):
         chosen, rejected = model(input_ids=ids, use_cache=False).logits.squeeze(-1).chunk(2)

@@ -27,6 +27,7 @@ from tuner.planner.model_states import (model_state_items, module_params, traina
 from tuner.planner.vision import part_summary, vision_notes, vision_unmodelled
 from tuner.planner.phases import cpu_phase_items, host_phase_items, merge_items, overhead_items
 from tuner.planner.rank_setup import Setup, rank_setup
+from tuner.planner.reward import reward_counts
 
 
 def _capacity(recipe) -> tuple[float | None, str]:
@@ -138,6 +139,8 @@ def plan(recipe) -> MemoryPlan:
         notes.insert(0, f"no verdict: tuner has no memory terms for {'; '.join(unmodelled)}, so the figures above "
                         "leave them out; `tuner plan --simulate` traces the real step on fake tensors.")
     counts = s.model.param_counts
+    if s.objective == "reward":  # the model that trains: the body under its score head
+        counts = reward_counts(s.model, counts)
     trainable = trainable_full(s) if s.kind == "full" else trainable_lora(s, f) + sum(
         (module_params(s, name) or (0, 0))[0] for name in s.modules_to_save)
     return MemoryPlan(model=recipe.model.id, devices=devices, verdict=verdict, missing_gib=missing,

@@ -22,23 +22,22 @@ def _known_facts(recipe: Recipe):
 
 def _loads(recipe: Recipe) -> list[Problem]:
     """What transformers and PEFT refuse when this model loads or is wrapped, refused first, in their words: a
-    reward model of a type transformers puts no score head on, an attention implementation the model class does not support (transformers' ``_supports_sdpa`` /
-    ``_supports_flash_attn``, from :mod:`tuner.catalog.model_classes`), and for qlora a ``modules_to_save`` layer
+    reward model of a type transformers has no body to put a score head on, an attention implementation the model
+    class does not support (transformers' ``_supports_sdpa`` / ``_supports_flash_attn``, from
+    :mod:`tuner.catalog.model_classes`), and for qlora a ``modules_to_save`` layer
     bitsandbytes quantises (its copy cannot train).  LoRA dropout on fused experts, which PEFT refuses, is
     :func:`_lora_targets`' check."""
     facts = _known_facts(recipe)
     if facts is None:
         return []
-    from tuner.catalog.model_classes import SEQUENCE_CLASSIFICATION, installed_transformers_version, model_class, \
-        score_head_class
+    from tuner.catalog.model_classes import model_class, no_score_head_reason, score_head_class
 
     problems = []
     if recipe.objective.kind == "reward" and score_head_class(facts.model_type) is None:
         problems.append(Problem(
-            "objective.kind", f"transformers {installed_transformers_version() or ''} maps no sequence-classification "
-            f"class to {facts.model_type} ({recipe.model.id}): {SEQUENCE_CLASSIFICATION} cannot put the score head "
-            "TRL's RewardTrainer trains on it. Choose a model whose type has one (llama, qwen3, qwen3_moe, mistral, "
-            "gemma3_text, ...), or another objective.", anchor="objective.kind"))
+            "objective.kind", f"{no_score_head_reason(facts.model_type)} ({recipe.model.id}), and TRL's "
+            "RewardTrainer trains that head. Choose a model of another type (llama, qwen3, qwen3_moe, llama4_text, "
+            "glm4_moe, ...), or another objective.", anchor="objective.kind"))
     attention, cls = recipe.memory.attention, model_class(facts.model_type)
     if cls is not None and not cls.supports(attention):
         fallback = "sdpa" if attention == "flash" and cls.sdpa else "eager"

@@ -34,7 +34,7 @@ def reward_trainer(recipe: Recipe, args, tokenizer, callbacks, model_path: str |
     from tuner.data.prepare import split_samples, used_columns
     from tuner.data.preference import render_rows_within_bounds, with_prompt
     from tuner.data.sources import DataError
-    from tuner.loading.model import count_parameters, load_model, lora_config, prepare_for_adapters
+    from tuner.loading.model import count_parameters, is_image_text, load_model, lora_config, prepare_for_adapters
 
     train_raw, eval_raw, data_format = split_samples(recipe)
 
@@ -50,11 +50,13 @@ def reward_trainer(recipe: Recipe, args, tokenizer, callbacks, model_path: str |
             render_rows_within_bounds(rows, data_format, tokenizer)
     log.info("data: %d training and %d held-out preference pairs", len(train_raw), len(eval_raw) if eval_raw else 0)
     model = load_model(recipe, model_path)
-    model.config.pad_token_id = tokenizer.pad_token_id  # the head scores each sequence's last token before padding
+    # the head scores each sequence's last token before padding (an image-text model's text config holds the id)
+    model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
     full = recipe.method.kind == "full"
     trainer = RewardTrainer(model=model if full else prepare_for_adapters(model, recipe), args=args,
                             train_dataset=train_raw, eval_dataset=eval_raw, processing_class=tokenizer,
-                            callbacks=callbacks, peft_config=None if full else lora_config(recipe))
+                            callbacks=callbacks,
+                            peft_config=None if full else lora_config(recipe, is_image_text(model.config.to_dict())))
     trainable, total = count_parameters(trainer.model)
     log.info("reward head: one score per sequence; trainable parameters: %d of %d (%.2f%%)", trainable, total,
              100 * trainable / max(total, 1))

@@ -242,27 +242,29 @@ def reward_functions(recipe: Recipe) -> tuple[list, list]:
 def load_reward_model(recipe: Recipe, model_id: str):
     """A sequence-classification reward model (one output) and its tokenizer, in the recipe's dtype, frozen.  A
     LoRA reward model tuner trained (an adapter folder: the adapters and the head) is loaded on its base and merged,
-    so it scores as one model."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    so it scores as one model.  A type transformers has no sequence-classification class for loads through the
+    class tuner trained it with (:mod:`tuner.loading.score_head`), chosen by its config's model_type."""
+    from transformers import AutoConfig, AutoTokenizer
 
     from tuner.fileio import user_path
     from tuner.loading.model import cannot_load, refuse_custom_code, resolve_model_path, torch_dtype
+    from tuner.loading.score_head import sequence_classification_class
     from tuner.rundir.summary import adapter_base
 
     folder = user_path(model_id)
     base = adapter_base(folder)
     source = resolve_model_path(base or model_id)
     refuse_custom_code(recipe, source)
+    trust = recipe.model.trust_remote_code
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
-            source, num_labels=1, dtype=torch_dtype(recipe.model.dtype),
-            trust_remote_code=recipe.model.trust_remote_code)
+        config = AutoConfig.from_pretrained(source, num_labels=1, trust_remote_code=trust)
+        model = sequence_classification_class(config.model_type).from_pretrained(
+            source, config=config, dtype=torch_dtype(recipe.model.dtype), trust_remote_code=trust)
         if base:
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
-        tokenizer = AutoTokenizer.from_pretrained(str(folder) if base else source,
-                                                  trust_remote_code=recipe.model.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder) if base else source, trust_remote_code=trust)
     except OSError as exc:
         raise cannot_load(model_id, exc) from None
     model.requires_grad_(False)
