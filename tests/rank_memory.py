@@ -181,10 +181,10 @@ def trace(engine_name: str, precision: str, config, rank: int, model_dir: str = 
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
     lora = engine_name.endswith("-lora")
     if lora:
-        from tuner.loading.model import apply_lora
+        from tuner.loading.model import trainable_model
 
         engine_name = engine_name.removesuffix("-lora")
-        model = apply_lora(model, traced_recipe(model_dir, f"{engine_name}-lora:fp32", 1))
+        model = trainable_model(model, traced_recipe(model_dir, f"{engine_name}-lora:fp32", 1))
     tensor_parallel = engine_name.startswith("autotp")  # the ranks of a tp group compute one batch together
     seed = 0 if tensor_parallel else rank
     ids = torch.randint(0, config.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(seed))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from image_text_configs import CLASSES, TEXT, VISION, tiny_config
@@ -137,3 +137,39 @@ def test_any_nested_config_with_settings_left_to_the_defaults_builds_under_its_o
     else:
         assert inventory.config_sha256 == config_key(json.loads(before))
     assert json.dumps(config, sort_keys=True) == before
+
+
+SUBSETS = [list(subset) for size in (1, 2, 3) for subset in
+           __import__("itertools").combinations(("language_model", "projector", "vision_tower"), size)]
+
+
+@settings(max_examples=16, deadline=None)
+@given(model_type=st.sampled_from(sorted(CLASSES)), train=st.sampled_from(SUBSETS),
+       kind=st.sampled_from(["full", "lora"]))
+@example(model_type="llava", train=["language_model"], kind="full")  # demo-vlm's recipe: the tower trained
+@example(model_type="qwen2_5_vl", train=["projector"], kind="full")  # the merger, inside the tower, trains alone
+@example(model_type="gemma3", train=["vision_tower", "language_model"], kind="lora")
+def test_what_trains_is_what_the_plan_counts_for_any_class_parts_and_method(tmp_path_factory, model_type, train,
+                                                                           kind):
+    """The model as training builds it (its class, then frozen parts or adapters: build_on_meta, every layer) holds
+    exactly the trainable parameters the plan counts, for any image-text class, any choice of parts to train and
+    full or LoRA. Full fine-tuning used to train the whole model (tower and projector too) while the plan counted
+    the language model only; LoRA ignored method.train."""
+    from tuner.loading.model import build_on_meta, count_parameters
+
+    model, _ = _model_dir(tmp_path_factory.mktemp(model_type), model_type)
+    recipe = _recipe(model, kind=kind, train=train, **({"lora": {"r": 4}} if kind == "lora" else {}))
+    trainable, _ = count_parameters(build_on_meta(recipe, layers=None))
+    assert trainable == plan(recipe).trainable_params, (model_type, train, kind)
+
+
+def test_full_fine_tuning_of_the_demo_vlm_freezes_its_tower_and_projector():
+    """The demo-vlm recipe (full, method.train's default: the language model): the case the plan got wrong."""
+    from tuner.loading.model import build_on_meta
+    from tuner.recipe import load_recipe
+    from tuner.recipe.registry import builtin_path
+
+    model = build_on_meta(load_recipe(builtin_path("demo-vlm")), layers=None)
+    trains = {name.split(".")[1] for name, p in model.named_parameters() if p.requires_grad}
+    frozen = {name.split(".")[1] for name, p in model.named_parameters() if not p.requires_grad}
+    assert trains == {"language_model"} and frozen == {"vision_tower", "multi_modal_projector"}, (trains, frozen)

@@ -106,7 +106,7 @@ def test_the_chunked_loss_on_a_soft_capping_model_is_refused_at_validate():
 def test_modules_to_save_on_a_quantised_layer_is_refused_at_validate_in_torchs_words(demo_model_path):
     """A full copy of a layer bitsandbytes quantised cannot train: PEFT's wrap fails in torch's words on a real
     4-bit load (the meta build does not quantise, so only validate and the real load see it)."""
-    from tuner.loading.model import apply_lora, load_model
+    from tuner.loading.model import load_model, trainable_model
 
     def qlora(modules_to_save: list[str]) -> dict:
         return {"model": {"id": str(demo_model_path), "dtype": "float32"},
@@ -119,10 +119,10 @@ def test_modules_to_save_on_a_quantised_layer_is_refused_at_validate_in_torchs_w
     assert "method.lora.modules_to_save" in message and "o_proj" in message and "target_modules" in message
     recipe = Recipe.model_validate(qlora(["o_proj"]))
     with pytest.raises(RuntimeError) as raised:
-        apply_lora(load_model(recipe), recipe)
+        trainable_model(load_model(recipe), recipe)
     assert message.split('"')[1] in str(raised.value), "the reason quoted is the one the wrap raises"
     kept = validate_recipe(qlora(["lm_head", "norm"]))  # unquantised modules: accepted, and they load
-    model = apply_lora(load_model(kept), kept)
+    model = trainable_model(load_model(kept), kept)
     assert any(p.requires_grad for name, p in model.named_parameters() if "lm_head" in name)
 
 

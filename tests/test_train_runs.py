@@ -217,10 +217,10 @@ def test_8bit_base_with_lora_trains_on_the_cpu():
     """bits: 8 loads Linear8bitLt layers; gradients reach the adapters only."""
     import torch
 
-    from tuner.loading.model import apply_lora, count_parameters, load_model
+    from tuner.loading.model import count_parameters, load_model, trainable_model
 
     recipe = load_recipe(recipes_dir() / "demo-qlora.yaml", ["method.quantization.bits=8"])
-    model = apply_lora(load_model(recipe), recipe)
+    model = trainable_model(load_model(recipe), recipe)
     assert type(model.base_model.model.model.layers[0].self_attn.q_proj.base_layer).__name__ == "Linear8bitLt"
     trainable, total = count_parameters(model)
     assert 0 < trainable < total

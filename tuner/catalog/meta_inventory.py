@@ -196,18 +196,18 @@ def _decoder_layers(model, language_model: str = "") -> tuple[str, int]:
     return best, count
 
 
-def _parts(model) -> dict[str, dict]:
-    """An image-text model's vision tower, projector and language model, found as transformers finds them
-    (``get_encoder(modality="image")``, ``get_decoder()``): the projector is every module outside both, and outside
-    their ancestors and the output head (Gemma 3's multi_modal_projector, Idefics 3's connector), or, where there is
-    none, the tower's own mergers (Qwen-VL's merger and deepstack_merger_list, which the tower runs last).  {} for a
-    causal LM."""
+def part_paths(model) -> dict[str, list[str]]:
+    """The module paths of an image-text model's vision tower, projector and language model, found as transformers
+    finds them (``get_encoder(modality="image")``, ``get_decoder()``): the projector is every module outside both,
+    and outside their ancestors and the output head (Gemma 3's multi_modal_projector, Idefics 3's connector), or,
+    where there is none, the tower's own mergers (Qwen-VL's merger and deepstack_merger_list, which the tower runs
+    last).  {} for a causal LM, and where transformers finds no tower or no decoder (planned as a causal LM is)."""
     if auto_class_for(model.config.to_dict()) == CAUSAL_LM:
         return {}
     paths = {id(module): path for path, module in model.named_modules()}
     tower, decoder = paths.get(id(model.get_encoder(modality="image"))), paths.get(id(model.get_decoder()))
     if not tower or not decoder:
-        return {}  # transformers finds no tower or no decoder: the model is planned as a causal LM is
+        return {}
     output = model.get_output_embeddings()
     projector = []
     for path, module in model.named_modules():
@@ -217,11 +217,25 @@ def _parts(model) -> dict[str, dict]:
             projector.append(path)
     if not projector:
         projector = [f"{tower}.{name}" for name, _ in model.get_submodule(tower).named_children() if "merger" in name]
-    found = {VISION_TOWER: [tower], PROJECTOR: projector, LANGUAGE_MODEL: [decoder]}
+    return {VISION_TOWER: [tower], PROJECTOR: projector, LANGUAGE_MODEL: [decoder]}
+
+
+def part_of(name: str, found: dict[str, list[str]]) -> str:
+    """The part a module or parameter ``name`` belongs to: the one whose path holds it most closely (Qwen-VL's
+    merger lies inside its tower), the language model for what lies in none (the output head)."""
+    hits = [(len(path), part) for part, group in found.items() for path in group if _under(name, path)]
+    return max(hits)[1] if hits else LANGUAGE_MODEL
+
+
+def _parts(model) -> dict[str, dict]:
+    """Each part of :func:`part_paths` with its module class and parameters (every parameter once: tied ones at
+    their first owner); {} for a causal LM."""
+    found = part_paths(model)
+    if not found:
+        return {}
     counts = dict.fromkeys(found, 0)
-    for name, param in model.named_parameters():  # every parameter once (tied ones at their first owner)
-        hits = [(len(path), part) for part, group in found.items() for path in group if _under(name, path)]
-        counts[max(hits)[1] if hits else LANGUAGE_MODEL] += param.numel()
+    for name, param in model.named_parameters():
+        counts[part_of(name, found)] += param.numel()
     return {part: {"paths": group, "module": type(model.get_submodule(group[0])).__name__ if group else "",
                    "params": counts[part]} for part, group in found.items()}
 

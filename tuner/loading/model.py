@@ -282,11 +282,28 @@ def prepare_for_adapters(model, recipe: Recipe):
     )
 
 
-def apply_lora(model, recipe: Recipe):
-    """Wrap the model with LoRA adapters, after k-bit preparation (casts, input grads) for qlora."""
+def for_training(model, recipe: Recipe):
+    """(model, LoraConfig or None): ``model`` ready to train as the recipe says and the plan counts it.  Full
+    fine-tuning freezes an image-text model's parts that ``method.train`` leaves out; lora/qlora k-bit prepares it
+    and gives the adapters' config, its targets inside the named parts only (TRL's trainers wrap the model
+    themselves)."""
+    from tuner.loading.trained_parts import freeze_untrained_parts, untrained_modules
+
+    if recipe.method.kind == "full":
+        if frozen := freeze_untrained_parts(model, recipe):
+            log.info("frozen (not in method.train): %s", ", ".join(frozen))
+        return model, None
+    return prepare_for_adapters(model, recipe), lora_config(recipe, untrained_modules(model, recipe))
+
+
+def trainable_model(model, recipe: Recipe):
+    """:func:`for_training`, with the adapters put on (lora/qlora)."""
+    model, adapters = for_training(model, recipe)
+    if adapters is None:
+        return model
     from peft import get_peft_model
 
-    return get_peft_model(prepare_for_adapters(model, recipe), lora_config(recipe, is_image_text(model.config.to_dict())))
+    return get_peft_model(model, adapters)
 
 
 def build_on_meta(recipe: Recipe, layers: int | None = 2, flash_missing: str | None = None):
@@ -318,9 +335,7 @@ def build_on_meta(recipe: Recipe, layers: int | None = 2, flash_missing: str | N
         quantizer = AutoHfQuantizer.from_config(quantization, pre_quantized=False)
         quantizer.preprocess_model(model, device_map=None)
         quantizer.postprocess_model(model)
-    if recipe.method.kind != "full":
-        model = apply_lora(model, recipe)
-    return model
+    return trainable_model(model, recipe)
 
 
 def count_parameters(model) -> tuple[int, int]:

@@ -5,19 +5,15 @@ from __future__ import annotations
 from tuner.recipe.schema import Recipe
 
 
-# An image-text model's adapters go on its language model only (transformers 5 names it ``language_model`` in every
-# image-text class): the vision tower and projector stay as they are unless method.lora.modules_to_save trains them.
-LANGUAGE_MODEL_ONLY = r"(?!(.*\.)?language_model\.).*"
-
-
-def lora_config(recipe: Recipe, image_text: bool = False):
-    """peft's LoraConfig for the recipe's method.lora settings (peft is imported here only); for an image-text
-    model (``image_text``) every module outside the language model is excluded from the targets."""
+def lora_config(recipe: Recipe, excluded: list[str] | None = None):
+    """peft's LoraConfig for the recipe's method.lora settings (peft is imported here only); ``excluded``: the
+    modules no adapter may go on (an image-text model's parts method.train leaves out:
+    :func:`tuner.loading.trained_parts.untrained_modules`)."""
     from peft import LoraConfig
 
     lora = recipe.method.lora
     return LoraConfig(
-        exclude_modules=LANGUAGE_MODEL_ONLY if image_text else None,
+        exclude_modules=excluded or None,
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,

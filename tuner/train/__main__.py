@@ -108,15 +108,14 @@ def training_arguments(recipe: Recipe, run_dir: Path):
 def build_model(recipe: Recipe, path: str | None = None):
     """The model to train (from ``path`` when given, else what model.id names): loaded, adapted for lora/qlora, its
     trainable share logged; and whether to use Liger."""
-    from tuner.loading.model import apply_lora, choose_liger, count_parameters, load_model
+    from tuner.loading.model import choose_liger, count_parameters, load_model, trainable_model
     from tuner.train.parallelism import loading_arguments
 
     model = load_model(recipe, path, **loading_arguments(recipe))
     model.config.use_cache = False  # no KV cache in training; packing's per-sample masks need it off too
     liger, reason = choose_liger(recipe.memory.liger, model.config.model_type, recipe.uses_gpu)
     log.info("liger kernels: %s", reason)
-    if recipe.method.kind in ("lora", "qlora"):
-        model = apply_lora(model, recipe)
+    model = trainable_model(model, recipe)
     if recipe.memory.chunked_loss:
         from tuner.loading.chunked_loss import enable_chunked_loss
 

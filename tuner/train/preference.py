@@ -46,14 +46,12 @@ def trl_policy(recipe: Recipe, args, model_path: str | None = None):
     """The model a TRL trainer trains (from ``model_path`` when given, else what model.id names), and the adapter
     settings it wraps it with itself (None for full fine-tuning): loaded as the recipe says, k-bit prepared for
     qlora, Liger's kernels chosen on ``args``."""
-    from tuner.loading.model import choose_liger, load_model, lora_config, prepare_for_adapters
+    from tuner.loading.model import choose_liger, for_training, load_model
 
     model = load_model(recipe, model_path)
     args.use_liger_kernel, reason = choose_liger(recipe.memory.liger, model.config.model_type, recipe.uses_gpu)
     log.info("liger kernels: %s", reason)
-    if recipe.method.kind == "full":
-        return model, None
-    return prepare_for_adapters(model, recipe), lora_config(recipe)
+    return for_training(model, recipe)
 
 
 def preference_trainer(recipe: Recipe, args, tokenizer, callbacks, model_path: str | None = None

@@ -34,7 +34,7 @@ def reward_trainer(recipe: Recipe, args, tokenizer, callbacks, model_path: str |
     from tuner.data.prepare import split_samples, used_columns
     from tuner.data.preference import render_rows_within_bounds, with_prompt
     from tuner.data.sources import DataError
-    from tuner.loading.model import count_parameters, is_image_text, load_model, lora_config, prepare_for_adapters
+    from tuner.loading.model import count_parameters, for_training, load_model
 
     train_raw, eval_raw, data_format = split_samples(recipe)
 
@@ -52,11 +52,9 @@ def reward_trainer(recipe: Recipe, args, tokenizer, callbacks, model_path: str |
     model = load_model(recipe, model_path)
     # the head scores each sequence's last token before padding (an image-text model's text config holds the id)
     model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
-    full = recipe.method.kind == "full"
-    trainer = RewardTrainer(model=model if full else prepare_for_adapters(model, recipe), args=args,
-                            train_dataset=train_raw, eval_dataset=eval_raw, processing_class=tokenizer,
-                            callbacks=callbacks,
-                            peft_config=None if full else lora_config(recipe, is_image_text(model.config.to_dict())))
+    model, adapters = for_training(model, recipe)
+    trainer = RewardTrainer(model=model, args=args, train_dataset=train_raw, eval_dataset=eval_raw,
+                            processing_class=tokenizer, callbacks=callbacks, peft_config=adapters)
     trainable, total = count_parameters(trainer.model)
     log.info("reward head: one score per sequence; trainable parameters: %d of %d (%.2f%%)", trainable, total,
              100 * trainable / max(total, 1))
