@@ -1,11 +1,14 @@
 """Measure peak GPU memory and speed of real training steps next to tuner's planner prediction.
 
-    bash benchmarks/gpu_check.sh [--quick]        # one NVIDIA GPU, no network; 6 min (--quick: 2 min)
+    bash benchmarks/gpu_check.sh [--quick]        # one NVIDIA GPU, no network; <= 9 min (--quick: < 4 min)
+    bash benchmarks/gpu_check.sh --round 3        # November's 90-cell grid (6 min; --quick 2 min)
     bash benchmarks/gpu_check.sh --report FILE    # re-make FILE's predictions, tables and summary (no GPU)
 
 Models are built from their architecture with random weights (nothing is downloaded) and trained
 for a few optimizer steps through tuner's own builders (tuner.loading.model, the Trainer arguments of
-tuner.train) on synthetic tokens, one cell of benchmarks/gpu_matrix.py at a time. Results go to
+tuner.train) on synthetic tokens, one cell of benchmarks/gpu_matrix.py at a time; round four's tactic cells
+(benchmarks/gpu_tactics.py, which names the cells held out of any planner change) run through
+benchmarks/gpu_cells.py, and a cell whose package or runner is missing is recorded as skipped with the reason. Results go to
 benchmarks/results/gpu-check_<date>_<gpu>.csv and .md (see benchmarks/results/README.md).
 
 `tuner probe` (the recipe's own launch, measured per phase) reads the same CUDA statistics through the real launch
@@ -39,14 +42,15 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.gpu_matrix import STEPS, Cell, architecture, build_recipe, catalog_gpu, full_matrix, quick_matrix
+from benchmarks.gpu_cells import apply_tactic, build_model, collator, needs_own_model, undo_tactics, unrunnable
+from benchmarks.gpu_matrix import ROUNDS, STEPS, Cell, build_recipe, catalog_gpu
 from benchmarks.gpu_report import (OK, OOM, Result, add_predictions, read_results, results_stem, summarize,
                                    summary_text, write_results)
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REQUIRED = {"transformers": "transformers", "accelerate": "accelerate", "peft": "peft",
             "pydantic": "pydantic", "yaml": "PyYAML"}  # module -> package to install
-BUDGET_S = {False: 330.0, True: 110.0}  # by --quick: stop starting cells after this many seconds
+BUDGET_S = {False: 480.0, True: 200.0}  # by --quick: stop starting cells after this many seconds (9 and 4 min runs)
 GIB = 2**30
 
 
@@ -92,16 +96,6 @@ def free_memory() -> None:
     torch.cuda.reset_peak_memory_stats()
 
 
-def build_random_model(model_id: str):
-    """The catalog's architecture with random bf16 weights, initialised directly on the GPU (no download)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(**architecture(model_id))
-    with torch.device("cuda"):
-        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
-
-
 def synthetic_samples(cell: Cell, vocab_size: int) -> list[dict]:
     import torch
 
@@ -138,7 +132,7 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
     """
     import torch
     from accelerate.utils import extract_model_from_parallel
-    from transformers import Trainer, default_data_collator
+    from transformers import Trainer
     from transformers.trainer_callback import PrinterCallback
 
     from tuner.loading.model import apply_lora
@@ -146,7 +140,7 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
 
     recipe = build_recipe(cell, gpu.catalog, gpu.memory_gib)
     free_memory()
-    base.set_attn_implementation(cell.attention)
+    base.set_attn_implementation(recipe.memory.attention if recipe.memory.attention in ("flash", "eager") else "sdpa")
     if cell.method == "full":
         base.requires_grad_(True)
     measured = dict(cell=cell, gpu=gpu.name, gpu_catalog=gpu.catalog, gpu_memory_gib=gpu.memory_gib,
@@ -155,8 +149,10 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
     try:
         if cell.method != "full":
             model = apply_lora(base, recipe)
-        trainer = Trainer(model=model, args=training_arguments(recipe, workdir), data_collator=default_data_collator,
-                          train_dataset=synthetic_samples(cell, base.config.vocab_size), callbacks=[timer])
+        model, args = apply_tactic(model, cell, recipe, training_arguments(recipe, workdir))
+        vocab_size = base.config.get_text_config().vocab_size
+        trainer = Trainer(model=model, args=args, data_collator=collator(recipe),
+                          train_dataset=synthetic_samples(cell, vocab_size), callbacks=[timer])
         trainer.remove_callback(PrinterCallback)
         trainer.train()
         torch.cuda.synchronize()
@@ -180,6 +176,7 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
             model.unload()
         base.zero_grad(set_to_none=True)
         base.gradient_checkpointing_disable()
+        undo_tactics(base)
         free_memory()
 
 
@@ -202,10 +199,19 @@ class Run:
         self.log(f"{cell.label}: {status}")
 
     def measure(self, cells: list[Cell]) -> list:
-        for model_id in dict.fromkeys(cell.model for cell in cells):
-            model_cells = [cell for cell in cells if cell.model == model_id]
+        runnable = []
+        for cell in cells:
+            if reason := unrunnable(cell):
+                self.record(cell, reason)
+            else:
+                runnable.append(cell)
+        groups = [[cell] for cell in runnable if needs_own_model(cell)]  # a model of its own, built and freed
+        for shape in dict.fromkeys((cell.model, cell.layers) for cell in runnable if not needs_own_model(cell)):
+            groups.append([cell for cell in runnable if (cell.model, cell.layers) == shape and not needs_own_model(cell)])
+        groups.sort(key=lambda group: min(cells.index(cell) for cell in group))  # the matrix's order of importance
+        for model_cells in groups:
             try:
-                self.measure_model(model_id, model_cells)
+                self.measure_model(model_cells)
             except Exception as exc:  # building or loading failed: the model's remaining cells say why
                 traceback.print_exc()
                 done = {result.cell for result in self.results}
@@ -213,17 +219,17 @@ class Run:
                     if cell not in done:
                         self.record(cell, f"error: {type(exc).__name__}: {exc}".replace("\n", " ")[:200])
             free_memory()
-        return self.results
+        return sorted(self.results, key=lambda result: cells.index(result.cell))
 
-    def measure_model(self, model_id: str, cells: list[Cell]) -> None:
+    def measure_model(self, cells: list[Cell]) -> None:
         from tuner.loading.model import load_model
 
         if time.monotonic() > self.deadline:
             for cell in cells:
                 self.record(cell, "not run: time budget")
             return
-        self.log(f"building {model_id} with random weights")
-        model = build_random_model(model_id)
+        self.log(f"building {cells[0].label.split()[0]} with random weights")
+        model = build_model(cells[0], build_recipe(cells[0], self.gpu.catalog, self.gpu.memory_gib))
         params = sum(p.numel() for p in model.parameters())
         self.run_cells(model, [c for c in cells if c.method != "qlora"], params)
         quantized = [c for c in cells if c.method == "qlora"]
@@ -290,10 +296,10 @@ def report(results: list, directory: Path, stem: str, title: str, about: str) ->
     print(f"wrote {csv_path} and {md_path}")
 
 
-def measure_and_report(quick: bool, directory: Path, budget_s: float | None) -> int:
+def measure_and_report(quick: bool, directory: Path, budget_s: float | None, round_number: int = 4) -> int:
     started = time.monotonic()
     gpu = check_machine()
-    cells = quick_matrix() if quick else full_matrix()
+    cells = ROUNDS[round_number][quick]()
     deadline = started + (budget_s if budget_s is not None else BUDGET_S[quick])
     print(f"gpu_check: {len(cells)} cells on {gpu.name} ({gpu.memory_gib:.1f} GiB, catalog: {gpu.catalog or 'none'}); "
           f"{gpu.software}", flush=True)
@@ -317,15 +323,18 @@ def remake_report(path: Path, directory: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu_check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a 17-cell subset that runs in under 2 minutes")
+    parser.add_argument("--quick", action="store_true", help="a subset that runs in under 4 minutes (round 3: 2)")
+    parser.add_argument("--round", type=int, choices=sorted(ROUNDS), default=4,
+                        help="4: every tactic, MoE, objectives, image-text, baselines (default); 3: the 90-cell "
+                        "method x checkpointing x seq x attention x micro-batch grid of November")
     parser.add_argument("--report", metavar="CSV", help="re-make a measured CSV's predictions, tables and summary; no GPU needed")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the CSV and markdown (default: %(default)s)")
-    parser.add_argument("--budget-s", type=float, help="start no cell after this many seconds (default 330, --quick 110)")
+    parser.add_argument("--budget-s", type=float, help="start no cell after this many seconds (default 480, --quick 200)")
     args = parser.parse_args(argv)
     try:
         if args.report:
             return remake_report(Path(args.report), args.out)
-        return measure_and_report(args.quick, args.out, args.budget_s)
+        return measure_and_report(args.quick, args.out, args.budget_s, args.round)
     except Refusal as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -174,9 +174,9 @@ def _format(name: str, value) -> str:
     return str(value)
 
 
-_TEXT = {"model", "method", "attention", "gpu", "gpu_catalog", "software", "status", "predicted_verdict"}
+_TEXT = {"model", "method", "attention", "tactic", "gpu", "gpu_catalog", "software", "status", "predicted_verdict"}
 _FLAGS = {"gradient_checkpointing", "predicted_fit"}
-_COUNTS = {"seq_len", "micro_batch"}
+_COUNTS = {"seq_len", "micro_batch", "layers"}
 
 
 def _parse(name: str, text: str):
@@ -205,16 +205,17 @@ def read_results(path: str | Path) -> list[Result]:
     results = []
     with open(path, newline="", encoding="utf-8") as stream:
         for row in csv.DictReader(stream):
-            cell = Cell(**{name: _parse(name, row[name]) for name in CELL_COLUMNS})
+            # a column added after a CSV was written (round four's tactic, layers) takes the Cell's default
+            cell = Cell(**{name: _parse(name, row[name]) for name in CELL_COLUMNS if name in row})
             values = {name: _parse(name, row[name]) for name in RESULT_COLUMNS}
             results.append(Result(cell=cell, **values))
     return results
 
 
 MARKDOWN_HEADER = (
-    "| model | method | ckpt | seq | attn | mb | status | alloc GiB | reserved GiB | device GiB | predicted GiB "
+    "| model | method | ckpt | seq | attn | mb | tactic | status | alloc GiB | reserved GiB | device GiB | predicted GiB "
     "| error GiB | error % | plan verdict | tokens/s | MFU % |\n"
-    "|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|\n"
+    "|---|---|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|\n"
 )
 
 
@@ -222,8 +223,9 @@ def results_markdown(results: list[Result], title: str, summary: str) -> str:
     lines = [f"# {title}", "", "```", summary, "```", "", MARKDOWN_HEADER.rstrip("\n")]
     for r in results:
         cell = r.cell
-        cells = [cell.model.rsplit("/", 1)[-1], cell.method, _format("", cell.gradient_checkpointing),
-                 str(cell.seq_len), cell.attention, str(cell.micro_batch), r.status,
+        model = cell.model.rsplit("/", 1)[-1] + (f" ({cell.layers} layers)" if cell.layers else "")
+        cells = [model, cell.method, _format("", cell.gradient_checkpointing),
+                 str(cell.seq_len), cell.attention, str(cell.micro_batch), cell.tactic, r.status,
                  _number(r.max_allocated_gib, 2), _number(r.max_reserved_gib, 2), _number(r.device_peak_gib, 2),
                  _number(r.predicted_gib, 2),
                  _number(r.error_gib, 2, signed=True), _number(r.error_pct, 1, signed=True),
