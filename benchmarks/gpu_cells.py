@@ -50,7 +50,8 @@ def model_config(cell: Cell) -> dict:
 
 
 def build_model(cell: Cell, recipe):
-    """The cell's architecture with random bf16 weights, initialised on the GPU, in the class training builds."""
+    """The cell's architecture with random bf16 weights, initialised on the GPU (the CPU under --cpu-smoke), in the
+    class training builds."""
     import torch
     from transformers import AutoConfig
 
@@ -59,7 +60,7 @@ def build_model(cell: Cell, recipe):
     data = model_config(cell)
     auto_class, head = trained_class(recipe, data)
     config = AutoConfig.for_model(**data, **head)
-    with torch.device("cuda"):
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         return auto_class.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
 
 

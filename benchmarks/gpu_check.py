@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.gpu_cells import apply_tactic, build_model, collator, needs_own_model, undo_tactics, unrunnable
-from benchmarks.gpu_matrix import ROUNDS, STEPS, Cell, build_recipe, catalog_gpu
+from benchmarks.gpu_matrix import CPU_SMOKE, ROUNDS, STEPS, Cell, build_recipe, catalog_gpu
 from benchmarks.gpu_report import (OK, OOM, Result, add_predictions, read_results, results_stem, summarize,
                                    summary_text, write_results)
 
@@ -92,8 +92,29 @@ def free_memory() -> None:
     import torch
 
     gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    if torch.cuda.is_available():  # not under --cpu-smoke
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def synchronize() -> None:
+    """Wait for the GPU's queued work, so a timer counts it (nothing to wait for under --cpu-smoke)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def device_peaks() -> dict:
+    """The allocator's peaks and the memory held outside it (CUDA context, library handles), in GiB."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return dict(max_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
+                max_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
+                context_gib=(total - free - torch.cuda.memory_reserved()) / GIB)
 
 
 def synthetic_samples(cell: Cell, vocab_size: int) -> list[dict]:
@@ -106,7 +127,6 @@ def synthetic_samples(cell: Cell, vocab_size: int) -> list[dict]:
 
 def step_timer():
     """A Trainer callback timing each optimizer step (synchronised, so GPU work is counted)."""
-    import torch
     from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
@@ -114,11 +134,11 @@ def step_timer():
             self.seconds: list[float] = []
 
         def on_step_begin(self, args, state, control, **kwargs):
-            torch.cuda.synchronize()
+            synchronize()
             self.started = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            torch.cuda.synchronize()
+            synchronize()
             self.seconds.append(time.perf_counter() - self.started)
 
     return StepTimer()
@@ -155,15 +175,11 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
                           train_dataset=synthetic_samples(cell, vocab_size), callbacks=[timer])
         trainer.remove_callback(PrinterCallback)
         trainer.train()
-        torch.cuda.synchronize()
+        synchronize()
         step_s = statistics.median(timer.seconds[1:])
         tokens_per_s = cell.tokens_per_step / step_s
         mfu = 100 * 6 * params * tokens_per_s / (gpu.peak_bf16_tflops * 1e12) if gpu.peak_bf16_tflops else None
-        free, total = torch.cuda.mem_get_info()
-        return Result(status=OK, step_s=step_s, tokens_per_s=tokens_per_s, mfu_pct=mfu,
-                      max_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
-                      max_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
-                      context_gib=(total - free - torch.cuda.memory_reserved()) / GIB, **measured)
+        return Result(status=OK, step_s=step_s, tokens_per_s=tokens_per_s, mfu_pct=mfu, **device_peaks(), **measured)
     except torch.OutOfMemoryError:
         return Result(status=OOM, **measured)
     except Exception as exc:  # one broken cell must not cost the others; the traceback goes to the log
@@ -312,6 +328,22 @@ def measure_and_report(quick: bool, directory: Path, budget_s: float | None, rou
     return 0
 
 
+def cpu_smoke() -> int:
+    """Round four's code paths on tiny CPU cells (gpu_matrix.CPU_SMOKE): proves the plumbing, measures nothing,
+    writes nothing; exit code 1 when a cell is not ok."""
+    started = time.monotonic()
+    missing = [package for module, package in REQUIRED.items() if importlib.util.find_spec(module) is None]
+    if missing or importlib.util.find_spec("torch") is None:
+        raise Refusal(f"--cpu-smoke needs torch and {', '.join(REQUIRED.values())}: install what is missing.")
+    cpu = Gpu("cpu (smoke)", None, 0.0, None, versions())
+    with tempfile.TemporaryDirectory(prefix="gpu-check-smoke-") as workdir:
+        results = Run(cpu, started + 600, started, Path(workdir)).measure(CPU_SMOKE)
+    failed = [result.cell.label for result in results if result.status != OK]
+    print(f"cpu smoke: {len(results) - len(failed)} of {len(results)} cells ok" + (f"; not ok: {'; '.join(failed)}"
+                                                                                   if failed else ""))
+    return 1 if failed else 0
+
+
 def remake_report(path: Path, directory: Path) -> int:
     if not path.is_file():
         raise Refusal(f"--report {path}: no such file; give a CSV that gpu_check wrote (benchmarks/results/*.csv).")
@@ -328,12 +360,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="4: every tactic, MoE, objectives, image-text, baselines (default); 3: the 90-cell "
                         "method x checkpointing x seq x attention x micro-batch grid of November")
     parser.add_argument("--report", metavar="CSV", help="re-make a measured CSV's predictions, tables and summary; no GPU needed")
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="run round four's code paths on a few tiny CPU cells (no GPU, nothing measured or written)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the CSV and markdown (default: %(default)s)")
     parser.add_argument("--budget-s", type=float, help="start no cell after this many seconds (default 480, --quick 200)")
     args = parser.parse_args(argv)
     try:
         if args.report:
             return remake_report(Path(args.report), args.out)
+        if args.cpu_smoke:
+            return cpu_smoke()
         return measure_and_report(args.quick, args.out, args.budget_s, args.round)
     except Refusal as exc:
         print(f"error: {exc}", file=sys.stderr)

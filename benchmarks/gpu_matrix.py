@@ -116,6 +116,10 @@ def quick_matrix() -> list[Cell]:
     return _deduplicated([REFERENCE] + round_four(Cell, REFERENCE)[1])
 
 
+# gpu_check --cpu-smoke: the plain, baseline, chunked-loss and packing paths on tuner's tiny built-in Llama
+CPU_SMOKE = [Cell("builtin:demo", method, True, 64, "sdpa", 2, tactic)
+             for method, tactic in (("full", "none"), ("lora", "none"), ("lora", "transformers-defaults"),
+                                    ("lora", "chunked-loss"), ("lora", "packing"))]
 ROUNDS = {3: (round_three_full, round_three_quick), 4: (full_matrix, quick_matrix)}  # --round: (full, --quick)
 
 
@@ -176,11 +180,13 @@ def catalog_gpu(device_name: str, memory_gib: float) -> GpuSpec | None:
 
 
 def recipe_data(cell: Cell, gpu: str | None, gpu_memory_gib: float) -> dict:
-    """The recipe (as plain data) that trains ``cell`` on one GPU: what both the planner and the run read."""
+    """The recipe (as plain data) that trains ``cell`` on one GPU (on the CPU for ``gpu_memory_gib`` 0): what both
+    the planner and the run read."""
     return merged({
         "name": "gpu-check",
         "model": {"id": shape(cell), "dtype": "bfloat16"},
-        "hardware": {"machines": 1, "gpus_per_machine": 1, "gpu": gpu, "gpu_memory_gb": round(gpu_memory_gib, 2)},
+        "hardware": {"machines": 1, "gpus_per_machine": 1, "gpu": gpu, "gpu_memory_gb": round(gpu_memory_gib, 2)}
+        if gpu_memory_gib else {"machines": 1, "gpus_per_machine": 0},  # 0 GiB: the CPU (gpu_check --cpu-smoke)
         "method": {"kind": cell.method, "quantization": {"bits": 4} if cell.method == "qlora" else None},
         "memory": {
             "gradient_checkpointing": cell.gradient_checkpointing,

@@ -235,3 +235,10 @@ def test_result_files_are_named_by_date_and_gpu_and_never_overwritten(tmp_path):
 
 def test_results_readme_shows_the_table_the_script_writes():
     assert MARKDOWN_HEADER in (REPO / "benchmarks" / "results" / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_cpu_smoke_runs_round_four_code_paths_on_tiny_cells(capsys):
+    """About a minute on a shared 2-core machine (bf16 on the CPU), so outside the fast suite."""
+    assert main(["--cpu-smoke"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "cpu smoke: 5 of 5 cells ok"
