@@ -16,11 +16,9 @@ from benchmarks.gpu_tactics import TACTICS
 NO_RUNNER = {
     "zero3": "no one-rank runner yet (needs tuner's deepspeed.json and a one-process group)",
     "fsdp2": "no one-rank runner yet (needs Accelerate's FSDP2 plugin on a one-process group)",
-    "dpo": "no runner yet (needs TRL's DPOTrainer on synthetic preference pairs)",
-    "grpo": "no runner yet (needs TRL's GRPOTrainer with a synthetic prompt set)",
-    "grpo-vllm": "no runner yet (needs TRL's GRPOTrainer with vLLM colocated)",
 }
-FRESH_MODEL = {"liger", "tuner-tactics"}  # Liger patches the model's modules in place
+OBJECTIVES = {"dpo", "grpo", "grpo-vllm"}  # TRL's trainers, wrapping the adapters themselves
+FRESH_MODEL = {"liger", "tuner-tactics"} | OBJECTIVES  # Liger patches the modules in place; TRL wraps the model
 
 
 def unrunnable(cell: Cell) -> str | None:
@@ -82,6 +80,55 @@ def apply_tactic(model, cell: Cell, recipe, args):
         args = TrainingArguments(output_dir=args.output_dir, per_device_train_batch_size=cell.micro_batch,
                                  max_steps=args.max_steps, save_strategy="no", report_to=[], disable_tqdm=True)
     return model, args
+
+
+def word_tokenizer(vocab_size: int):
+    """A tokenizer of ``vocab_size`` words "w0" ... (no download): TRL's trainers read text, and random text of
+    n such words is exactly n tokens of the random-weight model's vocabulary; w0 is padding and the end of text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({f"w{index}": index for index in range(vocab_size)}, unk_token="w1"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=words, pad_token="w0", eos_token="w0", unk_token="w1")
+
+
+def random_words(count: int, vocab_size: int, generator) -> str:
+    return " ".join(f"w{index}" for index in generator.integers(2, vocab_size, count))
+
+
+def objective_trainer(model, cell: Cell, recipe, args, callbacks, steps: int):
+    """TRL's DPOTrainer (random preference pairs: a prompt of half the sequence, two answers of the rest) or
+    GRPOTrainer (random prompts, tuner's reward functions, generation as the recipe says) for ``steps`` steps."""
+    import numpy
+    from datasets import Dataset
+
+    from tuner.loading.model import lora_config
+
+    vocab_size = model.config.get_text_config().vocab_size
+    tokenizer, generator = word_tokenizer(vocab_size), numpy.random.default_rng(0)
+    peft_config = None if recipe.method.kind == "full" else lora_config(recipe)
+    if cell.tactic == "dpo":
+        from trl import DPOTrainer
+
+        half = cell.seq_len // 2
+        rows = [{"prompt": random_words(half, vocab_size, generator),
+                 "chosen": random_words(half - 1, vocab_size, generator),
+                 "rejected": random_words(half - 1, vocab_size, generator)} for _ in range(cell.micro_batch * steps)]
+        return DPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+                          callbacks=callbacks, peft_config=peft_config)
+    from trl import GRPOTrainer
+
+    from tuner.train.rewards import reward_functions
+
+    grpo = recipe.objective.grpo
+    prompts = cell.micro_batch * steps // grpo.num_generations
+    prompt_length = cell.seq_len - grpo.max_completion_length
+    rows = [{"prompt": random_words(prompt_length, vocab_size, generator)} for _ in range(max(prompts, 1))]
+    functions, reward_tokenizers = reward_functions(recipe)
+    return GRPOTrainer(model=model, reward_funcs=functions, args=args, train_dataset=Dataset.from_list(rows),
+                       processing_class=tokenizer, reward_processing_classes=reward_tokenizers, callbacks=callbacks,
+                       peft_config=peft_config)
 
 
 def collator(recipe):

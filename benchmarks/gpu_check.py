@@ -42,7 +42,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.gpu_cells import apply_tactic, build_model, collator, needs_own_model, undo_tactics, unrunnable
+from benchmarks.gpu_cells import (OBJECTIVES, apply_tactic, build_model, collator, needs_own_model, objective_trainer,
+                                  undo_tactics, unrunnable)
 from benchmarks.gpu_matrix import CPU_SMOKE, ROUNDS, STEPS, Cell, build_recipe, catalog_gpu
 from benchmarks.gpu_report import (OK, OOM, Result, add_predictions, read_results, results_stem, summarize,
                                    summary_text, write_results)
@@ -167,12 +168,16 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
                     software=gpu.software, params_b=params / 1e9)
     model, timer, trainer = base, step_timer(), None
     try:
-        if cell.method != "full":
+        if cell.method != "full" and cell.tactic not in OBJECTIVES:
             model = apply_lora(base, recipe)
         model, args = apply_tactic(model, cell, recipe, training_arguments(recipe, workdir))
-        vocab_size = base.config.get_text_config().vocab_size
-        trainer = Trainer(model=model, args=args, data_collator=collator(recipe),
-                          train_dataset=synthetic_samples(cell, vocab_size), callbacks=[timer])
+        if cell.tactic in OBJECTIVES:
+            trainer = objective_trainer(model, cell, recipe, args, [timer], STEPS)
+            model = trainer.model  # TRL's adapters, unloaded below
+        else:
+            vocab_size = base.config.get_text_config().vocab_size
+            trainer = Trainer(model=model, args=args, data_collator=collator(recipe),
+                              train_dataset=synthetic_samples(cell, vocab_size), callbacks=[timer])
         trainer.remove_callback(PrinterCallback)
         trainer.train()
         synchronize()

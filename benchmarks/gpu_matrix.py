@@ -116,10 +116,10 @@ def quick_matrix() -> list[Cell]:
     return _deduplicated([REFERENCE] + round_four(Cell, REFERENCE)[1])
 
 
-# gpu_check --cpu-smoke: the plain, baseline, chunked-loss and packing paths on tuner's tiny built-in Llama
-CPU_SMOKE = [Cell("builtin:demo", method, True, 64, "sdpa", 2, tactic)
+# gpu_check --cpu-smoke: the plain, baseline, chunked-loss, packing, DPO and GRPO paths on tuner's tiny Llama
+CPU_SMOKE = [Cell("builtin:demo", method, True, 128, "sdpa", 4, tactic)
              for method, tactic in (("full", "none"), ("lora", "none"), ("lora", "transformers-defaults"),
-                                    ("lora", "chunked-loss"), ("lora", "packing"))]
+                                    ("lora", "chunked-loss"), ("lora", "packing"), ("lora", "dpo"), ("lora", "grpo"))]
 ROUNDS = {3: (round_three_full, round_three_quick), 4: (full_matrix, quick_matrix)}  # --round: (full, --quick)
 
 

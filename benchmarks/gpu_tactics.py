@@ -52,13 +52,13 @@ TACTICS = {
         "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
         "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]}}}, (), OWN_MODEL_S),
     "dpo": Tactic("one DPO step (TRL), the reference being the adapters switched off",
-                  {"objective": {"kind": "dpo"}, "data": {"format": "preference"}}, ("trl",), OWN_MODEL_S, 2.0),
+                  {"objective": {"kind": "dpo"}, "data": {"format": "preference"}}, ("trl", "datasets"), OWN_MODEL_S, 2.0),
     "grpo": Tactic("one GRPO step (TRL) generating with transformers", {"objective": {"kind": "grpo", "beta": 0.0, "grpo": {
         "num_generations": 4, "max_completion_length": 64, "rewards": [{"kind": "length"}]}},
-        "data": {"format": "prompt"}}, ("trl",), OWN_MODEL_S + 25.0, 1.0),
+        "data": {"format": "prompt"}}, ("trl", "datasets"), OWN_MODEL_S + 25.0, 1.0),
     "grpo-vllm": Tactic("one GRPO step generating with vLLM colocated", {"objective": {"kind": "grpo", "beta": 0.0, "grpo": {
         "num_generations": 4, "max_completion_length": 64, "rewards": [{"kind": "length"}],
-        "generation": "vllm_colocate"}}, "data": {"format": "prompt"}}, ("trl", "vllm"), OWN_MODEL_S + 60.0, 1.0),
+        "generation": "vllm_colocate"}}, "data": {"format": "prompt"}}, ("trl", "datasets", "vllm"), OWN_MODEL_S + 60.0, 1.0),
     "image-text": Tactic("an image-text model trained on text rows (the tower loaded and frozen)", {}, (), OWN_MODEL_S),
     "transformers-defaults": Tactic("plain transformers defaults: TrainingArguments() with no bf16 autocast, no "
                                     "checkpointing, sdpa, the same adapters", {"memory": {
