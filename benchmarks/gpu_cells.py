@@ -12,24 +12,22 @@ import importlib.util
 from benchmarks.gpu_matrix import Cell, architecture, shape
 from benchmarks.gpu_tactics import TACTICS
 
-# Tactics whose one-process set-up is not written yet: recorded as skipped with this reason, never faked.
-NO_RUNNER = {
-    "zero3": "no one-rank runner yet (needs tuner's deepspeed.json and a one-process group)",
-    "fsdp2": "no one-rank runner yet (needs Accelerate's FSDP2 plugin on a one-process group)",
-}
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
 OBJECTIVES = {"dpo", "grpo", "grpo-vllm"}  # TRL's trainers, wrapping the adapters themselves
-FRESH_MODEL = {"liger", "tuner-tactics"} | OBJECTIVES  # Liger patches the modules in place; TRL wraps the model
+SHARDED = {"zero3", "fsdp2"}  # partition the model's parameters in place
+FRESH_MODEL = {"liger", "tuner-tactics"} | OBJECTIVES | SHARDED  # Liger patches modules in place; TRL wraps them
 
 
 def unrunnable(cell: Cell) -> str | None:
-    """``skipped: why`` for a cell this machine cannot run (a package it needs, a runner not written), else None."""
+    """``skipped: why`` for a cell this machine cannot run (a package it needs is not importable), else None."""
     missing = [module for module in TACTICS[cell.tactic].needs if importlib.util.find_spec(module) is None]
-    if missing:
-        twin = " (its sdpa twin is the reference cell)" if cell.tactic == "flash" else ""
-        return f"skipped: {', '.join(missing)} is not importable{twin}"
-    if cell.tactic in NO_RUNNER:
-        return f"skipped: {NO_RUNNER[cell.tactic]}"
-    return None
+    if not missing:
+        return None
+    twin = " (its sdpa twin is the reference cell)" if cell.tactic == "flash" else ""
+    return f"skipped: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not importable{twin}"
 
 
 def needs_own_model(cell: Cell) -> bool:
@@ -129,6 +127,57 @@ def objective_trainer(model, cell: Cell, recipe, args, callbacks, steps: int):
     return GRPOTrainer(model=model, reward_funcs=functions, args=args, train_dataset=Dataset.from_list(rows),
                        processing_class=tokenizer, reward_processing_classes=reward_tokenizers, callbacks=callbacks,
                        peft_config=peft_config)
+
+
+@contextmanager
+def one_rank(recipe, workdir: Path):
+    """ZeRO-3 or FSDP2 on one process as tuner's launch sets them up: the variables ``accelerate launch`` gives
+    rank 0 of 1, tuner's deepspeed.json where training_arguments points (run dir = ``workdir``), FSDP2 as the
+    FSDP_* variables Accelerate reads from tuner's accelerate config (render/accelerate_config.fsdp_config); all
+    of it, and Accelerate's process-wide state, undone afterwards."""
+    import socket
+
+    distributed = recipe.memory.distributed
+    if distributed not in ("deepspeed", "fsdp"):
+        yield
+        return
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    variables = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(port))
+    if distributed == "deepspeed":
+        from tuner.render.deepspeed_config import render_deepspeed_config
+        from tuner.rundir.layout import DEEPSPEED_CONFIG
+
+        (workdir / DEEPSPEED_CONFIG).write_text(render_deepspeed_config(recipe), encoding="utf-8")
+    else:
+        from tuner.render.accelerate_config import fsdp_config
+
+        variables |= {"ACCELERATE_USE_FSDP": "true", "ACCELERATE_MIXED_PRECISION": recipe.memory.mixed_precision}
+        variables |= {key.upper(): str(value).lower() if isinstance(value, bool) else str(value)
+                      for key, value in fsdp_config(recipe, None).items()}
+    before = {key: os.environ.get(key) for key in variables}
+    os.environ.update(variables)
+    try:
+        if distributed == "deepspeed" and not recipe.uses_gpu:
+            from tuner.train.deepspeed_cpu import init_cpu_deepspeed
+
+            init_cpu_deepspeed()
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+        import torch.distributed
+
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
 
 def collator(recipe):

@@ -8,7 +8,8 @@ Models are built from their architecture with random weights (nothing is downloa
 for a few optimizer steps through tuner's own builders (tuner.loading.model, the Trainer arguments of
 tuner.train) on synthetic tokens, one cell of benchmarks/gpu_matrix.py at a time; round four's tactic cells
 (benchmarks/gpu_tactics.py, which names the cells held out of any planner change) run through
-benchmarks/gpu_cells.py, and a cell whose package or runner is missing is recorded as skipped with the reason. Results go to
+benchmarks/gpu_cells.py, and a cell whose package is not importable is recorded as skipped with the reason
+(`--cpu-smoke` runs eight tiny cells of the same code on the CPU: plumbing only, nothing measured). Results go to
 benchmarks/results/gpu-check_<date>_<gpu>.csv and .md (see benchmarks/results/README.md).
 
 `tuner probe` (the recipe's own launch, measured per phase) reads the same CUDA statistics through the real launch
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.gpu_cells import (OBJECTIVES, apply_tactic, build_model, collator, needs_own_model, objective_trainer,
-                                  undo_tactics, unrunnable)
+                                  one_rank, undo_tactics, unrunnable)
 from benchmarks.gpu_matrix import CPU_SMOKE, ROUNDS, STEPS, Cell, build_recipe, catalog_gpu
 from benchmarks.gpu_report import (OK, OOM, Result, add_predictions, read_results, results_stem, summarize,
                                    summary_text, write_results)
@@ -167,38 +168,40 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
     measured = dict(cell=cell, gpu=gpu.name, gpu_catalog=gpu.catalog, gpu_memory_gib=gpu.memory_gib,
                     software=gpu.software, params_b=params / 1e9)
     model, timer, trainer = base, step_timer(), None
-    try:
-        if cell.method != "full" and cell.tactic not in OBJECTIVES:
-            model = apply_lora(base, recipe)
-        model, args = apply_tactic(model, cell, recipe, training_arguments(recipe, workdir))
-        if cell.tactic in OBJECTIVES:
-            trainer = objective_trainer(model, cell, recipe, args, [timer], STEPS)
-            model = trainer.model  # TRL's adapters, unloaded below
-        else:
-            vocab_size = base.config.get_text_config().vocab_size
-            trainer = Trainer(model=model, args=args, data_collator=collator(recipe),
-                              train_dataset=synthetic_samples(cell, vocab_size), callbacks=[timer])
-        trainer.remove_callback(PrinterCallback)
-        trainer.train()
-        synchronize()
-        step_s = statistics.median(timer.seconds[1:])
-        tokens_per_s = cell.tokens_per_step / step_s
-        mfu = 100 * 6 * params * tokens_per_s / (gpu.peak_bf16_tflops * 1e12) if gpu.peak_bf16_tflops else None
-        return Result(status=OK, step_s=step_s, tokens_per_s=tokens_per_s, mfu_pct=mfu, **device_peaks(), **measured)
-    except torch.OutOfMemoryError:
-        return Result(status=OOM, **measured)
-    except Exception as exc:  # one broken cell must not cost the others; the traceback goes to the log
-        traceback.print_exc()
-        return Result(status=f"error: {type(exc).__name__}: {exc}".replace("\n", " ")[:200], **measured)
-    finally:
-        del trainer
-        extract_model_from_parallel(model, keep_fp32_wrapper=False)
-        if model is not base:
-            model.unload()
-        base.zero_grad(set_to_none=True)
-        base.gradient_checkpointing_disable()
-        undo_tactics(base)
-        free_memory()
+    with one_rank(recipe, workdir):  # ZeRO-3 and FSDP2: a one-process group, undone after
+        try:
+            if cell.method != "full" and cell.tactic not in OBJECTIVES:
+                model = apply_lora(base, recipe)
+            model, args = apply_tactic(model, cell, recipe, training_arguments(recipe, workdir))
+            if cell.tactic in OBJECTIVES:
+                trainer = objective_trainer(model, cell, recipe, args, [timer], STEPS)
+                model = trainer.model  # TRL's adapters, unloaded below
+            else:
+                vocab_size = base.config.get_text_config().vocab_size
+                trainer = Trainer(model=model, args=args, data_collator=collator(recipe),
+                                  train_dataset=synthetic_samples(cell, vocab_size), callbacks=[timer])
+            trainer.remove_callback(PrinterCallback)
+            trainer.train()
+            synchronize()
+            step_s = statistics.median(timer.seconds[1:])
+            tokens_per_s = cell.tokens_per_step / step_s
+            mfu = 100 * 6 * params * tokens_per_s / (gpu.peak_bf16_tflops * 1e12) if gpu.peak_bf16_tflops else None
+            return Result(status=OK, step_s=step_s, tokens_per_s=tokens_per_s, mfu_pct=mfu, **device_peaks(), **measured)
+        except torch.OutOfMemoryError:
+            return Result(status=OOM, **measured)
+        except Exception as exc:  # one broken cell must not cost the others; the traceback goes to the log
+            traceback.print_exc()
+            return Result(status=f"error: {type(exc).__name__}: {exc}".replace("\n", " ")[:200], **measured)
+        finally:
+            del trainer
+            if not needs_own_model(cell):  # a model of its own is dropped, whatever its wrappers did to it
+                extract_model_from_parallel(model, keep_fp32_wrapper=False)
+                if model is not base:
+                    model.unload()
+                base.zero_grad(set_to_none=True)
+                base.gradient_checkpointing_disable()
+                undo_tactics(base)
+            free_memory()
 
 
 # ---- the matrix --------------------------------------------------------------------------------

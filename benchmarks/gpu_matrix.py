@@ -116,10 +116,12 @@ def quick_matrix() -> list[Cell]:
     return _deduplicated([REFERENCE] + round_four(Cell, REFERENCE)[1])
 
 
-# gpu_check --cpu-smoke: the plain, baseline, chunked-loss, packing, DPO and GRPO paths on tuner's tiny Llama
+# gpu_check --cpu-smoke: the plain, baseline, chunked-loss, packing, DPO, GRPO and ZeRO-3 paths on tuner's tiny
+# Llama (FSDP2 needs a GPU: tuner refuses it on CPU ranks)
 CPU_SMOKE = [Cell("builtin:demo", method, True, 128, "sdpa", 4, tactic)
              for method, tactic in (("full", "none"), ("lora", "none"), ("lora", "transformers-defaults"),
-                                    ("lora", "chunked-loss"), ("lora", "packing"), ("lora", "dpo"), ("lora", "grpo"))]
+                                    ("lora", "chunked-loss"), ("lora", "packing"), ("lora", "dpo"), ("lora", "grpo"),
+                                    ("lora", "zero3"))]
 ROUNDS = {3: (round_three_full, round_three_quick), 4: (full_matrix, quick_matrix)}  # --round: (full, --quick)
 
 
