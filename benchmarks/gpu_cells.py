@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from benchmarks.gpu_matrix import Cell, architecture, shape
+from benchmarks.gpu_matrix import MODELS, Cell, architecture, shape
 from benchmarks.gpu_tactics import TACTICS
 
 import os
@@ -35,11 +35,11 @@ def needs_own_model(cell: Cell) -> bool:
 
 
 def model_config(cell: Cell) -> dict:
-    """The config the cell's random-weight model is built from: the catalog architecture of a dense catalog model
-    (rounds one to three), else the whole catalog config of its shape (MoE, image-text, layer-reduced)."""
+    """The config the cell's random-weight model is built from: round three's architecture of its dense models,
+    else the whole catalog config of the cell's shape (MoE, image-text, layer-reduced, the CPU smoke's built-ins)."""
     from tuner.catalog.models import model_config as catalog_config
 
-    if cell.layers is None and cell.tactic not in ("image-text",) and cell.model != "Qwen/Qwen3-30B-A3B":
+    if cell.layers is None and cell.model in MODELS:
         return architecture(cell.model)
     return {key: value for key, value in catalog_config(shape(cell)).items()
             if not key.startswith("_") and key not in ("transformers_version", "architectures")}
@@ -157,7 +157,7 @@ def one_rank(recipe, workdir: Path):
         variables |= {"ACCELERATE_USE_FSDP": "true", "ACCELERATE_MIXED_PRECISION": recipe.memory.mixed_precision}
         variables |= {key.upper(): str(value).lower() if isinstance(value, bool) else str(value)
                       for key, value in fsdp_config(recipe, None).items()}
-    before = {key: os.environ.get(key) for key in variables}
+    before = dict(os.environ)  # TrainingArguments adds ACCELERATE_USE_DEEPSPEED and the like, which later cells must not see
     os.environ.update(variables)
     try:
         if distributed == "deepspeed" and not recipe.uses_gpu:
@@ -166,13 +166,12 @@ def one_rank(recipe, workdir: Path):
             init_cpu_deepspeed()
         yield
     finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        os.environ.clear()
+        os.environ.update(before)
         from accelerate.state import AcceleratorState
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
+        unset_hf_deepspeed_config()
         AcceleratorState._reset_state(reset_partial_state=True)
         import torch.distributed
 

@@ -9,7 +9,7 @@ for a few optimizer steps through tuner's own builders (tuner.loading.model, the
 tuner.train) on synthetic tokens, one cell of benchmarks/gpu_matrix.py at a time; round four's tactic cells
 (benchmarks/gpu_tactics.py, which names the cells held out of any planner change) run through
 benchmarks/gpu_cells.py, and a cell whose package is not importable is recorded as skipped with the reason
-(`--cpu-smoke` runs eight tiny cells of the same code on the CPU: plumbing only, nothing measured). Results go to
+(`--cpu-smoke` runs eleven tiny cells of the same code on the CPU: plumbing only, nothing measured). Results go to
 benchmarks/results/gpu-check_<date>_<gpu>.csv and .md (see benchmarks/results/README.md).
 
 `tuner probe` (the recipe's own launch, measured per phase) reads the same CUDA statistics through the real launch
@@ -157,12 +157,12 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
     from transformers import Trainer
     from transformers.trainer_callback import PrinterCallback
 
-    from tuner.loading.model import apply_lora
+    from tuner.loading.model import apply_lora, choose_attention
     from tuner.train.__main__ import training_arguments
 
     recipe = build_recipe(cell, gpu.catalog, gpu.memory_gib)
     free_memory()
-    base.set_attn_implementation(recipe.memory.attention if recipe.memory.attention in ("flash", "eager") else "sdpa")
+    base.set_attn_implementation(choose_attention(recipe.memory.attention, base.config.model_type)[0])
     if cell.method == "full":
         base.requires_grad_(True)
     measured = dict(cell=cell, gpu=gpu.name, gpu_catalog=gpu.catalog, gpu_memory_gib=gpu.memory_gib,

@@ -117,11 +117,15 @@ def quick_matrix() -> list[Cell]:
 
 
 # gpu_check --cpu-smoke: the plain, baseline, chunked-loss, packing, DPO, GRPO and ZeRO-3 paths on tuner's tiny
-# Llama (FSDP2 needs a GPU: tuner refuses it on CPU ranks)
+# Llama, image-text on its tiny LLaVA, full and LoRA-on-experts on its tiny Qwen3-MoE (FSDP2 needs a GPU: tuner
+# refuses it on CPU ranks; Liger, flash, offloading and compile need one too)
 CPU_SMOKE = [Cell("builtin:demo", method, True, 128, "sdpa", 4, tactic)
              for method, tactic in (("full", "none"), ("lora", "none"), ("lora", "transformers-defaults"),
                                     ("lora", "chunked-loss"), ("lora", "packing"), ("lora", "dpo"), ("lora", "grpo"),
                                     ("lora", "zero3"))]
+CPU_SMOKE += [Cell("builtin:demo-vlm", "lora", True, 64, "sdpa", 2, "image-text"),
+              Cell("builtin:demo-moe", "full", True, 64, "sdpa", 2), Cell("builtin:demo-moe", "lora", True, 64, "sdpa", 2,
+                                                                        "lora-experts")]
 ROUNDS = {3: (round_three_full, round_three_quick), 4: (full_matrix, quick_matrix)}  # --round: (full, --quick)
 
 

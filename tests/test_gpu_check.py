@@ -71,11 +71,15 @@ def test_round_four_has_every_tactic_the_issue_names_and_fits_its_budget_on_an_h
     assert set(quick) < set(cells)
     assert {"transformers-defaults", "tuner-tactics", "zero3", "fsdp2", "dpo", "grpo", "image-text"} <= {
         cell.tactic for cell in quick}
-    pairs = {(cell.method, cell.layers) for cell in cells if cell.tactic == "transformers-defaults"}
-    assert pairs == {("lora", None), ("full", 8)}  # each baseline beside its tuner-tactics twin
+    baselines = [cell for cell in cells if cell.tactic == "transformers-defaults"]
+    assert {(cell.method, cell.layers) for cell in baselines} == {("lora", None), ("full", 8)}
+    for baseline in baselines:  # each beside its tuner-tactics twin: the same shape, batch and sequence
+        twin = Cell(**{**baseline.__dict__, "tactic": "tuner-tactics", "gradient_checkpointing": True,
+                       "attention": "auto"})
+        assert twin in cells and not baseline.gradient_checkpointing
     for tactic in ("liger", "chunked-loss", "activation-offload", "packing", "compile", "flash"):
         on = next(cell for cell in cells if cell.tactic == tactic)
-        assert Cell(**{**on.__dict__, "tactic": "none"}) == REFERENCE  # the reference is its "off"
+        assert Cell(**{**on.__dict__, "tactic": "none", "attention": "sdpa"}) == REFERENCE  # the reference is its off
     assert {cell.seq_len for cell in cells if cell.method == "qlora"} == {4096, 16384}
     assert {(cell.method, cell.tactic) for cell in cells if cell.model == "Qwen/Qwen3-30B-A3B"} == {
         ("full", "none"), ("lora", "lora-experts")}
@@ -241,4 +245,4 @@ def test_cpu_smoke_runs_round_four_code_paths_on_tiny_cells(capsys):
     """Two to three minutes on a shared 2-core machine (bf16 on the CPU, GRPO generating, DeepSpeed starting), so
     outside the fast suite."""
     assert main(["--cpu-smoke"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "cpu smoke: 8 of 8 cells ok"
+    assert capsys.readouterr().out.splitlines()[-1] == "cpu smoke: 11 of 11 cells ok"
