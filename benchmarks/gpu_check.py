@@ -17,14 +17,15 @@ path: on the GPU machine also run `python -m pytest tests/test_probe_gpu.py` (sk
 `bash benchmarks/gpu_smoke.sh`, whose last step probes the demo and keeps its probe.json.
 
 What it imports: torch with CUDA, transformers, accelerate, peft, pydantic and PyYAML (tuner's recipe);
-bitsandbytes only for the QLoRA cells, which are recorded as skipped without it. Never deepspeed,
-datasets or textual. To bring a missing package to a machine without network, download its wheels
+for round four's cells, each recorded as skipped without its package: bitsandbytes (QLoRA), deepspeed (ZeRO-3),
+trl and datasets (DPO, GRPO), liger-kernel, flash-attn and vllm. Never textual. To bring a missing package to a machine without network, download its wheels
 where pip works (add the package's own dependencies: pydantic needs pydantic-core, annotated-types,
 typing-inspection and typing-extensions >= 4.16 for pydantic 2.14):
 
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux2014_x86_64 --platform manylinux_2_24_x86_64 -d wheels \
-        pydantic pydantic-core annotated-types typing-inspection typing-extensions bitsandbytes
+        pydantic pydantic-core annotated-types typing-inspection typing-extensions bitsandbytes \
+        trl datasets liger-kernel   # and their own dependencies; deepspeed ships no wheel (pip builds it)
 
 copy wheels/ over, then there: python3 -m pip install --no-index --no-deps --target /tmp/site wheels/*.whl
 and export PYTHONPATH=/tmp/site before running.
@@ -45,9 +46,9 @@ from pathlib import Path
 
 from benchmarks.gpu_cells import (OBJECTIVES, apply_tactic, build_model, collator, needs_own_model, objective_trainer,
                                   one_rank, undo_tactics, unrunnable)
-from benchmarks.gpu_matrix import CPU_SMOKE, ROUNDS, STEPS, Cell, build_recipe, catalog_gpu
-from benchmarks.gpu_report import (OK, OOM, Result, add_predictions, read_results, results_stem, summarize,
-                                   summary_text, write_results)
+from benchmarks.gpu_matrix import CPU_SMOKE, ROUNDS, STEPS, Cell, build_recipe, catalog_gpu, cell_params_b
+from benchmarks.gpu_report import (OK, OOM, Result, add_predictions, baseline_text, read_results, results_stem,
+                                   summarize, summary_text, write_results)
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REQUIRED = {"transformers": "transformers", "accelerate": "accelerate", "peft": "peft",
@@ -185,7 +186,8 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
             synchronize()
             step_s = statistics.median(timer.seconds[1:])
             tokens_per_s = cell.tokens_per_step / step_s
-            mfu = 100 * 6 * params * tokens_per_s / (gpu.peak_bf16_tflops * 1e12) if gpu.peak_bf16_tflops else None
+            active = params * cell_params_b(cell, active=True) / cell_params_b(cell)  # an MoE's routed share
+            mfu = 100 * 6 * active * tokens_per_s / (gpu.peak_bf16_tflops * 1e12) if gpu.peak_bf16_tflops else None
             return Result(status=OK, step_s=step_s, tokens_per_s=tokens_per_s, mfu_pct=mfu, **device_peaks(), **measured)
         except torch.OutOfMemoryError:
             return Result(status=OOM, **measured)
@@ -314,7 +316,7 @@ def free_stem(directory: Path, stem: str) -> str:
 
 def report(results: list, directory: Path, stem: str, title: str, about: str) -> None:
     results, note = add_predictions(results)
-    summary = summary_text(summarize(results), "\n".join(filter(None, [about, note])))
+    summary = summary_text(summarize(results), "\n".join(filter(None, [about, note, baseline_text(results)])))
     csv_path, md_path = write_results(results, directory, stem, title, summary)
     print(summary)
     print(f"wrote {csv_path} and {md_path}")

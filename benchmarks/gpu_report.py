@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from benchmarks.gpu_matrix import Cell, build_recipe
+from benchmarks.gpu_tactics import CLAIMS
 from tuner.fileio import atomic_write_text
 
 TOLERANCE_PCT = 10.0  # the issue's bar: a prediction further off is a planner bug or a documented limitation
@@ -149,6 +150,29 @@ def summary_text(summary: Summary, note: str | None = None) -> str:
     lines += [_listing("predicted to fit but OOM", summary.predicted_fit_but_oom),
               _listing("predicted not to fit but ran", summary.predicted_oom_but_ran)]
     return "\n".join(lines)
+
+
+def baseline_text(results: list[Result]) -> str | None:
+    """Tuner's tactics against plain transformers defaults, each pair measured side by side in this run, then the
+    published claims users compare with (as claims); None for a run without baseline cells (rounds one to three)."""
+    by_cell = {result.cell: result for result in results}
+    lines = []
+    for plain in (r for r in results if r.cell.tactic == "transformers-defaults"):
+        twin = Cell(**{**plain.cell.__dict__, "tactic": "tuner-tactics", "gradient_checkpointing": True,
+                       "attention": "auto"})
+        tuned = by_cell.get(twin)
+        name = twin.label.removesuffix(" tuner-tactics")
+        if tuned is None or plain.status != OK or tuned.status != OK:
+            lines.append(f"baseline {name}: tuner's tactics {tuned.status if tuned else 'absent'}, plain transformers "
+                         f"{plain.status}")
+            continue
+        lines.append(f"baseline {name}: tuner's tactics {tuned.tokens_per_s:.0f} tokens/s, "
+                     f"{tuned.device_peak_gib:.2f} GiB; plain transformers defaults {plain.tokens_per_s:.0f} tokens/s, "
+                     f"{plain.device_peak_gib:.2f} GiB: {tuned.tokens_per_s / plain.tokens_per_s:.2f}x the speed at "
+                     f"{tuned.device_peak_gib / plain.device_peak_gib:.2f}x the memory")
+    if not lines:
+        return None
+    return "\n".join(lines + [f"claim, not measured here: {claim}" for claim in CLAIMS])
 
 
 def _listing(title: str, labels: tuple[str, ...]) -> str:

@@ -14,7 +14,7 @@ from benchmarks.gpu_check import BUDGET_S, free_stem, main
 from benchmarks.gpu_matrix import (METHODS, MODELS, REFERENCE, Cell, build_recipe, catalog_gpu, estimate_seconds,
                                    full_matrix, quick_matrix, round_three_full, round_three_quick)
 from benchmarks.gpu_tactics import HELD_OUT, TACTICS
-from benchmarks.gpu_report import (MARKDOWN_HEADER, Prediction, add_predictions, read_results, results_csv, results_markdown,
+from benchmarks.gpu_report import (MARKDOWN_HEADER, Prediction, add_predictions, baseline_text, read_results, results_csv, results_markdown,
                                    results_stem, summarize, summary_text)
 from tuner.catalog.gpus import GPUS
 from tuner.recipe.checks import find_problems
@@ -246,3 +246,20 @@ def test_cpu_smoke_runs_round_four_code_paths_on_tiny_cells(capsys):
     outside the fast suite."""
     assert main(["--cpu-smoke"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "cpu smoke: 11 of 11 cells ok"
+
+
+def test_baseline_pairs_are_compared_side_by_side_next_to_the_published_claims():
+    recorded = read_results(SAMPLE)[0]
+    plain, tuned = (cell for cell in full_matrix() if cell.layers is None and cell.tactic in (
+        "transformers-defaults", "tuner-tactics"))
+    full_plain = next(cell for cell in full_matrix() if cell.layers and cell.tactic == "transformers-defaults")
+    results = [dataclasses.replace(recorded, cell=plain, tokens_per_s=4000.0, max_reserved_gib=39.5, context_gib=0.5),
+               dataclasses.replace(recorded, cell=tuned, tokens_per_s=5000.0, max_reserved_gib=19.5, context_gib=0.5),
+               dataclasses.replace(recorded, cell=full_plain, status="OOM")]
+    lines = baseline_text(results).splitlines()
+    assert lines[0] == ("baseline Llama-3.1-8B lora gc s2048 auto mb2: tuner's tactics 5000 tokens/s, 20.00 GiB; plain "
+                        "transformers defaults 4000 tokens/s, 40.00 GiB: 1.25x the speed at 0.50x the memory")
+    assert lines[1] == ("baseline Llama-3.1-8B-L8 full gc s2048 auto mb2: tuner's tactics absent, plain transformers OOM")
+    assert lines[2].startswith("claim, not measured here: unsloth claims 2x faster") and "one 80 GB GPU" in lines[2]
+    assert "8xA100 with FSDP1" in lines[3] and len(lines) == 4
+    assert baseline_text(read_results(SAMPLE)) is None  # round three has no baseline cells
