@@ -40,6 +40,24 @@ def test_refuses_cleanly_without_cuda():
     assert set(results.iterdir()) == before
 
 
+@pytest.mark.parametrize("argv", [[], ["--quick"], ["--round", "3"], ["--round", "3", "--quick"], ["--budget-s", "60"]])
+def test_every_measuring_mode_refuses_in_one_line_without_cuda(argv, capsys, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # so that a GPU machine refuses too
+    assert main(argv + ["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: gpu_check measures on an NVIDIA GPU")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [["--round", "5"], ["--budget-s", "soon"], ["--quick", "extra"]])
+def test_bad_arguments_are_refused_by_the_parser(argv, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2 and "gpu_check: error:" in capsys.readouterr().err
+
+
 # ---- the matrix --------------------------------------------------------------------------------
 
 def test_round_three_covers_every_factor_for_every_model_within_six_minutes():
@@ -257,7 +275,7 @@ def test_baseline_pairs_are_compared_side_by_side_next_to_the_published_claims()
                dataclasses.replace(recorded, cell=tuned, tokens_per_s=5000.0, max_reserved_gib=19.5, context_gib=0.5),
                dataclasses.replace(recorded, cell=full_plain, status="OOM")]
     lines = baseline_text(results).splitlines()
-    assert lines[0] == ("baseline Llama-3.1-8B lora gc s2048 auto mb2: tuner's tactics 5000 tokens/s, 20.00 GiB; plain "
+    assert lines[0] == ("baseline Llama-3.1-8B lora gc s2048 auto mb1: tuner's tactics 5000 tokens/s, 20.00 GiB; plain "
                         "transformers defaults 4000 tokens/s, 40.00 GiB: 1.25x the speed at 0.50x the memory")
     assert lines[1] == ("baseline Llama-3.1-8B-L8 full gc s2048 auto mb2: tuner's tactics absent, plain transformers OOM")
     assert lines[2].startswith("claim, not measured here: unsloth claims 2x faster") and "one 80 GB GPU" in lines[2]
