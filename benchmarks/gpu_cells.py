@@ -45,9 +45,9 @@ def model_config(cell: Cell) -> dict:
             if not key.startswith("_") and key not in ("transformers_version", "architectures")}
 
 
-def build_model(cell: Cell, recipe):
-    """The cell's architecture with random bf16 weights, initialised on the GPU (the CPU under --cpu-smoke), in the
-    class training builds."""
+def build_model(cell: Cell, recipe, device: str | None = None):
+    """The cell's architecture with random bf16 weights, initialised on the GPU (the CPU under --cpu-smoke; "meta"
+    in the tests, which build every shape), in the class training builds."""
     import torch
     from transformers import AutoConfig
 
@@ -56,7 +56,7 @@ def build_model(cell: Cell, recipe):
     data = model_config(cell)
     auto_class, head = trained_class(recipe, data)
     config = AutoConfig.for_model(**data, **head)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+    with torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")):
         return auto_class.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
 
 

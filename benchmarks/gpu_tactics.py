@@ -104,7 +104,7 @@ def shape_dir(model_id: str, layers: int) -> Path:
 
 def round_four(cell_class, reference) -> tuple[list, list]:
     """(full, quick) round-four cells, most informative first; ``reference`` is the round-three "off" cell."""
-    llama, moe, vlm = "meta-llama/Llama-3.1-8B", "Qwen/Qwen3-30B-A3B", "HuggingFaceTB/SmolVLM2-2.2B-Instruct"
+    llama, moe, vlm = "meta-llama/Llama-3.1-8B", "Qwen/Qwen3-30B-A3B", "google/gemma-3-4b-pt"
     full_8b = replace(reference, method="full", micro_batch=2, layers=8)
     def pair(cell):  # plain transformers (no checkpointing, sdpa) beside tuner's tactics (checkpointing, auto)
         return [replace(cell, gradient_checkpointing=False, tactic="transformers-defaults"),

@@ -281,3 +281,24 @@ def test_baseline_pairs_are_compared_side_by_side_next_to_the_published_claims()
     assert lines[2].startswith("claim, not measured here: unsloth claims 2x faster") and "one 80 GB GPU" in lines[2]
     assert "8xA100 with FSDP1" in lines[3] and len(lines) == 4
     assert baseline_text(read_results(SAMPLE)) is None  # round three has no baseline cells
+
+
+def test_every_round_four_shape_builds_with_its_adapters_and_the_planners_parameter_count():
+    """On the meta device: the GPU run's first step for each model never dies on a config, and counts what the
+    planner counts (its MFU and the plan read the same model)."""
+    from benchmarks.gpu_cells import build_model
+    from benchmarks.gpu_matrix import cell_params_b
+    from tuner.loading.model import apply_lora, count_parameters
+
+    shapes = {}
+    for cell in full_matrix():
+        if cell.method != "qlora":
+            shapes.setdefault((cell.model, cell.layers, cell.method, cell.tactic), cell)
+    for cell in shapes.values():
+        recipe = build_recipe(cell, "H100-80GB", 79.1)
+        model = build_model(cell, recipe, device="meta")
+        total = sum(parameter.numel() for parameter in model.parameters())
+        assert total == pytest.approx(cell_params_b(cell) * 1e9, rel=0.01), cell.label
+        if cell.method == "lora":
+            trainable, _ = count_parameters(apply_lora(model, recipe))
+            assert 0 < trainable < total / 20, cell.label
