@@ -1,11 +1,15 @@
 """Measure peak GPU memory and speed of real training steps next to tuner's planner prediction.
 
-    bash benchmarks/gpu_check.sh [--quick]        # one NVIDIA GPU, no network; 6 min (--quick: 2 min)
+    bash benchmarks/gpu_check.sh [--quick]        # one NVIDIA GPU, no network; <= 9 min (--quick: < 4 min)
+    bash benchmarks/gpu_check.sh --round 3        # November's 90-cell grid (6 min; --quick 2 min)
     bash benchmarks/gpu_check.sh --report FILE    # re-make FILE's predictions, tables and summary (no GPU)
 
 Models are built from their architecture with random weights (nothing is downloaded) and trained
 for a few optimizer steps through tuner's own builders (tuner.loading.model, the Trainer arguments of
-tuner.train) on synthetic tokens, one cell of benchmarks/gpu_matrix.py at a time. Results go to
+tuner.train) on synthetic tokens, one cell of benchmarks/gpu_matrix.py at a time; round four's tactic cells
+(benchmarks/gpu_tactics.py, which names the cells held out of any planner change) run through
+benchmarks/gpu_cells.py, and a cell whose package is not importable is recorded as skipped with the reason
+(`--cpu-smoke` runs eleven tiny cells of the same code on the CPU: plumbing only, nothing measured). Results go to
 benchmarks/results/gpu-check_<date>_<gpu>.csv and .md (see benchmarks/results/README.md).
 
 `tuner probe` (the recipe's own launch, measured per phase) reads the same CUDA statistics through the real launch
@@ -13,14 +17,15 @@ path: on the GPU machine also run `python -m pytest tests/test_probe_gpu.py` (sk
 `bash benchmarks/gpu_smoke.sh`, whose last step probes the demo and keeps its probe.json.
 
 What it imports: torch with CUDA, transformers, accelerate, peft, pydantic and PyYAML (tuner's recipe);
-bitsandbytes only for the QLoRA cells, which are recorded as skipped without it. Never deepspeed,
-datasets or textual. To bring a missing package to a machine without network, download its wheels
+for round four's cells, each recorded as skipped without its package: bitsandbytes (QLoRA), deepspeed (ZeRO-3),
+trl and datasets (DPO, GRPO), liger-kernel, flash-attn and vllm. Never textual. To bring a missing package to a machine without network, download its wheels
 where pip works (add the package's own dependencies: pydantic needs pydantic-core, annotated-types,
 typing-inspection and typing-extensions >= 4.16 for pydantic 2.14):
 
     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux2014_x86_64 --platform manylinux_2_24_x86_64 -d wheels \
-        pydantic pydantic-core annotated-types typing-inspection typing-extensions bitsandbytes
+        pydantic pydantic-core annotated-types typing-inspection typing-extensions bitsandbytes \
+        trl datasets liger-kernel   # and their own dependencies; deepspeed ships no wheel (pip builds it)
 
 copy wheels/ over, then there: python3 -m pip install --no-index --no-deps --target /tmp/site wheels/*.whl
 and export PYTHONPATH=/tmp/site before running.
@@ -39,14 +44,16 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.gpu_matrix import STEPS, Cell, architecture, build_recipe, catalog_gpu, full_matrix, quick_matrix
-from benchmarks.gpu_report import (OK, OOM, Result, add_predictions, read_results, results_stem, summarize,
-                                   summary_text, write_results)
+from benchmarks.gpu_cells import (OBJECTIVES, apply_tactic, build_model, collator, needs_own_model, objective_trainer,
+                                  one_rank, undo_tactics, unrunnable)
+from benchmarks.gpu_matrix import CPU_SMOKE, ROUNDS, STEPS, Cell, build_recipe, catalog_gpu, cell_params_b
+from benchmarks.gpu_report import (OK, OOM, Result, add_predictions, baseline_text, read_results, results_stem,
+                                   summarize, summary_text, write_results)
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 REQUIRED = {"transformers": "transformers", "accelerate": "accelerate", "peft": "peft",
             "pydantic": "pydantic", "yaml": "PyYAML"}  # module -> package to install
-BUDGET_S = {False: 330.0, True: 110.0}  # by --quick: stop starting cells after this many seconds
+BUDGET_S = {False: 480.0, True: 200.0}  # by --quick: stop starting cells after this many seconds (9 and 4 min runs)
 GIB = 2**30
 
 
@@ -88,18 +95,29 @@ def free_memory() -> None:
     import torch
 
     gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    if torch.cuda.is_available():  # not under --cpu-smoke
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
 
 
-def build_random_model(model_id: str):
-    """The catalog's architecture with random bf16 weights, initialised directly on the GPU (no download)."""
+def synchronize() -> None:
+    """Wait for the GPU's queued work, so a timer counts it (nothing to wait for under --cpu-smoke)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(**architecture(model_id))
-    with torch.device("cuda"):
-        return AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def device_peaks() -> dict:
+    """The allocator's peaks and the memory held outside it (CUDA context, library handles), in GiB."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return dict(max_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
+                max_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
+                context_gib=(total - free - torch.cuda.memory_reserved()) / GIB)
 
 
 def synthetic_samples(cell: Cell, vocab_size: int) -> list[dict]:
@@ -112,7 +130,6 @@ def synthetic_samples(cell: Cell, vocab_size: int) -> list[dict]:
 
 def step_timer():
     """A Trainer callback timing each optimizer step (synchronised, so GPU work is counted)."""
-    import torch
     from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
@@ -120,11 +137,11 @@ def step_timer():
             self.seconds: list[float] = []
 
         def on_step_begin(self, args, state, control, **kwargs):
-            torch.cuda.synchronize()
+            synchronize()
             self.started = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            torch.cuda.synchronize()
+            synchronize()
             self.seconds.append(time.perf_counter() - self.started)
 
     return StepTimer()
@@ -138,49 +155,55 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
     """
     import torch
     from accelerate.utils import extract_model_from_parallel
-    from transformers import Trainer, default_data_collator
+    from transformers import Trainer
     from transformers.trainer_callback import PrinterCallback
 
-    from tuner.loading.model import apply_lora
+    from tuner.loading.model import apply_lora, choose_attention
     from tuner.train.__main__ import training_arguments
 
     recipe = build_recipe(cell, gpu.catalog, gpu.memory_gib)
     free_memory()
-    base.set_attn_implementation(cell.attention)
+    base.set_attn_implementation(choose_attention(recipe.memory.attention, base.config.model_type)[0])
     if cell.method == "full":
         base.requires_grad_(True)
     measured = dict(cell=cell, gpu=gpu.name, gpu_catalog=gpu.catalog, gpu_memory_gib=gpu.memory_gib,
                     software=gpu.software, params_b=params / 1e9)
     model, timer, trainer = base, step_timer(), None
-    try:
-        if cell.method != "full":
-            model = apply_lora(base, recipe)
-        trainer = Trainer(model=model, args=training_arguments(recipe, workdir), data_collator=default_data_collator,
-                          train_dataset=synthetic_samples(cell, base.config.vocab_size), callbacks=[timer])
-        trainer.remove_callback(PrinterCallback)
-        trainer.train()
-        torch.cuda.synchronize()
-        step_s = statistics.median(timer.seconds[1:])
-        tokens_per_s = cell.tokens_per_step / step_s
-        mfu = 100 * 6 * params * tokens_per_s / (gpu.peak_bf16_tflops * 1e12) if gpu.peak_bf16_tflops else None
-        free, total = torch.cuda.mem_get_info()
-        return Result(status=OK, step_s=step_s, tokens_per_s=tokens_per_s, mfu_pct=mfu,
-                      max_allocated_gib=torch.cuda.max_memory_allocated() / GIB,
-                      max_reserved_gib=torch.cuda.max_memory_reserved() / GIB,
-                      context_gib=(total - free - torch.cuda.memory_reserved()) / GIB, **measured)
-    except torch.OutOfMemoryError:
-        return Result(status=OOM, **measured)
-    except Exception as exc:  # one broken cell must not cost the others; the traceback goes to the log
-        traceback.print_exc()
-        return Result(status=f"error: {type(exc).__name__}: {exc}".replace("\n", " ")[:200], **measured)
-    finally:
-        del trainer
-        extract_model_from_parallel(model, keep_fp32_wrapper=False)
-        if model is not base:
-            model.unload()
-        base.zero_grad(set_to_none=True)
-        base.gradient_checkpointing_disable()
-        free_memory()
+    with one_rank(recipe, workdir):  # ZeRO-3 and FSDP2: a one-process group, undone after
+        try:
+            if cell.method != "full" and cell.tactic not in OBJECTIVES:
+                model = apply_lora(base, recipe)
+            model, args = apply_tactic(model, cell, recipe, training_arguments(recipe, workdir))
+            if cell.tactic in OBJECTIVES:
+                trainer = objective_trainer(model, cell, recipe, args, [timer], STEPS)
+                model = trainer.model  # TRL's adapters, unloaded below
+            else:
+                vocab_size = base.config.get_text_config().vocab_size
+                trainer = Trainer(model=model, args=args, data_collator=collator(recipe),
+                                  train_dataset=synthetic_samples(cell, vocab_size), callbacks=[timer])
+            trainer.remove_callback(PrinterCallback)
+            trainer.train()
+            synchronize()
+            step_s = statistics.median(timer.seconds[1:])
+            tokens_per_s = cell.tokens_per_step / step_s
+            active = params * cell_params_b(cell, active=True) / cell_params_b(cell)  # an MoE's routed share
+            mfu = 100 * 6 * active * tokens_per_s / (gpu.peak_bf16_tflops * 1e12) if gpu.peak_bf16_tflops else None
+            return Result(status=OK, step_s=step_s, tokens_per_s=tokens_per_s, mfu_pct=mfu, **device_peaks(), **measured)
+        except torch.OutOfMemoryError:
+            return Result(status=OOM, **measured)
+        except Exception as exc:  # one broken cell must not cost the others; the traceback goes to the log
+            traceback.print_exc()
+            return Result(status=f"error: {type(exc).__name__}: {exc}".replace("\n", " ")[:200], **measured)
+        finally:
+            del trainer
+            if not needs_own_model(cell):  # a model of its own is dropped, whatever its wrappers did to it
+                extract_model_from_parallel(model, keep_fp32_wrapper=False)
+                if model is not base:
+                    model.unload()
+                base.zero_grad(set_to_none=True)
+                base.gradient_checkpointing_disable()
+                undo_tactics(base)
+            free_memory()
 
 
 # ---- the matrix --------------------------------------------------------------------------------
@@ -202,10 +225,19 @@ class Run:
         self.log(f"{cell.label}: {status}")
 
     def measure(self, cells: list[Cell]) -> list:
-        for model_id in dict.fromkeys(cell.model for cell in cells):
-            model_cells = [cell for cell in cells if cell.model == model_id]
+        runnable = []
+        for cell in cells:
+            if reason := unrunnable(cell):
+                self.record(cell, reason)
+            else:
+                runnable.append(cell)
+        groups = [[cell] for cell in runnable if needs_own_model(cell)]  # a model of its own, built and freed
+        for shape in dict.fromkeys((cell.model, cell.layers) for cell in runnable if not needs_own_model(cell)):
+            groups.append([cell for cell in runnable if (cell.model, cell.layers) == shape and not needs_own_model(cell)])
+        groups.sort(key=lambda group: min(cells.index(cell) for cell in group))  # the matrix's order of importance
+        for model_cells in groups:
             try:
-                self.measure_model(model_id, model_cells)
+                self.measure_model(model_cells)
             except Exception as exc:  # building or loading failed: the model's remaining cells say why
                 traceback.print_exc()
                 done = {result.cell for result in self.results}
@@ -213,17 +245,17 @@ class Run:
                     if cell not in done:
                         self.record(cell, f"error: {type(exc).__name__}: {exc}".replace("\n", " ")[:200])
             free_memory()
-        return self.results
+        return sorted(self.results, key=lambda result: cells.index(result.cell))
 
-    def measure_model(self, model_id: str, cells: list[Cell]) -> None:
+    def measure_model(self, cells: list[Cell]) -> None:
         from tuner.loading.model import load_model
 
         if time.monotonic() > self.deadline:
             for cell in cells:
                 self.record(cell, "not run: time budget")
             return
-        self.log(f"building {model_id} with random weights")
-        model = build_random_model(model_id)
+        self.log(f"building {cells[0].label.split()[0]} with random weights")
+        model = build_model(cells[0], build_recipe(cells[0], self.gpu.catalog, self.gpu.memory_gib))
         params = sum(p.numel() for p in model.parameters())
         self.run_cells(model, [c for c in cells if c.method != "qlora"], params)
         quantized = [c for c in cells if c.method == "qlora"]
@@ -284,16 +316,16 @@ def free_stem(directory: Path, stem: str) -> str:
 
 def report(results: list, directory: Path, stem: str, title: str, about: str) -> None:
     results, note = add_predictions(results)
-    summary = summary_text(summarize(results), "\n".join(filter(None, [about, note])))
+    summary = summary_text(summarize(results), "\n".join(filter(None, [about, note, baseline_text(results)])))
     csv_path, md_path = write_results(results, directory, stem, title, summary)
     print(summary)
     print(f"wrote {csv_path} and {md_path}")
 
 
-def measure_and_report(quick: bool, directory: Path, budget_s: float | None) -> int:
+def measure_and_report(quick: bool, directory: Path, budget_s: float | None, round_number: int = 4) -> int:
     started = time.monotonic()
     gpu = check_machine()
-    cells = quick_matrix() if quick else full_matrix()
+    cells = ROUNDS[round_number][quick]()
     deadline = started + (budget_s if budget_s is not None else BUDGET_S[quick])
     print(f"gpu_check: {len(cells)} cells on {gpu.name} ({gpu.memory_gib:.1f} GiB, catalog: {gpu.catalog or 'none'}); "
           f"{gpu.software}", flush=True)
@@ -304,6 +336,22 @@ def measure_and_report(quick: bool, directory: Path, budget_s: float | None) -> 
     title = f"gpu_check{' --quick' if quick else ''} on {gpu.name} ({gpu.memory_gib:.1f} GiB), {date}"
     report(results, directory, stem, title, f"{gpu.software}; {time.monotonic() - started:.0f} s in all")
     return 0
+
+
+def cpu_smoke() -> int:
+    """Round four's code paths on tiny CPU cells (gpu_matrix.CPU_SMOKE): proves the plumbing, measures nothing,
+    writes nothing; exit code 1 when a cell is not ok."""
+    started = time.monotonic()
+    missing = [package for module, package in REQUIRED.items() if importlib.util.find_spec(module) is None]
+    if missing or importlib.util.find_spec("torch") is None:
+        raise Refusal(f"--cpu-smoke needs torch and {', '.join(REQUIRED.values())}: install what is missing.")
+    cpu = Gpu("cpu (smoke)", None, 0.0, None, versions())
+    with tempfile.TemporaryDirectory(prefix="gpu-check-smoke-") as workdir:
+        results = Run(cpu, started + 600, started, Path(workdir)).measure(CPU_SMOKE)
+    failed = [result.cell.label for result in results if result.status != OK]
+    print(f"cpu smoke: {len(results) - len(failed)} of {len(results)} cells ok" + (f"; not ok: {'; '.join(failed)}"
+                                                                                   if failed else ""))
+    return 1 if failed else 0
 
 
 def remake_report(path: Path, directory: Path) -> int:
@@ -317,15 +365,22 @@ def remake_report(path: Path, directory: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu_check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a 17-cell subset that runs in under 2 minutes")
+    parser.add_argument("--quick", action="store_true", help="a subset that runs in under 4 minutes (round 3: 2)")
+    parser.add_argument("--round", type=int, choices=sorted(ROUNDS), default=4,
+                        help="4: every tactic, MoE, objectives, image-text, baselines (default); 3: the 90-cell "
+                        "method x checkpointing x seq x attention x micro-batch grid of November")
     parser.add_argument("--report", metavar="CSV", help="re-make a measured CSV's predictions, tables and summary; no GPU needed")
+    parser.add_argument("--cpu-smoke", action="store_true",
+                        help="run round four's code paths on a few tiny CPU cells (no GPU, nothing measured or written)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for the CSV and markdown (default: %(default)s)")
-    parser.add_argument("--budget-s", type=float, help="start no cell after this many seconds (default 330, --quick 110)")
+    parser.add_argument("--budget-s", type=float, help="start no cell after this many seconds (default 480, --quick 200)")
     args = parser.parse_args(argv)
     try:
         if args.report:
             return remake_report(Path(args.report), args.out)
-        return measure_and_report(args.quick, args.out, args.budget_s)
+        if args.cpu_smoke:
+            return cpu_smoke()
+        return measure_and_report(args.quick, args.out, args.budget_s, args.round)
     except Refusal as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

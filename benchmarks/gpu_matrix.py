@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from benchmarks.gpu_tactics import TACTICS, merged, round_four, shape_dir
 from tuner.catalog.gpus import GPUS, GpuSpec
 from tuner.catalog.models import model_facts
 
@@ -64,6 +65,8 @@ class Cell:
     seq_len: int
     attention: str
     micro_batch: int
+    tactic: str = "none"  # a key of gpu_tactics.TACTICS (round four); "none" in the earlier rounds' CSVs
+    layers: int | None = None  # decoder layers kept of the catalog's architecture (None: all of them)
 
     @property
     def tokens_per_step(self) -> int:
@@ -72,8 +75,9 @@ class Cell:
     @property
     def label(self) -> str:
         checkpointing = "gc" if self.gradient_checkpointing else "no-gc"
-        name = self.model.rsplit("/", 1)[-1]
-        return f"{name} {self.method} {checkpointing} s{self.seq_len} {self.attention} mb{self.micro_batch}"
+        name = self.model.rsplit("/", 1)[-1] + (f"-L{self.layers}" if self.layers else "")
+        tactic = "" if self.tactic == "none" else f" {self.tactic}"
+        return f"{name} {self.method} {checkpointing} s{self.seq_len} {self.attention} mb{self.micro_batch}{tactic}"
 
 
 def _grid(model: str, methods, checkpointing, seq_lens, attentions, micro_batches) -> list[Cell]:
@@ -82,7 +86,7 @@ def _grid(model: str, methods, checkpointing, seq_lens, attentions, micro_batche
             for attention in attentions for mb in micro_batches]
 
 
-def full_matrix() -> list[Cell]:
+def round_three_full() -> list[Cell]:
     cells = []
     for model in MODELS:
         cells += _grid(model, METHODS, (False, True), (SEQ_SHORT, SEQ_LONG), ("sdpa",), MICRO_BATCHES)
@@ -90,7 +94,7 @@ def full_matrix() -> list[Cell]:
     return _in_run_order(cells)
 
 
-def quick_matrix() -> list[Cell]:
+def round_three_quick() -> list[Cell]:
     cells = []
     for model in MODELS:
         methods = ("full", "lora") if params_b(model) > 5 else METHODS
@@ -99,21 +103,63 @@ def quick_matrix() -> list[Cell]:
     return _in_run_order(cells)
 
 
+REFERENCE = Cell(MODELS[0], "lora", True, SEQ_LONG, "sdpa", 4)  # round four's "off" twin of every tactic cell
+
+
+def full_matrix() -> list[Cell]:
+    """Round four: the reference, then the baseline pairs, sharding, the on/off tactics, MoE, objectives, image-text
+    and long-context QLoRA (gpu_tactics.round_four), most informative first."""
+    return _deduplicated([REFERENCE] + round_four(Cell, REFERENCE)[0])
+
+
+def quick_matrix() -> list[Cell]:
+    return _deduplicated([REFERENCE] + round_four(Cell, REFERENCE)[1])
+
+
+# gpu_check --cpu-smoke: the plain, baseline, chunked-loss, packing, DPO, GRPO and ZeRO-3 paths on tuner's tiny
+# Llama, image-text on its tiny LLaVA, full and LoRA-on-experts on its tiny Qwen3-MoE (FSDP2 needs a GPU: tuner
+# refuses it on CPU ranks; Liger, flash, offloading and compile need one too)
+CPU_SMOKE = [Cell("builtin:demo", method, True, 128, "sdpa", 4, tactic)
+             for method, tactic in (("full", "none"), ("lora", "none"), ("lora", "transformers-defaults"),
+                                    ("lora", "chunked-loss"), ("lora", "packing"), ("lora", "dpo"), ("lora", "grpo"),
+                                    ("lora", "zero3"))]
+CPU_SMOKE += [Cell("builtin:demo-vlm", "lora", True, 64, "sdpa", 2, "image-text"),
+              Cell("builtin:demo-moe", "full", True, 64, "sdpa", 2), Cell("builtin:demo-moe", "lora", True, 64, "sdpa", 2,
+                                                                        "lora-experts")]
+ROUNDS = {3: (round_three_full, round_three_quick), 4: (full_matrix, quick_matrix)}  # --round: (full, --quick)
+
+
+def _deduplicated(cells: list[Cell]) -> list[Cell]:
+    return list(dict.fromkeys(cells))
+
+
 def _in_run_order(cells: list[Cell]) -> list[Cell]:
     """Largest model first; per model bf16 cells (full, then LoRA) before the quantised ones."""
     return sorted(cells, key=lambda cell: (MODELS.index(cell.model), METHODS.index(cell.method)))
 
 
+def shape(cell: Cell) -> str:
+    """The model id the recipe and the planner read: the catalog id, or a layer-reduced shape's folder."""
+    return str(shape_dir(cell.model, cell.layers)) if cell.layers else cell.model
+
+
+def cell_params_b(cell: Cell, active: bool = False) -> float:
+    """Billions of parameters of the cell's shape (``active``: those one token passes through, for an MoE)."""
+    facts = model_facts(shape(cell))
+    return (facts.active_params() if active else facts.total_params) / 1e9
+
+
 def estimate_seconds(cells: list[Cell], peak_bf16_tflops: float) -> float:
     """Wall-clock estimate of measuring ``cells``, model building included (assumptions above)."""
     total = START_S
-    for model in {cell.model for cell in cells}:
-        size = params_b(model)
+    for model in {(cell.model, cell.layers) for cell in cells}:
+        size = cell_params_b(next(cell for cell in cells if (cell.model, cell.layers) == model))
         total += BUILD_S_PER_B * size
-        if any(cell.model == model and cell.method == "qlora" for cell in cells):
+        if any((cell.model, cell.layers) == model and cell.method == "qlora" for cell in cells):
             total += QUANTIZED_LOAD_S_PER_B * size
     for cell in cells:
-        total += CELL_OVERHEAD_S + STEPS * _step_seconds(cell, peak_bf16_tflops)
+        tactic = TACTICS[cell.tactic]
+        total += CELL_OVERHEAD_S + tactic.extra_s + STEPS * _step_seconds(cell, peak_bf16_tflops) * tactic.slowdown
     return total
 
 
@@ -121,7 +167,7 @@ def _step_seconds(cell: Cell, peak_bf16_tflops: float) -> float:
     """FLOPs per token: 6N for full training, 4N with frozen weights (no weight gradients), +2N to recompute."""
     flops_per_param = (6 if cell.method == "full" else 4) + (2 if cell.gradient_checkpointing else 0)
     slowdown = (1.3 if cell.method == "qlora" else 1.0) * (1.2 if cell.attention == "eager" else 1.0)
-    flops = flops_per_param * params_b(cell.model) * 1e9 * cell.tokens_per_step * slowdown
+    flops = flops_per_param * cell_params_b(cell, active=True) * 1e9 * cell.tokens_per_step * slowdown
     return max(MIN_STEP_S, flops / (ASSUMED_MFU * peak_bf16_tflops * 1e12))
 
 
@@ -140,23 +186,23 @@ def catalog_gpu(device_name: str, memory_gib: float) -> GpuSpec | None:
 
 
 def recipe_data(cell: Cell, gpu: str | None, gpu_memory_gib: float) -> dict:
-    """The recipe (as plain data) that trains ``cell`` on one GPU: what both the planner and the run read."""
-    return {
+    """The recipe (as plain data) that trains ``cell`` on one GPU (on the CPU for ``gpu_memory_gib`` 0): what both
+    the planner and the run read."""
+    return merged({
         "name": "gpu-check",
-        "model": {"id": cell.model, "dtype": "bfloat16"},
-        "hardware": {"machines": 1, "gpus_per_machine": 1, "gpu": gpu, "gpu_memory_gb": round(gpu_memory_gib, 2)},
+        "model": {"id": shape(cell), "dtype": "bfloat16"},
+        "hardware": {"machines": 1, "gpus_per_machine": 1, "gpu": gpu, "gpu_memory_gb": round(gpu_memory_gib, 2)}
+        if gpu_memory_gib else {"machines": 1, "gpus_per_machine": 0},  # 0 GiB: the CPU (gpu_check --cpu-smoke)
         "method": {"kind": cell.method, "quantization": {"bits": 4} if cell.method == "qlora" else None},
         "memory": {
             "gradient_checkpointing": cell.gradient_checkpointing,
             "attention": cell.attention,
             "mixed_precision": "bf16",
-            "micro_batch_size": cell.micro_batch,
-            "gradient_accumulation_steps": 1,
-            "max_seq_length": cell.seq_len,
         },
         "data": {"eval_fraction": 0},
-        "training": {"max_steps": STEPS, "save_steps": None, "warmup_steps": 0},
-    }
+        "training": {"max_steps": STEPS, "save_steps": None, "warmup_steps": 0, "micro_batch_size": cell.micro_batch,
+                     "gradient_accumulation_steps": 1, "max_seq_length": cell.seq_len},
+    }, TACTICS[cell.tactic].recipe)
 
 
 def build_recipe(cell: Cell, gpu: str | None, gpu_memory_gib: float):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from benchmarks.gpu_matrix import Cell, build_recipe
+from benchmarks.gpu_tactics import CLAIMS
 from tuner.fileio import atomic_write_text
 
 TOLERANCE_PCT = 10.0  # the issue's bar: a prediction further off is a planner bug or a documented limitation
@@ -151,6 +152,29 @@ def summary_text(summary: Summary, note: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def baseline_text(results: list[Result]) -> str | None:
+    """Tuner's tactics against plain transformers defaults, each pair measured side by side in this run, then the
+    published claims users compare with (as claims); None for a run without baseline cells (rounds one to three)."""
+    by_cell = {result.cell: result for result in results}
+    lines = []
+    for plain in (r for r in results if r.cell.tactic == "transformers-defaults"):
+        twin = Cell(**{**plain.cell.__dict__, "tactic": "tuner-tactics", "gradient_checkpointing": True,
+                       "attention": "auto"})
+        tuned = by_cell.get(twin)
+        name = twin.label.removesuffix(" tuner-tactics")
+        if tuned is None or plain.status != OK or tuned.status != OK:
+            lines.append(f"baseline {name}: tuner's tactics {tuned.status if tuned else 'absent'}, plain transformers "
+                         f"{plain.status}")
+            continue
+        lines.append(f"baseline {name}: tuner's tactics {tuned.tokens_per_s:.0f} tokens/s, "
+                     f"{tuned.device_peak_gib:.2f} GiB; plain transformers defaults {plain.tokens_per_s:.0f} tokens/s, "
+                     f"{plain.device_peak_gib:.2f} GiB: {tuned.tokens_per_s / plain.tokens_per_s:.2f}x the speed at "
+                     f"{tuned.device_peak_gib / plain.device_peak_gib:.2f}x the memory")
+    if not lines:
+        return None
+    return "\n".join(lines + [f"claim, not measured here: {claim}" for claim in CLAIMS])
+
+
 def _listing(title: str, labels: tuple[str, ...]) -> str:
     return f"{title}: " + (f"{len(labels)}: " + "; ".join(labels) if labels else "none")
 
@@ -174,9 +198,9 @@ def _format(name: str, value) -> str:
     return str(value)
 
 
-_TEXT = {"model", "method", "attention", "gpu", "gpu_catalog", "software", "status", "predicted_verdict"}
+_TEXT = {"model", "method", "attention", "tactic", "gpu", "gpu_catalog", "software", "status", "predicted_verdict"}
 _FLAGS = {"gradient_checkpointing", "predicted_fit"}
-_COUNTS = {"seq_len", "micro_batch"}
+_COUNTS = {"seq_len", "micro_batch", "layers"}
 
 
 def _parse(name: str, text: str):
@@ -205,16 +229,17 @@ def read_results(path: str | Path) -> list[Result]:
     results = []
     with open(path, newline="", encoding="utf-8") as stream:
         for row in csv.DictReader(stream):
-            cell = Cell(**{name: _parse(name, row[name]) for name in CELL_COLUMNS})
+            # a column added after a CSV was written (round four's tactic, layers) takes the Cell's default
+            cell = Cell(**{name: _parse(name, row[name]) for name in CELL_COLUMNS if name in row})
             values = {name: _parse(name, row[name]) for name in RESULT_COLUMNS}
             results.append(Result(cell=cell, **values))
     return results
 
 
 MARKDOWN_HEADER = (
-    "| model | method | ckpt | seq | attn | mb | status | alloc GiB | reserved GiB | device GiB | predicted GiB "
+    "| model | method | ckpt | seq | attn | mb | tactic | status | alloc GiB | reserved GiB | device GiB | predicted GiB "
     "| error GiB | error % | plan verdict | tokens/s | MFU % |\n"
-    "|---|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|\n"
+    "|---|---|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|\n"
 )
 
 
@@ -222,8 +247,9 @@ def results_markdown(results: list[Result], title: str, summary: str) -> str:
     lines = [f"# {title}", "", "```", summary, "```", "", MARKDOWN_HEADER.rstrip("\n")]
     for r in results:
         cell = r.cell
-        cells = [cell.model.rsplit("/", 1)[-1], cell.method, _format("", cell.gradient_checkpointing),
-                 str(cell.seq_len), cell.attention, str(cell.micro_batch), r.status,
+        model = cell.model.rsplit("/", 1)[-1] + (f" ({cell.layers} layers)" if cell.layers else "")
+        cells = [model, cell.method, _format("", cell.gradient_checkpointing),
+                 str(cell.seq_len), cell.attention, str(cell.micro_batch), cell.tactic, r.status,
                  _number(r.max_allocated_gib, 2), _number(r.max_reserved_gib, 2), _number(r.device_peak_gib, 2),
                  _number(r.predicted_gib, 2),
                  _number(r.error_gib, 2, signed=True), _number(r.error_pct, 1, signed=True),
