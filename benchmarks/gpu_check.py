@@ -158,7 +158,7 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
     from transformers import Trainer
     from transformers.trainer_callback import PrinterCallback
 
-    from tuner.loading.model import apply_lora, choose_attention
+    from tuner.loading.model import choose_attention, trainable_model
     from tuner.train.__main__ import training_arguments
 
     recipe = build_recipe(cell, gpu.catalog, gpu.memory_gib)
@@ -172,7 +172,7 @@ def run_cell(base, cell: Cell, gpu: Gpu, params: int, workdir: Path):
     with one_rank(recipe, workdir):  # ZeRO-3 and FSDP2: a one-process group, undone after
         try:
             if cell.method != "full" and cell.tactic not in OBJECTIVES:
-                model = apply_lora(base, recipe)
+                model = trainable_model(base, recipe)
             model, args = apply_tactic(model, cell, recipe, training_arguments(recipe, workdir))
             if cell.tactic in OBJECTIVES:
                 trainer = objective_trainer(model, cell, recipe, args, [timer], STEPS)

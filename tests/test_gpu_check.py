@@ -288,7 +288,7 @@ def test_every_round_four_shape_builds_with_its_adapters_and_the_planners_parame
     planner counts (its MFU and the plan read the same model)."""
     from benchmarks.gpu_cells import build_model
     from benchmarks.gpu_matrix import cell_params_b
-    from tuner.loading.model import apply_lora, count_parameters
+    from tuner.loading.model import count_parameters, trainable_model
 
     shapes = {}
     for cell in full_matrix():
@@ -300,5 +300,5 @@ def test_every_round_four_shape_builds_with_its_adapters_and_the_planners_parame
         total = sum(parameter.numel() for parameter in model.parameters())
         assert total == pytest.approx(cell_params_b(cell) * 1e9, rel=0.01), cell.label
         if cell.method == "lora":
-            trainable, _ = count_parameters(apply_lora(model, recipe))
+            trainable, _ = count_parameters(trainable_model(model, recipe))
             assert 0 < trainable < total / 20, cell.label
