@@ -9,12 +9,10 @@ import json
 import pytest
 
 from image_text_configs import tiny_config
+from plan_trace import TOLERANCE, assert_plan_matches_trace
 from tuner.planner import plan
-from tuner.planner.items import TOWER, TRAINING_STEP
-from tuner.loading.simulate import simulate
+from tuner.planner.items import TOWER
 from tuner.recipe.io import validate_recipe
-
-TOLERANCE = 0.08  # the bound
 
 # the tower's image size (or Qwen-VL's pixel bound) chosen so that its tokens fit a 128-token sequence
 TOWERS = {
@@ -69,14 +67,8 @@ def _tower_items(memory_plan) -> float:
 @pytest.mark.parametrize("model_type, method, attention", CELLS, ids=["-".join(cell) for cell in CELLS])
 @pytest.mark.slow
 def test_each_tower_kind_plans_its_traced_step(tmp_path, model_type, method, attention):
-    recipe = _recipe(_model_dir(tmp_path, model_type), method, attention, PIXELS.get(model_type, 4096 * 4096),
-                     SEQUENCE.get(model_type, 128))
-    memory_plan = plan(recipe)
-    assert not memory_plan.unmodelled and memory_plan.verdict == "fits"
-    simulated = simulate(recipe)
-    assert simulated.error is None
-    predicted = memory_plan.devices[0].phase_gib(TRAINING_STEP, ("allocated",))
-    assert predicted == pytest.approx(simulated.peak_gib, rel=TOLERANCE), simulated.peak_by_category
+    assert_plan_matches_trace(_recipe(_model_dir(tmp_path, model_type), method, attention,
+                                      PIXELS.get(model_type, 4096 * 4096), SEQUENCE.get(model_type, 128)))
 
 
 @pytest.mark.parametrize("model_type, attention", TOWER_CELLS, ids=["-".join(cell) for cell in TOWER_CELLS])
@@ -121,16 +113,10 @@ def test_the_demo_plans_its_images_and_its_trace(tmp_path):
     from tuner.recipe.registry import builtin_path
     from tuner.recipe.io import load_recipe
 
-    recipe = load_recipe(builtin_path("demo-vlm"))
-    memory_plan = plan(recipe)
+    memory_plan = assert_plan_matches_trace(load_recipe(builtin_path("demo-vlm")))
     note = next(n for n in memory_plan.notes if n.startswith("image-text model"))
     assert "17 patches an image, 16 image tokens" in note and "inside max_seq_length (64" in note
     assert "text-only rows never run the vision tower" not in note
-    assert memory_plan.verdict == "fits"
-    simulated = simulate(recipe)
-    assert simulated.error is None
-    predicted = memory_plan.devices[0].phase_gib(TRAINING_STEP, ("allocated",))
-    assert predicted == pytest.approx(simulated.peak_gib, rel=TOLERANCE), simulated.peak_by_category
 
 
 def test_text_rows_never_run_the_tower(tmp_path):

@@ -74,8 +74,8 @@ def vision_unmodelled(s: Setup) -> list[str]:
     if inventory is None or not inventory.parts:
         return []
     trained = [part for part in s.train if part != LANGUAGE_MODEL]
-    unmodelled = [f"the {' and '.join(NAMES[p] for p in trained)} activations and image tokens "
-                  f"(method.train: {', '.join(s.train)})"] if trained else []
+    unmodelled = [f"the {' and '.join(NAMES[p] for p in trained)} activations saved for backward, their "
+                  f"gradients (method.train: {', '.join(s.train)})"] if trained else []
     if s.images and s.tower is None:
         tower = inventory.parts.get("vision_tower", {}).get("module") or "its tower"
         unmodelled.append(f"the image tokens and the forward of {inventory.model_type}'s vision tower ({tower}) on "
