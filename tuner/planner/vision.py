@@ -43,10 +43,13 @@ def vision_notes(s: Setup) -> list[str]:
     if not s.images:
         text += "; text-only rows never run the vision tower (no activations)"
     elif s.tower is not None:
-        text += (f"; each row's image runs the frozen {s.tower.describe()} in the language model's sequence, "
-                 f"inside max_seq_length ({s.seq}: TRL's collator cuts input_ids after the processor expands the "
-                 "image placeholder); the tower saves nothing for backward (nothing in it requires grad), its "
-                 "forward holds the pixel values, its input and one encoder layer")
+        frozen_tower = "vision_tower" not in s.train
+        text += (f"; each row's image (planned as one a row) runs the {'frozen' if frozen_tower else 'trained'} "
+                 f"{s.tower.describe()} in the language model's sequence, inside max_seq_length ({s.seq}: TRL's "
+                 "collator cuts input_ids after the processor expands the image placeholder)")
+        if frozen_tower:
+            text += ("; the tower saves nothing for backward (nothing in it requires grad), its forward holds the "
+                     "pixel values, its input and one encoder layer")
     notes = [text + "."]
     if s.tower is not None and s.tower.tokens > s.seq:
         notes.append(f"max_seq_length {s.seq} is shorter than the {s.tower.tokens} image tokens of one image: "
