@@ -9,12 +9,8 @@ import json
 
 import pytest
 
-from tuner.planner import plan
-from tuner.planner.items import TRAINING_STEP
-from tuner.loading.simulate import simulate
+from plan_trace import assert_plan_matches_trace
 from tuner.recipe.io import validate_recipe
-
-TOLERANCE = 0.08  # the bound; every cell's error is in docs/memory.md, "Layer kinds"
 
 _BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
              vocab_size=256, intermediate_size=96)
@@ -73,9 +69,4 @@ def test_each_layer_kind_plans_its_traced_peak(tiny_dirs, model_type, method, ch
                               "memory": {"mixed_precision": "no", "attention": attention,
                                          "gradient_checkpointing": checkpointing, "max_seq_length": 128,
                                          "micro_batch_size": 2}})
-    memory_plan = plan(recipe)
-    assert not memory_plan.unmodelled and memory_plan.verdict == "fits"
-    simulated = simulate(recipe)
-    assert simulated.error is None
-    predicted = memory_plan.devices[0].phase_gib(TRAINING_STEP, ("allocated",))
-    assert predicted == pytest.approx(simulated.peak_gib, rel=TOLERANCE), simulated.peak_by_category
+    assert_plan_matches_trace(recipe)

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tuner.loading.chunked_loss import enable_chunked_loss
+from tuner.loading.image_batch import has_image_rows, image_batch, image_tower, tower_traceable
 from tuner.loading.model import build_on_meta
 from tuner.loading.objective_steps import distill_step, preference_step, prepare_like_trl, reward_step, teacher_recipe
 from tuner.planner.items import GENERATION, GIB, TRAINING_STEP
@@ -64,6 +65,8 @@ def why_not_simulable(recipe) -> str | None:
     grpo = recipe.objective.grpo
     if grpo is not None and grpo.generation != "transformers":
         return "vLLM generates in its own engine, which fake tensors cannot run"
+    if has_image_rows(recipe) and image_tower(recipe) is None:
+        return "an image batch is built for the towers the planner models only (LLaVA, Gemma 3, Qwen2.5-VL)"
     if grpo is not None and any(reward.kind == "model" for reward in grpo.rewards):
         return "a reward model's forward is not traced (its checkpoint is read only by the training run)"
     return None
@@ -344,7 +347,8 @@ def simulate(recipe, evaluation: bool = False) -> SimulationResult:
         from trl.trainer.utils import disable_dropout_in_model
 
         disable_dropout_in_model(model)
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    tower = image_tower(recipe)
+    with FakeTensorMode(allow_non_fake_inputs=True), tower_traceable(tower):
         model, reference = _materialised(model, reference)
         if mem.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -353,7 +357,9 @@ def simulate(recipe, evaluation: bool = False) -> SimulationResult:
         trl_step = (reward_step(model) if objective.kind == "reward" else
                     preference_step(model, reference, recipe) if objective.preference else
                     distill_step(model, reference, recipe) if objective.kind == "distill" else None)
-        if recipe.data.packing:
+        if tower is not None:  # image rows: one image each, its tokens inside the sequence
+            inputs = image_batch(model, tower, batch, seq)
+        elif recipe.data.packing:
             ids = torch.randint(0, vocab, (1, batch * seq))
             inputs = {"input_ids": ids, "labels": ids, "position_ids": torch.arange(seq).repeat(batch)[None]}
         else:  # dpo and reward stack the chosen and rejected sequences of each pair

@@ -14,9 +14,10 @@ CANNOT_JUDGE = "cannot judge"  # the model has a part no memory term covers: no 
 CATEGORIES = ("weights", "reference_model", "reward_model", "teacher_model", "lora_adapter", "gradients", "optimizer", "activations",
               "logits_loss", "generation", "overhead")
 ALWAYS, FORWARD_BACKWARD, LAYER_BACKWARD, STEP = "always", "loss", "layer backward", "optimizer step"
+TOWER = "vision tower forward"  # an image-text step's frozen tower, before the language model's forward
 PREFILL, DECODING, SCORING = "prefill", "decoding", "scoring"  # grpo's rollout (tuner.planner.grpo)
 EVAL, SAVE, RESUME, MERGE, LOAD = "evaluation", "saving", "resuming", "merging", "loading"
-STEP_MOMENTS = (FORWARD_BACKWARD, LAYER_BACKWARD, STEP)
+STEP_MOMENTS = (TOWER, FORWARD_BACKWARD, LAYER_BACKWARD, STEP)
 GENERATION_MOMENTS = (PREFILL, DECODING, SCORING)
 MOMENTS = STEP_MOMENTS + GENERATION_MOMENTS + (EVAL, SAVE, RESUME, MERGE, LOAD)
 TRAINING_STEP, GENERATION = "training step", "generation"

@@ -4,8 +4,9 @@ Pure arithmetic on a recipe and the model's architecture facts; no torch import,
 plan answers in milliseconds.  Every item carries the key of its formula's source,
 explained in ``docs/memory.md``.
 
-Each item is live ``always`` (weights, optimizer states) or at some moments.  The training step has three:
-``loss`` (end of the forward: saved activations plus the logits and loss buffers), ``layer backward``
+Each item is live ``always`` (weights, optimizer states) or at some moments.  The training step has three, and
+a fourth for an image-text model on image rows: ``vision tower forward`` (the frozen tower's working set, before the
+language model's forward), ``loss`` (end of the forward: saved activations plus the logits and loss buffers), ``layer backward``
 (backward through one decoder layer, recomputed under gradient checkpointing) and ``optimizer step`` (the
 full gradients and the optimizer's temporaries, when gradients are freed between steps).  The other phases of
 a run have one moment each: ``evaluation`` (an eval batch, no gradients), ``saving``, ``resuming``,
@@ -24,7 +25,7 @@ from tuner.planner.items import (GIB, TIGHT_HEADROOM, CANNOT_JUDGE, STEP, TRAINI
                                  GPU_PHASES, CPU_PHASES, DevicePlan, MemoryPlan)
 from tuner.planner.model_states import (model_state_items, module_params, trainable_full, trainable_lora,
                                         trained_outside_layers_items)
-from tuner.planner.vision import part_summary, vision_notes, vision_unmodelled
+from tuner.planner.vision import part_summary, tower_items, vision_notes, vision_unmodelled
 from tuner.planner.phases import cpu_phase_items, host_phase_items, merge_items, overhead_items
 from tuner.planner.rank_setup import Setup, rank_setup
 from tuner.planner.reward import reward_counts
@@ -72,7 +73,7 @@ def plan(recipe) -> MemoryPlan:
         gpu_items, host_per_gpu = gpu_items + on_gpu, host_per_gpu + on_host
     act_items, act_host, act_notes = activation_items(s)
     notes += list(f.notes) + vision_notes(s) + act_notes
-    items = gpu_items + act_items + (eval_items(s) if s.evaluates else [])
+    items = gpu_items + act_items + tower_items(s) + (eval_items(s) if s.evaluates else [])
     if s.experts:
         from tuner.planner.expert_parallel import dispatch_items
 

@@ -13,6 +13,7 @@ from tuner.planner.grpo import rollout_of
 from tuner.planner.items import DTYPE_BYTES
 from tuner.planner.kernels import kernels
 from tuner.planner.preference import sequences_per_sample
+from tuner.planner.tower import has_image_data, tower_of
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class Setup:
     seq_shards: int = 1  # ranks a sequence is split across: cp (ring attention) or sp (Ulysses)
     modules_to_save: tuple[str, ...] = ()  # method.lora.modules_to_save: trained in full beside the adapters
     train: tuple[str, ...] = ("language_model",)  # method.train: the parts of an image-text model that train
+    images: bool = False  # an image-text model whose data rows carry images (one a row)
+    tower: object = None  # then its vision tower, where modelled: tuner.planner.tower.Tower
     logprob_fold: str | None = None  # dpo/kto: how TRL's fused head folds its tiles (tuner.planner.kernels)
     kernel_notes: tuple[str, ...] = ()  # the kernels the plan assumes, and why (tuner.planner.kernels)
 
@@ -126,6 +129,7 @@ def rank_setup(recipe) -> Setup:
     else:
         shard_group = world
     chosen = kernels(recipe, model.model_type)
+    images = model.inventory is not None and bool(model.inventory.parts) and has_image_data(recipe)
     counts = rank_param_counts(model, par.tp, mem.distributed)
     if objective.kind == "reward":
         from tuner.planner.reward import reward_counts
@@ -162,5 +166,5 @@ def rank_setup(recipe) -> Setup:
         precompute=objective.precompute_ref_log_probs, reference=objective.reference_model,
         rollout=rollout_of(recipe) if objective.grpo else None, logprob_fold=chosen.logprob_fold,
         kernel_notes=chosen.notes, modules_to_save=tuple(method.lora.modules_to_save) if method.kind != "full" else (),
-        train=tuple(method.train),
+        train=tuple(method.train), images=images, tower=tower_of(model.inventory, recipe) if images else None,
     )

@@ -2,17 +2,18 @@
 tree, :attr:`tuner.catalog.inventory.Inventory.parts`), which of them train (``method.train``), and what tuner
 cannot yet judge about them.
 
-A text-only fine-tune of an image-text checkpoint loads the whole model (transformers' image-text class builds the
-tower with it) and trains the parts ``method.train`` names; the others are frozen: their weights are counted, they
-get no gradients or optimizer states, and text rows never run them (no activations).  The tower's own activations
-and the image tokens it adds to the sequence have no terms here yet, so a recipe that trains the tower or the
-projector gets no verdict rather than a "fits".
+A fine-tune of an image-text checkpoint loads the whole model (transformers' image-text class builds the tower
+with it) and trains the parts ``method.train`` names; the others are frozen: their weights are counted, they get no
+gradients or optimizer states.  Text rows never run the tower; rows with images run a frozen tower whose forward
+:mod:`tuner.planner.tower` plans, for the tower kinds it models (others get no verdict).  A trained tower or
+projector has no terms here yet (its saved activations), so such a recipe gets no verdict rather than a "fits".
 """
 from __future__ import annotations
 
 from tuner.catalog.inventory import LANGUAGE_MODEL, PARTS
-from tuner.planner.items import GIB
+from tuner.planner.items import GIB, STEP_MOMENTS, TOWER, Item
 from tuner.planner.rank_setup import Setup
+from tuner.planner.tower import tower_bytes
 
 NAMES = {"vision_tower": "vision tower", "projector": "projector", "language_model": "language model"}
 
@@ -39,22 +40,50 @@ def vision_notes(s: Setup) -> list[str]:
     if frozen:
         text += (f"; the {' and the '.join(frozen)} {'is' if len(frozen) == 1 else 'are'} loaded with the model and "
                  "frozen (weights counted; no gradients or optimizer states)")
-    if LANGUAGE_MODEL in s.train and len(s.train) == 1:
+    if not s.images:
         text += "; text-only rows never run the vision tower (no activations)"
-    return [text + "."]
+    elif s.tower is not None:
+        frozen_tower = "vision_tower" not in s.train
+        text += (f"; each row's image (planned as one a row) runs the {'frozen' if frozen_tower else 'trained'} "
+                 f"{s.tower.describe()} in the language model's sequence, inside max_seq_length ({s.seq}: TRL's "
+                 "collator cuts input_ids after the processor expands the image placeholder)")
+        if frozen_tower:
+            text += ("; the tower saves nothing for backward (nothing in it requires grad), its forward holds the "
+                     "pixel values, its input and one encoder layer")
+    notes = [text + "."]
+    if s.tower is not None and s.tower.tokens > s.seq:
+        notes.append(f"max_seq_length {s.seq} is shorter than the {s.tower.tokens} image tokens of one image: "
+                     "the collator cuts them and the model refuses the batch (image features and image tokens "
+                     "do not match); raise training.max_seq_length.")
+    return notes
+
+
+def tower_items(s: Setup) -> list[Item]:
+    """The frozen tower's forward over one micro-batch's images (one a row), and the pixel values the batch
+    holds through the step; [] without image data or a modelled tower."""
+    if s.tower is None:
+        return []
+    held = tower_bytes(s.tower, s.batch, s.act_bytes, s.eager)
+    return [Item(f"vision tower: pixel values ({s.batch} images)", "activations", held.pop("pixel values"),
+                 STEP_MOMENTS, source="vision-tower")] + \
+        [Item(f"vision tower: {name} ({s.batch} x {s.tower.patches} patches)", "activations", size, TOWER,
+              source="vision-tower") for name, size in held.items()]
 
 
 def vision_unmodelled(s: Setup) -> list[str]:
     """The image-text parts no planner term covers in this recipe: a trained vision tower or projector (their
-    activations, and the image tokens they add to the language model's sequence)."""
+    saved activations), and a tower of a kind not modelled running on the data's images."""
     inventory = s.model.inventory
     if inventory is None or not inventory.parts:
         return []
     trained = [part for part in s.train if part != LANGUAGE_MODEL]
-    if not trained:
-        return []
-    return [f"the {' and '.join(NAMES[p] for p in trained)} activations and image tokens "
-            f"(method.train: {', '.join(s.train)})"]
+    unmodelled = [f"the {' and '.join(NAMES[p] for p in trained)} activations saved for backward, their "
+                  f"gradients (method.train: {', '.join(s.train)})"] if trained else []
+    if s.images and s.tower is None:
+        tower = inventory.parts.get("vision_tower", {}).get("module") or "its tower"
+        unmodelled.append(f"the image tokens and the forward of {inventory.model_type}'s vision tower ({tower}) on "
+                          "the data's images (modelled: LLaVA's CLIP/SigLIP, Gemma 3's SigLIP, Qwen2.5-VL's)")
+    return unmodelled
 
 
 def part_summary(s: Setup) -> dict[str, dict]:
