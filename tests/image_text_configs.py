@@ -30,6 +30,9 @@ def tiny_config(model_type: str) -> dict:
 
     cls = CONFIG_MAPPING[model_type]
     default = cls()
-    config = cls(text_config=_shrunk(default.text_config, TEXT), vision_config=_shrunk(default.vision_config, VISION))
+    text = _shrunk(default.text_config, TEXT)
+    if model_type.endswith("_vl"):  # Qwen-VL's multimodal rotary sections (default 16/24/24): a half of head_dim 16
+        text["rope_parameters"] = {**default.text_config.to_dict()["rope_parameters"], "mrope_section": [2, 3, 3]}
+    config = cls(text_config=text, vision_config=_shrunk(default.vision_config, VISION))
     config.architectures = [CLASSES[model_type]]
     return config.to_dict()

@@ -111,12 +111,13 @@ def _peft_trainable(config: dict, **lora) -> int | str:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from tuner.catalog.meta_inventory import config_object, meta_model
+    from tuner.catalog.meta_inventory import config_object, meta_model, unadaptable_linears
 
     model = meta_model(config_object(config, "test"))
-    try:
+    try:  # as training wraps it: no adapter on a linear whose forward returns more than its map (Llama 4's router)
         with torch.device("meta"):
-            wrapped = get_peft_model(model, LoraConfig(r=8, task_type="CAUSAL_LM", **lora))
+            wrapped = get_peft_model(model, LoraConfig(r=8, task_type="CAUSAL_LM",
+                                                       exclude_modules=unadaptable_linears(model) or None, **lora))
     except ValueError as exc:
         return str(exc)
     return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)

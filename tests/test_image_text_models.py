@@ -68,9 +68,13 @@ def test_lora_on_each_part_is_peft_s_own_count_and_a_trained_tower_gets_no_verdi
     import torch
     from peft import LoraConfig, get_peft_model
 
+    from tuner.catalog.meta_inventory import unadaptable_linears
+
     model, config = _model_dir(tmp_path, model_type)
-    with torch.device("meta"):
-        wrapped = get_peft_model(_meta(config), LoraConfig(r=4, target_modules="all-linear"))
+    built = _meta(config)
+    with torch.device("meta"):  # as training wraps it (Llama 4's routers, which return a tuple, left out)
+        wrapped = get_peft_model(built, LoraConfig(r=4, target_modules="all-linear",
+                                                   exclude_modules=unadaptable_linears(built) or None))
     peft_count = sum(p.numel() for name, p in wrapped.named_parameters() if "lora_" in name)
     every = plan(_recipe(model, kind="lora", lora={"r": 4}, train=["language_model", "projector", "vision_tower"]))
     text = plan(_recipe(model, kind="lora", lora={"r": 4}))
@@ -173,3 +177,51 @@ def test_full_fine_tuning_of_the_demo_vlm_freezes_its_tower_and_projector():
     trains = {name.split(".")[1] for name, p in model.named_parameters() if p.requires_grad}
     frozen = {name.split(".")[1] for name, p in model.named_parameters() if not p.requires_grad}
     assert trains == {"language_model"} and frozen == {"vision_tower", "multi_modal_projector"}, (trains, frozen)
+
+
+@pytest.mark.parametrize("model_type", sorted(CLASSES))
+def test_qlora_of_any_image_text_class_quantises_what_the_plan_counts_and_trains_its_adapters(model_type, tmp_path):
+    """Every image-text class loaded for real in 4-bit (bitsandbytes on this CPU, through tuner's own loader): the
+    Linear4bit weights are the plan's quantised parameters, what stays unquantised is the rest, the adapters are the
+    plan's trainable parameters, and one step on a text row moves the adapters only. The plan's count comes from
+    transformers' conversion rule applied to the meta-built tree; this is the rule applied by the library itself,
+    vision tower and projector included."""
+    import bitsandbytes as bnb
+    import torch
+    from transformers import AutoModelForImageTextToText
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from tuner.catalog.models import model_facts
+    from tuner.loading.model import load_model, trainable_model
+
+    torch.manual_seed(0)
+    config = tiny_config(model_type)
+    AutoModelForImageTextToText.from_config(CONFIG_MAPPING[model_type].from_dict(config)).save_pretrained(tmp_path)
+    recipe = validate_recipe({"model": {"id": str(tmp_path), "dtype": "float32"},
+                              "method": {"kind": "qlora", "quantization": {"bits": 4}, "lora": {"r": 4, "dropout": 0}},
+                              "hardware": {"gpus_per_machine": 1, "gpu": "H100-80GB"}})
+    model = load_model(recipe)
+    quantised = {name for name, module in model.named_modules() if isinstance(module, bnb.nn.Linear4bit)}
+    quantised_params = sum(model.get_submodule(name).weight.quant_state.shape.numel() for name in quantised)
+    facts = model_facts(str(tmp_path))
+    assert quantised_params == facts.quantizable_params() > 0
+    assert any("vision" in name or "visual" in name for name in quantised)  # the tower is quantised too
+    rest = sum(p.numel() for name, p in model.named_parameters()
+               if name.rsplit(".", 1)[0] not in quantised or not name.endswith(".weight"))
+    assert rest == facts.total_params - facts.quantizable_params()
+    model = trainable_model(model, recipe)
+    memory_plan = plan(recipe)
+    adapters = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    assert sum(p.numel() for p in adapters.values()) == memory_plan.trainable_params
+    assert all("lora_" in name for name in adapters)
+    before = {name: p.detach().clone() for name, p in adapters.items()}
+    ids = torch.randint(0, config["text_config"]["vocab_size"], (2, 12))
+    if model_type == "llama4":  # transformers 5.24's Llama4ForConditionalGeneration.forward reads image_outputs from
+        # its language model's output, which has none: every forward of the class fails, adapters or not (when
+        # this stops raising, the library is fixed and Llama 4's step is tested like the others')
+        with pytest.raises(AttributeError, match="image_outputs"):
+            model(input_ids=ids, labels=ids, use_cache=False)
+        return
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    torch.optim.SGD(adapters.values(), lr=1.0).step()
+    assert any(not torch.equal(before[name], p) for name, p in adapters.items())

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tuner.catalog.model_classes import CAUSAL_LM
 
-INVENTORY_FORMAT = 1
+INVENTORY_FORMAT = 2  # raised when an inventory's numbers change meaning (2: LoRA counts leave out Llama 4's router)
 SHIPPED_DIR = Path(__file__).with_name("inventories")
 VOLATILE_KEYS = ("transformers_version", "_name_or_path", "_commit_hash")  # written by save_pretrained, not structure
 KINDS = ("linear", "experts", "router", "embedding", "output", "norm", "other")

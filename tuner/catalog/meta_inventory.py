@@ -196,6 +196,22 @@ def _decoder_layers(model, language_model: str = "") -> tuple[str, int]:
     return best, count
 
 
+def unadaptable_linears(model) -> list[str]:
+    """The paths of modules PEFT would wrap (they are ``nn.Linear``) whose model code gives them a forward of their
+    own: Llama 4's router returns (scores, logits), and LoRA adds its update to what the base layer returns, so
+    the first step fails ("'tuple' object has no attribute 'dtype'").  Training excludes them from every LoRA
+    config and the planner measures PEFT's counts with them excluded, so neither adapts them.  A forward from
+    outside the model's code (bitsandbytes' Linear4bit) is PEFT's to dispatch and stays adaptable."""
+    import torch
+
+    def own_forward(cls) -> bool:
+        owner = next(base for base in cls.__mro__ if "forward" in vars(base))
+        return owner is not torch.nn.Linear and owner.__module__.startswith("transformers.")
+
+    return [path for path, module in model.named_modules()
+            if path and isinstance(module, torch.nn.Linear) and own_forward(type(module))]
+
+
 def part_paths(model) -> dict[str, list[str]]:
     """The module paths of an image-text model's vision tower, projector and language model, found as transformers
     finds them (``get_encoder(modality="image")``, ``get_decoder()``): the projector is every module outside both,
@@ -370,9 +386,11 @@ def _adapter_params(config_obj, trust_remote_code: bool, **lora) -> dict[str, in
     from peft import LoraConfig, get_peft_model
 
     model = meta_model(config_obj, trust_remote_code)
+    excluded = unadaptable_linears(model) or None
     try:
         with _quiet(), torch.device("meta"):  # the adapters too: nothing is allocated or initialised
-            wrapped = get_peft_model(model, LoraConfig(r=1, lora_alpha=1, task_type="CAUSAL_LM", **lora))
+            wrapped = get_peft_model(model, LoraConfig(r=1, lora_alpha=1, task_type="CAUSAL_LM",
+                                                       exclude_modules=excluded, **lora))
     except Exception as exc:  # PEFT's words for a target it cannot adapt
         return _reason(exc)
     counts: dict[str, int] = {}
