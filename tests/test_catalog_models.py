@@ -116,8 +116,8 @@ def _peft_trainable(config: dict, **lora) -> int | str:
     model = meta_model(config_object(config, "test"))
     try:  # as training wraps it: no adapter on a linear whose forward returns more than its map (Llama 4's router)
         with torch.device("meta"):
-            wrapped = get_peft_model(model, LoraConfig(r=8, task_type="CAUSAL_LM",
-                                                       exclude_modules=unadaptable_linears(model) or None, **lora))
+            excluded = sorted(unadaptable_linears(model)) or None
+            wrapped = get_peft_model(model, LoraConfig(r=8, task_type="CAUSAL_LM", exclude_modules=excluded, **lora))
     except ValueError as exc:
         return str(exc)
     return sum(p.numel() for p in wrapped.parameters() if p.requires_grad)

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from tuner.catalog.model_classes import CAUSAL_LM
 
-INVENTORY_FORMAT = 2  # raised when an inventory's numbers change meaning (2: LoRA counts leave out Llama 4's router)
+# raised when an inventory's numbers change meaning (2: LoRA leaves out the linears PEFT cannot run)
+INVENTORY_FORMAT = 2
 SHIPPED_DIR = Path(__file__).with_name("inventories")
 VOLATILE_KEYS = ("transformers_version", "_name_or_path", "_commit_hash")  # written by save_pretrained, not structure
 KINDS = ("linear", "experts", "router", "embedding", "output", "norm", "other")
@@ -44,6 +45,7 @@ class ModuleGroup:
     instances: int  # modules that match (layers x list entries, e.g. experts kept as a ModuleList)
     attrs: dict = field(default_factory=dict)  # the module's plain attributes (head_dim, top_k, sliding_window, ...)
     quantized: bool = False  # bitsandbytes 4/8-bit replaces it (transformers' replace_with_bnb_linear rule)
+    lora_excluded: bool = False  # an nn.Linear PEFT's LoRA cannot run (meta_inventory.unadaptable_linears): no adapter
     lora: float | None = None  # LoRA parameters per unit of rank, per instance, when target_modules names its leaf
     lora_all_linear: float = 0.0  # the same under target_modules: all-linear (0: not selected)
     lora_parameters: dict[str, float] = field(default_factory=dict)  # per rank, per instance, per target parameter
@@ -146,6 +148,13 @@ class Inventory:
         if group.pattern == prefix:
             return ""
         return group.pattern[len(prefix) + 1:] if group.pattern.startswith(prefix + ".") else group.pattern
+
+    def lora_excluded(self, names) -> list[str]:
+        """Those of ``names`` (a model's module paths, under any prefix a wrapper adds) whose group PEFT's LoRA
+        cannot run (``ModuleGroup.lora_excluded``): what training's LoRA config excludes."""
+        patterns = {group.pattern for group in self.groups if group.lora_excluded}
+        return [name for name in names if any(collapse(name) == pattern or collapse(name).endswith("." + pattern)
+                                              for pattern in patterns)] if patterns else []
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True) + "\n"

@@ -196,20 +196,25 @@ def _decoder_layers(model, language_model: str = "") -> tuple[str, int]:
     return best, count
 
 
-def unadaptable_linears(model) -> list[str]:
-    """The paths of modules PEFT would wrap (they are ``nn.Linear``) whose model code gives them a forward of their
-    own: Llama 4's router returns (scores, logits), and LoRA adds its update to what the base layer returns, so
-    the first step fails ("'tuple' object has no attribute 'dtype'").  Training excludes them from every LoRA
-    config and the planner measures PEFT's counts with them excluded, so neither adapts them.  A forward from
-    outside the model's code (bitsandbytes' Linear4bit) is PEFT's to dispatch and stays adaptable."""
+def unadaptable_linears(model) -> set[str]:
+    """The paths of the ``nn.Linear`` modules PEFT's LoRA wrapper cannot run: those whose forward (the model code's
+    own) returns other than the linear map of its input.  PEFT adds its update to what the base layer returns, so
+    Llama 4's and Phi-MoE's routers (tuples) and DeepSeek-V4's grouped output projection (a reshaped map) fail at
+    the first step.  Found by running each overridden forward once on the meta device (``model`` built there): a
+    forward that only recomputes the map (Falcon's) stays adaptable.  The inventory marks them
+    (``ModuleGroup.lora_excluded``): the planner's PEFT counts and training's LoRA config leave the same ones out."""
     import torch
 
-    def own_forward(cls) -> bool:
-        owner = next(base for base in cls.__mro__ if "forward" in vars(base))
-        return owner is not torch.nn.Linear and owner.__module__.startswith("transformers.")
+    def plain_map(module) -> bool:
+        try:
+            out = module(torch.empty(2, module.in_features, device="meta", dtype=module.weight.dtype))
+        except Exception:  # the model's own forward refuses a (rows, in_features) input
+            return False
+        return isinstance(out, torch.Tensor) and tuple(out.shape) == (2, module.out_features)
 
-    return [path for path, module in model.named_modules()
-            if path and isinstance(module, torch.nn.Linear) and own_forward(type(module))]
+    return {path for path, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and type(module).forward is not torch.nn.Linear.forward
+            and not plain_map(module)}
 
 
 def part_paths(model) -> dict[str, list[str]]:
@@ -328,6 +333,7 @@ def _groups(model, layers_path: str) -> list[tuple[ModuleGroup, set[str]]]:
     owners = {id(p): name for name, p in model.named_parameters()}  # first owner of every (tied) parameter
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     quantized = _quantized_names(model)
+    unadaptable = unadaptable_linears(model)
     merged: dict[tuple, dict] = {}
     for path, module in model.named_modules():
         if not path or isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)) or \
@@ -342,15 +348,15 @@ def _groups(model, layers_path: str) -> list[tuple[ModuleGroup, set[str]]]:
         attrs = _attrs(module)
         is_quantized = path in quantized
         key = (collapse(path), type(module).__name__, kind, json.dumps(own, sort_keys=True),
-               json.dumps(attrs, sort_keys=True, default=str), is_quantized)
+               json.dumps(attrs, sort_keys=True, default=str), is_quantized, path in unadaptable)
         entry = merged.setdefault(key, {"layers": set(), "paths": set(), "params": own, "attrs": attrs})
         entry["paths"].add(path)
         if index is not None:
             entry["layers"].add(index)
     return [(ModuleGroup(pattern=pattern, module=cls, kind=kind, params=entry["params"],
                          layers=sorted(entry["layers"]), instances=len(entry["paths"]), attrs=entry["attrs"],
-                         quantized=is_quantized), entry["paths"])
-            for (pattern, cls, kind, _, _, is_quantized), entry in merged.items()]
+                         quantized=is_quantized, lora_excluded=excluded), entry["paths"])
+            for (pattern, cls, kind, _, _, is_quantized, excluded), entry in merged.items()]
 
 
 def _tied(model) -> dict[str, str]:
@@ -386,7 +392,7 @@ def _adapter_params(config_obj, trust_remote_code: bool, **lora) -> dict[str, in
     from peft import LoraConfig, get_peft_model
 
     model = meta_model(config_obj, trust_remote_code)
-    excluded = unadaptable_linears(model) or None
+    excluded = sorted(unadaptable_linears(model)) or None
     try:
         with _quiet(), torch.device("meta"):  # the adapters too: nothing is allocated or initialised
             wrapped = get_peft_model(model, LoraConfig(r=1, lora_alpha=1, task_type="CAUSAL_LM",

@@ -287,14 +287,15 @@ def for_training(model, recipe: Recipe):
     fine-tuning freezes an image-text model's parts that ``method.train`` leaves out; lora/qlora k-bit prepares it
     and gives the adapters' config, its targets inside the named parts only (TRL's trainers wrap the model
     themselves)."""
-    from tuner.catalog.meta_inventory import unadaptable_linears
+    from tuner.catalog.models import model_facts
     from tuner.loading.trained_parts import freeze_untrained_parts, untrained_modules
 
     if recipe.method.kind == "full":
         if frozen := freeze_untrained_parts(model, recipe):
             log.info("frozen (not in method.train): %s", ", ".join(frozen))
         return model, None
-    if unadaptable := unadaptable_linears(model):
+    inventory = model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code).inventory
+    if unadaptable := inventory.lora_excluded([name for name, _ in model.named_modules()]):
         log.info("no adapter on %d modules whose forward is not a plain linear map (%s)", len(unadaptable),
                  type(model.get_submodule(unadaptable[0])).__name__)
     return prepare_for_adapters(model, recipe), lora_config(recipe, (untrained_modules(model, recipe) or []) +

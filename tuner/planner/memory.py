@@ -162,6 +162,13 @@ def rank_model_states(recipe, moment: str = STEP) -> dict[str, float]:
             for category in MODEL_STATES}
 
 
+def _lora_left_out(recipe, f) -> list[str]:
+    """The module groups the recipe's LoRA targets would reach but PEFT cannot run (ModuleGroup.lora_excluded)."""
+    targets = recipe.method.lora.target_modules
+    return [f"{group.pattern} ({group.module})" for group in (f.inventory.groups if f.inventory else ())
+            if group.lora_excluded and (targets == "all-linear" or group.leaf in targets)]
+
+
 def _setting_notes(recipe, s: Setup) -> list[str]:
     """What the recipe sets that changes memory in ways the plan models only in part (or not at all)."""
     f, mem = s.model, recipe.memory
@@ -180,6 +187,9 @@ def _setting_notes(recipe, s: Setup) -> list[str]:
                      "casts each adapted layer's input to fp32 and adds the fp32 branch to the 16-bit output, so the "
                      "LoRA branches, their gradients and AdamW states are fp32 while the rest runs in "
                      f"{recipe.model.dtype}; counted so.")
+    if s.kind != "full" and (left_out := _lora_left_out(recipe, f)):
+        notes.append(f"LoRA: no adapter on {', '.join(left_out)}: its forward returns other than the linear map of "
+                     "its input, which PEFT's LoRA cannot wrap; training leaves it out too, and so does this count.")
     if mem.liger and not s.on_gpu:
         notes.append("memory.liger: Liger's Triton kernels need a GPU; a CPU run trains without them, and so does "
                      "this plan.")
