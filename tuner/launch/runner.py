@@ -23,7 +23,11 @@ from tuner.rundir.lock import supervisor_environment
 
 
 def executable_argv(argv: list[str]) -> list[str]:
-    """Run ``accelerate`` from the same environment as tuner itself, even when it is not on PATH."""
+    """Run ``accelerate`` from the same environment as tuner itself, even when it is not on PATH.  ``accelerate
+    launch`` runs as its own module (``accelerate.commands.launch``, the same parser and launcher): the ``accelerate``
+    command imports every subcommand first (``estimate`` imports transformers' model code), 2.5-4 s of each launch."""
+    if argv[:2] == ["accelerate", "launch"]:
+        return [sys.executable, "-m", "accelerate.commands.launch", *argv[2:]]
     if argv and argv[0] == "accelerate":
         beside = Path(sys.executable).with_name("accelerate")
         if beside.exists():
