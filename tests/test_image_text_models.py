@@ -153,6 +153,7 @@ SUBSETS = [list(subset) for size in (1, 2, 3) for subset in
 @example(model_type="llava", train=["language_model"], kind="full")  # demo-vlm's recipe: the tower trained
 @example(model_type="qwen2_5_vl", train=["projector"], kind="full")  # the merger, inside the tower, trains alone
 @example(model_type="gemma3", train=["vision_tower", "language_model"], kind="lora")
+@example(model_type="gemma3", train=["projector"], kind="lora")  # its projector is a parameter: refused at validate
 def test_what_trains_is_what_the_plan_counts_for_any_class_parts_and_method(tmp_path_factory, model_type, train,
                                                                            kind):
     """The model as training builds it (its class, then frozen parts or adapters: build_on_meta, every layer) holds
@@ -161,10 +162,30 @@ def test_what_trains_is_what_the_plan_counts_for_any_class_parts_and_method(tmp_
     the language model only; LoRA ignored method.train."""
     from tuner.loading.model import build_on_meta, count_parameters
 
-    model, _ = _model_dir(tmp_path_factory.mktemp(model_type), model_type)
-    recipe = _recipe(model, kind=kind, train=train, **({"lora": {"r": 4}} if kind == "lora" else {}))
+    model, config = _model_dir(tmp_path_factory.mktemp(model_type), model_type)
+    try:
+        recipe = _recipe(model, kind=kind, train=train, **({"lora": {"r": 4}} if kind == "lora" else {}))
+    except RecipeError as refused:  # LoRA with nothing to adapt in the parts named (Gemma 3's projector alone)
+        assert kind == "lora" and "method.train" in str(refused) and "no layer PEFT can adapt" in str(refused)
+        _assert_peft_adapts_nothing(config, train)
+        return
     trainable, _ = count_parameters(build_on_meta(recipe, layers=None))
     assert trainable == plan(recipe).trainable_params, (model_type, train, kind)
+
+
+def _assert_peft_adapts_nothing(config: dict, train: list[str]) -> None:
+    """PEFT's own word on a refused LoRA: all-linear inside the named parts only targets no module."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from peft.utils.error import NoMatchingPeftModuleError
+
+    from tuner.catalog.meta_inventory import part_of, part_paths
+
+    built = _meta(config)
+    found = part_paths(built)
+    outside = [name for name, _ in built.named_modules() if name and part_of(name, found) not in train]
+    with torch.device("meta"), pytest.raises(NoMatchingPeftModuleError):
+        get_peft_model(built, LoraConfig(r=4, target_modules="all-linear", exclude_modules=outside))
 
 
 def test_full_fine_tuning_of_the_demo_vlm_freezes_its_tower_and_projector():
@@ -212,7 +233,7 @@ def test_qlora_of_any_image_text_class_quantises_what_the_plan_counts_and_trains
     model = trainable_model(model, recipe)
     memory_plan = plan(recipe)
     adapters = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    assert sum(p.numel() for p in adapters.values()) == memory_plan.trainable_params
+    assert sum(p.numel() for p in adapters.values()) == memory_plan.trainable_params, sorted(adapters)
     assert all("lora_" in name for name in adapters)
     before = {name: p.detach().clone() for name, p in adapters.items()}
     ids = torch.randint(0, config["text_config"]["vocab_size"], (2, 12))

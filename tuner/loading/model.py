@@ -285,21 +285,34 @@ def prepare_for_adapters(model, recipe: Recipe):
 def for_training(model, recipe: Recipe):
     """(model, LoraConfig or None): ``model`` ready to train as the recipe says and the plan counts it.  Full
     fine-tuning freezes an image-text model's parts that ``method.train`` leaves out; lora/qlora k-bit prepares it
-    and gives the adapters' config, its targets inside the named parts only (TRL's trainers wrap the model
-    themselves)."""
-    from tuner.catalog.models import model_facts
+    and gives the adapters' config, its targets inside the named parts only and off the linears PEFT cannot run
+    (TRL's trainers wrap the model themselves)."""
     from tuner.loading.trained_parts import freeze_untrained_parts, untrained_modules
 
     if recipe.method.kind == "full":
         if frozen := freeze_untrained_parts(model, recipe):
             log.info("frozen (not in method.train): %s", ", ".join(frozen))
         return model, None
-    inventory = model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code).inventory
-    if unadaptable := inventory.lora_excluded([name for name, _ in model.named_modules()]):
-        log.info("no adapter on %d modules whose forward is not a plain linear map (%s)", len(unadaptable),
-                 type(model.get_submodule(unadaptable[0])).__name__)
-    return prepare_for_adapters(model, recipe), lora_config(recipe, (untrained_modules(model, recipe) or []) +
-                                                            unadaptable)
+    excluded = (untrained_modules(model, recipe) or []) + _unadaptable(model, recipe)
+    return prepare_for_adapters(model, recipe), lora_config(recipe, excluded)
+
+
+def _unadaptable(model, recipe: Recipe) -> list[str]:
+    """The modules of ``model`` its inventory marks as ones PEFT's LoRA cannot run (the plan leaves out the same:
+    :func:`tuner.catalog.meta_inventory.unadaptable_linears`)."""
+    from tuner.catalog.model_config import ModelConfigError, UnknownModelError
+    from tuner.catalog.models import model_facts
+
+    try:
+        inventory = model_facts(recipe.model.id, recipe.model.revision, recipe.model.trust_remote_code).inventory
+    except (UnknownModelError, ModelConfigError) as exc:  # launched unplanned (--force): PEFT's own picks
+        log.info("LoRA targets as PEFT picks them: no inventory of the model (%s)", exc)
+        return []
+    found = inventory.lora_excluded([name for name, _ in model.named_modules()])
+    if found:
+        log.info("no adapter on %d modules whose forward is not a plain linear map (%s)", len(found),
+                 type(model.get_submodule(found[0])).__name__)
+    return found
 
 
 def trainable_model(model, recipe: Recipe):

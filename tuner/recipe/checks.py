@@ -187,6 +187,14 @@ def _lora_targets(recipe: Recipe) -> list[Problem]:
             f"PEFT adapts {recipe.model.id}'s fused experts as parameters, and refuses to wrap them: "
             "\"lora.ParamWrapper does not work with lora_dropout != 0.\" Set dropout: 0, or target only its linear "
             "layers (e.g. [q_proj, k_proj, v_proj, o_proj])."))
+    parts = recipe.method.train
+    if facts.inventory.parts and not targets.refusal and \
+            facts.lora_params(lora.r, lora.target_modules, lora.target_parameters, parts=parts) == 0:
+        problems.append(Problem(
+            "method.train",
+            f"LoRA finds no layer PEFT can adapt in the {' and '.join(parts)} of {recipe.model.id} (targets: "
+            f"{lora.target_modules if isinstance(lora.target_modules, str) else ', '.join(lora.target_modules)}): "
+            "add language_model to method.train, or train these parts in full (method.kind: full)."))
     if lora.target_modules == "all-linear":
         return problems
     names = list(dict.fromkeys(lin.name.split(".")[-1] for lin in facts.layer_linears() if lin.is_nn_linear))
