@@ -6,6 +6,7 @@ What each decoder layer is (attention, latent attention, gated delta net; dense 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -286,11 +287,18 @@ def peft_targets(inventory: Inventory, target_modules, target_parameters: tuple[
         return PeftTargets(target_modules if target_modules == "all-linear" else tuple(target_modules),
                            tuple((name, 1) for name in target_parameters))
     modules, parameters, named = [], {name: 1 for name in target_parameters}, {}
+    keeps_linears = _peft_keeps_linear_targets(inventory)
     for target in target_modules:
         old = next((old for old in mapping if target == old or target.endswith(f".{old}")), None)
         if old is None:
             modules.append(target)
             continue
+        matching = [group for group in inventory.groups if _module_matches(group, target)]
+        if keeps_linears and matching and all(group.kind == "linear" for group in matching):
+            modules.append(target)  # DeepSeek-V3's dense and shared-expert down_proj stay module targets
+            if not any(group.kind != "linear" and any(_named(f"{group.pattern}.{name}", mapping[old])
+                                                      for name in group.params) for group in inventory.groups):
+                continue
         parameters.setdefault(mapping[old], 1)
         named.setdefault(mapping[old], set()).add(old)
     for new, required in fused.items():
@@ -303,6 +311,37 @@ def peft_targets(inventory: Inventory, target_modules, target_parameters: tuple[
         if len(present) == len(required) > 1:
             parameters[new] = len(required)
     return PeftTargets(tuple(modules), tuple(parameters.items()))
+
+
+def peft_release(measured_with: str = "") -> tuple[int, ...]:
+    """The PEFT release that will train (the installed one, else ``measured_with``: an inventory's), as numbers:
+    its rules for targets and modules_to_save changed in 0.22."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = version("peft")
+    except PackageNotFoundError:
+        release = measured_with
+    return tuple(int(part) for part in re.findall(r"\d+", release)[:2])
+
+
+def peft_saves(path: str, name: str) -> bool:
+    """Whether PEFT's modules_to_save ``name`` takes the module at ``path``: a plain suffix before 0.22 (``norm``
+    takes ``q_norm`` and ``input_layernorm``), a whole trailing module name from 0.22 (``_is_valid_match``)."""
+    if peft_release() < (0, 22):
+        return path.endswith(name)
+    return path == name or path.endswith("." + name)
+
+
+def _peft_keeps_linear_targets(inventory: Inventory) -> bool:
+    """PEFT from 0.22 keeps a v4 expert name as a module target where it names nn.Linear modules, and adds the fused
+    parameter only where one of that name lies outside them (peft #3711, #3945); 0.21 turned it into the parameter
+    alone."""
+    return peft_release(inventory.peft_version) >= (0, 22)
+
+
+def _named(path: str, target: str) -> bool:
+    return path == target or path.endswith("." + target)
 
 
 def _module_matches(group: ModuleGroup, target: str) -> bool:
@@ -319,12 +358,13 @@ def _adapted(inventory: Inventory, targets: PeftTargets, with_names: bool = Fals
         if targets.modules == "all-linear":
             if group.lora_all_linear:
                 found.append((group, group.lora_all_linear * group.instances, ""))
-        elif group.lora and any(_module_matches(group, target) for target in targets.modules):
+        elif (per_instance := group.lora or _kept_linear(group)) and \
+                any(_module_matches(group, target) for target in targets.modules):
             matched = group.instances
             if any(ch.isdigit() for target in targets.modules for ch in target):
                 matched = sum(1 for name in group.names() if any(name == t or name.endswith("." + t)
                                                                  for t in targets.modules)) or group.instances
-            found.append((group, group.lora * matched, ""))
+            found.append((group, per_instance * matched, ""))
         for name, per_rank in group.lora_parameters.items():
             if targets.modules == "all-linear" and group.lora_all_linear:
                 continue  # all-linear already adapts the experts (PEFT renames them into target parameters)
@@ -336,6 +376,14 @@ def _adapted(inventory: Inventory, targets: PeftTargets, with_names: bool = Fals
     if with_names:
         return found
     return [(group, per_rank) for group, per_rank, _ in found]
+
+
+def _kept_linear(group: ModuleGroup) -> float:
+    """LoRA parameters per unit of rank of an nn.Linear the inventory measured no count for by name: one whose leaf
+    PEFT 0.21 renamed into a fused parameter, which PEFT 0.22 keeps as a module target (r x (in + out))."""
+    if group.kind != "linear" or group.lora_excluded:
+        return 0.0
+    return float(group.attrs.get("in_features", 0) + group.attrs.get("out_features", 0))
 
 
 def _config_int(config: dict, *keys: str, default: int = 0) -> int:

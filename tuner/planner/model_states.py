@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tuner.catalog.facts import ModelFacts
+from tuner.catalog.facts import ModelFacts, peft_saves
 from tuner.planner.items import (ALWAYS, EVAL, LAYER_BACKWARD, STEP, BACKWARD, NF4_DOUBLE_QUANT_BYTES, NF4_BYTES,
                                  ADAM8BIT_BYTES, ZERO3_MAX_LIVE_PARAMETERS, Item)
 from tuner.planner.expert_parallel import gathered_layer_params
@@ -250,8 +250,8 @@ def model_state_items(s: Setup) -> tuple[list[Item], list[Item], list[str]]:
 
 
 def module_params(s: Setup, name: str) -> tuple[int, int] | None:
-    """(parameters, largest tensor) of the modules PEFT matches by ``name`` (``key.endswith(name)``, as
-    ``_set_trainable`` does); None for a name tuner cannot size."""
+    """(parameters, largest tensor) of the modules PEFT matches by ``name`` (as ``_set_trainable`` does:
+    :func:`tuner.catalog.facts.peft_saves`); None for a name tuner cannot size."""
     f, counts = s.facts, s.counts
     head = f.vocab_size * f.hidden_size
     if name == "lm_head":
@@ -259,8 +259,8 @@ def module_params(s: Setup, name: str) -> tuple[int, int] | None:
     if name in ("embed_tokens", "model.embed_tokens"):
         return counts.embeddings, counts.embeddings
     if name in ("norm", "layernorm") and f.inventory is not None:
-        # every norm module whose path ends so, Qwen 3's q/k norms inside the attention too (counted there)
-        norms = [group for group in f.inventory.groups if group.kind == "norm" and group.pattern.endswith(name)]
+        # the norm modules PEFT matches by that name (before PEFT 0.22 every path ending so: q/k norms too)
+        norms = [group for group in f.inventory.groups if group.kind == "norm" and peft_saves(group.pattern, name)]
         return sum(group.numel for group in norms), max((group.own_numel for group in norms), default=0)
     if name in ("norm", "layernorm"):  # every norm's name ends so: the final one and each layer's
         return counts.norms, f.hidden_size
