@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from tuner.catalog.inventory import PARTS, Inventory, ModuleGroup
@@ -316,21 +316,25 @@ def peft_targets(inventory: Inventory, target_modules, target_parameters: tuple[
 def peft_release(measured_with: str = "") -> tuple[int, ...]:
     """The PEFT release that will train (the installed one, else ``measured_with``: an inventory's), as numbers:
     its rules for targets and modules_to_save changed in 0.22."""
+    release = _installed_peft() or measured_with
+    return tuple(int(part) for part in re.findall(r"\d+", release)[:2])
+
+
+@lru_cache(maxsize=1)
+def _installed_peft() -> str:
+    """The installed PEFT's version, read once (a plan asks per module group)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        release = version("peft")
+        return version("peft")
     except PackageNotFoundError:
-        release = measured_with
-    return tuple(int(part) for part in re.findall(r"\d+", release)[:2])
+        return ""
 
 
 def peft_saves(path: str, name: str) -> bool:
     """Whether PEFT's modules_to_save ``name`` takes the module at ``path``: a plain suffix before 0.22 (``norm``
     takes ``q_norm`` and ``input_layernorm``), a whole trailing module name from 0.22 (``_is_valid_match``)."""
-    if peft_release() < (0, 22):
-        return path.endswith(name)
-    return path == name or path.endswith("." + name)
+    return path.endswith(name) if peft_release() < (0, 22) else _named(path, name)
 
 
 def _peft_keeps_linear_targets(inventory: Inventory) -> bool:
