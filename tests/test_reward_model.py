@@ -140,6 +140,27 @@ def test_demo_reward_raises_held_out_pair_accuracy_and_scores_a_grpo_runs_comple
     assert events[-1]["event"] == "finished"
 
 
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("trained-demo")
+def test_training_seed_decides_where_a_new_head_starts(tmp_path, tuner_cli):
+    """training.seed is the seed of initialisation too: the score head a reward model adds starts where the seed
+    says, in every run of it.  The Trainer seeds only once the model is built, and before that something in the
+    libraries draws torch's generator from the clock: two runs of one recipe started two different heads (this
+    demo's held-out accuracy then rose in one run and fell in another)."""
+    from safetensors.torch import load_file
+
+    heads = []
+    for run, seed in enumerate((1, 1, 2)):
+        done = tuner_cli("run", "demo-reward", *(arg for setting in (
+            "training.max_steps=1", "training.learning_rate=1e-12", "training.warmup_steps=0", "data.max_samples=32",
+            "training.eval_steps=null", "data.eval_fraction=0", f"training.seed={seed}", f"output.dir=runs/{run}")
+            for arg in ("--set", setting)), cwd=tmp_path, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        heads.append(load_file(tmp_path / "runs" / str(run) / "final" / "model.safetensors")["score.weight"])
+    # a step at lr 1e-12 moves no weight by 1e-6: each saved head is where it started
+    assert (heads[0] - heads[1]).abs().max() < 1e-6 < (heads[0] - heads[2]).abs().max()
+
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
             head_dim=8, vocab_size=100)
 WITHOUT_NATIVE_HEAD = {  # tiny configs of types transformers has no sequence-classification class for

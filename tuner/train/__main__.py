@@ -164,7 +164,7 @@ def same_machines(args, events: Path) -> None:
 
 
 def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
-    from transformers import Trainer
+    from transformers import Trainer, set_seed
 
     from tuner.data.prepare import data_collator
     from tuner.data.prepared import prepare_data
@@ -202,6 +202,9 @@ def train(recipe: Recipe, run_dir: Path, profile_steps: int = 0) -> int:
     probe = probe_request(run_dir)  # `tuner probe`: worst-case batches, each phase measured, nothing kept
     if probe is not None:
         callbacks.append(ProbeCallback(events, recipe))
+    # every weight a run creates (a new head, LoRA's A matrices) starts from training.seed: the Trainer seeds only
+    # after the model is built, which leaves them to whatever drew from torch's generator before
+    set_seed(recipe.training.seed)
     if recipe.objective.preference:
         from tuner.train.preference import preference_trainer
 
