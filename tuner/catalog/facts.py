@@ -351,8 +351,8 @@ def _named(path: str, target: str) -> bool:
 def _module_matches(group: ModuleGroup, target: str) -> bool:
     """PEFT's rule for a target module name: the module's path equals it or ends with '.' + it."""
     if not any(ch.isdigit() for ch in target):
-        return group.pattern == target or group.pattern.endswith("." + target)
-    return any(name == target or name.endswith("." + target) for name in group.names())
+        return _named(group.pattern, target)
+    return any(_named(name, target) for name in group.names())
 
 
 def _adapted(inventory: Inventory, targets: PeftTargets, with_names: bool = False):
@@ -366,8 +366,8 @@ def _adapted(inventory: Inventory, targets: PeftTargets, with_names: bool = Fals
                 any(_module_matches(group, target) for target in targets.modules):
             matched = group.instances
             if any(ch.isdigit() for target in targets.modules for ch in target):
-                matched = sum(1 for name in group.names() if any(name == t or name.endswith("." + t)
-                                                                 for t in targets.modules)) or group.instances
+                matched = sum(1 for name in group.names() if any(_named(name, t) for t in targets.modules)) \
+                    or group.instances
             found.append((group, per_instance * matched, ""))
         for name, per_rank in group.lora_parameters.items():
             if targets.modules == "all-linear" and group.lora_all_linear:
