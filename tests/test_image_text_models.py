@@ -57,6 +57,26 @@ def test_every_image_text_class_plans_its_meta_built_total_with_the_tower_frozen
     assert type(tower).__name__ in note
 
 
+
+@settings(max_examples=12, deadline=None)
+@given(model_type=st.sampled_from(sorted(CLASSES)), vocab=st.integers(64, 3000), side=st.integers(2, 40))
+@example(model_type="gemma3", vocab=512, side=16)  # the tower's 256 positions came first and were read as 256 tokens
+@example(model_type="llava", vocab=100, side=20)  # 401 positions, a vocabulary below them
+def test_the_vocabulary_is_the_language_model_s_token_embedding_whatever_the_tower_holds(model_type, vocab, side):
+    """The planner's vocabulary (the logits' width, the embedding's rows) is the token embedding transformers builds
+    (``get_input_embeddings``), for any image-text class and any tower: a tower's position embedding, first in the
+    module tree, is no vocabulary (Gemma 3 27B was planned with 4,096 tokens instead of 262,208)."""
+    from tuner.catalog.facts import facts_from_inventory
+    from tuner.catalog.meta_inventory import build_inventory
+
+    config = tiny_config(model_type)
+    config["text_config"]["vocab_size"] = vocab
+    vision = config["vision_config"]
+    if "image_size" in vision:  # a tower of side x side patches: its position embedding as large
+        vision["image_size"] = side * vision.get("patch_size", 16)
+    facts = facts_from_inventory(build_inventory(config, "test"), "test", "test")
+    assert facts.vocab_size == _meta(config).get_input_embeddings().num_embeddings
+
 def memory_plan_parts(model: str) -> dict:
     from tuner.catalog.models import model_facts
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
 
-from tuner.catalog.inventory import PARTS, Inventory, ModuleGroup
+from tuner.catalog.inventory import LANGUAGE_MODEL, PARTS, Inventory, ModuleGroup
 from tuner.catalog.inventory_store import inventory_for, with_lora
 from tuner.catalog.layer_kinds import LayerKind, LinearLayer, classify
 from tuner.catalog.model_config import ModelConfigError, UnknownModelError, check_config
@@ -409,7 +409,10 @@ def facts_from_inventory(inventory: Inventory, name: str, source: str, trust_rem
     config = inventory.config
     hidden = _config_int(config, "hidden_size", "n_embd", "d_model")
     heads = _config_int(config, "num_attention_heads", "n_head", default=1)
-    embedding = next((group for group in inventory.outside_layers() if group.kind == "embedding"), None)
+    # the token embedding: the language model's first (an image-text model's tower comes first in its module tree,
+    # and its position embedding is no vocabulary: Gemma 3 was planned with 4,096 "tokens" instead of 262,208)
+    embedding = next((group for group in inventory.outside_layers()
+                      if group.kind == "embedding" and inventory.part_of(group) == LANGUAGE_MODEL), None)
     output = next((group for group in inventory.groups if group.kind == "output"), None)
     vocab = (embedding.params.get("weight") or [0])[0] if embedding else _config_int(config, "vocab_size")
     tied = output is not None and not output.params
