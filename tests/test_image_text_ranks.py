@@ -14,7 +14,7 @@ import pytest
 
 from tiny_image_text_models import save_tiny_image_text_model
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("image-text-ranks")]
+pytestmark = pytest.mark.xdist_group("image-text-ranks")
 KINDS = ("gemma3", "qwen2_5_vl")
 
 
@@ -41,6 +41,23 @@ def _tensors(file) -> dict:
     return load_file(file)
 
 
+def test_a_model_whose_processor_needs_a_missing_library_is_refused_before_launch(tiny_models, tuner_cli):
+    """Said once, before anything is written or launched, as a library to install -- not as a damaged file, and
+    not by every rank (as it was)."""
+    root, folders = tiny_models
+    missing = _processor_loads(folders["qwen2_5_vl"])
+    if missing is None:
+        pytest.skip("Qwen2_5_VLProcessor loads here (torchvision is installed)")
+    refused = tuner_cli("run", "demo-vlm", "--set", f"model.id={folders['qwen2_5_vl']}", "--set", "method.kind=lora",
+                        "--set", "output.dir=runs/refused", cwd=root)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    message = refused.stderr.strip()
+    assert "a library its classes need is not installed" in message and "Torchvision" in message, message
+    assert "damaged" not in message and "launching" not in refused.stdout + message and "rank 0" not in message
+    assert not (root / "runs" / "refused").exists()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 @pytest.mark.parametrize("kind", KINDS)
 def test_lora_on_two_ranks_under_zero_resumes_merges_and_the_merged_model_answers_as_the_adapter(
