@@ -14,7 +14,7 @@ import pytest
 
 from tiny_image_text_models import save_tiny_image_text_model
 
-pytestmark = pytest.mark.xdist_group("image-text-ranks")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("image-text-ranks")]
 KINDS = ("gemma3", "qwen2_5_vl")
 
 
@@ -24,7 +24,7 @@ def tiny_models(tmp_path_factory):
     return root, {kind: save_tiny_image_text_model(root / kind, kind) for kind in KINDS}
 
 
-def _processor_loads(folder) -> str | None:
+def _why_processor_cannot_load(folder) -> str | None:
     """Why transformers cannot load the folder's processor here; None when it can."""
     from transformers import AutoProcessor
 
@@ -45,7 +45,7 @@ def test_a_model_whose_processor_needs_a_missing_library_is_refused_before_launc
     """Said once, before anything is written or launched, as a library to install -- not as a damaged file, and
     not by every rank (as it was)."""
     root, folders = tiny_models
-    missing = _processor_loads(folders["qwen2_5_vl"])
+    missing = _why_processor_cannot_load(folders["qwen2_5_vl"])
     if missing is None:
         pytest.skip("Qwen2_5_VLProcessor loads here (torchvision is installed)")
     refused = tuner_cli("run", "demo-vlm", "--set", f"model.id={folders['qwen2_5_vl']}", "--set", "method.kind=lora",
@@ -57,7 +57,6 @@ def test_a_model_whose_processor_needs_a_missing_library_is_refused_before_launc
     assert not (root / "runs" / "refused").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("stage", [2, 3])
 @pytest.mark.parametrize("kind", KINDS)
 def test_lora_on_two_ranks_under_zero_resumes_merges_and_the_merged_model_answers_as_the_adapter(
@@ -71,11 +70,10 @@ def test_lora_on_two_ranks_under_zero_resumes_merges_and_the_merged_model_answer
     from test_cpu_ranks import free_port
     from tuner.data.shapes import draw_shape
 
-    root, folders = tiny_models
+    cwd, folders = tiny_models
     base = folders[kind]
-    if kind == "qwen2_5_vl" and (missing := _processor_loads(base)):
+    if kind == "qwen2_5_vl" and (missing := _why_processor_cannot_load(base)):
         pytest.skip(f"Qwen2_5_VLProcessor cannot be loaded here: {missing}")
-    cwd = root
     name = f"{kind}-zero{stage}"
     settings = [f"name={name}", f"output.dir=runs/{name}", f"model.id={base}", "method.kind=lora",
                 "memory.distributed=deepspeed", f"memory.zero_stage={stage}", "hardware.num_processes=2",
@@ -102,7 +100,7 @@ def test_lora_on_two_ranks_under_zero_resumes_merges_and_the_merged_model_answer
     merged = tuner_cli("merge", str(run_dir), cwd=cwd)
     assert merged.returncode == 0, merged.stderr[-2000:]
     assert json.loads((run_dir / "merged" / "config.json").read_text())["model_type"] == kind
-    assert _processor_loads(run_dir / "merged") is None
+    assert _why_processor_cannot_load(run_dir / "merged") is None
     original, merged_weights = _tensors(base / "model.safetensors"), _tensors(run_dir / "merged" / "model.safetensors")
     assert original.keys() == merged_weights.keys()
     changed = {key for key in original if not original[key].equal(merged_weights[key])}
