@@ -170,12 +170,17 @@ def _check_data(recipe: Recipe) -> str:
 
 
 def _check_image_model(recipe: Recipe, data_format: str) -> None:
-    """Image-text data needs a model transformers builds as image-text (its config, read without building it)."""
+    """Image-text data needs a model transformers builds as image-text (its config, read without building it), and
+    a model folder here whose processor loads: what it lacks (a file, a library) said once now, not by every rank
+    after launch.  A hub model's processor is checked where it is downloaded; a built-in's is tuner's own."""
+    from tuner.catalog.demo import is_builtin
     from tuner.catalog.model_config import UnknownModelError
     from tuner.catalog.model_classes import IMAGE_TEXT, auto_class_for
     from tuner.catalog.models import model_config
     from tuner.data.images import is_image_format
     from tuner.data.sources import DataError
+    from tuner.fileio import user_path
+    from tuner.loading.model import load_processor
 
     if not is_image_format(data_format):
         return
@@ -187,6 +192,8 @@ def _check_image_model(recipe: Recipe, data_format: str) -> None:
         raise DataError(f"data.format: {data_format} is image-text data, and {recipe.model.id} "
                         f"({config.get('model_type')}) is a text-only model; give model.id an image-text model (one "
                         "AutoModelForImageTextToText builds, e.g. builtin:demo-vlm), or use text data.")
+    if not is_builtin(recipe.model.id) and user_path(recipe.model.id).is_dir():
+        load_processor(recipe)
 
 
 def _resume_notes(recipe: Recipe, run_dir: Path, verify: bool = False) -> list[str]:

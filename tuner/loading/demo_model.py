@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from tuner.build_once import build_once, is_built
-from tuner.catalog.demo import DEMO_MODEL_ID, IMAGE_TOKEN, IMAGE_TOKEN_ID, SPECIAL_TOKENS, builtin_model, demo_model_dir
+from tuner.catalog.demo import DEMO_MODEL_ID, IMAGE_TOKEN, SPECIAL_TOKENS, builtin_model, demo_model_dir
 
 # A compact template keeps the demo's sequences short: "reverse\nabc=cba</s>".
 CHAT_TEMPLATE = (
@@ -25,19 +25,26 @@ CHAT_TEMPLATE = (
     "{% else %}{{ message['content'] + '=' }}{% endif %}"
     "{% endfor %}"
 )
-# The same for an image-text model, whose turns may be lists of parts: an image part is the processor's
-# placeholder (which it expands to the image's tokens), a text part its text: "<image>name it=red circle</s>".
-IMAGE_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if message['content'] is string %}{% set text = message['content'] %}"
-    "{% else %}{% set text = namespace(value='') %}"
-    "{% for part in message['content'] %}"
-    f"{{% if part['type'] == 'image' %}}{{% set text.value = text.value + '{IMAGE_TOKEN}' %}}"
-    "{% else %}{% set text.value = text.value + part['text'] %}{% endif %}"
-    "{% endfor %}{% set text = text.value %}{% endif %}"
-    "{% if message['role'] == 'assistant' %}{{ text + eos_token }}{% else %}{{ text + '=' }}{% endif %}"
-    "{% endfor %}"
-)
+
+
+def image_chat_template(placeholder: str) -> str:
+    """The compact template for an image-text model, whose turns may be lists of parts: an image part is
+    ``placeholder`` (the text its processor expands to the image's tokens), a text part its text:
+    "<image>name it=red circle</s>"."""
+    return (
+        "{% for message in messages %}"
+        "{% if message['content'] is string %}{% set text = message['content'] %}"
+        "{% else %}{% set text = namespace(value='') %}"
+        "{% for part in message['content'] %}"
+        f"{{% if part['type'] == 'image' %}}{{% set text.value = text.value + '{placeholder}' %}}"
+        "{% else %}{% set text.value = text.value + part['text'] %}{% endif %}"
+        "{% endfor %}{% set text = text.value %}{% endif %}"
+        "{% if message['role'] == 'assistant' %}{{ text + eos_token }}{% else %}{{ text + '=' }}{% endif %}"
+        "{% endfor %}"
+    )
+
+
+IMAGE_CHAT_TEMPLATE = image_chat_template(IMAGE_TOKEN)
 
 
 def builtin_model_path(model_id: str) -> Path:
@@ -63,9 +70,10 @@ def is_current(model_id: str) -> bool:
     return is_built(demo_model_dir(model_id), build_spec(model_id))
 
 
-def _train_tokenizer(image: bool = False):
+def train_tokenizer(image_tokens: dict[str, str] | None = None, chat_template: str = CHAT_TEMPLATE):
     """A character-level tokenizer, trained with the tokenizers library on the characters the demo uses; with
-    ``image``, the image placeholder too (a special token: never split, never decoded into an answer)."""
+    ``image_tokens`` ({"image_token": "<image>"}: the attribute a processor reads, the token), those too, numbered
+    in order after the demo's special tokens (special: never split, never decoded into an answer)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -73,7 +81,7 @@ def _train_tokenizer(image: bool = False):
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
     corpus = [string.ascii_letters + string.digits + string.punctuation + " \n", "<|user|><|assistant|><|system|>"]
-    special = SPECIAL_TOKENS + ([IMAGE_TOKEN] if image else [])
+    special = SPECIAL_TOKENS + list((image_tokens or {}).values())
     tokenizer.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=special, min_frequency=1))
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
@@ -81,10 +89,10 @@ def _train_tokenizer(image: bool = False):
         bos_token="<s>",
         eos_token="</s>",
         unk_token="<unk>",
-        **({"extra_special_tokens": {"image_token": IMAGE_TOKEN}} if image else {}),
+        **({"extra_special_tokens": image_tokens} if image_tokens else {}),
     )
-    assert not image or fast.convert_tokens_to_ids(IMAGE_TOKEN) == IMAGE_TOKEN_ID
-    fast.chat_template = IMAGE_CHAT_TEMPLATE if image else CHAT_TEMPLATE
+    assert [fast.convert_tokens_to_ids(token) for token in special] == list(range(len(special)))
+    fast.chat_template = chat_template
     return fast
 
 
@@ -110,7 +118,8 @@ def save_demo_model(path: Path, model_id: str = DEMO_MODEL_ID) -> None:
     from tuner.catalog.model_classes import auto_class_for
 
     built = builtin_model(model_id)
-    tokenizer = _train_tokenizer(image=built.image is not None)
+    tokenizer = (train_tokenizer({"image_token": IMAGE_TOKEN}, IMAGE_CHAT_TEMPLATE) if built.image else
+                 train_tokenizer())
     assert len(tokenizer) == built.vocab_size, (len(tokenizer), built.vocab_size)
     special = dict(pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                    eos_token_id=tokenizer.eos_token_id)

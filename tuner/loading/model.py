@@ -65,6 +65,10 @@ def not_loaded(recipe: Recipe, source: str, exc: Exception) -> ModelLoadError:
     if not user_path(source).is_dir():
         return cannot_load(recipe.model.id, exc)
     reason = library_words(exc, 500)
+    if isinstance(exc, ImportError):  # a class it names needs a library this environment lacks: no file is wrong
+        return ModelLoadError(f"{source}: cannot be loaded here: a library its classes need is not installed "
+                              f"({reason}). Install it in this environment (a torch extension such as torchvision: "
+                              "the build made for the installed torch), then run again.")
     return ModelLoadError(f"{source}: cannot be loaded ({type(exc).__name__}: {reason}); a file in it is damaged or "
                           "does not match the others. Restore it, or load another folder.")
 
