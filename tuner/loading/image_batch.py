@@ -1,7 +1,7 @@
 """A micro-batch of image-text rows for the fake-tensor trace (:mod:`tuner.loading.simulate`): each row's image as
-the processor hands it to the model (square pixel values for a fixed-resolution tower, flattened patches and their
-grid for Qwen-VL) and its image tokens at the start of the row, as TRL's collator lays them out within
-``max_seq_length``.  The sizes are the planner's (:mod:`tuner.planner.tower`), so plan and trace see one image."""
+the processor hands it to the model (square pixel values for a fixed-resolution tower, each tile's for Llama 4,
+flattened patches and their grid for Qwen-VL) and its image tokens at the start of the row, as TRL's collator lays
+them out within ``max_seq_length``.  The sizes are the planner's (:mod:`tuner.planner.tower`), so plan and trace see one image."""
 from __future__ import annotations
 
 import os
@@ -66,9 +66,10 @@ def image_batch(model, tower, batch: int, seq: int) -> dict:
         width = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
         inputs["pixel_values"] = torch.randn(batch * tower.patches, width)
         inputs["image_grid_thw"] = torch.tensor([[1, *tower.grid]] * batch)  # a constant: numel within the limit
-    else:
+    else:  # square pixel values of one tile a row, or of each tile (Llama 4's, in the bf16 its processor makes)
         side = vision.image_size
-        inputs["pixel_values"] = torch.randn(batch, vision.num_channels, side, side)
+        dtype = torch.bfloat16 if tower.pixel_bytes == 2 else torch.float32
+        inputs["pixel_values"] = torch.randn(batch * tower.tiles, vision.num_channels, side, side, dtype=dtype)
     return inputs
 
 

@@ -12,6 +12,12 @@ Image tokens, as transformers 5.24's processors count them (one image a row, no 
   spatial_merge_size`` within ``max_pixels`` (the image processor's default ``28 * 28 * 1280``, or the data's
   ``max_image_pixels`` where smaller), one patch per ``patch_size**2`` pixels, and the merger's ``merge_size**2``
   patches per token.  Planned for a square image of the most pixels allowed: the worst case.
+* Llama 4 (``Llama4Processor.replace_image_token``, ``Llama4ImageProcessor._preprocess``): the image padded into a
+  canvas of ``image_size`` tiles, a global tile beside more than one (:func:`tuner.planner.image_tokens.llama4_canvas`:
+  the most tiles within the data's pixel bound); each tile's ``(image_size // patch_size)**2`` patches (and the class
+  token the tower adds, dropped after it) pixel-shuffled to ``1 / pixel_shuffle_ratio**2`` times fewer ``<|patch|>``
+  tokens, the features' places; ``<|image_start|>``, ``<|image|>``, ``<|image_end|>`` and one separator a canvas
+  tile besides.  Its processor hands bf16 pixel values over (``rescale_and_normalize``).
 
 TRL's ``DataCollatorForVisionLanguageModeling`` cuts ``input_ids`` after the processor expanded each image
 placeholder, so the image tokens are inside ``max_seq_length``, not added to it; a sequence too short for them fails
@@ -24,11 +30,12 @@ tests/test_tower_memory.py, docs/memory.md "Vision tower").
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from tuner.planner.image_tokens import llama4_canvas, qwen_side
+
 # transformers 5.24's config defaults for what a config.json may leave out (CLIPVisionConfig, SiglipVisionConfig,
-# Qwen2_5_VLVisionConfig, Gemma3Config, LlavaConfig)
+# Qwen2_5_VLVisionConfig, Gemma3Config, LlavaConfig, Llama4VisionConfig)
 _DEFAULTS = {
     "clip_vision_model": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
                               image_size=224, patch_size=32, hidden_act="quick_gelu", num_channels=3),
@@ -37,8 +44,9 @@ _DEFAULTS = {
     "qwen2_5_vl_vision": dict(hidden_size=3584, intermediate_size=3420, depth=32, num_heads=16, patch_size=14,
                               spatial_merge_size=2, temporal_patch_size=2, window_size=112, in_channels=3,
                               fullatt_block_indexes=[7, 15, 23, 31]),
+    "llama4_vision_model": dict(hidden_size=768, intermediate_size=5632, num_hidden_layers=34, num_attention_heads=16,
+                                image_size=448, patch_size=14, num_channels=3, pixel_shuffle_ratio=0.5),
 }
-QWEN_MAX_PIXELS = 28 * 28 * 1280  # Qwen2VLImageProcessor's size["longest_edge"]
 # live copies of the activation function's input while it runs, per element of the MLP's intermediate width:
 # quick_gelu is x * sigmoid(1.702 x) (fc1's output, the sigmoid, the product); one fused op keeps input and output
 _ACTIVATION_COPIES = {"quick_gelu": 3}
@@ -49,21 +57,31 @@ IMAGE_SOURCES = ("builtin:shapes",)  # built-in data of image rows (data.format 
 class Tower:
     """A vision tower the planner models, and the image one row of the recipe's data gives it."""
 
-    kind: str  # llava (a CLIP or SigLIP tower), gemma3 (SigLIP + pooling projector) or qwen2_5_vl
+    kind: str  # llava (a CLIP or SigLIP tower), gemma3 (SigLIP + pooling projector), qwen2_5_vl or llama4
     layers: int
     hidden: int
     intermediate: int
     heads: int
-    patches: int  # positions one image's encoder layers run over
-    tokens: int  # image tokens one image puts in the language model's sequence
+    patches: int  # positions one image's encoder layers run over (all its tiles')
+    tokens: int  # image tokens one image's features fill in the language model's sequence
     channels: int
     pixels: int  # pixel values of one image, as the processor hands them over (channels x height x width)
     activation: str = "gelu"
     grid: tuple[int, int] = ()  # Qwen-VL: patches high and wide
     full_attention_span: int = 0  # Qwen-VL: the longest span one eager attention call covers (an image or a window)
+    tiles: int = 1  # tiling processors: the tiles of one image, each a span of its own through the tower
+    markers: int = 0  # tokens the processor adds around an image's tokens (Llama 4's start, end, separators)
+    pixel_bytes: int = 4  # bytes of one pixel value as the processor hands it over (fp32; Llama 4's bf16)
+
+    @property
+    def sequence_tokens(self) -> int:
+        """The tokens one image takes of the language model's sequence."""
+        return self.tokens + self.markers
 
     def describe(self) -> str:
-        return f"{self.kind} tower: {self.patches} patches an image, {self.tokens} image tokens"
+        tiles = f"{self.tiles} tiles of {self.patches // self.tiles} positions, " if self.tiles > 1 else ""
+        markers = f" and {self.markers} marker tokens" if self.markers else ""
+        return f"{self.kind} tower: {tiles}{self.patches} patches an image, {self.tokens} image tokens{markers}"
 
 
 def has_image_data(recipe) -> bool:
@@ -102,17 +120,27 @@ def _gemma3(config: dict) -> Tower | None:
 def _qwen2_5_vl(config: dict, max_image_pixels: int) -> Tower:
     vision = _vision(config)
     factor = vision["patch_size"] * vision["spatial_merge_size"]
-    side = math.isqrt(min(QWEN_MAX_PIXELS, max_image_pixels))
-    resized = max(factor, round(side / factor) * factor)
-    if resized * resized > QWEN_MAX_PIXELS:  # smart_resize: floor instead, to stay within max_pixels
-        resized = max(factor, math.floor(side / factor) * factor)
-    grid = resized // vision["patch_size"]
+    grid = qwen_side(factor, max_image_pixels) // vision["patch_size"]
     window = (vision["window_size"] // factor) * vision["spatial_merge_size"]  # patches a side of one window
     span = grid * grid if vision["fullatt_block_indexes"] else min(grid, window) ** 2
     width = vision["in_channels"] * vision["temporal_patch_size"] * vision["patch_size"] ** 2
     return Tower("qwen2_5_vl", vision["depth"], vision["hidden_size"], vision["intermediate_size"],
                  vision["num_heads"], grid * grid, grid * grid // vision["spatial_merge_size"] ** 2,
                  vision["in_channels"], grid * grid * width, "silu", (grid, grid), span)
+
+
+def _llama4(config: dict, max_image_pixels: int) -> Tower:
+    vision = _vision(config)
+    side = vision["image_size"]
+    rows, cols = llama4_canvas(side, max_image_pixels)
+    cells = rows * cols
+    tiles = cells + (cells > 1)  # the global tile: the whole image resized to one tile, beside more than one
+    patches = (side // vision["patch_size"]) ** 2
+    per_tile = patches // round(1 / vision["pixel_shuffle_ratio"] ** 2)
+    return Tower("llama4", vision["num_hidden_layers"], vision["hidden_size"], vision["intermediate_size"],
+                 vision["num_attention_heads"], tiles * (patches + 1), tiles * per_tile, vision["num_channels"],
+                 tiles * vision["num_channels"] * side * side, tiles=tiles, markers=3 + (cells if cells > 1 else 0),
+                 pixel_bytes=2)
 
 
 def tower_of(inventory, recipe) -> Tower | None:
@@ -125,19 +153,22 @@ def tower_of(inventory, recipe) -> Tower | None:
         return _gemma3(config)
     if kind == "qwen2_5_vl":
         return _qwen2_5_vl(config, recipe.data.max_image_pixels)
+    if kind == "llama4":
+        return _llama4(config, recipe.data.max_image_pixels)
     return None
 
 
 def tower_bytes(tower: Tower, images: int, act_bytes: int, eager: bool) -> dict[str, float]:
     """Bytes live at the peak of a frozen tower's forward over ``images`` images, by what holds them: the pixel
-    values (fp32, as the image processor makes them), the tower's input (the patch embeddings and the layer's
-    input; Qwen-VL: the layer's input, its rotary cos/sin and the patch embedding's copy of the patches), and one encoder layer at its worst step -- attention
-    (its norm, q/k/v, the output and its reshaped copy; eager: the scores and their softmax over the longest span
-    instead of the copies) or the MLP (the residual sum, its norm, and the intermediate activations)."""
+    values (as the image processor makes them), the tower's input (the patch embeddings and the layer's input;
+    Qwen-VL: the layer's input, its rotary cos/sin and the patch embedding's copy of the patches), and one encoder
+    layer at its worst step -- attention (its norm, q/k/v, the output and its reshaped copy; eager: the scores and
+    their softmax over the longest span instead of the copies) or the MLP (the residual sum, its norm, and the
+    intermediate activations)."""
     positions = images * tower.patches
     hidden = positions * tower.hidden * act_bytes
     intermediate = positions * tower.intermediate * act_bytes
-    pixels = images * tower.pixels * 4.0
+    pixels = images * tower.pixels * float(tower.pixel_bytes)
     if tower.kind == "qwen2_5_vl":
         # the patch embedding's Conv3d takes a copy of its 5-D view of the flattened patches, kept with its output
         kept = hidden + 2 * positions * (tower.hidden // tower.heads) * act_bytes + images * tower.pixels * act_bytes
@@ -147,6 +178,16 @@ def tower_bytes(tower: Tower, images: int, act_bytes: int, eager: bool) -> dict[
         # q and k and their window-ordered copies, the output; eager runs one image or window at a time
         attention = (7 * hidden + 2 * tower.heads * tower.full_attention_span ** 2 * act_bytes) if eager \
             else 9 * hidden
+    elif tower.kind == "llama4":
+        kept = 2 * hidden
+        # eager: one tile's scores a head, all tiles in one call; the softmax's output stays with the layer
+        # (returned as its attention weights) through the MLP
+        scores = images * tower.tiles * tower.heads * (tower.patches // tower.tiles) ** 2 * act_bytes if eager else 0
+        mlp = 2 * hidden + 2 * intermediate + scores
+        # the rotary embedding in complex fp32 (vision_apply_rotary_emb): q and k products, and under 16-bit
+        # activations their fp32 copies before and 16-bit copies after
+        rotary = 2 * positions * tower.hidden * 4 + (act_bytes < 4) * (2 * positions * tower.hidden * 4 + 2 * hidden)
+        attention = 4 * hidden + max(rotary, 2 * scores)
     else:
         kept = 2 * hidden
         mlp = 2 * hidden + _ACTIVATION_COPIES.get(tower.activation, 2) * intermediate
