@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tuner.planner.image_tokens import LLAMA4_MAX_TILES, llama4_canvas, llama4_smallest
+from tuner.planner.image_tokens import (IDEFICS3_EDGE_TILES, LLAMA4_MAX_TILES, idefics3_grid, llama4_canvas,
+                                       llama4_smallest)
 
 
 def _functions(module: str, names: tuple[str, ...]) -> dict:
@@ -80,3 +81,51 @@ def test_llama4_plans_every_tile_once_a_strip_of_tiles_fits():
     assert _planned_tiles(336, 5040) == 16
     assert _planned_tiles(336, 337) == 3  # 1 x 337 px: two tiles and the global one
     assert _planned_tiles(336, 336) == 1
+
+
+@pytest.fixture(scope="module", params=["idefics3", "smolvlm"])
+def idefics3_processor(request):
+    """The PIL image processor of Idefics 3 or SmolVLM (the same rules), at a tiny tile and 4 tiles a longest edge."""
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+
+    cls = {"idefics3": Idefics3ImageProcessorPil, "smolvlm": SmolVLMImageProcessorPil}[request.param]
+    return cls(size={"longest_edge": IDEFICS3_EDGE_TILES * 32}, max_image_size={"longest_edge": 32})
+
+
+def _idefics3_tower():
+    from tuner.planner.tower import _idefics3
+
+    return _idefics3({"vision_config": {"model_type": "idefics3_vision", "image_size": 32, "patch_size": 8}})
+
+
+@settings(max_examples=40, deadline=None)
+@given(height=st.integers(1, 5000), width=st.integers(1, 5000))
+def test_idefics3_no_image_gets_more_tiles_than_planned(idefics3_processor, height, width):
+    """Every image's longest edge is resized to the processor's longest_edge, so no shape gets more tiles than the
+    planned square, whatever its pixels (get_number_of_image_patches: the processor's own count)."""
+    tiles, _, _ = idefics3_processor.get_number_of_image_patches(height, width)
+    assert max(tiles, 1) <= _idefics3_tower().tiles
+
+
+def test_idefics3_plans_the_square_image_the_processor_splits(idefics3_processor):
+    from PIL import Image
+
+    processed = idefics3_processor(Image.new("RGB", (7, 7)), return_row_col_info=True)
+    rows, cols = idefics3_grid()
+    assert (processed["rows"][0][0], processed["cols"][0][0]) == (rows, cols)
+    assert len(processed["pixel_values"][0]) == _idefics3_tower().tiles  # 16 tiles and the global image
+
+
+def test_idefics3_markers_are_the_processors_prompt_less_its_image_tokens():
+    """The prompt SmolVLMProcessor (and Idefics3Processor) puts in place of an image, each tag and newline a token."""
+    import re
+
+    from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+    tower = _idefics3_tower()
+    rows, cols = idefics3_grid()
+    prompt = get_image_prompt_string(rows, cols, tower.tokens // tower.tiles, "<fake_token_around_image>", "<image>",
+                                     "<global-img>")
+    pieces = re.findall(r"<[^>]+>|\n", prompt)
+    assert pieces.count("<image>") == tower.tokens and len(pieces) == tower.sequence_tokens

@@ -1,7 +1,8 @@
 """A micro-batch of image-text rows for the fake-tensor trace (:mod:`tuner.loading.simulate`): each row's image as
 the processor hands it to the model (square pixel values for a fixed-resolution tower, each tile's for Llama 4,
 flattened patches and their grid for Qwen-VL) and its image tokens at the start of the row, as TRL's collator lays
-them out within ``max_seq_length``.  The sizes are the planner's (:mod:`tuner.planner.tower`), so plan and trace see one image."""
+them out within ``max_seq_length``.  The sizes are the planner's (:mod:`tuner.planner.tower`), so plan and trace
+see one image."""
 from __future__ import annotations
 
 import os
@@ -66,6 +67,13 @@ def image_batch(model, tower, batch: int, seq: int) -> dict:
         width = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
         inputs["pixel_values"] = torch.randn(batch * tower.patches, width)
         inputs["image_grid_thw"] = torch.tensor([[1, *tower.grid]] * batch)  # a constant: numel within the limit
+    elif tower.kind == "idefics3":  # each row's tiles and global image, and their int64 mask: constants
+        side = vision.image_size
+        with unset_fake_temporarily():
+            pixels = torch.randn(batch, tower.tiles, vision.num_channels, side, side)
+            mask = torch.ones(batch, tower.tiles, side, side, dtype=torch.int64)
+        inputs["pixel_values"] = torch.ops.aten.lift_fresh_copy(pixels)
+        inputs["pixel_attention_mask"] = torch.ops.aten.lift_fresh_copy(mask)
     else:  # square pixel values of one tile a row, or of each tile (Llama 4's, in the bf16 its processor makes)
         side = vision.image_size
         dtype = torch.bfloat16 if tower.pixel_bytes == 2 else torch.float32
@@ -74,15 +82,17 @@ def image_batch(model, tower, batch: int, seq: int) -> dict:
 
 
 @contextmanager
-def tower_traceable(tower):
+def tower_traceable(tower, batch: int):
     """The image step on fake tensors: transformers' data checks (image tokens against features) off, as its own
-    switch turns them off (``TRANSFORMERS_DISABLE_TORCH_CHECK``): a fake tensor cannot answer them; and for Qwen-VL
+    switch turns them off (``TRANSFORMERS_DISABLE_TORCH_CHECK``): a fake tensor cannot answer them; for Qwen-VL
     its window and position indices computed on real tensors (they depend on the grid only), the window lengths its
-    attention splits by (``lengths.tolist()``) handed to it as a numpy array, which answers."""
+    attention splits by (``lengths.tolist()``) handed to it as a numpy array, which answers; for Idefics 3 the
+    batch's pixel values and mask kept as constants, which its padding-tile check reads (``pixel_values[real]``,
+    ``.tolist()``)."""
     previous = os.environ.get(_CHECKS)
     os.environ[_CHECKS] = "1"
     try:
-        with _qwen_indices_real(tower):
+        with _qwen_indices_real(tower), _idefics3_constants(tower, batch):
             yield
     finally:
         if previous is None:
@@ -128,3 +138,19 @@ def _qwen_indices_real(tower):
         attention.forward = attention_forward
         for name, function in originals.items():
             setattr(module, name, function)
+
+
+@contextmanager
+def _idefics3_constants(tower, batch: int):
+    """Fake tensors as large as the batch's pixel values keep their real values (``CONSTANT_NUMEL_LIMIT``): the
+    padding tiles get_image_features drops are found from them, as the model would."""
+    if tower is None or tower.kind != "idefics3":
+        yield
+        return
+    from torch._subclasses import fake_tensor
+
+    limit, fake_tensor.CONSTANT_NUMEL_LIMIT = fake_tensor.CONSTANT_NUMEL_LIMIT, batch * tower.pixels
+    try:
+        yield
+    finally:
+        fake_tensor.CONSTANT_NUMEL_LIMIT = limit

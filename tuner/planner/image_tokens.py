@@ -39,3 +39,15 @@ def llama4_canvas(tile: int, max_image_pixels: int, max_tiles: int = LLAMA4_MAX_
 def llama4_smallest(cells: int, tile: int) -> int:
     """The fewest pixels on a side that ``Llama4ImageProcessor`` spreads over ``cells`` tiles."""
     return (cells - 1) * tile + 1
+
+
+IDEFICS3_EDGE_TILES = 4  # Idefics3ImageProcessor's size["longest_edge"] over its max_image_size: 4 * 364 over 364
+
+
+def idefics3_grid(edge_tiles: int = IDEFICS3_EDGE_TILES) -> tuple[int, int]:
+    """The rows and columns of tiles ``Idefics3ImageProcessor`` / ``SmolVLMImageProcessor`` split the worst image
+    into, before the global image (``get_number_of_image_patches``): every image is resized so that its longest edge
+    is ``size["longest_edge"]`` (up or down, whatever its pixels), then to multiples of ``max_image_size`` (the
+    tower's ``image_size``), so a square image takes the most, ``longest_edge / max_image_size`` a side; (0, 0) when
+    one tile holds it.  The processor's own file is not read: the ratio is planned at the class defaults' 4."""
+    return (edge_tiles, edge_tiles) if edge_tiles > 1 else (0, 0)

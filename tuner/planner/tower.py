@@ -18,6 +18,12 @@ Image tokens, as transformers 5.24's processors count them (one image a row, no 
   token the tower adds, dropped after it) pixel-shuffled to ``1 / pixel_shuffle_ratio**2`` times fewer ``<|patch|>``
   tokens, the features' places; ``<|image_start|>``, ``<|image|>``, ``<|image_end|>`` and one separator a canvas
   tile besides.  Its processor hands bf16 pixel values over (``rescale_and_normalize``).
+* Idefics 3 / SmolVLM (``Idefics3Processor._get_num_multimodal_tokens``, ``SmolVLMProcessor.replace_image_token``):
+  the image split into tiles of the tower's ``image_size`` and a global image
+  (:func:`tuner.planner.image_tokens.idefics3_grid`), each tile ``image_seq_len = (image_size // patch_size)**2 /
+  scale_factor**2`` ``<image>`` tokens (the connector's pixel shuffle), each with ``<fake_token_around_image>`` and
+  its ``<row_i_col_j>``, a newline a row, and the global image's fake tokens, tag and newlines.  The processor hands
+  an int64 ``pixel_attention_mask`` over beside the pixel values.
 
 TRL's ``DataCollatorForVisionLanguageModeling`` cuts ``input_ids`` after the processor expanded each image
 placeholder, so the image tokens are inside ``max_seq_length``, not added to it; a sequence too short for them fails
@@ -32,10 +38,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.planner.image_tokens import llama4_canvas, qwen_side
+from tuner.planner.image_tokens import idefics3_grid, llama4_canvas, qwen_side
 
 # transformers 5.24's config defaults for what a config.json may leave out (CLIPVisionConfig, SiglipVisionConfig,
-# Qwen2_5_VLVisionConfig, Gemma3Config, LlavaConfig, Llama4VisionConfig)
+# Qwen2_5_VLVisionConfig, Gemma3Config, LlavaConfig, Llama4VisionConfig, Idefics3VisionConfig, SmolVLMVisionConfig)
 _DEFAULTS = {
     "clip_vision_model": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
                               image_size=224, patch_size=32, hidden_act="quick_gelu", num_channels=3),
@@ -46,7 +52,10 @@ _DEFAULTS = {
                               fullatt_block_indexes=[7, 15, 23, 31]),
     "llama4_vision_model": dict(hidden_size=768, intermediate_size=5632, num_hidden_layers=34, num_attention_heads=16,
                                 image_size=448, patch_size=14, num_channels=3, pixel_shuffle_ratio=0.5),
+    "idefics3_vision": dict(hidden_size=1152, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=16,
+                            image_size=224, patch_size=32, num_channels=3, hidden_act="gelu_pytorch_tanh"),
 }
+_DEFAULTS["smolvlm_vision"] = _DEFAULTS["idefics3_vision"]
 # live copies of the activation function's input while it runs, per element of the MLP's intermediate width:
 # quick_gelu is x * sigmoid(1.702 x) (fc1's output, the sigmoid, the product); one fused op keeps input and output
 _ACTIVATION_COPIES = {"quick_gelu": 3}
@@ -57,7 +66,7 @@ IMAGE_SOURCES = ("builtin:shapes",)  # built-in data of image rows (data.format 
 class Tower:
     """A vision tower the planner models, and the image one row of the recipe's data gives it."""
 
-    kind: str  # llava (a CLIP or SigLIP tower), gemma3 (SigLIP + pooling projector), qwen2_5_vl or llama4
+    kind: str  # llava (CLIP or SigLIP), gemma3 (SigLIP + pooling), qwen2_5_vl, llama4 or idefics3 (SmolVLM's too)
     layers: int
     hidden: int
     intermediate: int
@@ -72,6 +81,7 @@ class Tower:
     tiles: int = 1  # tiling processors: the tiles of one image, each a span of its own through the tower
     markers: int = 0  # tokens the processor adds around an image's tokens (Llama 4's start, end, separators)
     pixel_bytes: int = 4  # bytes of one pixel value as the processor hands it over (fp32; Llama 4's bf16)
+    mask_bytes: int = 0  # bytes of a pixel's attention mask as the processor hands it over (Idefics 3's int64)
 
     @property
     def sequence_tokens(self) -> int:
@@ -143,6 +153,22 @@ def _llama4(config: dict, max_image_pixels: int) -> Tower:
                  pixel_bytes=2)
 
 
+def _idefics3(config: dict) -> Tower:
+    vision = _vision(config)
+    side = vision["image_size"]
+    rows, cols = idefics3_grid()
+    tiles = rows * cols + 1  # and the global image
+    patches = (side // vision["patch_size"]) ** 2
+    per_tile = patches // config.get("scale_factor", 2) ** 2  # image_seq_len
+    # each tile's fake token and row/column tag, a newline a row; the global image's two fake tokens, its tag, and
+    # the newline before it (a separate token where the tokenizer does not merge "\n\n")
+    markers = 3 + rows * (2 * cols + 1) + (rows > 0)
+    return Tower("idefics3", vision["num_hidden_layers"], vision["hidden_size"], vision["intermediate_size"],
+                 vision["num_attention_heads"], tiles * patches, tiles * per_tile, vision["num_channels"],
+                 tiles * vision["num_channels"] * side * side, vision["hidden_act"], tiles=tiles, markers=markers,
+                 mask_bytes=8)
+
+
 def tower_of(inventory, recipe) -> Tower | None:
     """The tower of an image-text model the planner models, for the recipe's images; None for any other."""
     config = inventory.source_config
@@ -155,23 +181,25 @@ def tower_of(inventory, recipe) -> Tower | None:
         return _qwen2_5_vl(config, recipe.data.max_image_pixels)
     if kind == "llama4":
         return _llama4(config, recipe.data.max_image_pixels)
+    if kind in ("idefics3", "smolvlm"):
+        return _idefics3(config)
     return None
 
 
 def tower_bytes(tower: Tower, images: int, act_bytes: int, eager: bool) -> dict[str, float]:
     """Bytes live at the peak of a frozen tower's forward over ``images`` images, by what holds them: the pixel
-    values (as the image processor makes them), the tower's input (the patch embeddings and the layer's input;
-    Qwen-VL: the layer's input, its rotary cos/sin and the patch embedding's copy of the patches), and one encoder
-    layer at its worst step -- attention (its norm, q/k/v, the output and its reshaped copy; eager: the scores and
-    their softmax over the longest span instead of the copies) or the MLP (the residual sum, its norm, and the
-    intermediate activations)."""
+    values (as the image processor makes them, with Idefics 3's mask), the tower's input (the patch embeddings and
+    the layer's input; Qwen-VL: the layer's input and its rotary cos/sin; Idefics 3: also the copies of the pixel
+    values and mask and the attention mask), and one encoder layer at its worst step -- attention (its norm, q/k/v,
+    the output and its reshaped copy; eager: the scores and their softmax over the longest span instead of the
+    copies) or the MLP (the residual sum, its norm, and the intermediate activations)."""
     positions = images * tower.patches
     hidden = positions * tower.hidden * act_bytes
     intermediate = positions * tower.intermediate * act_bytes
-    pixels = images * tower.pixels * float(tower.pixel_bytes)
+    pixels = images * tower.pixels * float(tower.pixel_bytes + tower.mask_bytes / tower.channels)
     if tower.kind == "qwen2_5_vl":
-        # the patch embedding's Conv3d takes a copy of its 5-D view of the flattened patches, kept with its output
-        kept = hidden + 2 * positions * (tower.hidden // tower.heads) * act_bytes + images * tower.pixels * act_bytes
+        # the layer's input and the rotary cos/sin
+        kept = hidden + 2 * positions * (tower.hidden // tower.heads) * act_bytes
         # the gated MLP: SiLU(gate) and up alive beside their product; attention: norm, fused qkv, the rotated
         # q and k and their window-ordered copies, the output
         mlp = 2 * hidden + 3 * intermediate
@@ -188,6 +216,20 @@ def tower_bytes(tower: Tower, images: int, act_bytes: int, eager: bool) -> dict[
         # activations their fp32 copies before and 16-bit copies after
         rotary = 2 * positions * tower.hidden * 4 + (act_bytes < 4) * (2 * positions * tower.hidden * 4 + 2 * hidden)
         attention = 4 * hidden + max(rotary, 2 * scores)
+    elif tower.kind == "idefics3":
+        # get_image_features' copies of the pixel values (in the activations' dtype) and of their int64 mask, without
+        # the padding tiles; the bidirectional mask over each tile's patches (bool; eager: in the activations' dtype)
+        span = tower.patches // tower.tiles
+        scores = images * tower.tiles * tower.heads * span ** 2
+        mask = images * tower.tiles * span ** 2
+        kept = 2 * hidden + images * tower.pixels * (act_bytes + tower.mask_bytes / tower.channels) + \
+            mask * (act_bytes if eager else 1)
+        # eager: the softmax's output stays with the layer through the MLP (its attention weights)
+        mlp = 2 * hidden + 2 * intermediate + (scores * act_bytes if eager else 0)
+        # norm, q, k, v; sdpa: the mask turned to the activations' dtype and the output; eager: the scores and their
+        # scaled copy, or under 16-bit activations the masked scores, their fp32 copy and its softmax
+        attention = 4 * hidden + ((2 * scores * act_bytes if act_bytes == 4 else scores * (act_bytes + 8)) if eager
+                                  else mask * act_bytes + hidden)
     else:
         kept = 2 * hidden
         mlp = 2 * hidden + _ACTIVATION_COPIES.get(tower.activation, 2) * intermediate
