@@ -1,7 +1,8 @@
 """A frozen vision tower on image rows (issue 50, "Plan"): the image tokens each image puts in the language model's
 sequence and the tower's forward, planned per tower kind and held to a fake-tensor trace of the real step on tiny
 instances -- LLaVA's CLIP (the demo model), Gemma 3's SigLIP with its pooling projector, Qwen2.5-VL's window
-attention with its merger.  The errors are tabled in docs/memory.md, "Vision tower"."""
+attention with its merger (and Qwen2-VL's full attention), Llama 4's tiles and pixel shuffle, Idefics 3 / SmolVLM's
+tiles and connector.  The errors are tabled in docs/memory.md, "Vision tower"."""
 from __future__ import annotations
 
 import json
@@ -31,6 +32,11 @@ TOWERS = {
 PIXELS = {"qwen2_5_vl": 128 * 128,  # data.max_image_pixels: a 16 x 16 patch grid, 64 tokens
           "qwen2_5_vl-large": 256 * 256}  # 32 x 32 patches, 256 tokens: eager full attention over an image
 TOWERS["qwen2_5_vl-large"] = TOWERS["qwen2_5_vl"]
+# Qwen2-VL: no windows, full attention in every block, over the same images
+TOWERS["qwen2_vl"] = lambda config: (config["vision_config"].update(patch_size=8), config["text_config"].update(
+    rope_parameters={"rope_theta": 1e6, "rope_type": "default", "mrope_section": [2, 3, 3]}))
+TOWERS["qwen2_vl-large"] = TOWERS["qwen2_vl"]
+PIXELS.update({"qwen2_vl": PIXELS["qwen2_5_vl"], "qwen2_vl-large": PIXELS["qwen2_5_vl-large"]})
 # Llama 4: 4 x 4 patches a tile (and its class token), pixel-shuffled to 4 tokens; its adapter takes 4 x hidden wide
 # patches, the tower's intermediate width; 17 tiles within the default pixel bound (16 and the global one)
 TOWERS["llama4"] = lambda config: config["vision_config"].update(image_size=32, patch_size=8, intermediate_size=128)
@@ -38,7 +44,7 @@ TOWERS["llama4"] = lambda config: config["vision_config"].update(image_size=32, 
 TOWERS["llama4-large"] = lambda config: config["vision_config"].update(image_size=128, patch_size=8,
                                                                        intermediate_size=128)
 PIXELS["llama4-large"] = 16 * 16
-SEQUENCE = {"qwen2_5_vl-large": 384, "llama4-large": 256}
+SEQUENCE = {"qwen2_5_vl-large": 384, "qwen2_vl-large": 384, "llama4-large": 256}
 # Llama 4's processor hands over bf16 pixel values, which an fp32 tower refuses: its cells run in bf16
 DTYPE = {"llama4": "bfloat16", "llama4-large": "bfloat16"}
 # Idefics 3 / SmolVLM: 4 x 4 patches a tile, pixel-shuffled to 4 tokens; 17 tiles (4 x 4 and the global image)
@@ -52,8 +58,10 @@ SEQUENCE["idefics3-large"] = 1280
 # (llava's cells are off by its language model's own terms: -12% and -14% on image rows, -14% on text rows of the
 # same model; Idefics 3's -17% on image rows, -19% on text rows; their towers are held alone below)
 CELLS = [("gemma3", "lora", "sdpa"), ("gemma3", "lora", "eager"), ("gemma3-large", "lora", "eager"),
-         ("qwen2_5_vl", "lora", "sdpa"), ("qwen2_5_vl", "lora", "eager"), ("qwen2_5_vl-large", "lora", "eager")]
+         ("qwen2_5_vl", "lora", "sdpa"), ("qwen2_5_vl", "lora", "eager"), ("qwen2_5_vl-large", "lora", "eager"),
+         ("qwen2_vl", "lora", "sdpa"), ("qwen2_vl", "lora", "eager"), ("qwen2_vl-large", "lora", "eager")]
 TOWER_CELLS = [(kind, attention) for kind in ("llava", "gemma3", "gemma3-large", "qwen2_5_vl", "qwen2_5_vl-large",
+                                              "qwen2_vl", "qwen2_vl-large",
                                               "llama4", "llama4-large", "idefics3", "idefics3-large", "smolvlm")
                for attention in ("sdpa", "eager")]
 
@@ -149,10 +157,11 @@ def test_text_rows_never_run_the_tower(tmp_path):
 def test_image_tokens_per_tower_kind(tmp_path):
     notes = {kind: next(n for n in plan(_recipe(_model_dir(tmp_path, kind), pixels=PIXELS.get(kind, 2**24))).notes
                         if n.startswith("image-text"))
-             for kind in ("llava", "gemma3", "qwen2_5_vl", "llama4", "idefics3", "smolvlm")}
+             for kind in ("llava", "gemma3", "qwen2_5_vl", "qwen2_vl", "llama4", "idefics3", "smolvlm")}
     assert "65 patches an image, 64 image tokens" in notes["llava"]  # 8x8 patches and CLIP's class token, dropped
     assert "256 patches an image, 16 image tokens" in notes["gemma3"]  # mm_tokens_per_image
-    assert "256 patches an image, 64 image tokens" in notes["qwen2_5_vl"]  # 128x128 px / 8 px, 2x2 merged
+    for kind in ("qwen2_5_vl", "qwen2_vl"):  # 128x128 px / 8 px, 2x2 merged
+        assert "256 patches an image, 64 image tokens" in notes[kind]
     # 16 tiles and the global one of 4x4 patches and a class token, each shuffled to 4 tokens; start, <|image|>,
     # end and a separator a tile
     assert "17 tiles of 17 positions, 289 patches an image, 68 image tokens and 19 marker tokens" in notes["llama4"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 
-from tuner.planner.tower import has_image_data, tower_of
+from tuner.planner.tower import QWEN_VL, has_image_data, tower_of
 
 _CHECKS = "TRANSFORMERS_DISABLE_TORCH_CHECK"
 # fake tensors keep small tensors made in the trace (torch.tensor) as constants, which .tolist() can read: raised so
@@ -17,6 +17,8 @@ _GRID_NUMEL_LIMIT = 3 * 256
 
 # Qwen-VL's index helpers (transformers.vision_utils): lengths a fake tensor cannot answer (.tolist())
 _QWEN_INDEX_HELPERS = ("get_vision_position_ids", "get_vision_attention_seqlens", "get_vision_window_index")
+# per Qwen-VL kind: its modeling module and its tower's attention class
+_QWEN_MODULES = {"qwen2_5_vl": ("qwen2_5_vl", "Qwen2_5_VLVisionAttention"), "qwen2_vl": ("qwen2_vl", "VisionAttention")}
 
 
 def has_image_rows(recipe) -> bool:
@@ -55,15 +57,16 @@ def image_batch(model, tower, batch: int, seq: int) -> dict:
         ids[:, :tower.tokens] = image_id
         image_types = (ids == image_id).int()
         inputs = {"input_ids": ids, "labels": ids}
-        if tower.kind == "qwen2_5_vl":
+        if tower.kind in QWEN_VL:
             grid = torch.tensor([[1, *tower.grid]] * batch)
             inputs["mm_token_type_ids"] = image_types
             base = model.get_base_model() if hasattr(model, "get_base_model") else model  # under PEFT's wrapper
-            inputs["position_ids"] = base.model.compute_3d_position_ids(ids, grid, None, None, None, None,
-                                                                        mm_token_type_ids=image_types)
+            inputs["position_ids"] = base.model.compute_3d_position_ids(  # by name: the kinds order them apart
+                input_ids=ids, image_grid_thw=grid, video_grid_thw=None, inputs_embeds=None, attention_mask=None,
+                cache=None, mm_token_type_ids=image_types)
         if tower.kind == "gemma3":  # the processor's token types: bidirectional attention over each image's tokens
             inputs["token_type_ids"] = image_types.long()
-    if tower.kind == "qwen2_5_vl":
+    if tower.kind in QWEN_VL:
         width = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
         inputs["pixel_values"] = torch.randn(batch * tower.patches, width)
         inputs["image_grid_thw"] = torch.tensor([[1, *tower.grid]] * batch)  # a constant: numel within the limit
@@ -104,13 +107,17 @@ def tower_traceable(tower, batch: int):
 @contextmanager
 def _qwen_indices_real(tower):
     """Qwen-VL's index helpers on real tensors, and its attention's window lengths as a numpy array."""
-    if tower is None or tower.kind != "qwen2_5_vl":
+    if tower is None or tower.kind not in _QWEN_MODULES:
         yield
         return
+    import importlib
+
     import numpy as np
     from torch._subclasses import fake_tensor
     from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as module
+
+    name, attention_class = _QWEN_MODULES[tower.kind]
+    module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
 
     def real(function):
         def wrapped(*args, **kwargs):
@@ -118,7 +125,7 @@ def _qwen_indices_real(tower):
                 return function(*args, **kwargs)
         return wrapped
 
-    attention = module.Qwen2_5_VLVisionAttention
+    attention = getattr(module, attention_class)
     attention_forward = attention.forward
 
     def forward(self, hidden_states, cu_seqlens, *args, **kwargs):
@@ -126,7 +133,7 @@ def _qwen_indices_real(tower):
             cu_seqlens = np.array(cu_seqlens.tolist())
         return attention_forward(self, hidden_states, cu_seqlens, *args, **kwargs)
 
-    originals = {name: getattr(module, name) for name in _QWEN_INDEX_HELPERS}
+    originals = {name: getattr(module, name) for name in _QWEN_INDEX_HELPERS if hasattr(module, name)}
     for name, function in originals.items():
         setattr(module, name, real(function))
     attention.forward = forward

@@ -66,8 +66,8 @@ def why_not_simulable(recipe) -> str | None:
     if grpo is not None and grpo.generation != "transformers":
         return "vLLM generates in its own engine, which fake tensors cannot run"
     if has_image_rows(recipe) and image_tower(recipe) is None:
-        return ("an image batch is built for the towers the planner models only (LLaVA, Gemma 3, Qwen2.5-VL, "
-                "Llama 4, Idefics 3 / SmolVLM)")
+        return ("an image batch is built for the towers the planner models only (LLaVA, Gemma 3, Qwen2-VL, "
+                "Qwen2.5-VL, Llama 4, Idefics 3 / SmolVLM)")
     inventory = _inventory(recipe)
     if inventory is not None and inventory.parts and inventory.model_type == "llama4":
         return ("Llama4ForConditionalGeneration's forward cannot finish a step in transformers 5.24 (it reads "

@@ -8,7 +8,7 @@ Image tokens, as transformers 5.24's processors count them (one image a row, no 
   ``vision_feature_select_strategy: default``, which drops it (``LlavaModel.get_image_features``: ``[:, 1:]``).
 * Gemma 3 (``Gemma3Processor``: ``image_seq_length = mm_tokens_per_image``): the SigLIP patches average-pooled
   by ``Gemma3MultiModalProjector`` to ``mm_tokens_per_image`` (pan-and-scan off, its default).
-* Qwen2.5-VL (``Qwen2VLImageProcessor.smart_resize``): the image resized to multiples of ``patch_size *
+* Qwen2-VL and Qwen2.5-VL (``Qwen2VLImageProcessor.smart_resize``): the image resized to multiples of ``patch_size *
   spatial_merge_size`` within ``max_pixels`` (the image processor's default ``28 * 28 * 1280``, or the data's
   ``max_image_pixels`` where smaller), one patch per ``patch_size**2`` pixels, and the merger's ``merge_size**2``
   patches per token.  Planned for a square image of the most pixels allowed: the worst case.
@@ -41,7 +41,8 @@ from dataclasses import dataclass
 from tuner.planner.image_tokens import idefics3_grid, llama4_canvas, qwen_side
 
 # transformers 5.24's config defaults for what a config.json may leave out (CLIPVisionConfig, SiglipVisionConfig,
-# Qwen2_5_VLVisionConfig, Gemma3Config, LlavaConfig, Llama4VisionConfig, Idefics3VisionConfig, SmolVLMVisionConfig)
+# Qwen2_5_VLVisionConfig, Qwen2VLVisionConfig, Gemma3Config, LlavaConfig, Llama4VisionConfig, Idefics3VisionConfig,
+# SmolVLMVisionConfig)
 _DEFAULTS = {
     "clip_vision_model": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
                               image_size=224, patch_size=32, hidden_act="quick_gelu", num_channels=3),
@@ -50,6 +51,8 @@ _DEFAULTS = {
     "qwen2_5_vl_vision": dict(hidden_size=3584, intermediate_size=3420, depth=32, num_heads=16, patch_size=14,
                               spatial_merge_size=2, temporal_patch_size=2, window_size=112, in_channels=3,
                               fullatt_block_indexes=[7, 15, 23, 31]),
+    "qwen2_vl_vision": dict(embed_dim=1280, mlp_ratio=4, depth=32, num_heads=16, patch_size=14, spatial_merge_size=2,
+                            temporal_patch_size=2, in_channels=3, hidden_act="quick_gelu"),
     "llama4_vision_model": dict(hidden_size=768, intermediate_size=5632, num_hidden_layers=34, num_attention_heads=16,
                                 image_size=448, patch_size=14, num_channels=3, pixel_shuffle_ratio=0.5),
     "idefics3_vision": dict(hidden_size=1152, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=16,
@@ -59,6 +62,7 @@ _DEFAULTS["smolvlm_vision"] = _DEFAULTS["idefics3_vision"]
 # live copies of the activation function's input while it runs, per element of the MLP's intermediate width:
 # quick_gelu is x * sigmoid(1.702 x) (fc1's output, the sigmoid, the product); one fused op keeps input and output
 _ACTIVATION_COPIES = {"quick_gelu": 3}
+QWEN_VL = ("qwen2_5_vl", "qwen2_vl")  # the kinds fed flattened patches and their grid
 IMAGE_SOURCES = ("builtin:shapes",)  # built-in data of image rows (data.format auto)
 
 
@@ -66,7 +70,7 @@ IMAGE_SOURCES = ("builtin:shapes",)  # built-in data of image rows (data.format 
 class Tower:
     """A vision tower the planner models, and the image one row of the recipe's data gives it."""
 
-    kind: str  # llava (CLIP or SigLIP), gemma3 (SigLIP + pooling), qwen2_5_vl, llama4 or idefics3 (SmolVLM's too)
+    kind: str  # llava (CLIP or SigLIP), gemma3 (SigLIP + pooling), qwen2_5_vl, qwen2_vl, llama4 or idefics3
     layers: int
     hidden: int
     intermediate: int
@@ -139,6 +143,18 @@ def _qwen2_5_vl(config: dict, max_image_pixels: int) -> Tower:
                  vision["in_channels"], grid * grid * width, "silu", (grid, grid), span)
 
 
+def _qwen2_vl(config: dict, max_image_pixels: int) -> Tower:
+    """Qwen2-VL: Qwen2.5-VL's resize and merger, full attention over the image in every block, a quick_gelu MLP of
+    ``mlp_ratio`` times the tower's ``embed_dim``."""
+    vision = _vision(config)
+    factor = vision["patch_size"] * vision["spatial_merge_size"]
+    grid = qwen_side(factor, max_image_pixels) // vision["patch_size"]
+    width = vision["in_channels"] * vision["temporal_patch_size"] * vision["patch_size"] ** 2
+    return Tower("qwen2_vl", vision["depth"], vision["embed_dim"], vision["embed_dim"] * vision["mlp_ratio"],
+                 vision["num_heads"], grid * grid, grid * grid // vision["spatial_merge_size"] ** 2,
+                 vision["in_channels"], grid * grid * width, vision["hidden_act"], (grid, grid), grid * grid)
+
+
 def _llama4(config: dict, max_image_pixels: int) -> Tower:
     vision = _vision(config)
     side = vision["image_size"]
@@ -179,6 +195,8 @@ def tower_of(inventory, recipe) -> Tower | None:
         return _gemma3(config)
     if kind == "qwen2_5_vl":
         return _qwen2_5_vl(config, recipe.data.max_image_pixels)
+    if kind == "qwen2_vl":
+        return _qwen2_vl(config, recipe.data.max_image_pixels)
     if kind == "llama4":
         return _llama4(config, recipe.data.max_image_pixels)
     if kind in ("idefics3", "smolvlm"):
@@ -197,7 +215,7 @@ def tower_bytes(tower: Tower, images: int, act_bytes: int, eager: bool) -> dict[
     hidden = positions * tower.hidden * act_bytes
     intermediate = positions * tower.intermediate * act_bytes
     pixels = images * tower.pixels * float(tower.pixel_bytes + tower.mask_bytes / tower.channels)
-    if tower.kind == "qwen2_5_vl":
+    if tower.kind in QWEN_VL:
         # the layer's input and the rotary cos/sin
         kept = hidden + 2 * positions * (tower.hidden // tower.heads) * act_bytes
         # the gated MLP: SiLU(gate) and up alive beside their product; attention: norm, fused qkv, the rotated

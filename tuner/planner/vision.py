@@ -82,8 +82,8 @@ def vision_unmodelled(s: Setup) -> list[str]:
     if s.images and s.tower is None:
         tower = inventory.parts.get("vision_tower", {}).get("module") or "its tower"
         unmodelled.append(f"the image tokens and the forward of {inventory.model_type}'s vision tower ({tower}) on "
-                          "the data's images (modelled: LLaVA's CLIP/SigLIP, Gemma 3's SigLIP, Qwen2.5-VL's, "
-                          "Llama 4's, Idefics 3's and SmolVLM's)")
+                          "the data's images (modelled: LLaVA's CLIP/SigLIP, Gemma 3's SigLIP, Qwen2-VL's, "
+                          "Qwen2.5-VL's, Llama 4's, Idefics 3's and SmolVLM's)")
     return unmodelled
 
 
