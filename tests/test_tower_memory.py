@@ -36,6 +36,13 @@ TOWERS["qwen2_5_vl-large"] = TOWERS["qwen2_5_vl"]
 TOWERS["qwen2_vl"] = lambda config: (config["vision_config"].update(patch_size=8), config["text_config"].update(
     rope_parameters={"rope_theta": 1e6, "rope_type": "default", "mrope_section": [2, 3, 3]}))
 TOWERS["qwen2_vl-large"] = TOWERS["qwen2_vl"]
+# Qwen3-VL: full attention, an interpolated position embedding, a deepstack merger after the last block; its whole
+# step is not traced (its language model adds the deepstack features by a boolean index, which fake tensors cannot
+# size)
+TOWERS["qwen3_vl"] = lambda config: (config["vision_config"].update(patch_size=8), config["text_config"].update(
+    rope_parameters={"rope_theta": 1e6, "rope_type": "default", "mrope_section": [2, 3, 3]}))
+TOWERS["qwen3_vl-large"] = TOWERS["qwen3_vl"]
+PIXELS.update({"qwen3_vl": PIXELS["qwen2_5_vl"], "qwen3_vl-large": PIXELS["qwen2_5_vl-large"]})
 PIXELS.update({"qwen2_vl": PIXELS["qwen2_5_vl"], "qwen2_vl-large": PIXELS["qwen2_5_vl-large"]})
 # Llama 4: 4 x 4 patches a tile (and its class token), pixel-shuffled to 4 tokens; its adapter takes 4 x hidden wide
 # patches, the tower's intermediate width; 17 tiles within the default pixel bound (16 and the global one)
@@ -44,7 +51,7 @@ TOWERS["llama4"] = lambda config: config["vision_config"].update(image_size=32, 
 TOWERS["llama4-large"] = lambda config: config["vision_config"].update(image_size=128, patch_size=8,
                                                                        intermediate_size=128)
 PIXELS["llama4-large"] = 16 * 16
-SEQUENCE = {"qwen2_5_vl-large": 384, "qwen2_vl-large": 384, "llama4-large": 256}
+SEQUENCE = {"qwen2_5_vl-large": 384, "qwen2_vl-large": 384, "qwen3_vl-large": 384, "llama4-large": 256}
 # Llama 4's processor hands over bf16 pixel values, which an fp32 tower refuses: its cells run in bf16
 DTYPE = {"llama4": "bfloat16", "llama4-large": "bfloat16"}
 # Idefics 3 / SmolVLM: 4 x 4 patches a tile, pixel-shuffled to 4 tokens; 17 tiles (4 x 4 and the global image)
@@ -61,7 +68,7 @@ CELLS = [("gemma3", "lora", "sdpa"), ("gemma3", "lora", "eager"), ("gemma3-large
          ("qwen2_5_vl", "lora", "sdpa"), ("qwen2_5_vl", "lora", "eager"), ("qwen2_5_vl-large", "lora", "eager"),
          ("qwen2_vl", "lora", "sdpa"), ("qwen2_vl", "lora", "eager"), ("qwen2_vl-large", "lora", "eager")]
 TOWER_CELLS = [(kind, attention) for kind in ("llava", "gemma3", "gemma3-large", "qwen2_5_vl", "qwen2_5_vl-large",
-                                              "qwen2_vl", "qwen2_vl-large",
+                                              "qwen2_vl", "qwen2_vl-large", "qwen3_vl", "qwen3_vl-large",
                                               "llama4", "llama4-large", "idefics3", "idefics3-large", "smolvlm")
                for attention in ("sdpa", "eager")]
 
@@ -157,10 +164,10 @@ def test_text_rows_never_run_the_tower(tmp_path):
 def test_image_tokens_per_tower_kind(tmp_path):
     notes = {kind: next(n for n in plan(_recipe(_model_dir(tmp_path, kind), pixels=PIXELS.get(kind, 2**24))).notes
                         if n.startswith("image-text"))
-             for kind in ("llava", "gemma3", "qwen2_5_vl", "qwen2_vl", "llama4", "idefics3", "smolvlm")}
+             for kind in ("llava", "gemma3", "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "llama4", "idefics3", "smolvlm")}
     assert "65 patches an image, 64 image tokens" in notes["llava"]  # 8x8 patches and CLIP's class token, dropped
     assert "256 patches an image, 16 image tokens" in notes["gemma3"]  # mm_tokens_per_image
-    for kind in ("qwen2_5_vl", "qwen2_vl"):  # 128x128 px / 8 px, 2x2 merged
+    for kind in ("qwen2_5_vl", "qwen2_vl", "qwen3_vl"):  # 128x128 px / 8 px, 2x2 merged
         assert "256 patches an image, 64 image tokens" in notes[kind]
     # 16 tiles and the global one of 4x4 patches and a class token, each shuffled to 4 tokens; start, <|image|>,
     # end and a separator a tile
@@ -178,6 +185,14 @@ def test_llama4_trains_no_step_in_this_transformers(tmp_path):
     recipe = _recipe(_model_dir(tmp_path, "llama4"), "lora", dtype="bfloat16")
     assert plan(recipe).verdict != "cannot judge"
     assert "outputs.image_outputs" in why_not_simulable(recipe)
+
+
+def test_qwen3_vl_traces_its_tower_alone(tmp_path):
+    from tuner.loading.simulate import why_not_simulable
+
+    recipe = _recipe(_model_dir(tmp_path, "qwen3_vl"), "lora", pixels=PIXELS["qwen3_vl"])
+    assert plan(recipe).verdict != "cannot judge"
+    assert "visual_pos_masks" in why_not_simulable(recipe)
 
 
 def test_a_larger_image_grows_the_tower_and_a_short_sequence_is_named(tmp_path):

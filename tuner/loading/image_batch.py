@@ -16,9 +16,11 @@ _CHECKS = "TRANSFORMERS_DISABLE_TORCH_CHECK"
 _GRID_NUMEL_LIMIT = 3 * 256
 
 # Qwen-VL's index helpers (transformers.vision_utils): lengths a fake tensor cannot answer (.tolist())
-_QWEN_INDEX_HELPERS = ("get_vision_position_ids", "get_vision_attention_seqlens", "get_vision_window_index")
+_QWEN_INDEX_HELPERS = ("get_vision_position_ids", "get_vision_attention_seqlens", "get_vision_window_index",
+                       "get_vision_interpolation_indices_and_weights")
 # per Qwen-VL kind: its modeling module and its tower's attention class
-_QWEN_MODULES = {"qwen2_5_vl": ("qwen2_5_vl", "Qwen2_5_VLVisionAttention"), "qwen2_vl": ("qwen2_vl", "VisionAttention")}
+_QWEN_MODULES = {"qwen2_5_vl": ("qwen2_5_vl", "Qwen2_5_VLVisionAttention"), "qwen2_vl": ("qwen2_vl", "VisionAttention"),
+                 "qwen3_vl": ("qwen3_vl", "Qwen3VLVisionAttention")}
 
 
 def has_image_rows(recipe) -> bool:
@@ -119,10 +121,13 @@ def _qwen_indices_real(tower):
     name, attention_class = _QWEN_MODULES[tower.kind]
     module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
 
+    def constant(value):  # the grid, a fake tensor's constant, as the real tensor it holds
+        return value.constant if isinstance(value, fake_tensor.FakeTensor) and value.constant is not None else value
+
     def real(function):
         def wrapped(*args, **kwargs):
             with unset_fake_temporarily():
-                return function(*args, **kwargs)
+                return function(*map(constant, args), **{key: constant(value) for key, value in kwargs.items()})
         return wrapped
 
     attention = getattr(module, attention_class)

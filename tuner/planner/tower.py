@@ -8,10 +8,11 @@ Image tokens, as transformers 5.24's processors count them (one image a row, no 
   ``vision_feature_select_strategy: default``, which drops it (``LlavaModel.get_image_features``: ``[:, 1:]``).
 * Gemma 3 (``Gemma3Processor``: ``image_seq_length = mm_tokens_per_image``): the SigLIP patches average-pooled
   by ``Gemma3MultiModalProjector`` to ``mm_tokens_per_image`` (pan-and-scan off, its default).
-* Qwen2-VL and Qwen2.5-VL (``Qwen2VLImageProcessor.smart_resize``): the image resized to multiples of ``patch_size *
-  spatial_merge_size`` within ``max_pixels`` (the image processor's default ``28 * 28 * 1280``, or the data's
-  ``max_image_pixels`` where smaller), one patch per ``patch_size**2`` pixels, and the merger's ``merge_size**2``
-  patches per token.  Planned for a square image of the most pixels allowed: the worst case.
+* Qwen2-VL, Qwen2.5-VL and Qwen3-VL (``Qwen2VLImageProcessor.smart_resize``, the image processor of all three): the
+  image resized to multiples of ``patch_size * spatial_merge_size`` within ``max_pixels`` (the image processor's
+  default ``28 * 28 * 1280``, or the data's ``max_image_pixels`` where smaller), one patch per ``patch_size**2``
+  pixels, and the merger's ``merge_size**2`` patches per token.  Planned for a square image of the most pixels
+  allowed.
 * Llama 4 (``Llama4Processor.replace_image_token``, ``Llama4ImageProcessor._preprocess``): the image padded into a
   canvas of ``image_size`` tiles, a global tile beside more than one (:func:`tuner.planner.image_tokens.llama4_canvas`:
   the most tiles within the data's pixel bound); each tile's ``(image_size // patch_size)**2`` patches (and the class
@@ -41,8 +42,8 @@ from dataclasses import dataclass
 from tuner.planner.image_tokens import idefics3_grid, llama4_canvas, qwen_side
 
 # transformers 5.24's config defaults for what a config.json may leave out (CLIPVisionConfig, SiglipVisionConfig,
-# Qwen2_5_VLVisionConfig, Qwen2VLVisionConfig, Gemma3Config, LlavaConfig, Llama4VisionConfig, Idefics3VisionConfig,
-# SmolVLMVisionConfig)
+# Qwen2VLVisionConfig, Qwen2_5_VLVisionConfig, Qwen3VLVisionConfig, Gemma3Config, LlavaConfig, Llama4VisionConfig,
+# Idefics3VisionConfig, SmolVLMVisionConfig)
 _DEFAULTS = {
     "clip_vision_model": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
                               image_size=224, patch_size=32, hidden_act="quick_gelu", num_channels=3),
@@ -53,6 +54,9 @@ _DEFAULTS = {
                               fullatt_block_indexes=[7, 15, 23, 31]),
     "qwen2_vl_vision": dict(embed_dim=1280, mlp_ratio=4, depth=32, num_heads=16, patch_size=14, spatial_merge_size=2,
                             temporal_patch_size=2, in_channels=3, hidden_act="quick_gelu"),
+    "qwen3_vl_vision": dict(hidden_size=1152, intermediate_size=4304, depth=27, num_heads=16, patch_size=16,
+                            spatial_merge_size=2, temporal_patch_size=2, in_channels=3, hidden_act="gelu_pytorch_tanh",
+                            out_hidden_size=3584, deepstack_visual_indexes=[8, 16, 24]),
     "llama4_vision_model": dict(hidden_size=768, intermediate_size=5632, num_hidden_layers=34, num_attention_heads=16,
                                 image_size=448, patch_size=14, num_channels=3, pixel_shuffle_ratio=0.5),
     "idefics3_vision": dict(hidden_size=1152, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=16,
@@ -60,9 +64,10 @@ _DEFAULTS = {
 }
 _DEFAULTS["smolvlm_vision"] = _DEFAULTS["idefics3_vision"]
 # live copies of the activation function's input while it runs, per element of the MLP's intermediate width:
-# quick_gelu is x * sigmoid(1.702 x) (fc1's output, the sigmoid, the product); one fused op keeps input and output
-_ACTIVATION_COPIES = {"quick_gelu": 3}
-QWEN_VL = ("qwen2_5_vl", "qwen2_vl")  # the kinds fed flattened patches and their grid
+# quick_gelu is x * sigmoid(1.702 x) (fc1's output, the sigmoid, the product); silu is Qwen2.5-VL's gated MLP
+# (SiLU(gate) and up beside their product); one fused op keeps input and output
+_ACTIVATION_COPIES = {"quick_gelu": 3, "silu": 3}
+QWEN_VL = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # the kinds fed flattened patches and their grid
 IMAGE_SOURCES = ("builtin:shapes",)  # built-in data of image rows (data.format auto)
 
 
@@ -70,7 +75,7 @@ IMAGE_SOURCES = ("builtin:shapes",)  # built-in data of image rows (data.format 
 class Tower:
     """A vision tower the planner models, and the image one row of the recipe's data gives it."""
 
-    kind: str  # llava (CLIP or SigLIP), gemma3 (SigLIP + pooling), qwen2_5_vl, qwen2_vl, llama4 or idefics3
+    kind: str  # llava (CLIP or SigLIP), gemma3 (SigLIP + pooling), qwen2_vl, qwen2_5_vl, qwen3_vl, llama4, idefics3
     layers: int
     hidden: int
     intermediate: int
@@ -86,6 +91,7 @@ class Tower:
     markers: int = 0  # tokens the processor adds around an image's tokens (Llama 4's start, end, separators)
     pixel_bytes: int = 4  # bytes of one pixel value as the processor hands it over (fp32; Llama 4's bf16)
     mask_bytes: int = 0  # bytes of a pixel's attention mask as the processor hands it over (Idefics 3's int64)
+    deepstack_width: int = 0  # Qwen3-VL: the deepstack mergers' features a merged token, all mergers together
 
     @property
     def sequence_tokens(self) -> int:
@@ -155,6 +161,21 @@ def _qwen2_vl(config: dict, max_image_pixels: int) -> Tower:
                  vision["in_channels"], grid * grid * width, vision["hidden_act"], (grid, grid), grid * grid)
 
 
+def _qwen3_vl(config: dict, max_image_pixels: int) -> Tower:
+    """Qwen3-VL: Qwen2.5-VL's resize and merger, full attention in every block, a learned position embedding
+    interpolated to the grid, and the deepstack mergers' features of some blocks kept to the tower's end."""
+    vision = _vision(config)
+    factor = vision["patch_size"] * vision["spatial_merge_size"]
+    grid = qwen_side(factor, max_image_pixels) // vision["patch_size"]
+    width = vision["in_channels"] * vision["temporal_patch_size"] * vision["patch_size"] ** 2
+    # the features of the deepstack blocks before the last, alive through the blocks after them
+    deepstack = sum(index < vision["depth"] - 1 for index in vision["deepstack_visual_indexes"])
+    return Tower("qwen3_vl", vision["depth"], vision["hidden_size"], vision["intermediate_size"],
+                 vision["num_heads"], grid * grid, grid * grid // vision["spatial_merge_size"] ** 2,
+                 vision["in_channels"], grid * grid * width, vision["hidden_act"], (grid, grid), grid * grid,
+                 deepstack_width=deepstack * vision["out_hidden_size"])
+
+
 def _llama4(config: dict, max_image_pixels: int) -> Tower:
     vision = _vision(config)
     side = vision["image_size"]
@@ -197,6 +218,8 @@ def tower_of(inventory, recipe) -> Tower | None:
         return _qwen2_5_vl(config, recipe.data.max_image_pixels)
     if kind == "qwen2_vl":
         return _qwen2_vl(config, recipe.data.max_image_pixels)
+    if kind == "qwen3_vl":
+        return _qwen3_vl(config, recipe.data.max_image_pixels)
     if kind == "llama4":
         return _llama4(config, recipe.data.max_image_pixels)
     if kind in ("idefics3", "smolvlm"):
@@ -216,11 +239,14 @@ def tower_bytes(tower: Tower, images: int, act_bytes: int, eager: bool) -> dict[
     intermediate = positions * tower.intermediate * act_bytes
     pixels = images * tower.pixels * float(tower.pixel_bytes + tower.mask_bytes / tower.channels)
     if tower.kind in QWEN_VL:
-        # the layer's input and the rotary cos/sin
+        # the layer's input and the rotary cos/sin; Qwen3-VL: its interpolated position embedding, the four corners'
+        # indices (int64) and weights a patch, and the deepstack features
         kept = hidden + 2 * positions * (tower.hidden // tower.heads) * act_bytes
-        # the gated MLP: SiLU(gate) and up alive beside their product; attention: norm, fused qkv, the rotated
+        if tower.kind == "qwen3_vl":
+            kept += hidden + positions * 4 * (8 + 4) + images * tower.tokens * tower.deepstack_width * act_bytes
+        # the MLP (Qwen2.5-VL's gated one, the others' fc1 and activation); attention: norm, fused qkv, the rotated
         # q and k and their window-ordered copies, the output
-        mlp = 2 * hidden + 3 * intermediate
+        mlp = 2 * hidden + _ACTIVATION_COPIES.get(tower.activation, 2) * intermediate
         # q and k and their window-ordered copies, the output; eager runs one image or window at a time
         attention = (7 * hidden + 2 * tower.heads * tower.full_attention_span ** 2 * act_bytes) if eager \
             else 9 * hidden

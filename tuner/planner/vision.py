@@ -83,7 +83,7 @@ def vision_unmodelled(s: Setup) -> list[str]:
         tower = inventory.parts.get("vision_tower", {}).get("module") or "its tower"
         unmodelled.append(f"the image tokens and the forward of {inventory.model_type}'s vision tower ({tower}) on "
                           "the data's images (modelled: LLaVA's CLIP/SigLIP, Gemma 3's SigLIP, Qwen2-VL's, "
-                          "Qwen2.5-VL's, Llama 4's, Idefics 3's and SmolVLM's)")
+                          "Qwen2.5-VL's, Qwen3-VL's, Llama 4's, Idefics 3's and SmolVLM's)")
     return unmodelled
 
 
