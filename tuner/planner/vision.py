@@ -51,9 +51,9 @@ def vision_notes(s: Setup) -> list[str]:
             text += ("; the tower saves nothing for backward (nothing in it requires grad), its forward holds the "
                      "pixel values, its input and one encoder layer")
     notes = [text + "."]
-    if s.tower is not None and s.tower.tokens > s.seq:
-        notes.append(f"max_seq_length {s.seq} is shorter than the {s.tower.tokens} image tokens of one image: "
-                     "the collator cuts them and the model refuses the batch (image features and image tokens "
+    if s.tower is not None and s.tower.sequence_tokens > s.seq:
+        notes.append(f"max_seq_length {s.seq} is shorter than the {s.tower.sequence_tokens} image tokens of one "
+                     "image: the collator cuts them and the model refuses the batch (image features and image tokens "
                      "do not match); raise training.max_seq_length.")
     return notes
 
@@ -82,7 +82,8 @@ def vision_unmodelled(s: Setup) -> list[str]:
     if s.images and s.tower is None:
         tower = inventory.parts.get("vision_tower", {}).get("module") or "its tower"
         unmodelled.append(f"the image tokens and the forward of {inventory.model_type}'s vision tower ({tower}) on "
-                          "the data's images (modelled: LLaVA's CLIP/SigLIP, Gemma 3's SigLIP, Qwen2.5-VL's)")
+                          "the data's images (modelled: LLaVA's CLIP/SigLIP, Gemma 3's SigLIP, Qwen2-VL's, "
+                          "Qwen2.5-VL's, Qwen3-VL's, Llama 4's, Idefics 3's and SmolVLM's)")
     return unmodelled
 
 
