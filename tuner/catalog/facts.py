@@ -150,6 +150,12 @@ class ModelFacts:
                        if inventory.part_of(group) in parts)
         return round(r * per_rank)
 
+    def lora_groups(self, target_modules: list[str] | str, target_parameters=(), parts=PARTS) -> list[ModuleGroup]:
+        """The module groups PEFT puts an adapter on for these targets, in ``parts`` of an image-text model."""
+        inventory = self.lora_inventory
+        targets = self.peft_targets(target_modules, target_parameters)
+        return [group for group, _ in _adapted(inventory, targets) if inventory.part_of(group) in parts]
+
     def frozen_params(self, train) -> int:
         """Parameters of the parts of an image-text model ``method.train`` leaves frozen (0 for a causal LM)."""
         return self.inventory.part_params([part for part in self.inventory.parts if part not in train])

@@ -61,6 +61,8 @@ class Tower:
     activation: str = "gelu"
     grid: tuple[int, int] = ()  # Qwen-VL: patches high and wide
     full_attention_span: int = 0  # Qwen-VL: the longest span one eager attention call covers (an image or a window)
+    window_span: int = 0  # Qwen-VL: patches one window's attention covers
+    full_attention_layers: int = 0  # Qwen-VL: the layers attending over a whole image (fullatt_block_indexes)
 
     def describe(self) -> str:
         return f"{self.kind} tower: {self.patches} patches an image, {self.tokens} image tokens"
@@ -112,7 +114,8 @@ def _qwen2_5_vl(config: dict, max_image_pixels: int) -> Tower:
     width = vision["in_channels"] * vision["temporal_patch_size"] * vision["patch_size"] ** 2
     return Tower("qwen2_5_vl", vision["depth"], vision["hidden_size"], vision["intermediate_size"],
                  vision["num_heads"], grid * grid, grid * grid // vision["spatial_merge_size"] ** 2,
-                 vision["in_channels"], grid * grid * width, "silu", (grid, grid), span)
+                 vision["in_channels"], grid * grid * width, "silu", (grid, grid), span, min(grid, window) ** 2,
+                 len(vision["fullatt_block_indexes"]))
 
 
 def tower_of(inventory, recipe) -> Tower | None:

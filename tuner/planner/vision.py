@@ -71,15 +71,17 @@ def tower_items(s: Setup) -> list[Item]:
 
 
 def vision_unmodelled(s: Setup) -> list[str]:
-    """The image-text parts no planner term covers in this recipe: a trained vision tower or projector (their
-    saved activations), and a tower of a kind not modelled running on the data's images."""
+    """The image-text parts no planner term covers in this recipe: a tower of a kind not modelled running on the
+    data's images, and then, trained, its saved activations (a modelled kind's: :mod:`tuner.planner.tower_backward`)."""
     inventory = s.model.inventory
     if inventory is None or not inventory.parts:
         return []
     trained = [part for part in s.train if part != LANGUAGE_MODEL]
-    unmodelled = [f"the {' and '.join(NAMES[p] for p in trained)} activations saved for backward, their "
-                  f"gradients (method.train: {', '.join(s.train)})"] if trained else []
+    unmodelled = []
     if s.images and s.tower is None:
+        if trained:
+            unmodelled.append(f"the {' and '.join(NAMES[p] for p in trained)} activations saved for backward "
+                              f"(method.train: {', '.join(s.train)})")
         tower = inventory.parts.get("vision_tower", {}).get("module") or "its tower"
         unmodelled.append(f"the image tokens and the forward of {inventory.model_type}'s vision tower ({tower}) on "
                           "the data's images (modelled: LLaVA's CLIP/SigLIP, Gemma 3's SigLIP, Qwen2.5-VL's)")
