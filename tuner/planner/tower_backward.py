@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tuner.catalog.inventory import LANGUAGE_MODEL
-from tuner.planner.items import BACKWARD, TOWER, Item
+from tuner.planner.items import ALWAYS, BACKWARD, STEP, TOWER, TOWER_BACKWARD, Item
 from tuner.planner.rank_setup import Setup
 from tuner.planner.tower import Tower
 
@@ -63,22 +63,33 @@ def language_model_setup(s: Setup) -> Setup:
     return s
 
 
-def _layer_parts(tower: Tower, images: int, a: int, eager: bool) -> dict[str, float]:
-    """One fully trained encoder layer's saved bytes, by what keeps them (the layer kinds' anatomy above)."""
+def _eager_span(tower: Tower, worst: bool) -> float:
+    """Positions one eager attention call spans: the whole image, or for Qwen-VL a window or (in the
+    fullatt_block_indexes) the whole image, averaged over the layers unless ``worst``."""
+    if tower.kind != "qwen2_5_vl":
+        return tower.patches
+    if worst and tower.full_attention_layers:
+        return tower.patches
+    full = tower.full_attention_layers
+    return tower.window_span if worst else ((tower.layers - full) * tower.window_span + full * tower.patches) / \
+        tower.layers
+
+
+def _layer_parts(tower: Tower, images: int, a: int, eager: bool, worst: bool = False) -> dict[str, float]:
+    """One fully trained encoder layer's saved bytes, by what keeps them (the layer kinds' anatomy above); the
+    eager probabilities of the layer with the widest attention when ``worst``, else of the layers' average."""
     n, h, i = images * tower.patches, tower.hidden, tower.intermediate
     hidden, wide = n * h * a, n * i * a
+    probabilities = n * tower.heads * _eager_span(tower, worst) * (4 + (a if a != 4 else 0))
     if tower.kind == "qwen2_5_vl":
         if eager:  # each window's (or the whole image's) probabilities, fp32 and their cast for the matmul
-            span = tower.window_span
-            windows = (tower.layers - tower.full_attention_layers) * span + tower.full_attention_layers * tower.patches
-            core = 5 * hidden + n * tower.heads * windows / tower.layers * (4 + (a if a != 4 else 0))
+            core = 5 * hidden + probabilities
         else:
             core = 6 * hidden + n * tower.heads * _STATS
         return {"norm inputs": 2 * (hidden + n * _STATS), "norm outputs": 2 * hidden, "attention core": core,
                 "linear inputs": 3 * hidden, "activation": 3 * wide, "wide linear input": wide}
     if eager:
-        core = 3 * hidden + images * tower.heads * tower.patches ** 2 * (4 + (a if a != 4 else 0))
-        out_proj = hidden
+        core, out_proj = 3 * hidden + probabilities, hidden
     else:
         core, out_proj = 4 * hidden + n * tower.heads * _STATS, 0
     return {"norm inputs": 2 * (hidden + 2 * n * _STATS), "norm outputs": 0, "attention core": core,
@@ -105,16 +116,20 @@ def _adapted_inputs(s: Setup) -> list[tuple[str, int]]:
     return found
 
 
-def _lora_branches(s: Setup, n: int, first: bool) -> float:
-    """The adapters' saved tensors in one layer: per adapted map its dropped-out input in the adapter's compute
-    dtype and the dropout's mask (none for the first layer's q/k/v, whose input needs no gradient), and the r-wide
-    input of lora_B; without a dropout, lora_A keeps its input itself, once per input tensor."""
+_ATTENTION_MAPS = frozenset({"q_proj", "k_proj", "v_proj", "qkv", "out_proj", "proj"})
+
+
+def _lora_branches(s: Setup, n: int, first: bool, mlp_only: bool = False) -> float:
+    """The adapters' saved tensors in one layer (``mlp_only``: the MLP's): per adapted map its dropped-out input in
+    the adapter's compute dtype and the dropout's mask (none for the first layer's q/k/v, whose input needs no
+    gradient), and the r-wide input of lora_B; without a dropout, lora_A keeps its input itself, once per input
+    tensor."""
     compute = 2 if s.mixed else 4
-    adapted = _adapted_inputs(s)
+    adapted = [(leaf, width) for leaf, width in _adapted_inputs(s) if not (mlp_only and leaf in _ATTENTION_MAPS)]
     if s.lora_dropout > 0:
         mask = 1 if s.on_gpu else 4
-        attention_input = {"q_proj", "k_proj", "v_proj", "qkv"}
-        inputs = sum(width * (compute + (0 if first and leaf in attention_input else mask)) for leaf, width in adapted)
+        inputs = sum(width * (compute + (0 if first and leaf in _ATTENTION_MAPS - {"out_proj", "proj"} else mask))
+                     for leaf, width in adapted)
     else:
         distinct = {next((min(group) for group in _SHARED_INPUTS if leaf in group), leaf): width
                     for leaf, width in adapted}
@@ -122,16 +137,20 @@ def _lora_branches(s: Setup, n: int, first: bool) -> float:
     return n * (inputs + len(adapted) * s.lora_r * compute)
 
 
-def _layer_bytes(s: Setup, first: bool) -> float:
+def _layer_bytes(s: Setup, first: bool, worst: bool = False) -> float:
     """What one encoder layer of the trained tower saves (full, or LoRA on it)."""
     tower = s.tower
-    parts = _layer_parts(tower, s.batch, s.act_bytes, s.eager)
+    parts = _layer_parts(tower, s.batch, s.act_bytes, s.eager, worst)
     if s.kind == "full":
         return sum(parts.values())
     n = s.batch * tower.patches
     first_norm = parts["norm inputs"] / 2 if first else 0.0  # the first norm's input needs no gradient there
     return parts["norm inputs"] - first_norm + parts["attention core"] + parts["activation"] + \
         _lora_branches(s, n, first)
+
+
+def _clip(s: Setup) -> bool:
+    return (s.model.inventory.source_config.get("vision_config") or {}).get("model_type") == "clip_vision_model"
 
 
 def _outside_layers_bytes(s: Setup) -> float:
@@ -146,7 +165,7 @@ def _outside_layers_bytes(s: Setup) -> float:
         return 2 * n * (tower.hidden // tower.heads) * 4
     norm = n * (tower.hidden * a + 2 * _STATS)
     vision = s.model.inventory.source_config.get("vision_config") or {}
-    if vision.get("model_type") == "clip_vision_model":
+    if _clip(s):
         return norm if s.kind == "full" else 0.0
     head = ((3 if s.kind == "full" else 2) * n * tower.hidden * a + n * tower.heads * 4) \
         if vision.get("vision_use_head", True) else 0.0
@@ -179,13 +198,37 @@ def _projector_bytes(s: Setup) -> float:
     return tokens * text * a
 
 
-def tower_backward_items(s: Setup) -> list[Item]:
+def _layer_gradient_bytes(s: Setup) -> float:
+    """The gradients of one encoder layer's intermediates while its backward runs, beside what it saved: its
+    output's gradient, and the larger of the MLP's (the intermediate's and the activation's) and eager attention's
+    (the probabilities' and the scores', 4 + a per element of the widest layer's; Qwen-VL's one image or window at
+    a time), the latter once the MLP's and the second norm's saved tensors are freed (their backward ran first)."""
+    tower, a = s.tower, s.act_bytes
+    n = s.batch * tower.patches
+    mlp = 2 * n * tower.intermediate * a
+    attention = 0.0
+    if s.eager:
+        parts = _layer_parts(tower, s.batch, a, s.eager, worst=True)
+        after_mixer = parts["norm inputs"] / 2 + parts["activation"] + (
+            parts["norm outputs"] / 2 + parts["wide linear input"] + n * tower.hidden * a if s.kind == "full" else
+            _lora_branches(s, n, first=False, mlp_only=True))
+        span = _eager_span(tower, worst=True)
+        # Qwen-VL runs its attention one image or window at a time, and so its backward; SigLIP/CLIP the batch
+        chunk = tower.heads * span * span if tower.kind == "qwen2_5_vl" else n * tower.heads * span
+        attention = chunk * (4 + a) - after_mixer
+    return n * tower.hidden * a + max(mlp, attention)
+
+
+def tower_backward_items(s: Setup, gpu_items: list[Item]) -> list[Item]:
     """What a trained tower and/or projector keep for the backward over one micro-batch's images, live from their
-    forward (the first of the step) until the backward ends; [] where neither trains or the tower is not modelled."""
+    forward (the first of the step) until their backward, the last of the step; and that backward's own moment:
+    the gradients made before it (every one the optimizer step holds: ``gpu_items``' gradients), a checkpointed
+    layer recomputed and one layer's intermediate gradients.  [] where neither trains or the tower is not
+    modelled."""
     if not trains_tower_parts(s):
         return []
     tower = s.tower
-    phase = (TOWER,) + BACKWARD
+    phase = (TOWER,) + BACKWARD + (TOWER_BACKWARD,)
     label = f"({s.batch} x {tower.patches} patches)"
     items = []
     if VISION_TOWER in s.train:
@@ -193,13 +236,23 @@ def tower_backward_items(s: Setup) -> list[Item]:
         if s.checkpointing:
             saved = layers * s.batch * tower.patches * tower.hidden * s.act_bytes
             name = f"vision tower: checkpointed inputs of its {layers} encoder layers {label}"
+            items.append(Item("vision tower: one encoder layer recomputed in its backward", "activations",
+                              _layer_bytes(s, first=False, worst=True), TOWER_BACKWARD, source="tower-backward"))
         else:
             saved = _layer_bytes(s, first=True) + (layers - 1) * _layer_bytes(s, first=False)
             how = "in full" if s.kind == "full" else "with LoRA"
             name = f"vision tower: saved activations of its {layers} encoder layers, trained {how} {label}"
         items.append(Item(name, "activations", saved, phase, source="tower-backward"))
+        # the tower's backward runs after the post-layer norm's, the pooling head's and the projector's: only what
+        # comes before the layers (Qwen's rotary tables, CLIP's pre-layer norm) is still kept then
+        before = tower.kind == "qwen2_5_vl" or _clip(s)
         items.append(Item("vision tower: saved outside its layers (norms, pooling head, rotary tables)", "activations",
-                          _outside_layers_bytes(s), phase, source="tower-backward"))
+                          _outside_layers_bytes(s), phase if before else phase[:-1], source="tower-backward"))
+        items.append(Item("vision tower: gradients of one encoder layer's intermediates", "activations",
+                          _layer_gradient_bytes(s), TOWER_BACKWARD, source="tower-backward"))
     items.append(Item(f"projector: saved activations ({'trained' if PROJECTOR in s.train else 'frozen'})",
-                      "activations", _projector_bytes(s), phase, source="tower-backward"))
+                      "activations", _projector_bytes(s), phase[:-1], source="tower-backward"))
+    items += [Item(f"{item.name}, made before the tower's backward", item.category, item.bytes, TOWER_BACKWARD,
+                   item.source) for item in gpu_items
+              if item.category == "gradients" and item.phase != ALWAYS and item.live_in(STEP)]
     return items
