@@ -14,6 +14,7 @@ from tuner.catalog.inventory import LANGUAGE_MODEL, PARTS
 from tuner.planner.items import GIB, STEP_MOMENTS, TOWER, Item
 from tuner.planner.rank_setup import Setup
 from tuner.planner.tower import tower_bytes
+from tuner.planner.tower_backward import modelled, trains_tower_parts
 
 NAMES = {"vision_tower": "vision tower", "projector": "projector", "language_model": "language model"}
 
@@ -72,16 +73,17 @@ def tower_items(s: Setup) -> list[Item]:
 
 def vision_unmodelled(s: Setup) -> list[str]:
     """The image-text parts no planner term covers in this recipe: a tower of a kind not modelled running on the
-    data's images, and then, trained, its saved activations (a modelled kind's: :mod:`tuner.planner.tower_backward`)."""
+    data's images, and a trained tower or projector of a kind :mod:`tuner.planner.tower_backward` does not hold to
+    traces (their saved activations)."""
     inventory = s.model.inventory
     if inventory is None or not inventory.parts:
         return []
     trained = [part for part in s.train if part != LANGUAGE_MODEL]
     unmodelled = []
+    if trains_tower_parts(s) and not modelled(s):
+        unmodelled.append(f"the {' and '.join(NAMES[p] for p in trained)} activations saved for backward "
+                          f"(method.train: {', '.join(s.train)}; modelled for Gemma 3's and Qwen2.5-VL's towers)")
     if s.images and s.tower is None:
-        if trained:
-            unmodelled.append(f"the {' and '.join(NAMES[p] for p in trained)} activations saved for backward "
-                              f"(method.train: {', '.join(s.train)})")
         tower = inventory.parts.get("vision_tower", {}).get("module") or "its tower"
         unmodelled.append(f"the image tokens and the forward of {inventory.model_type}'s vision tower ({tower}) on "
                           "the data's images (modelled: LLaVA's CLIP/SigLIP, Gemma 3's SigLIP, Qwen2.5-VL's)")
