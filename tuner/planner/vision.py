@@ -6,7 +6,8 @@ A fine-tune of an image-text checkpoint loads the whole model (transformers' ima
 with it) and trains the parts ``method.train`` names; the others are frozen: their weights are counted, they get no
 gradients or optimizer states.  Text rows never run the tower; rows with images run a frozen tower whose forward
 :mod:`tuner.planner.tower` plans, for the tower kinds it models (others get no verdict).  A trained tower or
-projector has no terms here yet (its saved activations), so such a recipe gets no verdict rather than a "fits".
+projector keeps tensors for the backward, planned by :mod:`tuner.planner.tower_backward` for the kinds it holds to
+traces; a trained one of another kind gets no verdict rather than a "fits".
 """
 from __future__ import annotations
 
