@@ -31,6 +31,7 @@ CELLS = [
     ("qwen2_5_vl", "full", TOWER_AND_PROJECTOR, "eager", False),
     ("qwen2_5_vl", "lora", ("vision_tower",), "sdpa", False),
     ("qwen2_5_vl", "full", ("projector",), "sdpa", False),
+    ("qwen2_5_vl", "lora", ("projector", "language_model"), "sdpa", False),
     ("qwen2_5_vl", "full", TOWER_AND_PROJECTOR, "sdpa", True),
     ("qwen2_5_vl", "lora", ("vision_tower", "language_model"), "eager", True),
     ("gemma3-large", "full", TOWER_AND_PROJECTOR, "eager", False),

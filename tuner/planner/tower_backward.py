@@ -47,6 +47,7 @@ _STATS = 4  # LayerNorm's mean and rstd, RMSNorm's rstd: fp32 per position
 _SAVED_ACTIVATION_COPIES = {"quick_gelu": 2}
 # linear maps that read one input tensor (PEFT without a dropout keeps it once for their branches)
 _SHARED_INPUTS = (frozenset({"q_proj", "k_proj", "v_proj"}), frozenset({"gate_proj", "up_proj"}))
+_ATTENTION_MAPS = frozenset({"q_proj", "k_proj", "v_proj", "qkv", "out_proj", "proj"})
 
 
 # the tower kinds whose trained tower and projector are held to traces of the step; LLaVA's terms are read off per
@@ -126,9 +127,6 @@ def _adapted_inputs(s: Setup) -> list[tuple[str, int]]:
     return found
 
 
-_ATTENTION_MAPS = frozenset({"q_proj", "k_proj", "v_proj", "qkv", "out_proj", "proj"})
-
-
 def _lora_branches(s: Setup, n: int, first: bool, mlp_only: bool = False) -> float:
     """The adapters' saved tensors in one layer (``mlp_only``: the MLP's): per adapted map its dropped-out input in
     the adapter's compute dtype and the dropout's mask (none for the first layer's q/k/v, whose input needs no
@@ -182,6 +180,15 @@ def _outside_layers_bytes(s: Setup) -> float:
     return norm + head
 
 
+def _projector_lora_bytes(s: Setup, rows: int) -> float:
+    """LoRA on the projector's linear maps (Qwen's merger: over the merged tokens): each adapter's dropped-out
+    input and mask, and lora_B's r-wide input, as in the tower's layers."""
+    compute, mask = (2 if s.mixed else 4), (0 if s.lora_dropout == 0 else 1 if s.on_gpu else 4)
+    widths = [group.params["weight"][1] for group in s.model.lora_groups(s.lora_targets, s.lora_parameters, (PROJECTOR,))
+              if len(group.params.get("weight", ())) == 2]
+    return rows * sum(width * (compute + mask) + s.lora_r * compute for width in widths)
+
+
 def _projector_bytes(s: Setup) -> float:
     """The projector's saved tensors: trained (its linears' inputs) or frozen on a trained tower (what the
     backward needs to reach the tower)."""
@@ -192,10 +199,9 @@ def _projector_bytes(s: Setup) -> float:
     trained = PROJECTOR in s.train
     if tower.kind == "qwen2_5_vl":  # ln_q over the patches, then 4 merged patches a token: N x h each
         hidden = n * tower.hidden * a
-        if trained:
-            return (4 * hidden + (hidden + n * _STATS if tower_trains else 0)) if s.kind == "full" else \
-                2 * hidden + n * _STATS
-        return 2 * hidden + n * _STATS
+        if trained and s.kind == "full":
+            return 4 * hidden + (hidden + n * _STATS if tower_trains else 0)
+        return 2 * hidden + n * _STATS + (_projector_lora_bytes(s, tokens) if trained else 0)
     if tower.kind == "gemma3":
         pooled = tokens * tower.hidden * a
         pooling = n * tower.hidden * a if tower_trains else 0.0
