@@ -52,6 +52,9 @@ def vision_notes(s: Setup) -> list[str]:
         if frozen_tower:
             text += ("; the tower saves nothing for backward (nothing in it requires grad), its forward holds the "
                      "pixel values, its input and one encoder layer")
+        elif modelled(s):
+            text += ("; the trained tower keeps its encoder layers' activations (or, checkpointed, their inputs) for "
+                     "its backward, the step's last (vision tower backward)")
     notes = [text + "."]
     if s.tower is not None and s.tower.tokens > s.seq:
         notes.append(f"max_seq_length {s.seq} is shorter than the {s.tower.tokens} image tokens of one image: "
