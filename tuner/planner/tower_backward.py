@@ -24,11 +24,12 @@ dropout its input once per input tensor; RMSNorm's normalised input is not neede
 first layer's attention input does not require grad (the patch embedding is frozen): its norm keeps nothing and its
 q/k/v dropouts no mask.  Under ``memory.gradient_checkpointing`` transformers checkpoints the tower's encoder layers
 too (they are ``GradientCheckpointingLayer``): each keeps its input, and one layer is recomputed in the tower's
-backward.  LLaVA keeps the layers up to ``vision_feature_layer`` (-2: all but the last, whose output is dropped with
-the tower's outputs); the SigLIP pooling head Gemma 3 does not use is dropped likewise.
+backward.  Every layer is kept, also those past LLaVA's ``vision_feature_layer`` (-2: the last layer's output is
+not read), and SigLIP's pooling head, whose output Gemma 3 does not read: the traces keep their tensors through the
+step (the tower's output object outlives ``get_image_features``).
 
 The projector: LLaVA's (linear, GELU, linear) and Qwen's merger (RMSNorm, linear, GELU, linear over 4 merged
-patches) keep their linears' inputs and the GELU's input; Gemma 3's (average pooling, RMSNorm, a matmul) its pooled
+patches) keep their linears' inputs and the GELU's input (with LoRA: the GELU's input and the adapters' branches); Gemma 3's (average pooling, RMSNorm, a matmul) its pooled
 tokens' norm and matmul input, and the pooling's input when the tower trains.  A frozen projector on a trained tower
 keeps what the backward needs to reach the tower: the GELU's input and the first norm's input.
 """
@@ -50,19 +51,14 @@ _SHARED_INPUTS = (frozenset({"q_proj", "k_proj", "v_proj"}), frozenset({"gate_pr
 _ATTENTION_MAPS = frozenset({"q_proj", "k_proj", "v_proj", "qkv", "out_proj", "proj"})
 
 
-# the tower kinds whose trained tower and projector are held to traces of the step; LLaVA's terms are read off per
-# tensor, but its trace keeps more of the last encoder layer than they do (docs/memory.md): no verdict yet
-TRAINED_KINDS = ("gemma3", "qwen2_5_vl")
-
-
 def trains_tower_parts(s: Setup) -> bool:
     """The recipe trains the vision tower or the projector of an image-text model, on image rows."""
     return s.images and bool({VISION_TOWER, PROJECTOR} & set(s.train))
 
 
 def modelled(s: Setup) -> bool:
-    """The recipe trains the tower or the projector of a kind whose terms are held to traces."""
-    return trains_tower_parts(s) and s.tower is not None and s.tower.kind in TRAINED_KINDS
+    """The recipe trains the tower or the projector of a tower kind :mod:`tuner.planner.tower` models."""
+    return trains_tower_parts(s) and s.tower is not None
 
 
 def language_model_setup(s: Setup) -> Setup:
@@ -106,16 +102,6 @@ def _layer_parts(tower: Tower, images: int, a: int, eager: bool, worst: bool = F
     return {"norm inputs": 2 * (hidden + 2 * n * _STATS), "norm outputs": 0, "attention core": core,
             "linear inputs": 2 * hidden + out_proj,
             "activation": _SAVED_ACTIVATION_COPIES.get(tower.activation, 1) * wide, "wide linear input": wide}
-
-
-def _kept_layers(s: Setup) -> int:
-    """Encoder layers whose outputs reach the loss: LLaVA's up to vision_feature_layer, every other tower's all."""
-    tower = s.tower
-    if tower.kind != "llava":
-        return tower.layers
-    layer = s.model.inventory.source_config.get("vision_feature_layer", -2)
-    deepest = max(layer) if isinstance(layer, list) else layer
-    return deepest + 1 + tower.layers if deepest < 0 else deepest
 
 
 def _adapted_inputs(s: Setup) -> list[tuple[str, int]]:
@@ -209,9 +195,9 @@ def _projector_bytes(s: Setup) -> float:
             return pooling + 2 * pooled + (pooled + tokens * _STATS if tower_trains else 0)
         return pooling + pooled + tokens * _STATS
     # llava: linear_1 over the selected patches, GELU, linear_2
-    if trained:
+    if trained and s.kind == "full":
         return tokens * (tower.hidden + 2 * text) * a
-    return tokens * text * a
+    return tokens * text * a + (_projector_lora_bytes(s, tokens) if trained else 0)
 
 
 def _layer_gradient_bytes(s: Setup) -> float:
@@ -248,7 +234,7 @@ def tower_backward_items(s: Setup, gpu_items: list[Item]) -> list[Item]:
     label = f"({s.batch} x {tower.patches} patches)"
     items = []
     if VISION_TOWER in s.train:
-        layers = _kept_layers(s)
+        layers = tower.layers
         if s.checkpointing:
             saved = layers * s.batch * tower.patches * tower.hidden * s.act_bytes
             name = f"vision tower: checkpointed inputs of its {layers} encoder layers {label}"

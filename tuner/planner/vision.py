@@ -6,8 +6,8 @@ A fine-tune of an image-text checkpoint loads the whole model (transformers' ima
 with it) and trains the parts ``method.train`` names; the others are frozen: their weights are counted, they get no
 gradients or optimizer states.  Text rows never run the tower; rows with images run a frozen tower whose forward
 :mod:`tuner.planner.tower` plans, for the tower kinds it models (others get no verdict).  A trained tower or
-projector keeps tensors for the backward, planned by :mod:`tuner.planner.tower_backward` for the kinds it holds to
-traces; a trained one of another kind gets no verdict rather than a "fits".
+projector keeps tensors for the backward, planned by :mod:`tuner.planner.tower_backward` for the same kinds; a
+trained one of another kind gets no verdict rather than a "fits".
 """
 from __future__ import annotations
 
@@ -77,8 +77,7 @@ def tower_items(s: Setup) -> list[Item]:
 
 def vision_unmodelled(s: Setup) -> list[str]:
     """The image-text parts no planner term covers in this recipe: a tower of a kind not modelled running on the
-    data's images, and a trained tower or projector of a kind :mod:`tuner.planner.tower_backward` does not hold to
-    traces (their saved activations)."""
+    data's images, and then, trained, its saved activations (a modelled kind's: :mod:`tuner.planner.tower_backward`)."""
     inventory = s.model.inventory
     if inventory is None or not inventory.parts:
         return []
@@ -86,7 +85,7 @@ def vision_unmodelled(s: Setup) -> list[str]:
     unmodelled = []
     if trains_tower_parts(s) and not modelled(s):
         unmodelled.append(f"the {' and '.join(NAMES[p] for p in trained)} activations saved for backward "
-                          f"(method.train: {', '.join(s.train)}; modelled for Gemma 3's and Qwen2.5-VL's towers)")
+                          f"(method.train: {', '.join(s.train)})")
     if s.images and s.tower is None:
         tower = inventory.parts.get("vision_tower", {}).get("module") or "its tower"
         unmodelled.append(f"the image tokens and the forward of {inventory.model_type}'s vision tower ({tower}) on "
