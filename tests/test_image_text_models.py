@@ -29,7 +29,8 @@ def _model_dir(tmp_path, model_type: str) -> tuple[str, dict]:
 
 def _recipe(model: str, data: dict | None = None, **method):
     return validate_recipe({"model": {"id": model}, "method": {"kind": "full", **method},
-                            "hardware": {"gpus_per_machine": 1, "gpu": "H100-80GB"}, **({"data": data} if data else {})})
+                            "hardware": {"gpus_per_machine": 1, "gpu": "H100-80GB"},
+                            **({"data": data} if data else {})})
 
 
 @pytest.mark.parametrize("model_type", sorted(CLASSES))

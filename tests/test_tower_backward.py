@@ -50,7 +50,8 @@ def _model_dir(root, name: str) -> str:
 
 def _recipe(model: str, name: str, method: str, train, attention: str = "sdpa", checkpointing: bool = False,
             batch: int = 2, **data):
-    return validate_recipe({"model": {"id": model, "dtype": "float32"}, "method": {"kind": method, "train": list(train)},
+    return validate_recipe({"model": {"id": model, "dtype": "float32"},
+                            "method": {"kind": method, "train": list(train)},
                             "data": {"source": "rows.jsonl", "format": "image_prompt_answer",
                                      "max_image_pixels": PIXELS.get(name, 4096 * 4096), **data},
                             "memory": {"mixed_precision": "no", "attention": attention,

@@ -74,7 +74,8 @@ def plan(recipe) -> MemoryPlan:
         gpu_items, host_per_gpu = gpu_items + on_gpu, host_per_gpu + on_host
     act_items, act_host, act_notes = activation_items(language_model_setup(s))
     notes += list(f.notes) + vision_notes(s) + act_notes
-    items = gpu_items + act_items + tower_items(s) + tower_backward_items(s, gpu_items) + (eval_items(s) if s.evaluates else [])
+    items = gpu_items + act_items + tower_items(s) + tower_backward_items(s, gpu_items) + \
+        (eval_items(s) if s.evaluates else [])
     if s.experts:
         from tuner.planner.expert_parallel import dispatch_items
 

@@ -29,8 +29,9 @@ not read), and SigLIP's pooling head, whose output Gemma 3 does not read: the tr
 step (the tower's output object outlives ``get_image_features``).
 
 The projector: LLaVA's (linear, GELU, linear) and Qwen's merger (RMSNorm, linear, GELU, linear over 4 merged
-patches) keep their linears' inputs and the GELU's input (with LoRA: the GELU's input and the adapters' branches); Gemma 3's (average pooling, RMSNorm, a matmul) its pooled
-tokens' norm and matmul input, and the pooling's input when the tower trains.  A frozen projector on a trained tower
+patches) keep their linears' inputs and the GELU's input (with LoRA: the GELU's input and the adapters' branches);
+Gemma 3's (average pooling, RMSNorm, a matmul) its pooled tokens' norm and matmul input, and the pooling's input
+when the tower trains.  A frozen projector on a trained tower
 keeps what the backward needs to reach the tower: the GELU's input and the first norm's input.
 """
 from __future__ import annotations
@@ -170,8 +171,8 @@ def _projector_lora_bytes(s: Setup, rows: int) -> float:
     """LoRA on the projector's linear maps (Qwen's merger: over the merged tokens): each adapter's dropped-out
     input and mask, and lora_B's r-wide input, as in the tower's layers."""
     compute, mask = (2 if s.mixed else 4), (0 if s.lora_dropout == 0 else 1 if s.on_gpu else 4)
-    widths = [group.params["weight"][1] for group in s.model.lora_groups(s.lora_targets, s.lora_parameters, (PROJECTOR,))
-              if len(group.params.get("weight", ())) == 2]
+    groups = s.model.lora_groups(s.lora_targets, s.lora_parameters, (PROJECTOR,))
+    widths = [group.params["weight"][1] for group in groups if len(group.params.get("weight", ())) == 2]
     return rows * sum(width * (compute + mask) + s.lora_r * compute for width in widths)
 
 
