@@ -21,7 +21,7 @@ TOWERS = {
     "gemma3": lambda config: (config["vision_config"].update(image_size=128, patch_size=8),  # 256 patches
                               config.update(mm_tokens_per_image=16)),  # pooled 4x4 to 16 tokens
     # 1024 patches, pooled 8x8 to 16 tokens: eager attention over them outgrows the language model's step
-    # (a vocabulary above the tower's 1024 position embeddings, which tuner's facts would read as the vocabulary)
+    # (a vocabulary above the tower's 1024 positions: tuner once read the first embedding as the vocabulary)
     "gemma3-large": lambda config: (config["vision_config"].update(image_size=256, patch_size=8),
                                     config["text_config"].update(vocab_size=2048),
                                     config.update(mm_tokens_per_image=16)),
@@ -60,13 +60,12 @@ TOWERS["smolvlm"] = TOWERS["idefics3"]
 # 16 x 16 patches a tile, 64 tokens each: eager attention over a tile outgrows the MLP
 TOWERS["idefics3-large"] = lambda config: config["vision_config"].update(image_size=128, patch_size=8)
 SEQUENCE["idefics3-large"] = 1280
-# LoRA, which leaves the tower and the projector frozen in training too (tuner.recipe.adapters: language model
-# only); full fine-tuning does not freeze them yet (see docs/memory.md, "Vision tower")
-# (llava's cells are off by its language model's own terms: -12% and -14% on image rows, -14% on text rows of the
-# same model; Idefics 3's -17% on image rows, -19% on text rows; their towers are held alone below)
+# LoRA on the language model (the tower and the projector frozen); LLaVA's and Idefics 3's cells were -12% to -19%
+# low while the planner read the tower's position embedding as the vocabulary (docs/memory.md, "Vision tower")
 CELLS = [("gemma3", "lora", "sdpa"), ("gemma3", "lora", "eager"), ("gemma3-large", "lora", "eager"),
          ("qwen2_5_vl", "lora", "sdpa"), ("qwen2_5_vl", "lora", "eager"), ("qwen2_5_vl-large", "lora", "eager"),
-         ("qwen2_vl", "lora", "sdpa"), ("qwen2_vl", "lora", "eager"), ("qwen2_vl-large", "lora", "eager")]
+         ("qwen2_vl", "lora", "sdpa"), ("qwen2_vl", "lora", "eager"), ("qwen2_vl-large", "lora", "eager"),
+         ("llava", "lora", "sdpa"), ("llava", "lora", "eager"), ("idefics3", "lora", "sdpa"), ("idefics3", "lora", "eager")]
 TOWER_CELLS = [(kind, attention) for kind in ("llava", "gemma3", "gemma3-large", "qwen2_5_vl", "qwen2_5_vl-large",
                                               "qwen2_vl", "qwen2_vl-large", "qwen3_vl", "qwen3_vl-large",
                                               "llama4", "llama4-large", "idefics3", "idefics3-large", "smolvlm")

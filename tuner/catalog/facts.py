@@ -6,15 +6,15 @@ What each decoder layer is (attention, latent attention, gated delta net; dense 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, replace
-from functools import cached_property, lru_cache
+from functools import cached_property
 from pathlib import Path
 
 from tuner.catalog.inventory import LANGUAGE_MODEL, PARTS, Inventory, ModuleGroup
 from tuner.catalog.inventory_store import inventory_for, with_lora
 from tuner.catalog.layer_kinds import LayerKind, LinearLayer, classify
 from tuner.catalog.model_config import ModelConfigError, UnknownModelError, check_config
+from tuner.catalog.peft_targets import PeftTargets, adapted_groups, peft_targets
 
 
 @dataclass(frozen=True)
@@ -33,17 +33,6 @@ class ParamCounts:
     def as_dict(self) -> dict[str, int]:
         return {"embeddings": self.embeddings, "attention": self.attention, "mlp": self.mlp,
                 "norms": self.norms, "lm_head": self.lm_head, "other": self.other, "total": self.total}
-
-
-@dataclass(frozen=True)
-class PeftTargets:
-    """What PEFT adapts for a recipe's target_modules and target_parameters, resolved as PEFT resolves them:
-    transformers v4 expert names (gate_proj, up_proj, down_proj, gate) become the fused v5 parameters they live in
-    (``peft.utils.transformers_weight_conversion``), a fused pair at twice the rank."""
-
-    modules: tuple[str, ...] | str  # names matched against module paths, or "all-linear"
-    parameters: tuple[tuple[str, int], ...]  # (parameter name or suffix, rank factor)
-    refusal: str | None = None  # PEFT's reason when it refuses the combination
 
 
 @dataclass(frozen=True)
@@ -146,9 +135,15 @@ class ModelFacts:
         image-text model, only those in ``parts`` (``method.train``: the targets are resolved inside them)."""
         targets = self.peft_targets(target_modules, target_parameters)
         inventory = self.lora_inventory
-        per_rank = sum(coefficient * self._share(group) for group, coefficient in _adapted(inventory, targets)
+        per_rank = sum(coefficient * self._share(group) for group, coefficient in adapted_groups(inventory, targets)
                        if inventory.part_of(group) in parts)
         return round(r * per_rank)
+
+    def lora_groups(self, target_modules: list[str] | str, target_parameters=(), parts=PARTS) -> list[ModuleGroup]:
+        """The module groups PEFT puts an adapter on for these targets, in ``parts`` of an image-text model."""
+        inventory = self.lora_inventory
+        targets = self.peft_targets(target_modules, target_parameters)
+        return [group for group, _ in adapted_groups(inventory, targets) if inventory.part_of(group) in parts]
 
     def frozen_params(self, train) -> int:
         """Parameters of the parts of an image-text model ``method.train`` leaves frozen (0 for a causal LM)."""
@@ -158,13 +153,13 @@ class ModelFacts:
         """Whether these targets make PEFT adapt a parameter directly (fused experts: lora.ParamWrapper)."""
         targets = self.peft_targets(target_modules, target_parameters)
         return any(name or group.kind == "experts" for group, _, name in
-                   _adapted(self.lora_inventory, targets, with_names=True))
+                   adapted_groups(self.lora_inventory, targets, with_names=True))
 
     def targeted_linears(self, kind: LayerKind, target_modules: list[str] | str, target_parameters=()):
         """The linear maps of one layer of ``kind`` that carry a LoRA adapter."""
         targets = self.peft_targets(target_modules, target_parameters)
         adapted = {self.inventory.relative(group) + (f".{name}" if name else "")
-                   for group, _, name in _adapted(self.lora_inventory, targets, with_names=True)}
+                   for group, _, name in adapted_groups(self.lora_inventory, targets, with_names=True)}
         return [lin for lin in kind.linears if lin.name in adapted or f"{lin.name}.weight" in adapted
                 or lin.name.rsplit(".", 1)[0] in adapted]
 
@@ -277,117 +272,6 @@ def _tp_share(inventory: Inventory, group: ModuleGroup, tp: int) -> float:
         else:
             held += size
     return held / group.own_numel
-
-
-def peft_targets(inventory: Inventory, target_modules, target_parameters: tuple[str, ...] = ()) -> PeftTargets:
-    """PEFT's resolution of a recipe's targets (``_convert_peft_config_moe``): v4 expert names become target
-    parameters; a fused pair named in part is refused as PEFT refuses it."""
-    mapping, fused = inventory.peft_moe_mapping, inventory.peft_fused_targets
-    if target_modules == "all-linear" or not mapping:
-        return PeftTargets(target_modules if target_modules == "all-linear" else tuple(target_modules),
-                           tuple((name, 1) for name in target_parameters))
-    modules, parameters, named = [], {name: 1 for name in target_parameters}, {}
-    keeps_linears = _peft_keeps_linear_targets(inventory)
-    for target in target_modules:
-        old = next((old for old in mapping if target == old or target.endswith(f".{old}")), None)
-        if old is None:
-            modules.append(target)
-            continue
-        matching = [group for group in inventory.groups if _module_matches(group, target)]
-        if keeps_linears and matching and all(group.kind == "linear" for group in matching):
-            modules.append(target)  # DeepSeek-V3's dense and shared-expert down_proj stay module targets
-            if not any(group.kind != "linear" and any(_named(f"{group.pattern}.{name}", mapping[old])
-                                                      for name in group.params) for group in inventory.groups):
-                continue
-        parameters.setdefault(mapping[old], 1)
-        named.setdefault(mapping[old], set()).add(old)
-    for new, required in fused.items():
-        present = named.get(new, set())
-        if 0 < len(present) < len(required):
-            missing = ", ".join(sorted(set(required) - present))
-            return PeftTargets(tuple(modules), tuple(parameters.items()),
-                               f"PEFT cannot adapt {', '.join(sorted(present))} without also targeting {missing}: "
-                               f"transformers fuses them into {new}")
-        if len(present) == len(required) > 1:
-            parameters[new] = len(required)
-    return PeftTargets(tuple(modules), tuple(parameters.items()))
-
-
-def peft_release(measured_with: str = "") -> tuple[int, ...]:
-    """The PEFT release that will train (the installed one, else ``measured_with``: an inventory's), as numbers:
-    its rules for targets and modules_to_save changed in 0.22."""
-    release = _installed_peft() or measured_with
-    return tuple(int(part) for part in re.findall(r"\d+", release)[:2])
-
-
-@lru_cache(maxsize=1)
-def _installed_peft() -> str:
-    """The installed PEFT's version, read once (a plan asks per module group)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("peft")
-    except PackageNotFoundError:
-        return ""
-
-
-def peft_saves(path: str, name: str) -> bool:
-    """Whether PEFT's modules_to_save ``name`` takes the module at ``path``: a plain suffix before 0.22 (``norm``
-    takes ``q_norm`` and ``input_layernorm``), a whole trailing module name from 0.22 (``_is_valid_match``)."""
-    return path.endswith(name) if peft_release() < (0, 22) else _named(path, name)
-
-
-def _peft_keeps_linear_targets(inventory: Inventory) -> bool:
-    """PEFT from 0.22 keeps a v4 expert name as a module target where it names nn.Linear modules, and adds the fused
-    parameter only where one of that name lies outside them (peft #3711, #3945); 0.21 turned it into the parameter
-    alone."""
-    return peft_release(inventory.peft_version) >= (0, 22)
-
-
-def _named(path: str, target: str) -> bool:
-    return path == target or path.endswith("." + target)
-
-
-def _module_matches(group: ModuleGroup, target: str) -> bool:
-    """PEFT's rule for a target module name: the module's path equals it or ends with '.' + it."""
-    if not any(ch.isdigit() for ch in target):
-        return _named(group.pattern, target)
-    return any(_named(name, target) for name in group.names())
-
-
-def _adapted(inventory: Inventory, targets: PeftTargets, with_names: bool = False):
-    """(group, LoRA parameters per unit of rank over all its instances[, parameter name]) for every adapted group."""
-    found = []
-    for group in inventory.groups:
-        if targets.modules == "all-linear":
-            if group.lora_all_linear:
-                found.append((group, group.lora_all_linear * group.instances, ""))
-        elif (per_instance := group.lora or _kept_linear(group)) and \
-                any(_module_matches(group, target) for target in targets.modules):
-            matched = group.instances
-            if any(ch.isdigit() for target in targets.modules for ch in target):
-                matched = sum(1 for name in group.names() if any(_named(name, t) for t in targets.modules)) \
-                    or group.instances
-            found.append((group, per_instance * matched, ""))
-        for name, per_rank in group.lora_parameters.items():
-            if targets.modules == "all-linear" and group.lora_all_linear:
-                continue  # all-linear already adapts the experts (PEFT renames them into target parameters)
-            full = f"{group.pattern}.{name}"
-            factor = max((factor for target, factor in targets.parameters
-                          if full == target or full.endswith("." + target)), default=0)
-            if factor:
-                found.append((group, per_rank * factor * group.instances, name))
-    if with_names:
-        return found
-    return [(group, per_rank) for group, per_rank, _ in found]
-
-
-def _kept_linear(group: ModuleGroup) -> float:
-    """LoRA parameters per unit of rank of an nn.Linear the inventory measured no count for by name: one whose leaf
-    PEFT 0.21 renamed into a fused parameter, which PEFT 0.22 keeps as a module target (r x (in + out))."""
-    if group.kind != "linear" or group.lora_excluded:
-        return 0.0
-    return float(group.attrs.get("in_features", 0) + group.attrs.get("out_features", 0))
 
 
 def _config_int(config: dict, *keys: str, default: int = 0) -> int:

@@ -15,9 +15,10 @@ CATEGORIES = ("weights", "reference_model", "reward_model", "teacher_model", "lo
               "logits_loss", "generation", "overhead")
 ALWAYS, FORWARD_BACKWARD, LAYER_BACKWARD, STEP = "always", "loss", "layer backward", "optimizer step"
 TOWER = "vision tower forward"  # an image-text step's frozen tower, before the language model's forward
+TOWER_BACKWARD = "vision tower backward"  # a trained tower's (or projector's) backward, the step's last
 PREFILL, DECODING, SCORING = "prefill", "decoding", "scoring"  # grpo's rollout (tuner.planner.grpo)
 EVAL, SAVE, RESUME, MERGE, LOAD = "evaluation", "saving", "resuming", "merging", "loading"
-STEP_MOMENTS = (TOWER, FORWARD_BACKWARD, LAYER_BACKWARD, STEP)
+STEP_MOMENTS = (TOWER, FORWARD_BACKWARD, LAYER_BACKWARD, TOWER_BACKWARD, STEP)
 GENERATION_MOMENTS = (PREFILL, DECODING, SCORING)
 MOMENTS = STEP_MOMENTS + GENERATION_MOMENTS + (EVAL, SAVE, RESUME, MERGE, LOAD)
 TRAINING_STEP, GENERATION = "training step", "generation"

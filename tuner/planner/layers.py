@@ -28,8 +28,9 @@ def _split(value: int, tp: int) -> float:
 
 
 def lora_linears(s, kind):
-    """The layer's linear maps that carry a LoRA adapter (none for full fine-tuning)."""
-    if s.kind == "full":
+    """The layer's linear maps that carry a LoRA adapter (none for full fine-tuning, nor where ``method.train``
+    leaves an image-text model's language model out)."""
+    if s.kind == "full" or "language_model" not in s.train:
         return []
     return s.model.targeted_linears(kind, s.lora_targets, s.lora_parameters)
 

@@ -25,6 +25,7 @@ from tuner.planner.items import (GIB, TIGHT_HEADROOM, CANNOT_JUDGE, STEP, TRAINI
                                  GPU_PHASES, CPU_PHASES, DevicePlan, MemoryPlan)
 from tuner.planner.model_states import (model_state_items, module_params, trainable_full, trainable_lora,
                                         trained_outside_layers_items)
+from tuner.planner.tower_backward import language_model_setup, tower_backward_items
 from tuner.planner.vision import part_summary, tower_items, vision_notes, vision_unmodelled
 from tuner.planner.phases import cpu_phase_items, host_phase_items, merge_items, overhead_items
 from tuner.planner.rank_setup import Setup, rank_setup
@@ -71,9 +72,10 @@ def plan(recipe) -> MemoryPlan:
 
         on_gpu, on_host = teacher_items(s)
         gpu_items, host_per_gpu = gpu_items + on_gpu, host_per_gpu + on_host
-    act_items, act_host, act_notes = activation_items(s)
+    act_items, act_host, act_notes = activation_items(language_model_setup(s))
     notes += list(f.notes) + vision_notes(s) + act_notes
-    items = gpu_items + act_items + tower_items(s) + (eval_items(s) if s.evaluates else [])
+    items = gpu_items + act_items + tower_items(s) + tower_backward_items(s, gpu_items) + \
+        (eval_items(s) if s.evaluates else [])
     if s.experts:
         from tuner.planner.expert_parallel import dispatch_items
 

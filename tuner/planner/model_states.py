@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tuner.catalog.facts import ModelFacts, peft_saves
+from tuner.catalog.facts import ModelFacts
+from tuner.catalog.peft_targets import peft_saves
 from tuner.planner.items import (ALWAYS, EVAL, LAYER_BACKWARD, STEP, BACKWARD, NF4_DOUBLE_QUANT_BYTES, NF4_BYTES,
                                  ADAM8BIT_BYTES, ZERO3_MAX_LIVE_PARAMETERS, Item)
 from tuner.planner.expert_parallel import gathered_layer_params
@@ -251,7 +252,7 @@ def model_state_items(s: Setup) -> tuple[list[Item], list[Item], list[str]]:
 
 def module_params(s: Setup, name: str) -> tuple[int, int] | None:
     """(parameters, largest tensor) of the modules PEFT matches by ``name`` (as ``_set_trainable`` does:
-    :func:`tuner.catalog.facts.peft_saves`); None for a name tuner cannot size."""
+    :func:`tuner.catalog.peft_targets.peft_saves`); None for a name tuner cannot size."""
     f, counts = s.facts, s.counts
     head = f.vocab_size * f.hidden_size
     if name == "lm_head":

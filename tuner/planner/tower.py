@@ -92,6 +92,8 @@ class Tower:
     pixel_bytes: int = 4  # bytes of one pixel value as the processor hands it over (fp32; Llama 4's bf16)
     mask_bytes: int = 0  # bytes of a pixel's attention mask as the processor hands it over (Idefics 3's int64)
     deepstack_width: int = 0  # Qwen3-VL: the deepstack mergers' features a merged token, all mergers together
+    window_span: int = 0  # Qwen-VL: patches one window's attention covers
+    full_attention_layers: int = 0  # Qwen-VL: the layers attending over a whole image (fullatt_block_indexes)
 
     @property
     def sequence_tokens(self) -> int:
@@ -146,7 +148,8 @@ def _qwen2_5_vl(config: dict, max_image_pixels: int) -> Tower:
     width = vision["in_channels"] * vision["temporal_patch_size"] * vision["patch_size"] ** 2
     return Tower("qwen2_5_vl", vision["depth"], vision["hidden_size"], vision["intermediate_size"],
                  vision["num_heads"], grid * grid, grid * grid // vision["spatial_merge_size"] ** 2,
-                 vision["in_channels"], grid * grid * width, "silu", (grid, grid), span)
+                 vision["in_channels"], grid * grid * width, "silu", (grid, grid), span,
+                 window_span=min(grid, window) ** 2, full_attention_layers=len(vision["fullatt_block_indexes"]))
 
 
 def _qwen2_vl(config: dict, max_image_pixels: int) -> Tower:

@@ -6,7 +6,8 @@ A fine-tune of an image-text checkpoint loads the whole model (transformers' ima
 with it) and trains the parts ``method.train`` names; the others are frozen: their weights are counted, they get no
 gradients or optimizer states.  Text rows never run the tower; rows with images run a frozen tower whose forward
 :mod:`tuner.planner.tower` plans, for the tower kinds it models (others get no verdict).  A trained tower or
-projector has no terms here yet (its saved activations), so such a recipe gets no verdict rather than a "fits".
+projector keeps tensors for the backward, planned by :mod:`tuner.planner.tower_backward` for the same kinds; a
+trained one of another kind gets no verdict rather than a "fits".
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tuner.catalog.inventory import LANGUAGE_MODEL, PARTS
 from tuner.planner.items import GIB, STEP_MOMENTS, TOWER, Item
 from tuner.planner.rank_setup import Setup
 from tuner.planner.tower import tower_bytes
+from tuner.planner.tower_backward import modelled, trains_tower_parts
 
 NAMES = {"vision_tower": "vision tower", "projector": "projector", "language_model": "language model"}
 
@@ -50,6 +52,9 @@ def vision_notes(s: Setup) -> list[str]:
         if frozen_tower:
             text += ("; the tower saves nothing for backward (nothing in it requires grad), its forward holds the "
                      "pixel values, its input and one encoder layer")
+        elif modelled(s):
+            text += ("; the trained tower keeps its encoder layers' activations (or, checkpointed, their inputs) for "
+                     "its backward, the step's last (vision tower backward)")
     notes = [text + "."]
     if s.tower is not None and s.tower.sequence_tokens > s.seq:
         notes.append(f"max_seq_length {s.seq} is shorter than the {s.tower.sequence_tokens} image tokens of one "
@@ -71,14 +76,16 @@ def tower_items(s: Setup) -> list[Item]:
 
 
 def vision_unmodelled(s: Setup) -> list[str]:
-    """The image-text parts no planner term covers in this recipe: a trained vision tower or projector (their
-    saved activations), and a tower of a kind not modelled running on the data's images."""
+    """The image-text parts no planner term covers in this recipe: a tower of a kind not modelled running on the
+    data's images, and then, trained, its saved activations (a modelled kind's: :mod:`tuner.planner.tower_backward`)."""
     inventory = s.model.inventory
     if inventory is None or not inventory.parts:
         return []
     trained = [part for part in s.train if part != LANGUAGE_MODEL]
-    unmodelled = [f"the {' and '.join(NAMES[p] for p in trained)} activations saved for backward, their "
-                  f"gradients (method.train: {', '.join(s.train)})"] if trained else []
+    unmodelled = []
+    if trains_tower_parts(s) and not modelled(s):
+        unmodelled.append(f"the {' and '.join(NAMES[p] for p in trained)} activations saved for backward "
+                          f"(method.train: {', '.join(s.train)})")
     if s.images and s.tower is None:
         tower = inventory.parts.get("vision_tower", {}).get("module") or "its tower"
         unmodelled.append(f"the image tokens and the forward of {inventory.model_type}'s vision tower ({tower}) on "
