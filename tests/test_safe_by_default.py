@@ -171,6 +171,9 @@ IMPORT_BY_NAME = re.compile(r"\b(__import__|import_module)\((?!\s*[\"']|\s*f[\"'
 ALLOWED_IMPORTS = {("tuner/doctor/libraries.py", "importlib.import_module(module)"),
                    # the recipe package's lazy exports: a fixed table of its own modules (PEP 562)
                    ("tuner/recipe/__init__.py", "importlib.import_module(_HOME[name])"),
+                   # the traced image step: transformers' Qwen-VL modelling modules, a fixed table (_QWEN_MODULES)
+                   ("tuner/loading/image_batch.py",
+                    'importlib.import_module(f"transformers.models.{name}.modeling_{name}")'),
                    # a grpo reward the recipe names (function: file.py:name), imported by the training ranks only
                    ("tuner/train/rewards.py", "importlib.util.spec_from_file_location(module_name, path)")}
 
