@@ -114,39 +114,16 @@ def test_lora_on_two_ranks_under_zero3_resumes_merges_and_the_merged_model_answe
     partitioned adapters): it checkpoints and resumes from the newest checkpoint; `tuner merge` saves a model (with
     its processor: images need it) that answers every picture as the adapter does through `tuner infer --image`, and
     two pictures differently.  ZeRO-2, and Gemma 3's processor, are tests/test_image_text_ranks.py's."""
-    from test_cpu_ranks import free_port
-    from tuner.data.shapes import draw_shape
-    import random
+    from image_text_lora_ranks import answers_by_picture, train_then_resume
 
     cwd, trained, _ = demo_vlm
-    stage = 3
-    name = f"lora-zero{stage}"
-    settings = [f"name={name}", f"output.dir=runs/{name}", f"model.id={trained / 'final'}", "method.kind=lora",
-                "memory.distributed=deepspeed", f"memory.zero_stage={stage}", "hardware.num_processes=2",
-                "training.save_steps=1", "training.warmup_steps=0", "training.logging_steps=1",
-                "training.learning_rate=0.0001", "data.max_samples=16", "training.micro_batch_size=4"]
-
-    def run(max_steps: int, *extra: str):
-        overrides = [*settings, f"training.max_steps={max_steps}", f"hardware.main_process_port={free_port()}"]
-        done = tuner_cli("run", "demo-vlm", *(arg for setting in overrides for arg in ("--set", setting)), *extra,
-                         cwd=cwd, timeout=900)
-        assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
-        return done.stderr + done.stdout
-
-    run_dir = cwd / "runs" / name
-    assert "adapter saved" in run(2)
-    resumed = run(3, "--resume")
-    assert f"resuming from runs/{name}/checkpoints/checkpoint-2" in resumed and "3 steps" in resumed, resumed
+    run_dir, _ = train_then_resume(tuner_cli, cwd, "lora-zero3", str(trained / "final"), 3, "data.max_samples=16",
+                                   "training.learning_rate=0.0001", "training.micro_batch_size=4")
     assert (run_dir / "final" / "adapter_model.safetensors").is_file()
     merged = tuner_cli("merge", str(run_dir), cwd=cwd)
     assert merged.returncode == 0, merged.stderr[-2000:]
     assert (run_dir / "merged" / "processor_config.json").is_file()
-    answers = {}
-    for colour, shape in (("blue", "circle"), ("red", "square")):
-        draw_shape(shape, colour, random.Random(3)).save(cwd / f"{colour}.png")
-        for model in (run_dir, run_dir / "merged"):
-            said = tuner_cli("infer", str(model), "--image", f"{colour}.png", "--prompt", "what is drawn?", cwd=cwd)
-            assert said.returncode == 0, said.stderr[-2000:]
-            answers.setdefault(colour, set()).add(said.stdout.strip())
+    answers = {colour: set(said) for colour, said in
+               answers_by_picture(tuner_cli, cwd, run_dir, run_dir / "merged").items()}
     assert all(len(said) == 1 for said in answers.values()), answers  # the merged model answers as the adapter
     assert answers["blue"] != answers["red"], answers  # and the picture is what it answers about

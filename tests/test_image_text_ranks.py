@@ -8,10 +8,10 @@ torchvision is missing its cases are skipped, naming why, and a run of it is ref
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
+from image_text_lora_ranks import answers_by_picture, train_then_resume
 from tiny_image_text_models import save_tiny_image_text_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("image-text-ranks")]
@@ -67,31 +67,12 @@ def test_lora_on_two_ranks_under_zero_resumes_merges_and_the_merged_model_answer
     saves the model with its processor, its language model changed and its frozen tower not, and the merged model
     answers each of two pictures as the adapter does.  (Whether the two pictures get different answers is not
     asserted: three steps leave the random tiny model answering every picture alike.)"""
-    from test_cpu_ranks import free_port
-    from tuner.data.shapes import draw_shape
-
     cwd, folders = tiny_models
     base = folders[kind]
     if kind == "qwen2_5_vl" and (missing := _why_processor_cannot_load(base)):
         pytest.skip(f"Qwen2_5_VLProcessor cannot be loaded here: {missing}")
-    name = f"{kind}-zero{stage}"
-    settings = [f"name={name}", f"output.dir=runs/{name}", f"model.id={base}", "method.kind=lora",
-                "memory.distributed=deepspeed", f"memory.zero_stage={stage}", "hardware.num_processes=2",
-                "training.save_steps=1", "training.warmup_steps=0", "training.logging_steps=1",
-                "training.lr_scheduler=constant", "training.learning_rate=0.003", "data.max_samples=10",
-                "training.micro_batch_size=2"]
-
-    def run(max_steps: int, *extra: str):
-        overrides = [*settings, f"training.max_steps={max_steps}", f"hardware.main_process_port={free_port()}"]
-        done = tuner_cli("run", "demo-vlm", *(arg for setting in overrides for arg in ("--set", setting)), *extra,
-                         cwd=cwd, timeout=900)
-        assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
-        return done.stderr + done.stdout
-
-    run_dir = cwd / "runs" / name
-    assert "adapter saved" in run(2)
-    resumed = run(3, "--resume")
-    assert f"resuming from runs/{name}/checkpoints/checkpoint-2" in resumed and "3 steps" in resumed, resumed
+    run_dir, _ = train_then_resume(tuner_cli, cwd, f"{kind}-zero{stage}", str(base), stage,
+                                   "training.learning_rate=0.003", "data.max_samples=10", "training.micro_batch_size=2")
     before, after = (_tensors(run_dir / where / "adapter_model.safetensors")
                      for where in ("checkpoints/checkpoint-2", "final"))
     assert before.keys() == after.keys() and any(not before[key].equal(after[key]) for key in before)
@@ -105,11 +86,5 @@ def test_lora_on_two_ranks_under_zero_resumes_merges_and_the_merged_model_answer
     assert original.keys() == merged_weights.keys()
     changed = {key for key in original if not original[key].equal(merged_weights[key])}
     assert changed and all("language_model" in key for key in changed), sorted(changed)
-    answers = {}
-    for colour, shape in (("blue", "circle"), ("red", "square")):
-        draw_shape(shape, colour, random.Random(3)).save(cwd / f"{colour}.png")
-        for model in (run_dir, run_dir / "merged"):
-            said = tuner_cli("infer", str(model), "--image", f"{colour}.png", "--prompt", "what is drawn?", cwd=cwd)
-            assert said.returncode == 0, said.stderr[-2000:]
-            answers.setdefault(colour, []).append(said.stdout.strip())
+    answers = answers_by_picture(tuner_cli, cwd, run_dir, run_dir / "merged")
     assert all(len(set(said)) == 1 and said[0] for said in answers.values()), answers
