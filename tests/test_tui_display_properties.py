@@ -150,6 +150,7 @@ async def drive(steps: list[tuple]) -> None:
 EXAMPLES = int(os.environ.get("TUNER_DISPLAY_EXAMPLES", "4"))  # each example drives a fresh wizard for seconds
 
 
+@example(steps=[("keys", "model-dtype", ["right", "enter"])])  # bfloat16 over auto, which resolves to bfloat16
 @example(steps=[("resize", (81, 25)), ("visit", "method"), ("resize", (100, 30)), ("autofit", 0),
                 ("resize", (99, 30))])  # odd sizes, on both sides of the narrow layout's break
 @example(steps=[("open", "grpo"), ("visit", "method"), ("keys", "grpo-rewards", ["left", "enter"])])  # item 2
@@ -161,3 +162,30 @@ EXAMPLES = int(os.environ.get("TUNER_DISPLAY_EXAMPLES", "4"))  # each example dr
 @given(steps=st.lists(actions, min_size=1, max_size=5))
 def test_every_box_choice_and_verdict_shows_the_draft_and_its_plan(steps):
     asyncio.run(drive(steps))
+
+
+async def press_every_option() -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await Session(pilot).visit("method")
+        for field_id in CHOICES:
+            for index in range(len(app.screen.query_one(f"#{field_id}", ChoiceField).choices)):
+                app.load_draft(Draft(copy.deepcopy(RECIPES["8b"])))  # each option pressed on the recipe as opened
+                await settle(pilot)
+                field = app.screen.query_one(f"#{field_id}", ChoiceField)
+                button = field.query_one(f"#{field.id}-{index}", RadioButton)
+                if not (shown(field) and button.display) or button.disabled:
+                    continue
+                button.scroll_visible(animate=False)
+                for _ in range(2):  # the second press: the option the draft now holds
+                    await settle(pilot)
+                    await pilot.click(button)
+                    await settle(pilot)
+                    check_screen(app)
+
+
+def test_pressing_any_option_of_any_box_shows_what_the_draft_then_holds():
+    """Every option of every choice box, each pressed twice on the recipe as opened: a choice the draft holds only
+    by what other fields resolve it to (bfloat16 weights where the recipe writes ``auto``) is applied, not dropped
+    as an echo while the box shows it pressed.  (GRPO's rewards and a MoE model's experts: the examples above.)"""
+    asyncio.run(press_every_option())

@@ -200,8 +200,9 @@ class TunerApp(KeysInOrderApp[int]):
 
     # --- the draft and its plan -------------------------------------------------------------
     def on_field_edited(self, event: FieldEdited) -> None:
-        if event.typed is None and self.draft.holds(event.changes):
-            return  # an echo of the draft's own value (a field synced from the draft)
+        if event.typed is None and not event.chosen and self.draft.holds(event.changes):
+            self.sync_screen()  # an echo of the draft's own value: the widget that sent it shows the draft again
+            return
         self.draft.apply(event.changes, typed=event.typed)
         self.draft_changed()
 
@@ -215,6 +216,10 @@ class TunerApp(KeysInOrderApp[int]):
 
     def draft_changed(self) -> None:
         self.replan()
+        self.sync_screen()
+
+    def sync_screen(self) -> None:
+        """Every widget of the screen shows the draft (what any edit ends with, applied or not)."""
         sync = getattr(self.screen, "sync", None)
         if sync:
             sync()

@@ -15,10 +15,13 @@ if TYPE_CHECKING:  # the draft (the schema) and the planner load after the first
 
 @dataclass
 class FieldEdited(Message):
-    """A form field changed; the app applies ``changes`` to the draft (``typed``: the text typed in a box)."""
+    """A form field changed; the app applies ``changes`` to the draft (``typed``: the text typed in a box).
+    ``chosen``: a choice that its own rule found the draft does not hold yet (``auto`` weights are held by what the
+    recipe writes, not by the dtype it resolves to), applied even where the resolved values already agree."""
 
     changes: Changes
     typed: str | None = None
+    chosen: bool = False
 
 
 @dataclass

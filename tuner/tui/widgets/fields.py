@@ -198,7 +198,7 @@ class ChoiceField(Vertical):
         event.stop()
         choice, draft = self.choices[int(event.pressed.id.rsplit("-", 1)[1])], self.app.draft
         if not choice.chosen_in(draft):  # else the echo of sync showing the draft's own choice
-            self.post_message(FieldEdited(choice.changes_for(draft)))
+            self.post_message(FieldEdited(choice.changes_for(draft), chosen=True))
 
 
 class ToggleField(Vertical):
